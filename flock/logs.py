@@ -1,0 +1,85 @@
+"""Structured logging: one JSON object a line, carrying the request's context.
+
+Context (container ID, pod, operation) lives in a ContextVar, so every Trio task
+inherits the fields of the task that spawned it and a request handler sets them
+once with :func:`bound`.  Any ``extra={...}`` given to a log call is merged in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar(
+    "flock_log_context", default={}
+)
+
+# Attributes every LogRecord has; anything else came from ``extra=``.
+_STANDARD_ATTRS = frozenset(
+    vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))
+) | {"message", "asctime", "taskName"}
+
+
+@contextlib.contextmanager
+def bound(**fields: Any) -> Iterator[None]:
+    """Add *fields* (e.g. ``container_id=…, pod="ns/name", op="ADD"``) to every
+    record logged in this context and in tasks started from it."""
+    token = _context.set({**_context.get(), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def current() -> dict[str, Any]:
+    return dict(_context.get())
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update(_context.get())
+        for key, value in vars(record).items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    """For a person at a terminal: the message, then the context as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {**_context.get()}
+        for key, value in vars(record).items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                fields[key] = value
+        tail = " ".join(f"{k}={v}" for k, v in fields.items())
+        line = f"{record.levelname[0]} {record.name}: {record.getMessage()}"
+        if tail:
+            line += "  " + tail
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> None:
+    """Install one handler on the root logger (replacing any earlier one)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,25 @@
+"""Shared fixtures.
+
+Tests that need root or bird2 never skip: CI is root and installs bird2, so a
+missing requirement is a failure that says what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+@pytest.fixture
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (network namespaces, veths); CI runs as root")
+
+
+@pytest.fixture
+def require_bird() -> None:
+    for tool in ("bird", "birdc"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: install Debian's bird2 (scripts/bootstrap does)")
