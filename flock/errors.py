@@ -1,0 +1,48 @@
+"""CNI errors: the one exception type that crosses from any flock layer to the shim.
+
+Standard library only: the shim (which runs on the host without the flock
+package's dependencies) shares this module.
+"""
+
+from __future__ import annotations
+
+# Codes from the CNI spec 1.1 ("Error codes"), plus flock's own (>= 100).
+INCOMPATIBLE_CNI_VERSION = 1
+UNSUPPORTED_FIELD = 2
+UNKNOWN_CONTAINER = 3
+INVALID_ENV = 4
+IO_ERROR = 5
+DECODE_ERROR = 6
+INVALID_CONFIG = 7
+TRY_AGAIN_LATER = 11
+NOT_AVAILABLE = 50
+LIMITED_CONNECTIVITY = 51
+INTERNAL = 100
+INCOMPATIBLE_PROTOCOL = 202
+
+
+class CniError(Exception):
+    """A failure the runtime sees as a CNI error object.
+
+    ``msg`` is short and stable; ``details`` names the field and the value
+    that caused it, so an operator reading ``kubectl describe pod`` can act.
+    """
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(code, msg, details)
+        self.code = int(code)
+        self.msg = msg
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.msg}: {self.details}" if self.details else self.msg
+
+    def to_dict(self) -> dict:
+        out = {"code": self.code, "msg": self.msg}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "CniError":
+        return cls(int(obj.get("code", INTERNAL)), str(obj.get("msg", "")), str(obj.get("details", "")))
