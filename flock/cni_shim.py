@@ -33,7 +33,7 @@ from flock.errors import (
     CniError,
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
-from flock.rpc.wire import OPS, LineReader, Request, decode_response, valid_container_id
+from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, valid_container_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,14 +47,8 @@ PENDING_DELETES = "pending-deletes"
 # configuration key ``rpcTimeout`` (seconds) overrides it.
 RPC_TIMEOUT_S = 30.0
 
-# CNI spec 1.1 "Parameters": what each operation cannot do without.
-REQUIRED_ENV = {
-    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
-    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
-    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME"),
-    "STATUS": (),
-    "GC": (),
-}
+# The variable behind each request field the wire requires per op.
+_ENV_OF_FIELD = {"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"}
 
 
 class AgentUnreachable(Exception):
@@ -115,7 +109,8 @@ def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
 
 
 def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any]) -> Request:
-    for name in REQUIRED_ENV[command]:
+    for field in REQUIRED_FIELDS[command]:
+        name = _ENV_OF_FIELD[field]
         if not env.get(name):
             raise CniError(INVALID_ENV, "missing environment variable", "{} is required for {}".format(name, command))
     container_id = env.get("CNI_CONTAINERID", "")
