@@ -114,6 +114,7 @@ class RpcServer:
             self._drained.set()
             await trio.sleep_forever()
         finally:
+            self._accepting = None
             listener.close()
             self._remove_socket()
 
@@ -155,7 +156,8 @@ class RpcServer:
                         log.warning("bad request", extra={"code": err.code, "error": str(err)})
                         await stream.send_all(encode_error(err))
                         return
-                    with logs.bound(container_id=request.container_id, pod=request.pod, op=request.op):
+                    context = {"container_id": request.container_id, "pod": request.pod}
+                    with logs.bound(op=request.op, **{k: v for k, v in context.items() if v}):
                         reply = await self._answer(request, began)
                         await stream.send_all(reply)
                         return
