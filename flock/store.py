@@ -146,6 +146,15 @@ class SyncStore:
     def close(self) -> None:
         self._conn.close()
 
+    def settings(self) -> dict[str, Any]:
+        """What this connection runs with (for start-up logs and tests)."""
+        row = lambda pragma: self._run(f"PRAGMA {pragma}", ()).fetchone()[0]  # noqa: E731
+        return {
+            "journal_mode": row("journal_mode"),
+            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[row("synchronous")],
+            "schema_version": row("user_version"),
+        }
+
     def put(self, allocation: Allocation) -> None:
         """Insert or replace the row for ``allocation.container_id``."""
         cols = ", ".join(_COLUMNS)
@@ -263,6 +272,9 @@ class Store:
     @property
     def path(self) -> Path:
         return self._core.path
+
+    async def settings(self) -> dict[str, Any]:
+        return await self._thread.call(self._core.settings)
 
     async def put(self, allocation: Allocation) -> None:
         await self._thread.call(lambda: self._core.put(allocation))
