@@ -42,7 +42,7 @@ def rate(count: int, seconds: float) -> float:
 
 
 def bench_v6(count: int, layout: str | None, seed: int) -> float:
-    alloc = Allocator(NODE, random.Random(seed))
+    alloc = Allocator(random.Random(seed))
     request = PodRequest(cidr6=NODE.cidr6, cidr4=None, layout=parse_layout(layout) if layout else None)
     idents = [identity(i) for i in range(count)]
     start = time.perf_counter()
@@ -52,7 +52,7 @@ def bench_v6(count: int, layout: str | None, seed: int) -> float:
 
 
 def bench_v4_fill(seed: int) -> dict:
-    alloc = Allocator(NODE, random.Random(seed))
+    alloc = Allocator(random.Random(seed))
     request = PodRequest(cidr6=None, cidr4=CIDR4)
     ident = identity(0)
     usable = CIDR4.num_addresses - 3

@@ -226,7 +226,8 @@ def _prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migratio
             conn.execute(f"PRAGMA user_version = {int(target)}")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise StoreError(path, "cannot migrate the allocation database", f"to schema version {target}: {exc}") from None
     try:
         conn.execute("SELECT container_id FROM allocations LIMIT 0")
@@ -240,6 +241,7 @@ class _DbThread:
 
     _jobs: queue.SimpleQueue = attrs.field(init=False, factory=queue.SimpleQueue)
     _thread: threading.Thread = attrs.field(init=False)
+    _stopped: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self._thread = threading.Thread(target=self._serve, name="flock-store", daemon=True)
@@ -252,12 +254,15 @@ class _DbThread:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run *fn* on the thread.  Cancellation waits for *fn* to finish."""
+        if self._stopped:
+            raise RuntimeError("the allocation store is closed")
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
         self._jobs.put((fn, lambda result: token.run_sync_soon(trio.lowlevel.reschedule, task, result)))
         return await trio.lowlevel.wait_task_rescheduled(lambda _raise_cancel: trio.lowlevel.Abort.FAILED)
 
     async def stop(self) -> None:
+        self._stopped = True
         self._jobs.put(None)
         await trio.to_thread.run_sync(self._thread.join)
 
@@ -299,13 +304,15 @@ async def open_store(
     """Open the store on its own thread; close it (shielded) on exit.
     :class:`StoreError` from opening propagates."""
     thread = _DbThread()
+    # Closing is shielded without a deadline: a queued call cannot be
+    # abandoned anyway, and closing only waits for the call in flight.
     try:
         core = await thread.call(lambda: SyncStore.open(state_dir, migrations=migrations))
         try:
             yield Store(thread, core)
         finally:
-            with trio.move_on_after(5, shield=True):
+            with trio.CancelScope(shield=True):
                 await thread.call(core.close)
     finally:
-        with trio.move_on_after(5, shield=True):
+        with trio.CancelScope(shield=True):
             await thread.stop()

@@ -50,6 +50,9 @@ def scenario(draw):
             annotations.pop("cidr4", None)
         if families == "4":
             annotations.pop("cidr6", None)
+        if draw(st.integers(0, 4)) == 0:  # a fixed address somewhere in a node block
+            block = draw(st.sampled_from((block6, block4)))
+            annotations["addresses"] = str(block.network_address + draw(st.integers(0, block.num_addresses - 1)))
         layout = draw(st.sampled_from(LAYOUTS))
         if layout:
             annotations["ip-algo"] = layout
@@ -81,7 +84,7 @@ def test_no_duplicates_and_every_address_is_legal(case):
             continue
         live[cid] = (request, got)
 
-        owned = [a for _, g in live.values() for a in (g.ip6, g.ip4) if a is not None]
+        owned = [a for _, g in live.values() for a in (g.ip6, g.ip4, *g.addresses) if a is not None]
         assert len(owned) == len(set(owned)), "an address was handed out twice"
         assert im.allocator.in_use() == len(owned)
         for request, g in live.values():

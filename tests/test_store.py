@@ -197,3 +197,11 @@ async def test_async_open_error_propagates_and_stops_the_thread(tmp_path):
             async with open_store(tmp_path):
                 pytest.fail("opened a corrupt database")
     assert _store_threads() == []
+
+
+async def test_use_after_close_is_an_error_not_a_hang(tmp_path):
+    with trio.fail_after(10):
+        async with open_store(tmp_path) as store:
+            pass
+        with pytest.raises(RuntimeError, match="closed"):
+            await store.get("c1")

@@ -20,7 +20,7 @@ from flock.ipam._identity import PodIdentity
 from flock.ipam._layout import COUNTER, RANDOM, Layout
 from flock.ipam._request import ADDRESSES, ANYCAST, PodRequest
 from flock.ipam._v4pool import LowestFreePool
-from flock.model import Allocation, IPAddress, NodeConfig
+from flock.model import Allocation, IPAddress
 
 TRIES = 16  # DESIGN: ip-algo redraws or counts up this many times on collision
 # Random identifiers in a space this small fall back to a scan, so a nearly
@@ -59,7 +59,7 @@ class Addresses:
 
 @attrs.define(eq=False)
 class Allocator:
-    """Hands out addresses in one node's blocks.
+    """Hands out addresses in the effective CIDRs of pod requests.
 
     ``allocate`` takes all of a pod's addresses or none (a failure releases
     what the call took before raising).  Fixed ``addresses`` are exclusive to
@@ -69,7 +69,6 @@ class Allocator:
     layout's collision tries.
     """
 
-    node: NodeConfig
     rng: random.Random = attrs.field(factory=random.Random)
     _owner: dict[_Key, str] = attrs.field(init=False, factory=dict)
     _shared: dict[_Key, set[str]] = attrs.field(init=False, factory=dict)

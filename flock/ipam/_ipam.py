@@ -37,7 +37,7 @@ class Ipam:
     _warned_algo: str | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        self._allocator = Allocator(self.node, self.rng)
+        self._allocator = Allocator(self.rng)
         self._resolve_layout()
 
     @property
@@ -50,10 +50,11 @@ class Ipam:
 
     def set_node(self, node: NodeConfig) -> None:
         """Adopt a changed NodeConfig.  Holdings carry over; a changed block
-        rebuilds the pools so new allocations follow the new block."""
+        starts a fresh allocator (seeded with every holding) so no pool of
+        the old block lingers."""
         old, self.node = self.node, node
         if (old.cidr6, old.cidr4) != (node.cidr6, node.cidr4):
-            fresh = Allocator(node, self.rng)
+            fresh = Allocator(self.rng)
             for container_id in list(self._allocator.containers()):
                 fresh.mark_in_use(container_id, self._allocator.held(container_id))
             self._allocator = fresh

@@ -164,8 +164,17 @@ def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tu
             raise AnnotationError(key, raw, f"{item!r} is not a unicast address a pod can own")
         if addr in out:
             raise AnnotationError(key, raw, f"{item!r} appears twice")
-        for block in (node.cidr6, node.cidr4):
-            if block is not None and addr in (block.network_address, block.broadcast_address if block.version == 4 else None):
-                raise AnnotationError(key, raw, f"{item!r} is the {'network' if addr == block.network_address else 'broadcast'} address of this node's block {block}")
+        special = _special_addresses(node).get(addr)
+        if special:
+            raise AnnotationError(key, raw, f"{item!r} is the {special}, which no pod may own")
         out.append(addr)
     return tuple(out)
+
+
+def _special_addresses(node: NodeConfig) -> dict[IPAddress, str]:
+    """Addresses of the node blocks no pod may own, with what they are."""
+    out: dict[IPAddress, str] = {node.cidr6.network_address: f"subnet-router anycast address of this node's block {node.cidr6}"}
+    if node.cidr4 is not None:
+        out[node.cidr4.network_address] = f"network address of this node's block {node.cidr4}"
+        out[node.cidr4.broadcast_address] = f"broadcast address of this node's block {node.cidr4}"
+    return out
