@@ -13,6 +13,7 @@ from flock.ipam import (
     Ipam,
     fnv1a_64,
 )
+from flock.model import Allocation
 from ipam_helpers import P, node, pod, replica
 
 A = ipaddress.ip_address
@@ -185,7 +186,12 @@ def test_anycast_is_shared_but_not_with_an_exclusive_holder():
 
 def test_mark_in_use_seeds_and_rejects_conflicting_rows():
     im = ipam()
-    im.mark_in_use("old", Addresses(ip6=A("2001:db8:0:1::5"), ip4=A("198.51.100.2"), anycast=(A("203.0.113.1"),)))
+    row = Allocation(
+        "old", "prod", "web-0", "uid", "eth0", "/var/run/netns/x",
+        ip6=A("2001:db8:0:1::5"), ip4=A("198.51.100.2"), anycast=(A("203.0.113.1"),),
+    )
+    im.mark_in_use("old", Addresses.of(row))
+    assert im.allocator.held("old") == Addresses(ip6=row.ip6, ip4=row.ip4, anycast=row.anycast)
     assert im.allocator.holder(A("2001:db8:0:1::5")) == "old"
     assert im.allocate("c1", pod("a")).ip4 == A("198.51.100.3")
     with pytest.raises(AddressConflict) as info:
@@ -205,6 +211,10 @@ def test_invalid_node_ip_algo_is_logged_once_and_ignored(caplog):
     warnings = [r for r in caplog.records if r.name == "flock.ipam"]
     assert len(warnings) == 1
     assert warnings[0].value == "namespace:16" and "no room for uniqueness" in warnings[0].reason
+    im.set_node(node(ip_algo="random:72"))  # valid syntax, too wide for the /64
+    assert im.default_layout is None
+    assert len([r for r in caplog.records if r.name == "flock.ipam"]) == 2
+    assert "has 64 host bits" in caplog.records[-1].reason
     im.set_node(node(ip_algo=ALGO))
     assert im.default_layout.text == ALGO
     # a pod-level ip-algo that is invalid is an error, not a warning

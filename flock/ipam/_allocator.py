@@ -217,7 +217,7 @@ class Allocator:
         if layout is None:
             for _ in range(TRIES):
                 ident = self.rng.getrandbits(host_bits)
-                if ident and (6, base + ident) not in self._owner and (6, base + ident) not in self._shared:
+                if ident and not self._taken((6, base + ident)):
                     return ipaddress.IPv6Address(base + ident)
             if host_bits <= _SCAN_BITS:
                 size = 1 << host_bits

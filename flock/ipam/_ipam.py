@@ -17,8 +17,15 @@ log = logging.getLogger("flock.ipam")
 
 
 def node_layout(node: NodeConfig) -> Layout | None:
-    """The node-level ip-algo, or None; raises :class:`LayoutError` when invalid."""
-    return None if node.ip_algo is None else parse_layout(node.ip_algo)
+    """The node-level ip-algo, or None; raises :class:`LayoutError` when it
+    is invalid or wider than the node's IPv6 block."""
+    if node.ip_algo is None:
+        return None
+    layout = parse_layout(node.ip_algo)
+    host_bits = 128 - node.cidr6.prefixlen
+    if layout.bits > host_bits:
+        raise LayoutError(node.ip_algo, f"needs {layout.bits} bits but {node.cidr6} has {host_bits} host bits")
+    return layout
 
 
 @attrs.define(eq=False)
