@@ -173,13 +173,13 @@ class HttpFrontend:
         async def item(request: web.Request) -> web.StreamResponse:
             ns, name = request.match_info.get("namespace"), request.match_info["name"]
             if request.method == "GET":
-                return _json(self.store.get(res, ns, name))
+                return _json(self.store.get(res, name, ns))
             if request.method == "PUT":
                 body = await _body(request)
                 if (body.get("metadata") or {}).get("name") != name:
                     raise StatusError(400, "the name of the object does not match the name on the URL")
                 return _json(self.store.update(res, body, ns))
-            return _json(self.store.delete(res, ns, name))
+            return _json(self.store.delete(res, name, ns))
 
         if res.namespaced:
             app.router.add_get(f"{res.prefix}/{res.plural}", collection)

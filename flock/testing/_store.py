@@ -120,7 +120,7 @@ class Store:
 
     # ---- reads ---------------------------------------------------------------
 
-    def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+    def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         with self._lock:
             obj = self._objects.get((resource, self._ns(resource, namespace), name))
         if obj is None:
@@ -178,7 +178,7 @@ class Store:
             meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
             return self._commit(resource, key, "MODIFIED", old, new)
 
-    def delete(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         with self._lock:
             key = (resource, self._ns(resource, namespace), name)
             old = self._objects.get(key)

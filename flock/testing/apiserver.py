@@ -147,10 +147,10 @@ class ApiServer:
         return self.store.update(resource, obj)
 
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return self.store.delete(resource, namespace, name)
+        return self.store.delete(resource, name, namespace)
 
     def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return self.store.get(resource, namespace, name)
+        return self.store.get(resource, name, namespace)
 
     def list(self, resource: Resource, field_selector: str = "") -> list[dict[str, Any]]:
         items, _ = self.store.list(resource, None, FieldSelector.parse(field_selector, resource.kind))
