@@ -83,7 +83,8 @@ class HttpFrontend:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None)
+        # handler_cancellation: a client that hangs up ends its watch here too, as on kube-apiserver.
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
         log.info("fake apiserver listening", extra={"url": self.url})
@@ -123,23 +124,27 @@ class HttpFrontend:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        api = not request.path.startswith("/flock-testing/")
-        if api:
-            self.requests.append((request.method, request.path_qs))
-            assert self._serving is not None
-            await self._serving.wait()
-            if self._fail_remaining > 0:
-                self._fail_remaining -= 1
-                return _json(status_object(self._fail_status, "injected failure"), self._fail_status)
         task = asyncio.current_task()
-        assert task is not None
-        self._inflight[task] = request
+        assert task is not None and self._serving is not None
+        control = request.path.startswith("/flock-testing/")
+        if not control:  # the fault endpoints must not cut or hold themselves
+            self._inflight[task] = request
+            self.requests.append((request.method, request.path_qs))
         try:
+            if not control:
+                await self._serving.wait()
+                if self._fail_remaining > 0:
+                    self._fail_remaining -= 1
+                    return _json(status_object(self._fail_status, "injected failure"), self._fail_status)
             return await handler(request)
         except StatusError as err:
             return _status_response(err)
         finally:
             self._inflight.pop(task, None)
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._inflight)
 
     async def _plain_ok(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

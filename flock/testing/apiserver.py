@@ -91,18 +91,21 @@ class ApiServer:
 
     def start(self) -> None:
         if self._loop is None:
-            loop = asyncio.new_event_loop()
+            made: list[asyncio.AbstractEventLoop] = []
             ready = threading.Event()
 
             def serve_loop() -> None:
-                asyncio.set_event_loop(loop)
+                # A plain selector loop, made on this thread: trio-asyncio's
+                # policy refuses new_event_loop() inside a Trio run.
+                loop = asyncio.SelectorEventLoop()
+                made.append(loop)
                 loop.call_soon(ready.set)
                 loop.run_forever()
 
             self._thread = threading.Thread(target=serve_loop, name="flock-testing-apiserver", daemon=True)
             self._thread.start()
             ready.wait()
-            self._loop = loop
+            self._loop = made[0]
         self._run(self._frontend.start())
 
     def stop(self) -> None:
@@ -134,6 +137,11 @@ class ApiServer:
     def requests(self) -> list[tuple[str, str]]:
         """(method, path?query) of every API request so far (a copy)."""
         return self._call(lambda: list(self._frontend.requests))
+
+    @property
+    def open_requests(self) -> int:
+        """Requests (watches included) the server is serving right now."""
+        return self._call(lambda: self._frontend.open_requests)
 
     def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
         return write_kubeconfig(path, self.url)
