@@ -187,23 +187,35 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
         assert (events[0]["object"]["code"], events[0]["object"]["reason"]) == (410, "Expired")
 
 
+async def wait_until_idle(api: ApiServer) -> None:
+    """Until the server has no request open (a test helper: the server runs on its own thread)."""
+    while await trio.to_thread.run_sync(lambda: api.open_requests):
+        await trio.sleep(0.01)
+
+
 async def test_injected_5xx_and_pause(tmp_path: Path) -> None:
     with trio.fail_after(20), ApiServer() as api:
         api.fail_next(2, 503)
         api.pause()
-
-        async def scenario(kube: KubeClient) -> None:
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kubeconfig")) as kube:
             core = CoreV1Api(kube.api_client)
-            with pytest.raises(TimeoutError):  # held while paused
-                await core.list_namespaced_pod("a", _request_timeout=0.3)
-            api.resume()
-            for _ in range(2):
-                with pytest.raises(ApiException) as exc:
-                    await core.list_namespaced_pod("a")
-                assert exc.value.status == 503
-            assert (await core.list_namespaced_pod("a")).items == []
 
-        await run_scenario(api, tmp_path, scenario)
+            async def held() -> None:
+                with pytest.raises(TimeoutError):  # held while paused
+                    await core.list_namespaced_pod("a", _request_timeout=0.3)
+
+            await kube.bridge.call(held)
+            await wait_until_idle(api)  # the client hung up: the server's request ended too
+            api.resume()
+
+            async def after_resume() -> None:
+                for _ in range(2):
+                    with pytest.raises(ApiException) as exc:
+                        await core.list_namespaced_pod("a")
+                    assert exc.value.status == 503
+                assert (await core.list_namespaced_pod("a")).items == []
+
+            await kube.bridge.call(after_resume)
 
 
 async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
