@@ -219,6 +219,7 @@ class HttpFrontend:
         q = request.query
         seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
         bookmarks = q.get("allowWatchBookmarks") in _TRUE
+        assert self._serving is not None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         sub = self.store.watch(
@@ -240,11 +241,11 @@ class HttpFrontend:
                         sub.bookmark()  # arrives through the queue, after the events before it
                         next_bookmark = time.monotonic() + self.bookmark_interval
                     continue
-                assert self._serving is not None
                 await self._serving.wait()
                 await resp.write(json.dumps(ev).encode() + b"\n")
                 if ev["type"] == "ERROR":
                     break
+            await self._serving.wait()  # a paused server does not end streams either
             await resp.write_eof()
             return resp
         finally:

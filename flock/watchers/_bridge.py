@@ -41,8 +41,24 @@ class AsyncioBridge:
         return await self.call(on_loop)
 
 
+def _sole_exception(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 @contextlib.asynccontextmanager
 async def open_bridge() -> AsyncIterator[AsyncioBridge]:
-    """Run an asyncio loop for the lifetime of the block (one per process is enough)."""
-    async with trio_asyncio.open_loop() as loop:
-        yield AsyncioBridge(loop)
+    """Run an asyncio loop for the lifetime of the block (one per process is enough).
+
+    trio-asyncio's loop runs in a nursery of its own; an error raised in the
+    block comes out as itself, not wrapped in that nursery's ExceptionGroup.
+    """
+    try:
+        async with trio_asyncio.open_loop() as loop:
+            yield AsyncioBridge(loop)
+    except BaseExceptionGroup as group:
+        sole = _sole_exception(group)
+        if sole is group:
+            raise
+        raise sole from None

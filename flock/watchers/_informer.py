@@ -100,6 +100,7 @@ class Informer:
     _objects: dict[str, Object] = attrs.field(init=False, factory=dict)
     _resource_version: str = attrs.field(init=False, default="")
     _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _advanced: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     @property
     def objects(self) -> Mapping[str, Object]:
@@ -115,6 +116,14 @@ class Informer:
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    async def wait_synced(self, resource_version: str) -> None:
+        """Until the cache reflects *resource_version* or later (read-your-writes).
+
+        Compares versions as integers, as etcd hands them out; the caller owns the deadline.
+        """
+        while not self._resource_version or int(self._resource_version) < int(resource_version):
+            await self._advanced.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """List, then watch forever; started() after the first successful list."""
@@ -157,7 +166,8 @@ class Informer:
     def _replace(self, items: list[Object], resource_version: str) -> None:
         """Swap in a fresh list, emitting only what differs from the cache."""
         old, new = self._objects, {self.key(obj): obj for obj in items}
-        self._objects, self._resource_version = new, resource_version
+        self._objects = new
+        self._set_resource_version(resource_version)
         for key, obj in new.items():
             before = old.get(key)
             if before is None:
@@ -173,12 +183,12 @@ class Informer:
         if kind == "ERROR":
             raise error_for_status(int(obj.get("code") or 500), obj)
         if kind == "BOOKMARK":
-            self._resource_version = _rv(obj) or self._resource_version
+            self._set_resource_version(_rv(obj))
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             raise TransientKubeError(f"{self.name}: unknown watch event type {kind!r}")
         key = self.key(obj)
-        self._resource_version = _rv(obj) or self._resource_version
+        self._set_resource_version(_rv(obj))
         if kind == "DELETED":
             if self._objects.pop(key, None) is not None:
                 self.on_change(Change(ChangeType.DELETED, key, obj))
@@ -186,3 +196,9 @@ class Informer:
         change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
         self._objects[key] = obj
         self.on_change(Change(change, key, obj))
+
+    def _set_resource_version(self, resource_version: str) -> None:
+        if resource_version and resource_version != self._resource_version:
+            self._resource_version = resource_version
+            self._advanced.set()
+            self._advanced = trio.Event()

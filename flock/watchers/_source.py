@@ -110,7 +110,7 @@ class KubeSource:
     bridge: AsyncioBridge
     what: str
     list_call: AsyncioCall
-    get_call: Callable[[str | None, str], Awaitable[Any]]
+    get_call: Callable[..., Awaitable[Any]]  # (namespace, name, **query)
     field_selector: str = ""
 
     async def list(self) -> tuple[list[Mapping[str, Any]], str]:
@@ -121,8 +121,8 @@ class KubeSource:
     async def get(self, namespace: str | None, name: str) -> Mapping[str, Any] | None:
         """One object by name, or None when the server says 404."""
 
-        async def get_one(**_: Any) -> Any:
-            return await self.get_call(namespace, name)
+        async def get_one(**query: Any) -> Any:
+            return await self.get_call(namespace, name, **query)
 
         try:
             return await self._checked(get_one)
