@@ -140,6 +140,8 @@ def delete_route(ipr: IPRoute, live: "_conn.LiveRoute") -> None:
     kw = {"dst": str(live.route.dst), "table": _conn.MAIN_TABLE, "proto": live.route.protocol}
     if live.route.blackhole:
         kw["type"] = "blackhole"
+    elif live.route.family == 4:
+        kw["scope"] = int(live.route.scope)  # IPv4 delete matches on scope; pyroute2's default misses link routes
     try:
         ipr.route("del", **kw)
     except NetlinkError as exc:
