@@ -130,6 +130,17 @@ async def test_setup_converges_after_addresses_change(pool, node):
         assert "2001:db8::5" not in node.ip("-6", "route") + pod.ip("addr")
 
 
+async def test_setup_replaces_a_stale_host_veth_whose_peer_is_elsewhere(pool, node):
+    with trio.fail_after(20):
+        pod, elsewhere = pool.create("pod"), pool.create("old")
+        pool.veth(node, host_ifname("c1"), elsewhere, "eth0")
+        w = await worker_for(node)
+        a = alloc("c1", pod)
+        await w.setup(a)
+        assert await w.check(a) == []
+        assert "eth0" not in elsewhere.ip("link")
+
+
 async def test_teardown_twice_succeeds_and_leaves_nothing(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
