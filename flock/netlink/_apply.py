@@ -251,7 +251,7 @@ def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings, 
     *oif* (the index of the one name) lets the kernel filter the dump."""
     changed = []
     index_of = _conn.Indexes(host)
-    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif):
+    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None):
         r = live.route
         if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
             continue

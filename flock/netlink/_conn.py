@@ -204,11 +204,16 @@ def _route_from_msg(msg, names: "dict[int, str]", side: Side) -> LiveRoute:
     return LiveRoute(route, tuple(oifs))
 
 
-def routes(ipr: IPRoute, side: Side, *, protocol: int | None = None, oif: int | None = None) -> list[LiveRoute]:
+def routes(
+    ipr: IPRoute, side: Side, *, protocol: int | None = None, oif: int | None = None, all_links: bool = False
+) -> list[LiveRoute]:
     """Unicast and blackhole routes of the main table (both families),
     optionally only *protocol*'s and only those with a nexthop via *oif*
-    (filtered by the kernel)."""
+    (filtered by the kernel).  Interface names come from one link dump when
+    *all_links* (many routes), else from a lookup per interface seen."""
     names = Names(ipr)
+    if all_links:
+        names.update(link_names(ipr))
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
         req = rtmsg()
