@@ -247,6 +247,37 @@ async def test_anycast_on_two_pods_is_one_multipath_route(pool, node, anycast):
         assert await w.check(b) == []
 
 
+async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        p1, p2 = pool.create("pod"), pool.create("pod")
+        a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=["203.0.113.9", "2001:db8:aa::1"])
+        b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=["203.0.113.9", "2001:db8:aa::1"])
+        await w.setup(a)
+        await w.setup(b)
+        pool.delete(p1)  # the kernel drops the whole IPv4 multipath route with a1's veth
+        assert "203.0.113.9" not in node.ip("route")
+        await w.teardown("a1", p1.path, "eth0")
+        assert await w.ensure_anycast([a, b]) == [f"203.0.113.9/32 dev {host_ifname('b1')} scope link"]
+        assert await w.check(b) == []
+        assert await w.ensure_anycast([b]) == []
+
+
+async def test_resetup_without_an_anycast_address_leaves_its_multipath_route(pool, node):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        p1, p2 = pool.create("pod"), pool.create("pod")
+        a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=["203.0.113.9"])
+        b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=["203.0.113.9"])
+        await w.setup(a)
+        await w.setup(b)
+        a_without = alloc("a1", p1, "2001:db8::a", "198.51.100.10")
+        await w.setup(a_without)
+        route = node.ip("route", "show", "203.0.113.9")
+        assert route.startswith(f"203.0.113.9 dev {host_ifname('b1')} "), route
+        assert await w.check(a_without) == [] and await w.check(b) == []
+
+
 async def test_blackholes_follow_the_node_blocks(pool, node):
     with trio.fail_after(20):
         w = await worker_for(node)

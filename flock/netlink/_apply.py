@@ -25,6 +25,7 @@ from flock.netlink.desired import (
     Route,
     Side,
     anycast_route,
+    anycast_routes,
     blackhole_routes,
     host_ifname,
 )
@@ -221,7 +222,7 @@ def setup_pod(
             done("host-routes")
 
             with anycast_lock:
-                _join_anycast(host, plan, settings)
+                _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
     except (NetlinkError, OSError) as exc:
         raise _fail(step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc) from exc
@@ -229,19 +230,33 @@ def setup_pod(
         os.close(pod_fd)
 
 
-def _join_anycast(host: IPRoute, plan: PodPlan, settings: DataplaneSettings) -> None:
-    if not plan.anycast:
-        return
+def _join_anycast(host: IPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings) -> None:
+    """Add this pod's nexthop to each of its anycast routes, and take it out
+    of multipath routes for anycast addresses the pod no longer has."""
     index_of = _conn.Indexes(host)
-    live = {r.route.dst: r for r in _conn.routes(host, Side.HOST, protocol=settings.protocol)}
-    for member in plan.anycast:
-        dst = ipaddress.ip_network(f"{member.address}/{member.address.max_prefixlen}")
-        current = live.get(dst)
+    dsts = {ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}"): m for m in plan.anycast}
+    if not fresh:
+        for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=host_index):
+            if len(live.oifs) > 1 and live.route.dst not in dsts:
+                _drop_nexthops(host, live, {plan.veth.host}, index_of, settings)
+    if not dsts:
+        return
+    live_by_dst = {r.route.dst: r for r in _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))}
+    for dst, member in dsts.items():
+        current = live_by_dst.get(dst)
         hops = [h for h in current.route.nexthops if h.ifname in index_of] if current and not current.route.blackhole else []
         hops = [h for h in hops if h.ifname != member.nexthop.ifname] + [member.nexthop]
         route = anycast_route(member.address, hops, settings)
         if current is None or current.route != route:
             _replace_route(host, route, index_of)
+
+
+def _drop_nexthops(host: IPRoute, live: "_conn.LiveRoute", ifnames: set[str], index_of, settings: DataplaneSettings) -> None:
+    rest = [h for h in live.route.nexthops if h.ifname not in ifnames and h.ifname in index_of]
+    if rest:
+        _replace_route(host, anycast_route(live.route.dst.network_address, rest, settings), index_of)
+    else:
+        delete_route(host, live)
 
 
 def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None) -> list[str]:
@@ -255,12 +270,26 @@ def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings, 
         r = live.route
         if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
             continue
-        rest = [h for h in r.nexthops if h.ifname not in ifnames and h.ifname in index_of]
-        if rest:
-            _replace_route(host, anycast_route(r.dst.network_address, rest, settings), index_of)
-        else:
-            delete_route(host, live)
+        _drop_nexthops(host, live, ifnames, index_of, settings)
         changed.append(str(r))
+    return changed
+
+
+def ensure_anycast(host: IPRoute, plans: "list[PodPlan]", settings: DataplaneSettings) -> list[str]:
+    """Install the multipath route of every anycast address over the local
+    pods (of *plans*) whose host veth exists; returns the routes rewritten.
+
+    Repairs what the kernel does on its own when a pod's veth vanishes with
+    its namespace: an IPv4 multipath route dies whole with any one device.
+    """
+    index_of = _conn.Indexes(host)
+    wanted = anycast_routes([p for p in plans if p.anycast and p.veth.host in index_of], settings)
+    live = {r.route.dst: r.route for r in _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})}
+    changed = []
+    for route in wanted:
+        if live.get(route.dst) != route:
+            _replace_route(host, route, index_of)
+            changed.append(str(route))
     return changed
 
 

@@ -181,10 +181,13 @@ class Names(dict):
         return name
 
 
+def _dst_of(msg) -> "ipaddress.IPv4Network | ipaddress.IPv6Network":
+    dst_raw = msg.get("RTA_DST") or ("::" if msg["family"] == socket.AF_INET6 else "0.0.0.0")
+    return ipaddress.ip_network(f"{dst_raw}/{msg['dst_len']}", strict=False)
+
+
 def _route_from_msg(msg, names: "dict[int, str]", side: Side) -> LiveRoute:
-    family = msg["family"]
-    dst_raw = msg.get("RTA_DST") or ("::" if family == socket.AF_INET6 else "0.0.0.0")
-    dst = ipaddress.ip_network(f"{dst_raw}/{msg['dst_len']}", strict=False)
+    dst = _dst_of(msg)
     hops = []
     oifs = []
     if msg["type"] != RTN_BLACKHOLE:
@@ -205,12 +208,19 @@ def _route_from_msg(msg, names: "dict[int, str]", side: Side) -> LiveRoute:
 
 
 def routes(
-    ipr: IPRoute, side: Side, *, protocol: int | None = None, oif: int | None = None, all_links: bool = False
+    ipr: IPRoute,
+    side: Side,
+    *,
+    protocol: int | None = None,
+    oif: int | None = None,
+    dsts: "set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None" = None,
+    all_links: bool = False,
 ) -> list[LiveRoute]:
     """Unicast and blackhole routes of the main table (both families),
     optionally only *protocol*'s and only those with a nexthop via *oif*
-    (filtered by the kernel).  Interface names come from one link dump when
-    *all_links* (many routes), else from a lookup per interface seen."""
+    (filtered by the kernel), only those to *dsts* (filtered here, before
+    decoding).  Interface names come from one link dump when *all_links*
+    (many routes), else from a lookup per interface seen."""
     names = Names(ipr)
     if all_links:
         names.update(link_names(ipr))
@@ -227,6 +237,8 @@ def routes(
             if msg.get("RTA_TABLE", msg["table"]) != MAIN_TABLE or msg["type"] not in (RTN_UNICAST, RTN_BLACKHOLE):
                 continue
             if protocol is not None and msg["proto"] != protocol:
+                continue
+            if dsts is not None and _dst_of(msg) not in dsts:
                 continue
             out.append(_route_from_msg(msg, names, side))
     return out
