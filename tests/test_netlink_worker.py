@@ -226,16 +226,22 @@ async def test_cleanup_removes_orphans_and_keeps_explained_pods(pool, node):
         assert (await w.cleanup(["keep"])) == type(report)()
 
 
+async def two_pods_sharing(pool, w, anycast):
+    """Pods a1 and b1, both holding *anycast*, set up concurrently."""
+    p1, p2 = pool.create("pod"), pool.create("pod")
+    a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=anycast)
+    b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=anycast)
+    async with trio.open_nursery() as n:
+        n.start_soon(w.setup, a)
+        n.start_soon(w.setup, b)
+    return p1, a, b
+
+
 @pytest.mark.parametrize("anycast", ["2001:db8:aa::1", "203.0.113.9"])
 async def test_anycast_on_two_pods_is_one_multipath_route(pool, node, anycast):
     with trio.fail_after(20):
         w = await worker_for(node)
-        p1, p2 = pool.create("pod"), pool.create("pod")
-        a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=[anycast])
-        b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=[anycast])
-        async with trio.open_nursery() as n:
-            n.start_soon(w.setup, a)
-            n.start_soon(w.setup, b)
+        p1, a, b = await two_pods_sharing(pool, w, [anycast])
         fam = "-6" if ":" in anycast else "-4"
         route = node.ip(fam, "route", "show", anycast)
         assert route.count("nexthop") == 2, route
@@ -250,11 +256,7 @@ async def test_anycast_on_two_pods_is_one_multipath_route(pool, node, anycast):
 async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node):
     with trio.fail_after(20):
         w = await worker_for(node)
-        p1, p2 = pool.create("pod"), pool.create("pod")
-        a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=["203.0.113.9", "2001:db8:aa::1"])
-        b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=["203.0.113.9", "2001:db8:aa::1"])
-        await w.setup(a)
-        await w.setup(b)
+        p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9", "2001:db8:aa::1"])
         pool.delete(p1)  # the kernel drops the whole IPv4 multipath route with a1's veth
         assert "203.0.113.9" not in node.ip("route")
         await w.teardown("a1", p1.path, "eth0")
@@ -266,11 +268,7 @@ async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node)
 async def test_resetup_without_an_anycast_address_leaves_its_multipath_route(pool, node):
     with trio.fail_after(20):
         w = await worker_for(node)
-        p1, p2 = pool.create("pod"), pool.create("pod")
-        a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=["203.0.113.9"])
-        b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=["203.0.113.9"])
-        await w.setup(a)
-        await w.setup(b)
+        p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9"])
         a_without = alloc("a1", p1, "2001:db8::a", "198.51.100.10")
         await w.setup(a_without)
         route = node.ip("route", "show", "203.0.113.9")
