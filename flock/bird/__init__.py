@@ -1,5 +1,17 @@
 """BIRD 2: the rendered configuration and the debounced reloader."""
 
+from flock.bird.reloader import Backoff, BirdInputs, BirdReloader, ProcessRunner, ReloadError, run_process
 from flock.bird.render import BgpTimers, RenderError, RenderSettings, render
 
-__all__ = ["BgpTimers", "RenderError", "RenderSettings", "render"]
+__all__ = [
+    "Backoff",
+    "BgpTimers",
+    "BirdInputs",
+    "BirdReloader",
+    "ProcessRunner",
+    "ReloadError",
+    "RenderError",
+    "RenderSettings",
+    "render",
+    "run_process",
+]
