@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import pathlib
 import subprocess
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import pytest
@@ -59,6 +60,15 @@ class World:
         return self.inputs
 
 
+@contextlib.asynccontextmanager
+async def serving(reloader: BirdReloader) -> AsyncIterator[None]:
+    """The reloader runs (and has made its start-up poke) inside the block, and stops after it."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reloader.run)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 def make(tmp_path: pathlib.Path, runner: RecordingRunner, world: World | None = None) -> BirdReloader:
     return BirdReloader(
         config_path=tmp_path / "bird.conf",
@@ -73,13 +83,11 @@ async def test_five_pokes_100ms_apart_reload_once_at_0_9(autojump_clock, tmp_pat
     runner = RecordingRunner()
     reloader = make(tmp_path, runner)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)  # its own start-up poke joins the burst at t=0
+        async with serving(reloader):  # its own start-up poke joins the burst at t=0
             for _ in range(5):
                 reloader.poke()
                 await trio.sleep(0.1)
             await trio.sleep(10)
-            nursery.cancel_scope.cancel()
     check, configure = runner.calls
     assert check[0] == 0.9 and check[1][:3] == ["bird", "-p", "-c"]
     assert configure == (0.9, ["birdc", "-s", str(tmp_path / "bird.ctl"), "configure"])
@@ -109,13 +117,11 @@ async def test_identical_render_calls_nothing(autojump_clock, tmp_path: pathlib.
     runner = RecordingRunner()
     reloader = make(tmp_path, runner)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(2)
             assert [t for t, _ in runner.calls] == [0.5, 0.5]
             reloader.poke()
             await trio.sleep(10)
-            nursery.cancel_scope.cancel()
     assert len(runner.calls) == 2 and reloader.reloads == 1
 
 
@@ -136,10 +142,8 @@ async def test_bird_down_retries_on_the_backoff_schedule(autojump_clock, tmp_pat
     runner = RecordingRunner(failures={"birdc": 3})
     reloader = make(tmp_path, runner)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(30)
-            nursery.cancel_scope.cancel()
     # 0.5 debounce, then 1, 2, 4 s between attempts; the file is checked and written once.
     assert runner.times("birdc") == [0.5, 1.5, 3.5, 7.5]
     assert runner.times("bird") == [0.5]
@@ -151,13 +155,11 @@ async def test_rejected_config_is_never_installed_and_is_retried(autojump_clock,
     runner = RecordingRunner(failures={"bird": 2})
     reloader = make(tmp_path, runner)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(1)
             assert (tmp_path / "bird.conf").read_text() == "# the config BIRD runs now\n"
             assert [p.name for p in tmp_path.iterdir()] == ["bird.conf"]
             await trio.sleep(30)
-            nursery.cancel_scope.cancel()
     assert runner.times("bird") == [0.5, 1.5, 3.5]
     assert runner.times("birdc") == [3.5]
     assert (tmp_path / "bird.conf").read_text() == render(NODE, settings=SETTINGS)
@@ -167,10 +169,8 @@ async def test_backoff_is_capped(autojump_clock, tmp_path: pathlib.Path) -> None
     runner = RecordingRunner(failures={"birdc": 8})
     reloader = make(tmp_path, runner)
     with trio.fail_after(600):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(300)
-            nursery.cancel_scope.cancel()
     gaps = [round(b - a, 6) for a, b in zip(runner.times("birdc"), runner.times("birdc")[1:])]
     assert gaps == [1, 2, 4, 8, 16, 30, 30, 30]
 
@@ -181,13 +181,11 @@ async def test_retry_renders_the_latest_inputs(autojump_clock, tmp_path: pathlib
     reloader = make(tmp_path, runner, world)
     anycast = ipaddress.ip_address("2001:db8:aaaa::1")
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(1)  # first attempt failed at 0.5; retry due at 1.5
             world.inputs = BirdInputs(NODE, anycast={anycast})
             reloader.poke()
             await trio.sleep(10)
-            nursery.cancel_scope.cancel()
     assert runner.times("bird") == [0.5, 1.5] and runner.times("birdc") == [0.5, 1.5]
     assert "2001:db8:aaaa::1/128" in (tmp_path / "bird.conf").read_text()
 
@@ -197,14 +195,12 @@ async def test_endless_pokes_still_reload_after_max_delay(autojump_clock, tmp_pa
     runner = RecordingRunner()
     reloader = make(tmp_path, runner, world)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             for i in range(71):  # t = 0.0 … 7.0, a pod with a new anycast address every 100 ms
                 world.inputs = BirdInputs(NODE, anycast={ipaddress.IPv6Address(f"2001:db8:aaaa::{i + 1:x}")})
                 reloader.poke()
                 await trio.sleep(0.1)
             await trio.sleep(10)
-            nursery.cancel_scope.cancel()
     assert runner.times("birdc") == [5.0, 7.5]
 
 
@@ -213,13 +209,11 @@ async def test_nothing_to_render_yet_calls_nothing(autojump_clock, tmp_path: pat
     runner = RecordingRunner()
     reloader = make(tmp_path, runner, world)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(5)
             world.inputs = BirdInputs(NODE)
             reloader.poke()
             await trio.sleep(5)
-            nursery.cancel_scope.cancel()
     assert runner.times("birdc") == [5.5]
 
 
@@ -228,10 +222,8 @@ async def test_unrenderable_inputs_are_logged_not_retried(autojump_clock, tmp_pa
     runner = RecordingRunner()
     reloader = make(tmp_path, runner, world)
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reloader.run)
+        async with serving(reloader):
             await trio.sleep(30)
-            nursery.cancel_scope.cancel()
     assert runner.calls == [] and not (tmp_path / "bird.conf").exists()
     assert [r.field for r in caplog.records if r.name == "flock.bird"] == ["node.name"]
 
