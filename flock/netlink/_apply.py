@@ -1,0 +1,342 @@
+"""Blocking kernel changes: pod setup and teardown, anycast membership,
+blackholes and the node's proxy-ARP prerequisites.
+
+Every function here is idempotent — create, accept "exists", re-read and
+verify; delete, accept "not found" — so re-running one converges whatever an
+earlier, interrupted run left behind.  Run them on worker threads only.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import threading
+from collections.abc import Callable
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from flock import errors
+from flock.netlink import _conn, _nsenter
+from flock.netlink.desired import (
+    DataplaneSettings,
+    PodPlan,
+    Route,
+    Side,
+    anycast_route,
+    blackhole_routes,
+    host_ifname,
+)
+
+# The order setup applies things in; a fault hook is called after each.
+STEPS = (
+    "veth",
+    "host-link",
+    "host-sysctls",
+    "host-address",
+    "host-up",
+    "pod-link",
+    "pod-addresses",
+    "pod-routes",
+    "host-routes",
+    "anycast",
+)
+
+FaultHook = Callable[[str], None]
+RTPROT_STATIC = 4
+
+
+def _fail(step: str, what: str, exc: BaseException) -> errors.CniError:
+    return errors.CniError(errors.IO_ERROR, f"netlink {step} failed", f"{what}: {exc}")
+
+
+def ignore_codes(exc: NetlinkError, *codes: int) -> None:
+    if exc.code not in codes:
+        raise exc
+
+
+def _pod_netns_fd(plan: PodPlan) -> int:
+    try:
+        return _nsenter.open_netns(plan.netns)
+    except _nsenter.NetnsMissing:
+        raise errors.CniError(errors.INVALID_ENV, "network namespace not found", f"netns={plan.netns!r}") from None
+
+
+def peers_match(host_msg, pod_msg) -> bool:
+    return (
+        pod_msg is not None
+        and host_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
+        and pod_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
+        and host_msg.get("IFLA_LINK") == pod_msg["index"]
+        and pod_msg.get("IFLA_LINK") == host_msg["index"]
+    )
+
+
+def _ensure_veth(host: IPRoute, pod: IPRoute, plan: PodPlan, pod_fd: int):
+    """Host link message, pod link message for a verified pair."""
+    h_name, p_name = plan.veth.host, plan.veth.pod
+    for _attempt in range(2):
+        h = _conn.link_by_name(host, h_name)
+        p = _conn.link_by_name(pod, p_name)
+        if h is not None:
+            if peers_match(h, p):
+                return h, p
+            # A stale pair from an earlier attempt whose peer is not this
+            # pod's ifName (other netns, other name): rebuild it.
+            try:
+                host.link("del", index=h["index"])
+            except NetlinkError as exc:
+                ignore_codes(exc, errno.ENODEV)
+            continue
+        if p is not None:
+            raise errors.CniError(
+                errors.INVALID_ENV,
+                "interface already exists in the pod namespace",
+                f"ifName={p_name!r} in netns={plan.netns!r} is not flock's veth {h_name}",
+            )
+        try:
+            host.link("add", ifname=h_name, kind="veth", peer={"ifname": p_name, "net_ns_fd": pod_fd})
+        except NetlinkError as exc:
+            ignore_codes(exc, errno.EEXIST)  # a concurrent attempt won; verified on the next pass
+    h = _conn.link_by_name(host, h_name)
+    p = _conn.link_by_name(pod, p_name)
+    if h is None or not peers_match(h, p):
+        raise errors.CniError(errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
+    return h, p
+
+
+def _ensure_addresses(ipr: IPRoute, index: int, wanted, *, prune_global: bool) -> None:
+    live = {(a.address, a.prefixlen): a for a in _conn.addresses(ipr, index)}
+    for addr in wanted:
+        have = live.get((addr.address, addr.prefixlen))
+        if have is not None and have.nodad == addr.nodad:
+            continue
+        if have is not None:  # right address, wrong flags (DAD would delay traffic): re-add
+            try:
+                ipr.addr("del", index=index, address=str(addr.address), prefixlen=addr.prefixlen)
+            except NetlinkError as exc:
+                ignore_codes(exc, errno.EADDRNOTAVAIL)
+        try:
+            ipr.addr("add", index=index, address=str(addr.address), prefixlen=addr.prefixlen,
+                     flags=_conn.IFA_F_NODAD if addr.nodad else 0)
+        except NetlinkError as exc:
+            ignore_codes(exc, errno.EEXIST)
+    if prune_global:
+        keep = {(a.address, a.prefixlen) for a in wanted}
+        for key, have in live.items():
+            if key not in keep and not have.address.is_link_local:
+                try:
+                    ipr.addr("del", index=index, address=str(have.address), prefixlen=have.prefixlen)
+                except NetlinkError as exc:
+                    ignore_codes(exc, errno.EADDRNOTAVAIL)
+
+
+def _replace_route(ipr: IPRoute, route: Route, index_of: dict[str, int]) -> None:
+    ipr.route("replace", **_conn.route_kwargs(route, index_of))
+
+
+def delete_route(ipr: IPRoute, live: "_conn.LiveRoute") -> None:
+    kw = {"dst": str(live.route.dst), "table": _conn.MAIN_TABLE, "proto": live.route.protocol}
+    if live.route.blackhole:
+        kw["type"] = "blackhole"
+    elif live.route.family == 4:
+        kw["scope"] = int(live.route.scope)  # IPv4 delete matches on scope; pyroute2's default misses link routes
+    try:
+        ipr.route("del", **kw)
+    except NetlinkError as exc:
+        ignore_codes(exc, errno.ESRCH, errno.ENOENT)
+
+
+def setup_pod(
+    plan: PodPlan,
+    *,
+    host_netns: str | None,
+    anycast_lock: threading.Lock,
+    settings: DataplaneSettings,
+    fault: FaultHook | None = None,
+) -> None:
+    """Make the kernel match *plan*.  CniError on failure; safe to re-run."""
+    step = STEPS[0]
+
+    def done(name: str) -> None:
+        nonlocal step
+        if fault is not None:
+            fault(name)
+        step = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
+
+    pod_fd = _pod_netns_fd(plan)
+    try:
+        with _conn.rtnl(host_netns) as host, _conn.rtnl(plan.netns) as pod:
+            h, p = _ensure_veth(host, pod, plan, pod_fd)
+            hi, pi = h["index"], p["index"]
+            done("veth")
+
+            # addrgenmode none before the link first goes up, so the kernel never
+            # adds its own link-local next to fe80::1.
+            host.link("set", index=hi, IFLA_AF_SPEC={"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]})]})
+            if plan.mtu:
+                host.link("set", index=hi, mtu=plan.mtu)
+            done("host-link")
+
+            _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)])
+            done("host-sysctls")
+
+            _ensure_addresses(host, hi, plan.addresses_on(Side.HOST), prune_global=True)
+            done("host-address")
+
+            host.link("set", index=hi, state="up")
+            done("host-up")
+
+            if plan.mtu:
+                pod.link("set", index=pi, mtu=plan.mtu)
+            pod.link("set", index=pi, state="up")
+            done("pod-link")
+
+            _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), prune_global=True)
+            done("pod-addresses")
+
+            for route in plan.routes_on(Side.POD):
+                _replace_route(pod, route, {plan.veth.pod: pi})
+            done("pod-routes")
+
+            wanted = plan.routes_on(Side.HOST)
+            for route in wanted:
+                _replace_route(host, route, {plan.veth.host: hi})
+            # Routes to addresses this pod no longer has (an earlier attempt
+            # with other addresses) would misdirect traffic: drop them.
+            wanted_dsts = {r.dst for r in wanted} | {
+                ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}") for m in plan.anycast
+            }
+            for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+                if live.oifs == (hi,) and live.route.dst not in wanted_dsts and not live.route.blackhole:
+                    delete_route(host, live)
+            done("host-routes")
+
+            with anycast_lock:
+                _join_anycast(host, plan, hi, settings)
+            done("anycast")
+    except (NetlinkError, OSError) as exc:
+        raise _fail(step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc) from exc
+    finally:
+        os.close(pod_fd)
+
+
+def _join_anycast(host: IPRoute, plan: PodPlan, host_index: int, settings: DataplaneSettings) -> None:
+    if not plan.anycast:
+        return
+    names = _conn.link_names(host)
+    index_of = {name: idx for idx, name in names.items()}
+    live = {r.route.dst: r for r in _conn.routes(host, Side.HOST, protocol=settings.protocol)}
+    for member in plan.anycast:
+        dst = ipaddress.ip_network(f"{member.address}/{member.address.max_prefixlen}")
+        current = live.get(dst)
+        hops = [h for h in current.route.nexthops if h.ifname in index_of] if current and not current.route.blackhole else []
+        hops = [h for h in hops if h.ifname != member.nexthop.ifname] + [member.nexthop]
+        route = anycast_route(member.address, hops, settings)
+        if current is None or current.route != route:
+            _replace_route(host, route, index_of)
+
+
+def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings) -> list[str]:
+    """Remove *ifnames* from every flock route: shrink multipath routes to
+    the remaining nexthops, delete routes left with none.  Must run before the
+    interfaces go: deleting one device kills a whole IPv4 multipath route."""
+    changed = []
+    names = _conn.link_names(host)
+    index_of = {name: idx for idx, name in names.items()}
+    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+        r = live.route
+        if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
+            continue
+        rest = [h for h in r.nexthops if h.ifname not in ifnames and h.ifname in index_of]
+        if rest:
+            _replace_route(host, anycast_route(r.dst.network_address, rest, settings), index_of)
+        else:
+            delete_route(host, live)
+        changed.append(str(r))
+    return changed
+
+
+def teardown_pod(
+    container_id: str,
+    netns: str | None,
+    if_name: str | None,
+    *,
+    host_netns: str | None,
+    anycast_lock: threading.Lock,
+    settings: DataplaneSettings,
+) -> None:
+    """Remove the pod's veth and flock routes through it.  Anything already
+    gone (netns, interface, route) counts as removed."""
+    name = host_ifname(container_id, settings.host_prefix)
+    try:
+        with _conn.rtnl(host_netns) as host:
+            with anycast_lock:
+                leave_routes(host, {name}, settings)
+            link = _conn.link_by_name(host, name)
+            if link is not None:
+                try:
+                    host.link("del", index=link["index"])
+                except NetlinkError as exc:
+                    ignore_codes(exc, errno.ENODEV)
+                return
+        # No host side: like ptp, remove ifName from the pod namespace if a
+        # veth remains there (its peer lives under another name).
+        if netns and if_name:
+            try:
+                with _conn.rtnl(netns) as pod:
+                    p = _conn.link_by_name(pod, if_name)
+                    if p is not None and p.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth":
+                        try:
+                            pod.link("del", index=p["index"])
+                        except NetlinkError as exc:
+                            ignore_codes(exc, errno.ENODEV)
+            except _nsenter.NetnsMissing:
+                pass
+    except (NetlinkError, OSError) as exc:
+        raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
+
+
+def ensure_blackholes(host: IPRoute, cidrs, settings: DataplaneSettings) -> None:
+    wanted = {r.dst: r for r in blackhole_routes(cidrs, settings)}
+    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+        if live.route.blackhole and live.route.dst not in wanted:
+            delete_route(host, live)
+        elif live.route.blackhole:
+            wanted.pop(live.route.dst)
+    for route in wanted.values():
+        _replace_route(host, route, {})
+
+
+def prepare_node(host: IPRoute, host_netns: str | None, uplink: str | None, settings: DataplaneSettings) -> None:
+    """Node prerequisites for proxy ARP on 169.254.1.1 and for routing pods:
+    ip_forward=1, IPv6 forwarding on, and a unicast route to 169.254.1.1 out
+    of a non-flock interface (proxy ARP answers only for a destination the
+    node would forward elsewhere).  The route is added via *uplink* when the
+    node has none, with protocol static so cleanup never takes it for a pod's.
+    """
+    _conn.write_sysctls(host_netns, [
+        ("net/ipv4/ip_forward", "1"),
+        ("net/ipv6/conf/all/forwarding", "1"),
+        ("net/ipv6/conf/default/forwarding", "1"),
+    ])
+    gw = str(settings.gateway4)
+    try:
+        (msg,) = host.route("get", dst=gw)
+        names = _conn.link_names(host)
+        dev = names.get(msg.get("RTA_OIF"), "")
+        if msg["type"] == _conn.RTN_UNICAST and not dev.startswith(settings.host_prefix):
+            return
+    except NetlinkError as exc:
+        ignore_codes(exc, errno.ENETUNREACH, errno.EHOSTUNREACH)
+    if uplink is None:
+        raise errors.CniError(
+            errors.INVALID_CONFIG,
+            "node has no route for the pod gateway",
+            f"proxy ARP for {gw} needs a unicast route to it out of a non-flock interface; set an uplink",
+        )
+    link = _conn.link_by_name(host, uplink)
+    if link is None:
+        raise errors.CniError(errors.INVALID_CONFIG, "uplink interface not found", f"uplink={uplink!r}")
+    host.route("replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE)
