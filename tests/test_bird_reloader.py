@@ -31,15 +31,20 @@ NODE = NodeConfig.from_object(
 class RecordingRunner:
     """Stands in for bird/birdc: records (virtual time, argv) and answers from a script.
 
-    ``failures[tool]`` is how many of the next calls to ``tool`` exit 1.
+    ``failures[tool]`` is how many of the next calls to ``tool`` exit 1;
+    ``hangs[tool]`` how many never finish (a wedged BIRD).
     """
 
     failures: dict[str, int] = attrs.field(factory=dict)
+    hangs: dict[str, int] = attrs.field(factory=dict)
     calls: list[tuple[float, list[str]]] = attrs.field(factory=list)
 
     async def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess:
         self.calls.append((round(trio.current_time(), 6), list(argv)))
         tool = pathlib.Path(argv[0]).name
+        if self.hangs.get(tool, 0) > 0:
+            self.hangs[tool] -= 1
+            await trio.sleep_forever()
         if self.failures.get(tool, 0) > 0:
             self.failures[tool] -= 1
             return subprocess.CompletedProcess(argv, 1, b"", b"Unable to connect to server control socket\n")
@@ -77,6 +82,15 @@ def make(tmp_path: pathlib.Path, runner: RecordingRunner, world: World | None = 
         inputs=world or World(),
         runner=runner,
     )
+
+
+async def serve_quietly(tmp_path: pathlib.Path, runner: RecordingRunner, seconds: float, world: World | None = None) -> BirdReloader:
+    """A reloader that gets only its start-up poke, run for ``seconds`` of virtual time."""
+    reloader = make(tmp_path, runner, world)
+    with trio.fail_after(seconds + 60):
+        async with serving(reloader):
+            await trio.sleep(seconds)
+    return reloader
 
 
 async def test_five_pokes_100ms_apart_reload_once_at_0_9(autojump_clock, tmp_path: pathlib.Path) -> None:
@@ -140,10 +154,7 @@ async def test_fresh_reloader_with_identical_file_configures_without_rewriting(a
 
 async def test_bird_down_retries_on_the_backoff_schedule(autojump_clock, tmp_path: pathlib.Path) -> None:
     runner = RecordingRunner(failures={"birdc": 3})
-    reloader = make(tmp_path, runner)
-    with trio.fail_after(60):
-        async with serving(reloader):
-            await trio.sleep(30)
+    reloader = await serve_quietly(tmp_path, runner, 30)
     # 0.5 debounce, then 1, 2, 4 s between attempts; the file is checked and written once.
     assert runner.times("birdc") == [0.5, 1.5, 3.5, 7.5]
     assert runner.times("bird") == [0.5]
@@ -165,12 +176,17 @@ async def test_rejected_config_is_never_installed_and_is_retried(autojump_clock,
     assert (tmp_path / "bird.conf").read_text() == render(NODE, settings=SETTINGS)
 
 
+async def test_wedged_birdc_is_abandoned_at_the_deadline_and_retried(autojump_clock, tmp_path: pathlib.Path) -> None:
+    runner = RecordingRunner(hangs={"birdc": 1})
+    reloader = await serve_quietly(tmp_path, runner, 30)
+    # Started at 0.5, abandoned at 10.5 (command_deadline), retried 1 s later.
+    assert runner.times("birdc") == [0.5, 11.5]
+    assert reloader.reloads == 1 and reloader.failures == 1
+
+
 async def test_backoff_is_capped(autojump_clock, tmp_path: pathlib.Path) -> None:
     runner = RecordingRunner(failures={"birdc": 8})
-    reloader = make(tmp_path, runner)
-    with trio.fail_after(600):
-        async with serving(reloader):
-            await trio.sleep(300)
+    reloader = await serve_quietly(tmp_path, runner, 300)
     gaps = [round(b - a, 6) for a, b in zip(runner.times("birdc"), runner.times("birdc")[1:])]
     assert gaps == [1, 2, 4, 8, 16, 30, 30, 30]
 
@@ -220,10 +236,7 @@ async def test_nothing_to_render_yet_calls_nothing(autojump_clock, tmp_path: pat
 async def test_unrenderable_inputs_are_logged_not_retried(autojump_clock, tmp_path: pathlib.Path, caplog) -> None:
     world = World(inputs=BirdInputs(attrs.evolve(NODE, name="bad\nname")))
     runner = RecordingRunner()
-    reloader = make(tmp_path, runner, world)
-    with trio.fail_after(60):
-        async with serving(reloader):
-            await trio.sleep(30)
+    await serve_quietly(tmp_path, runner, 30, world)
     assert runner.calls == [] and not (tmp_path / "bird.conf").exists()
     assert [r.field for r in caplog.records if r.name == "flock.bird"] == ["node.name"]
 

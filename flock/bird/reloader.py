@@ -60,12 +60,15 @@ class BirdInputs:
 
 
 class ReloadError(Exception):
-    """One reconcile attempt failed at ``step`` ("check" or "configure")."""
+    """One reconcile attempt failed at ``step`` ("check" or "configure").
 
-    def __init__(self, step: str, argv: Sequence[str], result: subprocess.CompletedProcess) -> None:
-        self.step, self.argv, self.returncode = step, list(argv), result.returncode
-        self.output = _text(result.stdout) + _text(result.stderr)
-        super().__init__(f"{step}: {' '.join(self.argv)} exited {self.returncode}: {self.output.strip()}")
+    ``returncode`` is None when the command ran past the reloader's deadline.
+    """
+
+    def __init__(self, step: str, argv: Sequence[str], returncode: int | None, output: str) -> None:
+        self.step, self.argv, self.returncode, self.output = step, list(argv), returncode, output
+        status = "ran too long" if returncode is None else f"exited {returncode}"
+        super().__init__(f"{step}: {' '.join(self.argv)} {status}: {output.strip()}")
 
 
 def _text(data: bytes | str | None) -> str:
@@ -116,6 +119,9 @@ class BirdReloader:
     backoff: Backoff = Backoff()
     bird: str = "bird"
     birdc: str = "birdc"
+    #: A `bird -p` or `birdc` that runs longer than this (a wedged BIRD) is
+    #: killed and counts as a failed attempt.
+    command_deadline: float = 10.0
     #: Completed ``birdc configure`` calls and failed attempts, for metrics.
     reloads: int = attrs.field(default=0, init=False)
     failures: int = attrs.field(default=0, init=False)
@@ -184,14 +190,19 @@ class BirdReloader:
             return False
         if text != on_disk:
             await self._check_and_write(text)
-        argv = [self.birdc, "-s", str(self.control_socket), "configure"]
-        result = await self.runner(argv)
-        if result.returncode != 0:
-            raise ReloadError("configure", argv, result)
+        result = await self._run("configure", [self.birdc, "-s", str(self.control_socket), "configure"])
         self._applied = text
         self.reloads += 1
         log.info("BIRD reconfigured", extra={"config": str(self.config_path), "output": _text(result.stdout).strip()})
         return True
+
+    async def _run(self, step: str, argv: list[str]) -> subprocess.CompletedProcess:
+        with trio.move_on_after(self.command_deadline):
+            result = await self.runner(argv)
+            if result.returncode != 0:
+                raise ReloadError(step, argv, result.returncode, _text(result.stdout) + _text(result.stderr))
+            return result
+        raise ReloadError(step, argv, None, f"no answer within {self.command_deadline} s")
 
     async def _check_and_write(self, text: str) -> None:
         # The file is a few KB written at most once per debounce, so it is
@@ -206,10 +217,7 @@ class BirdReloader:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o644)
-            argv = [self.bird, "-p", "-c", str(tmp)]
-            result = await self.runner(argv)
-            if result.returncode != 0:
-                raise ReloadError("check", argv, result)
+            await self._run("check", [self.bird, "-p", "-c", str(tmp)])
             os.replace(tmp, self.config_path)
         except BaseException:
             tmp.unlink(missing_ok=True)
