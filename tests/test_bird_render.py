@@ -13,8 +13,8 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from flock.bird import BgpTimers, RenderError, RenderSettings, render
-from flock.model import BgpConfig, BgpPeer, NodeConfig
+from flock.bird import BgpTimers, BirdInputs, RenderError, RenderSettings, render
+from flock.model import Allocation, AllocationState, BgpConfig, BgpPeer, NodeConfig
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "bird"
 SETTINGS = RenderSettings(route_protocol=252)
@@ -108,6 +108,15 @@ def test_bird_rejects_what_it_should(require_bird: None, tmp_path: pathlib.Path)
     assert result.returncode != 0 and "bird.conf" in result.stderr
 
 
+def test_longest_peer_name_parses(require_bird: None, tmp_path: pathlib.Path) -> None:
+    name = "t" + "o-r_9" * 11 + "abcd"  # 60 characters: 'bgp_' + name is BIRD's 64-byte symbol limit
+    assert len(name) == 60
+    result = bird_parse(tmp_path, render(with_peers(peer(name)), settings=SETTINGS))
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(RenderError):
+        render(with_peers(peer(name + "x")), settings=SETTINGS)
+
+
 def peer(name: object = "tor1", address: object = None, asn: object = 64500) -> BgpPeer:
     return BgpPeer(name, ipaddress.ip_address("2001:db8:ffff::1") if address is None else address, asn)  # type: ignore[arg-type]
 
@@ -183,3 +192,21 @@ def test_any_anycast_set_renders_canonically_and_parses(anycast, extra, seed: in
     assert render(host001(peers_reversed=True), anycast=shuffled, addresses=tuple(reversed(extra)), settings=SETTINGS) == text
     result = bird_parse(tmp_path_factory.mktemp("bird"), text)
     assert result.returncode == 0, result.stderr
+
+
+def test_inputs_collect_anycast_and_extra_addresses_of_every_allocation() -> None:
+    ip = ipaddress.ip_address
+
+    def alloc(cid: str, state: AllocationState, anycast: tuple[str, ...], addresses: tuple[str, ...]) -> Allocation:
+        return Allocation(cid, "default", cid, "uid", "eth0", "/run/netns/x", ip("2001:db8:0:1::" + cid), None,
+                          tuple(ip(a) for a in anycast), tuple(ip(a) for a in addresses), state)
+
+    inputs = BirdInputs.collect(
+        host001(),
+        [
+            alloc("a", AllocationState.COMMITTED, ("2001:db8:aaaa::1",), ("198.51.100.200",)),
+            alloc("b", AllocationState.PENDING, ("2001:db8:aaaa::1", "203.0.113.53"), ()),
+            alloc("c", AllocationState.COMMITTED, (), ()),
+        ],
+    )
+    assert inputs == BirdInputs(host001(), {ip("2001:db8:aaaa::1"), ip("203.0.113.53")}, {ip("198.51.100.200")})

@@ -1,6 +1,7 @@
 """BIRD 2: the rendered configuration and the debounced reloader."""
 
-from flock.bird.reloader import Backoff, BirdInputs, BirdReloader, ProcessRunner, ReloadError, run_process
+from flock.bird.inputs import BirdInputs
+from flock.bird.reloader import Backoff, BirdReloader, ProcessRunner, ReloadError, run_process
 from flock.bird.render import BgpTimers, RenderError, RenderSettings, render
 
 __all__ = [

@@ -9,7 +9,6 @@ first of a burst), then reconciles once with the inputs current at that moment.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import pathlib
@@ -20,12 +19,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
+from flock.bird.inputs import BirdInputs
 from flock.bird.render import RenderError, RenderSettings, render
-from flock.model import NodeConfig
 
 log = logging.getLogger("flock.bird")
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 #: Runs a command given as an argument vector (never through a shell) to
 #: completion and returns its exit status and captured output. Tests
@@ -48,15 +45,6 @@ class Backoff:
 
     def delay(self, failures: int) -> float:
         return min(self.maximum, self.initial * self.factor ** (failures - 1))
-
-
-@attrs.frozen
-class BirdInputs:
-    """Everything the config depends on: the node and its anycast and extra addresses."""
-
-    node: NodeConfig
-    anycast: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
-    addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
 
 
 class ReloadError(Exception):

@@ -22,9 +22,7 @@ from typing import Any
 import attrs
 import jinja2
 
-from flock.model import BgpPeer, NodeConfig
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from flock.model import BgpPeer, IPAddress, NodeConfig
 
 # Kubernetes object names (DNS-1123 subdomain); only ever placed in a comment.
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
