@@ -139,6 +139,11 @@ def with_peers(*peers: BgpPeer) -> NodeConfig:
         (lambda: render(with_peers(peer(asn=0)), settings=SETTINGS), "node.bgp.peers[0].asn"),
         (lambda: render(with_peers(peer("tor1"), peer("tor1", ipaddress.ip_address("192.0.2.9"))), settings=SETTINGS), "node.bgp.peers"),
         (lambda: render(host001(), anycast=["2001:db8::1/128 ] then accept; if net ~ [ ::/0"], settings=SETTINGS), "anycast"),
+        # ipaddress takes any text as an IPv6 scope ID: the type is right, the text is not.
+        (lambda: render(host001(), anycast=[ipaddress.ip_address("2001:db8::1%] then accept; if net ~ [ ::1")], settings=SETTINGS), "anycast"),
+        (lambda: render(host001(), addresses=[ipaddress.ip_address("2001:db8::1%x")], settings=SETTINGS), "addresses"),
+        (lambda: render(with_peers(peer(address=ipaddress.ip_address("2001:db8::1%x as 1; import all; #"))), settings=SETTINGS), "node.bgp.peers[0].address"),
+        (lambda: render(NodeConfig.from_object({"metadata": {"name": "n"}, "spec": {"cidr6": "2001:db8::%x blackhole; } #/64"}}), settings=SETTINGS), "node.cidr6"),
         (lambda: render(host001(), anycast="2001:db8::1", settings=SETTINGS), "anycast"),
         (lambda: render(host001(), anycast=[ipaddress.ip_network("::/0")], settings=SETTINGS), "anycast"),
         (lambda: render(host001(), addresses=[b"\x00"], settings=SETTINGS), "addresses"),

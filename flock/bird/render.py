@@ -29,6 +29,12 @@ _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 # Peer names become quoted BIRD symbols ('bgp_<name>'); BIRD symbols hold at most 64 bytes.
 _PEER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,59}\Z")
 
+# The text of an address or network as it may appear in the config. Python's
+# ipaddress accepts IPv6 scope IDs of any text ("2001:db8::1%x; } ..."), so the
+# type alone does not make a value safe: its text is checked too.
+_ADDRESS_TEXT = re.compile(r"[0-9a-f.:]+\Z")
+_NETWORK_TEXT = re.compile(r"[0-9a-f.:]+/[0-9]{1,3}\Z")
+
 # Route preferences: BGP's default is 100. Routes flock put in the kernel (a
 # local pod, a local anycast member) must beat the same prefix heard from a
 # peer, or BIRD would export the peer's route into the kernel over our own.
@@ -120,19 +126,21 @@ def _check_asn(field: str, value: Any) -> str:
 
 
 def _check_network(field: str, value: Any, kind: type) -> str:
-    if not isinstance(value, kind):
-        raise RenderError(field, value, f"an {kind.__name__}")
+    if not isinstance(value, kind) or not _NETWORK_TEXT.match(str(value)):
+        raise RenderError(field, value, f"an {kind.__name__} without a %scope")
     return str(value)
+
+
+def _check_address(field: str, value: Any) -> IPAddress:
+    if not isinstance(value, (ipaddress.IPv4Address, ipaddress.IPv6Address)) or not _ADDRESS_TEXT.match(str(value)):
+        raise RenderError(field, value, "an IPv4Address or IPv6Address without a %scope")
+    return value
 
 
 def _check_addresses(field: str, values: Iterable[Any]) -> tuple[IPAddress, ...]:
     if isinstance(values, (str, bytes)):
         raise RenderError(field, values, "a collection of IPv4Address/IPv6Address values")
-    out = set()
-    for value in values:
-        if not isinstance(value, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
-            raise RenderError(field, value, "an IPv4Address or IPv6Address")
-        out.add(value)
+    out = {_check_address(field, value) for value in values}
     return tuple(sorted(out, key=lambda a: (a.version, int(a))))
 
 
@@ -142,9 +150,7 @@ def _peer_view(i: int, peer: Any, local_asn: int) -> _PeerView:
         raise RenderError(field, peer, "a BgpPeer")
     if not isinstance(peer.name, str) or not _PEER_NAME.match(peer.name):
         raise RenderError(field + ".name", peer.name, "letters, digits, '-' and '_', starting with a letter, at most 60")
-    address = peer.address
-    if not isinstance(address, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
-        raise RenderError(field + ".address", address, "an IPv4Address or IPv6Address")
+    address = _check_address(field + ".address", peer.address)
     if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_loopback:
         raise RenderError(field + ".address", address, "a unicast, non-link-local peer address")
     asn = _check_asn(field + ".asn", peer.asn)
@@ -200,7 +206,7 @@ def render(
     if node.bgp is not None:
         if not isinstance(node.bgp.router_id, ipaddress.IPv4Address):
             raise RenderError("node.bgp.router_id", node.bgp.router_id, "an IPv4Address")
-        router_id = str(node.bgp.router_id)
+        router_id = str(_check_address("node.bgp.router_id", node.bgp.router_id))
         local_asn = _check_asn("node.bgp.asn", node.bgp.asn)
         peers = [_peer_view(i, p, node.bgp.asn) for i, p in enumerate(node.bgp.peers)]
         protocols = [p.protocol for p in peers]
