@@ -71,7 +71,7 @@ def test_install_writes_one_executable_shim_and_the_conflist(node):
     shim = node.bin_dir / "flock"
     assert result.shim == shim and shim.is_file() and not shim.is_symlink()
     assert shim.stat().st_mode & 0o777 == 0o755
-    assert shim.read_bytes().startswith(b"#!/usr/bin/python3\n")
+    assert shim.read_bytes().startswith(b"#!/usr/bin/python3 -IS\n")
     assert sorted(p.name for p in node.bin_dir.iterdir()) == ["flock"]
 
     assert json.loads(result.conflist.read_text()) == {
@@ -98,7 +98,10 @@ def test_installed_shim_del_succeeds_with_the_agent_unreachable(node):
     Path(node.socket).parent.mkdir(parents=True)
     out = run_shim(node, "DEL", CNI_CONTAINERID="c0ffee", CNI_NETNS="/var/run/netns/gone", CNI_IFNAME="eth0")
     assert out.returncode == 0, (out.stdout, out.stderr)
-    assert not Path(node.socket).exists()
+    # Queued beside the socket the conflist names, for the agent to replay.
+    queued = json.loads((Path(node.socket).parent / "pending-deletes" / "c0ffee.json").read_text())
+    assert queued["op"] == "DEL" and queued["containerID"] == "c0ffee"
+    assert queued["config"]["socket"] == node.socket
 
 
 def test_second_install_changes_nothing(node):
@@ -207,7 +210,7 @@ def test_explicit_host_python(tmp_path, node):
     config = InstallConfig(node.bin_dir, node.conf_dir, node.socket, host, host_python="/opt/py/bin/python3")
     result = installer.install(config)
     assert result.host_python == installer.HostPython("/opt/py/bin/python3", (3, 13))
-    assert (node.bin_dir / "flock").read_bytes().startswith(b"#!/opt/py/bin/python3\n")
+    assert (node.bin_dir / "flock").read_bytes().startswith(b"#!/opt/py/bin/python3 -IS\n")
 
 
 @pytest.mark.parametrize(
