@@ -2,8 +2,9 @@
 
 Kubernetes objects validate against the API schemas bundled in
 kubernetes-validate (no network); NodeConfig instances validate against the
-CRD's own openAPIV3Schema with jsonschema, and must agree with
-flock.model.NodeConfig on what is valid.
+CRD's own openAPIV3Schema as the apiserver would (tests/k8s_schema.py:
+jsonschema with RE2 patterns, list-map keys, and the CEL rules), and must agree
+with flock.model.NodeConfig on what is valid.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import k8s_schema  # tests/ helper
 import kubernetes_validate
 import pytest
+import re2
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,29 +54,8 @@ def crd_schema() -> dict[str, Any]:
     return version["schema"]["openAPIV3Schema"]
 
 
-def _list_map_keys(validator, keys, instance, schema):
-    """x-kubernetes-list-type: map — no two items share the key fields."""
-    if not validator.is_type(instance, "array"):
-        return
-    seen = set()
-    for item in instance:
-        key = tuple(item.get(k) for k in keys)
-        if key in seen:
-            yield jsonschema.ValidationError(f"duplicate entry for key {dict(zip(keys, key))}")
-        seen.add(key)
-
-
-# The apiserver's structural-schema dialect is OpenAPI v3 (draft-4-like); the
-# only k8s extension with a static meaning here is list-map keys. CEL rules
-# (x-kubernetes-validations) need the apiserver and are not evaluated.
-NodeConfigValidator = jsonschema.validators.extend(
-    jsonschema.Draft4Validator, {"x-kubernetes-list-map-keys": _list_map_keys}
-)
-
-
 def nodeconfig_errors(obj: dict[str, Any]) -> list[str]:
-    validator = NodeConfigValidator(crd_schema())
-    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+    return k8s_schema.errors(crd_schema(), obj)
 
 
 def example() -> dict[str, Any]:
@@ -157,7 +138,7 @@ def test_crd_schema_is_structural_and_portable():
             pattern = node["pattern"]
             assert pattern.startswith("^") and pattern.endswith("$"), path
             assert "(?" not in pattern and not re.search(r"\\[1-9]", pattern), path
-            re.compile(pattern)
+            re2.compile(pattern)
         if node.get("x-kubernetes-validations") and node["type"] == "string":
             assert "maxLength" in node, f"{path}: CEL cost estimation needs maxLength"
 
@@ -176,6 +157,25 @@ def test_example_nodeconfig_is_valid_for_crd_and_model():
         ("tor2", "203.0.113.1", 64500),
     ]
     assert config.ip_algo == "namespace:16,app:16,random:32"
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cidr6", "198.51.100.0/24", "must be an IPv6 CIDR"),
+        ("cidr6", "::ffff:198.51.100.0/120", "must be an IPv6 CIDR"),
+        ("cidr6", "2001:db8::1/64", "no host bits set"),
+        ("cidr6", "2001:db8::/64", None),
+        ("cidr4", "2001:db8::/64", "must be an IPv4 CIDR"),
+        ("cidr4", "198.51.100.0/25", None),
+        ("cidr4", "198.51.100.128/24", "no host bits set"),
+    ],
+)
+def test_cel_rules_on_their_own(field, value, message):
+    # The CEL rules stand even where a pattern would have let a value through.
+    found = list(k8s_schema.cel_errors(crd_schema()["properties"]["spec"]["properties"][field], value))
+    assert found == ([] if message is None else [found[0]])
+    assert message is None or message in found[0]
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -221,6 +221,10 @@ BAD_NODECONFIGS = {
     "peer name starts with digit": ("spec.bgp.peers.0.name", "1tor"),
     "peer name duplicated": ("spec.bgp.peers.1.name", "tor1"),
     "family flag not bool": ("spec.families.ipv6", "yes"),
+    # Caught by the CEL rules (Kubernetes IP/CIDR library), not by patterns:
+    "cidr6 host bits set": ("spec.cidr6", "2001:db8:0:1::1/64"),
+    "cidr4 host bits set": ("spec.cidr4", "198.51.100.1/24"),
+    "ipv4 by default without cidr4": ("spec.cidr4", _DELETE),
 }
 
 
@@ -247,16 +251,17 @@ def test_valid_edge_values_accepted_by_crd_and_model():
         NodeConfig.from_object(obj)
 
 
-def _pattern(*fields: str) -> re.Pattern[str]:
+def _pattern(*fields: str) -> Any:
     node = crd_schema()["properties"]["spec"]
     for f in fields:
         node = node["items"] if f == "[]" else node["properties"][f]
-    return re.compile(node["pattern"])
+    return re2.compile(node["pattern"])
 
 
 @pytest.fixture(scope="module")
-def patterns() -> dict[str, re.Pattern[str]]:
-    # Parsed once: hypothesis calls the tests below hundreds of times.
+def patterns() -> dict[str, Any]:
+    # Compiled once, with RE2 as the apiserver reads them: hypothesis calls the
+    # tests below hundreds of times.
     return {
         "cidr6": _pattern("cidr6"),
         "cidr4": _pattern("cidr4"),
