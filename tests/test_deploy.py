@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import os
 import re
+import selectors
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -421,6 +424,48 @@ def test_bootstrap_bird_conf_parses(require_bird, tmp_path):
     broken = tmp_path / "broken.conf"
     broken.write_text(conf.read_text().replace("router id", "router idd"))
     assert subprocess.run(["bird", "-p", "-c", str(broken)], capture_output=True, timeout=30).returncode != 0
+
+
+def _wait_for_line(stream, needle: str, seconds: float) -> str:
+    """Read *stream* until a line holds *needle*; give up after *seconds*."""
+    seen = ""
+    deadline = time.monotonic() + seconds
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        while needle not in seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise AssertionError(f"no {needle!r} within {seconds} s; got {seen!r}")
+            chunk = os.read(stream.fileno(), 4096).decode()
+            if not chunk:
+                raise AssertionError(f"stream closed before {needle!r}; got {seen!r}")
+            seen += chunk
+    return seen
+
+
+def test_bird_sidecar_starts_on_bootstrap_config_and_passes_its_probe(require_root, require_bird, tmp_path):
+    # The sidecar's own command and liveness probe, with the shared paths moved
+    # into tmp_path, and BIRD in a fresh network namespace of its own.
+    etc, run = tmp_path / "etc/flock/bird", tmp_path / "run/flock"
+    etc.mkdir(parents=True)
+    run.mkdir(parents=True)
+    (etc / "bird.conf").write_text(one("ConfigMap")["data"]["bird.conf"])
+
+    def moved(argv: list[str]) -> list[str]:
+        return [a.replace("/etc/flock/bird", str(etc)).replace("/run/flock", str(run)) for a in argv]
+
+    sidecar = _containers()["bird"]
+    bird = subprocess.Popen(["unshare", "--net", *moved(sidecar["command"])], stderr=subprocess.PIPE)
+    try:
+        _wait_for_line(bird.stderr, "Started", seconds=10)
+        probe = subprocess.run(moved(sidecar["livenessProbe"]["exec"]["command"]), capture_output=True, text=True, timeout=10)
+        assert probe.returncode == 0, probe.stderr
+        assert "Daemon is up and running" in probe.stdout
+        assert (run / "bird.ctl").is_socket()
+    finally:
+        bird.terminate()
+        bird.wait(timeout=10)
+        bird.stderr.close()
 
 
 # --- Dockerfile -------------------------------------------------------------
