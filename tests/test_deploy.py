@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import json
 import os
 import re
 import selectors
@@ -390,6 +391,39 @@ def test_install_cni_init_container_matches_the_installer_cli():
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/host"]["readOnly"] is True
     assert {"/opt/cni/bin", "/etc/cni/net.d"} <= set(mounts)
+
+
+def test_install_cni_init_container_command_installs_a_working_plugin(tmp_path):
+    # The init container's exact command, its mounts moved into tmp_path and this
+    # machine's own root standing in for the host's.
+    bin_dir, conf_dir = tmp_path / "opt/cni/bin", tmp_path / "etc/cni/net.d"
+    argv = [
+        a.replace("/opt/cni/bin", str(bin_dir)).replace("/etc/cni/net.d", str(conf_dir)).replace("=/host", "=/")
+        for a in _containers()["install-cni"]["command"]
+    ]
+    script = Path(sys.executable).parent / argv[0]
+    out = subprocess.run([str(script), *argv[1:]], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((conf_dir / "01-flock.conflist").read_text())["plugins"] == [{"type": "flock", "socket": "/run/flock/flock.sock"}]
+    version = subprocess.run(
+        [str(bin_dir / "flock")], input="{}", env={"CNI_COMMAND": "VERSION"}, capture_output=True, text=True, timeout=30
+    )
+    assert version.returncode == 0, version.stderr
+    assert "1.1.0" in json.loads(version.stdout)["supportedVersions"]
+
+
+@pytest.mark.parametrize("present", [None, "", "# rendered by flock-agent\n"])
+def test_bird_config_init_container_seeds_only_a_missing_config(tmp_path, present):
+    etc, bootstrap = tmp_path / "etc/flock/bird", tmp_path / "etc/flock/bird-bootstrap"
+    etc.mkdir(parents=True)
+    bootstrap.mkdir(parents=True)
+    (bootstrap / "bird.conf").write_text(one("ConfigMap")["data"]["bird.conf"])
+    if present is not None:
+        (etc / "bird.conf").write_text(present)
+    command = [a.replace("/etc/flock", str(tmp_path / "etc/flock")) for a in _containers()["bird-config"]["command"]]
+    assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+    expected = present or one("ConfigMap")["data"]["bird.conf"]
+    assert (etc / "bird.conf").read_text() == expected
 
 
 def test_agent_container():
