@@ -59,7 +59,7 @@ TEMP_SUFFIX = ".flock-tmp"
 RUNTIME_CONF_SUFFIXES = (".conf", ".conflist", ".json")
 
 _MAX_SYMLINKS = 40
-_NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+_NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 _PYTHON_VERSION = re.compile(r"python(\d+)\.(\d+)$")
 
 
@@ -91,13 +91,17 @@ class InstallConfig:
     def __attrs_post_init__(self) -> None:
         if not PurePosixPath(self.socket).is_absolute():
             raise InstallError(f"--socket {self.socket!r} is not an absolute path", "Pass the agent socket's host path, e.g. /run/flock/flock.sock.")
-        if not _NETWORK_NAME.match(self.network_name):
+        if not _NETWORK_NAME.fullmatch(self.network_name):
             raise InstallError(
                 f"--network-name {self.network_name!r} is not a valid CNI network name",
                 "Use letters, digits, '_', '.' and '-', starting with a letter or digit.",
             )
-        if self.host_python is not None and not PurePosixPath(self.host_python).is_absolute():
-            raise InstallError(f"--host-python {self.host_python!r} is not an absolute path", "Pass the interpreter's path as the host sees it, e.g. /usr/bin/python3.")
+        if self.host_python is not None and (not PurePosixPath(self.host_python).is_absolute() or any(c.isspace() for c in self.host_python)):
+            # It becomes the shebang, which the kernel splits at the first blank.
+            raise InstallError(
+                f"--host-python {self.host_python!r} is not an absolute path without blanks",
+                "Pass the interpreter's path as the host sees it, e.g. /usr/bin/python3.",
+            )
 
 
 @attrs.frozen
