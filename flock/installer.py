@@ -111,6 +111,7 @@ class InstallResult:
     shim_changed: bool
     conflist: Path
     conflist_changed: bool
+    shadowed_by: tuple[str, ...] = ()  # other configs the runtime would pick instead
 
 
 def conflist_bytes(network_name: str, socket: str) -> bytes:
@@ -235,6 +236,19 @@ def shim_bytes(python: str) -> bytes:
     return shim_archive(prefix=f"#!{python} -IS\n".encode())
 
 
+def configs_loaded_before(conf_dir: Path, name: str) -> list[str]:
+    """Network configurations in *conf_dir* that a runtime would pick before *name*.
+
+    containerd and CRI-O use the first file, in name order, with a runtime
+    suffix; one sorting before ours means pods do not get flock at all.
+    """
+    return sorted(
+        entry.name
+        for entry in os.scandir(conf_dir)
+        if entry.name < name and entry.name.endswith(RUNTIME_CONF_SUFFIXES) and entry.is_file()
+    )
+
+
 def install(config: InstallConfig) -> InstallResult:
     """Install the shim, then the conflist (see the module docstring)."""
     python = find_host_python(config.host_root, (config.host_python,) if config.host_python else HOST_PYTHON_CANDIDATES)
@@ -247,7 +261,14 @@ def install(config: InstallConfig) -> InstallResult:
     shim_changed = write_atomic(shim, shim_bytes(python.path), 0o755)
     conflist = config.conf_dir / CONFLIST_NAME
     conflist_changed = write_atomic(conflist, conflist_bytes(config.network_name, config.socket), 0o644)
-    result = InstallResult(python, shim, shim_changed, conflist, conflist_changed)
+    shadowing = configs_loaded_before(config.conf_dir, CONFLIST_NAME)
+    if shadowing:
+        log.warning(
+            "the runtime uses the first network configuration by name, and these come before flock's: "
+            "remove them (or the other CNI) for pods to get flock addresses",
+            extra={"conf_dir": str(config.conf_dir), "before": shadowing},
+        )
+    result = InstallResult(python, shim, shim_changed, conflist, conflist_changed, tuple(shadowing))
     log.info(
         "flock CNI installed",
         extra={

@@ -127,6 +127,26 @@ def test_install_rewrites_only_what_changed(node):
     assert (node.bin_dir / "flock").stat().st_mode & 0o777 == 0o755
 
 
+def test_configs_the_runtime_would_pick_first_are_reported(node, capsys):
+    node.conf_dir.mkdir(parents=True)
+    for name in ("00-other.conflist", "00-notes.txt", ".00-hidden.flock-tmp", "99-loopback.conf"):
+        (node.conf_dir / name).write_text("{}")
+    argv = [
+        f"--cni-bin-dir={node.bin_dir}",
+        f"--cni-conf-dir={node.conf_dir}",
+        f"--socket={node.socket}",
+        f"--host-root={node.host_root}",
+        "--log-format=json",
+    ]
+    assert installer.main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    (warning,) = [r for r in records if r["level"] == "warning"]
+    assert warning["before"] == ["00-other.conflist"]
+    assert installer.install(node).shadowed_by == ("00-other.conflist",)
+    (node.conf_dir / "00-other.conflist").unlink()
+    assert installer.install(node).shadowed_by == ()
+
+
 def test_missing_host_python_is_a_clear_failure(tmp_path, capsys):
     host = tmp_path / "host"
     (host / "usr/bin").mkdir(parents=True)
