@@ -8,7 +8,8 @@ host's root (read-only) mounted.  It
 2. installs the shim as one executable file, ``<bin dir>/flock``, whose
    shebang names that interpreter;
 3. writes ``<conf dir>/01-flock.conflist`` (cniVersion 1.1.0, type ``flock``,
-   the agent's socket path).
+   the agent's socket path), and warns about other configurations the runtime
+   would pick first.
 
 Both files are replaced atomically and only when their content changes, so a
 re-run is a no-op and a runtime reading the directories never sees a partial
