@@ -88,7 +88,7 @@ def test_kubernetes_validate_rejects_a_broken_daemonset():
         kubernetes_validate.validate(ds, MIN_KUBERNETES, strict=True)
 
 
-def test_kubernetes_validation_needs_no_network():
+def test_kubernetes_validation_needs_no_network(require_root):
     # unshare --net: a fresh network namespace with only a down loopback.
     code = (
         "import yaml, kubernetes_validate, pathlib\n"
