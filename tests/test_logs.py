@@ -2,12 +2,23 @@ import io
 import json
 import logging
 
+import pytest
+
 import trio
 
 from flock import logs
 
 
-async def test_json_lines_carry_context_into_child_tasks():
+@pytest.fixture
+def restore_root_logger():
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+async def test_json_lines_carry_context_into_child_tasks(restore_root_logger):
     stream = io.StringIO()
     logs.configure(level="debug", fmt="json", stream=stream)
     log = logging.getLogger("flock.test")
@@ -28,4 +39,3 @@ async def test_json_lines_carry_context_into_child_tasks():
     assert first["step"] == "netlink"
     assert first["level"] == "info"
     assert "container_id" not in second
-    logging.getLogger().handlers.clear()
