@@ -60,6 +60,14 @@ class Families:
     ipv4: bool = False
 
 
+def _plain(value: Any) -> Any:
+    """Refuse IPv6 scope IDs: ``ipaddress`` accepts any text after ``%``, which
+    would let a NodeConfig carry arbitrary text into rendered configs."""
+    if isinstance(value, str) and "%" in value:
+        raise ValueError("scope IDs are not allowed")
+    return value
+
+
 def _asn(kind: str, name: str, field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4294967295:
         raise InvalidObject(kind, name, field, value, "an AS number 1..4294967295")
@@ -90,7 +98,7 @@ class NodeConfig:
 
         raw6 = spec.get("cidr6")
         try:
-            cidr6 = ipaddress.IPv6Network(raw6, strict=True)
+            cidr6 = ipaddress.IPv6Network(_plain(raw6), strict=True)
         except (TypeError, ValueError):
             raise InvalidObject(kind, name, "spec.cidr6", raw6, "an IPv6 CIDR such as 2001:db8:0:1::/64") from None
         if cidr6.prefixlen > 120:
@@ -127,7 +135,7 @@ class NodeConfig:
             asn = _asn(kind, name, "spec.bgp.asn", raw_bgp.get("asn"))
             rid = raw_bgp.get("routerID")
             try:
-                router_id = ipaddress.IPv4Address(rid)
+                router_id = ipaddress.IPv4Address(_plain(rid))
             except (TypeError, ValueError):
                 raise InvalidObject(kind, name, "spec.bgp.routerID", rid, "an IPv4 address") from None
             peers = []
@@ -146,7 +154,7 @@ class NodeConfig:
                     raise InvalidObject(kind, name, field + ".name", pname, "a name unique among peers")
                 seen.add(pname)
                 try:
-                    addr = ipaddress.ip_address(p.get("address"))
+                    addr = ipaddress.ip_address(_plain(p.get("address")))
                 except (TypeError, ValueError):
                     raise InvalidObject(kind, name, field + ".address", p.get("address"), "an IP address") from None
                 peers.append(BgpPeer(pname, addr, _asn(kind, name, field + ".asn", p.get("asn"))))

@@ -41,6 +41,12 @@ def test_nodeconfig_full():
     [
         ({"cidr6": "2001:db8::1/64"}, "spec.cidr6", "2001:db8::1/64"),
         ({"cidr6": "198.51.100.0/24"}, "spec.cidr6", "198.51.100.0/24"),
+        ({"cidr6": "2001:db8::%x blackhole; } #/64"}, "spec.cidr6", "2001:db8::%x blackhole; } #/64"),
+        (
+            {"bgp": {"asn": 64512, "routerID": "192.0.2.1", "peers": [{"name": "tor", "address": "fe80::1%eth0", "asn": 1}]}},
+            "spec.bgp.peers[0].address",
+            "fe80::1%eth0",
+        ),
         ({"cidr4": "198.51.100.0/31"}, "spec.cidr4", "198.51.100.0/31"),
         ({"families": {"ipv6": "yes"}}, "spec.families.ipv6", "yes"),
         ({"families": {"ipv4": True}}, "spec.families.ipv4", True),
