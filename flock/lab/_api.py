@@ -1,0 +1,55 @@
+"""The lab's client of its API server, which listens inside the fabric namespace."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import trio
+
+from flock.lab._nsio import http_in
+from flock.testing import Resource
+
+
+class ApiError(RuntimeError):
+    def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
+        self.status = status
+        try:
+            message = json.loads(body).get("message", body.decode(errors="replace"))
+        except ValueError:
+            message = body.decode(errors="replace")
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+
+
+@attrs.frozen
+class ApiClient:
+    netns: str
+    host: str
+    port: int
+
+    def _path(self, res: Resource, namespace: str | None, name: str | None = None) -> str:
+        path = f"{res.prefix}/namespaces/{namespace}/{res.plural}" if res.namespaced else f"{res.prefix}/{res.plural}"
+        return path if name is None else f"{path}/{name}"
+
+    async def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        status, data = await trio.to_thread.run_sync(http_in, self.netns, self.host, self.port, method, path, body)
+        if status >= 300:
+            raise ApiError(method, path, status, data)
+        return json.loads(data)
+
+    async def version(self) -> dict[str, Any]:
+        return await self._call("GET", "/version")
+
+    async def create(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", self._path(res, obj["metadata"].get("namespace")), obj)
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self._call("GET", self._path(res, namespace, name))
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self._call("DELETE", self._path(res, namespace, name))
+
+    async def list(self, res: Resource) -> list[dict[str, Any]]:
+        path = f"{res.prefix}/{res.plural}"
+        return (await self._call("GET", path))["items"]

@@ -1,0 +1,334 @@
+"""``up`` and ``down``: make the lab's namespaces, files and processes, and remove them all.
+
+Error handling: ``up`` raises :class:`LabError` when something cannot be made
+or does not become ready within ``READY_DEADLINE_S`` (naming what is not
+ready and where its log is); it leaves the lab as it is for inspection, and
+``down`` (or the next ``up``) removes it.  ``down`` retries nothing and
+tolerates anything already gone, so it is safe to run twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from flock.lab._api import ApiClient
+from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
+from flock.lab._nsio import NETNS_DIR, http_in
+from flock.lab._plan import (
+    APISERVER_PORT,
+    BRIDGE,
+    FABRIC4,
+    FABRIC6,
+    FABRIC_PREFIX4,
+    FABRIC_PREFIX6,
+    HEALTH_ADDRESS,
+    UPLINK,
+    LabPlan,
+    NodePlan,
+    lab_id,
+)
+from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
+from flock.lab._state import PROCS_FILE, LabError, LabState, load_state, process_refs
+from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
+from flock.testing import NODECONFIGS, write_kubeconfig
+
+READY_DEADLINE_S = 60.0
+KILL_WAIT_S = 5.0
+SPEC_FILE = "spec.json"
+KEEPER_LOG = "keeper.log"
+# What the lab writes at the top of its directory; down removes exactly these.
+LAB_FILES = (PROCS_FILE, PROCS_FILE + ".tmp", SPEC_FILE, KEEPER_LOG, "apiserver.log", "kubeconfig", "kubeconfig.tmp", "lab.json.tmp", "lab.json")
+LAB_DIRS = ("nodes", "fabric", "pods")
+
+Report = Callable[[str], None]
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LabError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def build_network(plan: LabPlan) -> None:
+    """The fabric namespace with its bridge, and every node joined to it (blocking)."""
+    fab = plan.fabric_netns
+    _ip("netns", "add", fab)
+    _ip("-n", fab, "link", "set", "lo", "up")
+    _ip("-n", fab, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
+    _ip("-n", fab, "addr", "add", f"{FABRIC6}/{FABRIC_PREFIX6}", "dev", BRIDGE, "nodad")
+    _ip("-n", fab, "addr", "add", f"{FABRIC4}/{FABRIC_PREFIX4}", "dev", BRIDGE)
+    _ip("-n", fab, "link", "set", BRIDGE, "up")
+    for node in plan.nodes:
+        _ip("netns", "add", node.netns)
+        _ip("-n", node.netns, "link", "set", "lo", "up")
+        _ip("-n", fab, "link", "add", node.fabric_port, "type", "veth", "peer", "name", UPLINK, "netns", node.netns)
+        _ip("-n", fab, "link", "set", node.fabric_port, "master", BRIDGE, "up")
+        _ip("-n", node.netns, "addr", "add", f"{node.addr6}/{FABRIC_PREFIX6}", "dev", UPLINK, "nodad")
+        _ip("-n", node.netns, "addr", "add", f"{node.addr4}/{FABRIC_PREFIX4}", "dev", UPLINK)
+        _ip("-n", node.netns, "link", "set", UPLINK, "up")
+        # A node's default route points at its ToR, as on a real node.
+        _ip("-n", node.netns, "route", "add", "default", "via", str(FABRIC6), "dev", UPLINK)
+        _ip("-n", node.netns, "route", "add", "default", "via", str(FABRIC4), "dev", UPLINK)
+
+
+def _bin(name: str) -> str:
+    """A console script of this installation (the venv's bin next to the interpreter)."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise LabError(f"{name} not found next to {sys.executable} or on PATH: install flock (scripts/bootstrap)")
+    return found
+
+
+def _env() -> dict[str, str]:
+    return {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def agent_argv(node: NodePlan) -> list[str]:
+    return [
+        _bin("flock-agent"),
+        f"--node={node.name}",
+        f"--socket={node.socket}",
+        f"--state-dir={node.state_dir}",
+        f"--kubeconfig={node.kubeconfig}",
+        f"--health-address={HEALTH_ADDRESS}",
+        f"--bird-config={node.bird_conf}",
+        f"--bird-socket={node.bird_ctl}",
+        "--bgp-lab-timers",
+        "--log-format=json",
+    ]
+
+
+def process_specs(plan: LabPlan) -> list[ProcessSpec]:
+    env, fab = _env(), plan.fabric_netns
+    specs = [
+        ProcessSpec(
+            "apiserver",
+            ("ip", "netns", "exec", fab, sys.executable, "-m", "flock.testing.apiserver", "--host", str(FABRIC6), "--port", str(APISERVER_PORT)),
+            plan.dir / "apiserver.log",
+            env,
+        ),
+        ProcessSpec(
+            "bird-fabric",
+            ("ip", "netns", "exec", fab, "bird", "-f", "-c", str(plan.fabric_dir / "bird.conf"), "-s", str(plan.fabric_dir / "bird.ctl")),
+            plan.fabric_dir / "bird.log",
+            env,
+        ),
+    ]
+    for node in plan.nodes:
+        specs.append(ProcessSpec(f"bird-{node.name}", ("ip", "netns", "exec", node.netns, "bird", "-f", "-c", str(node.bird_conf), "-s", str(node.bird_ctl)), node.dir / "bird.log", env))
+        specs.append(ProcessSpec(f"agent-{node.name}", ("ip", "netns", "exec", node.netns, *agent_argv(node)), node.dir / "agent.log", env))
+    return specs
+
+
+def write_files(plan: LabPlan) -> None:
+    """Configs, kubeconfigs and the CNI install of every node (blocking)."""
+    plan.fabric_dir.mkdir(parents=True, exist_ok=True)
+    plan.pods_dir.mkdir(parents=True, exist_ok=True)
+    (plan.fabric_dir / "bird.conf").write_text(fabric_config(plan))
+    write_kubeconfig(plan.dir / "kubeconfig", plan.apiserver_url)
+    for node in plan.nodes:
+        for d in (node.dir, node.socket.parent, node.state_dir):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        node.bird_conf.write_text(node_bootstrap_config(node))
+        write_kubeconfig(node.kubeconfig, plan.apiserver_url)
+        proc = subprocess.run(
+            [_bin("flock-install-cni"), f"--cni-bin-dir={node.cni_bin}", f"--cni-conf-dir={node.cni_conf}", f"--socket={node.socket}", "--log-format=text"],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise LabError(f"flock-install-cni for {node.name} failed: {proc.stderr.strip()}")
+
+
+def start_keeper(plan: LabPlan) -> ProcRef:
+    specs = process_specs(plan)
+    (plan.dir / SPEC_FILE).write_text(json.dumps({"processes": [s.to_json() for s in specs]}, indent=1) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flock.lab.keeper", str(plan.dir / SPEC_FILE), str(plan.dir / PROCS_FILE), str(plan.dir / KEEPER_LOG)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **_env()},
+        start_new_session=True,
+    )
+    if proc.returncode != 0:
+        raise LabError(f"the process keeper did not start: {proc.stderr.strip()}")
+    ref = proc_ref(int(proc.stdout.strip()))
+    if ref is None:
+        raise LabError(f"the process keeper exited at once; see {plan.dir / KEEPER_LOG}")
+    return ref
+
+
+def api_client(plan: LabPlan) -> ApiClient:
+    return ApiClient(plan.fabric_netns, str(FABRIC6), APISERVER_PORT)
+
+
+async def agent_ready(node: NodePlan) -> bool:
+    host, port = HEALTH_ADDRESS.rsplit(":", 1)
+    try:
+        status, _ = await trio.to_thread.run_sync(http_in, node.netns, host, int(port), "GET", "/readyz", None, 2.0)
+    except OSError:
+        return False
+    return status == 200
+
+
+async def readiness(plan: LabPlan) -> dict[str, Any]:
+    """What is ready: every agent's /readyz, every node's session and the fabric's sessions."""
+    out: dict[str, Any] = {}
+
+    async def one(node: NodePlan) -> None:
+        out[node.name] = {"agent_ready": await agent_ready(node), "bgp": all_established(await bgp_sessions(node.bird_ctl), 1)}
+
+    async with trio.open_nursery() as nursery:
+        for node in plan.nodes:
+            nursery.start_soon(one, node)
+    out["fabric"] = {"bgp": all_established(await bgp_sessions(plan.fabric_dir / "bird.ctl"), len(plan.nodes))}
+    return out
+
+
+def _not_ready(ready: dict[str, Any]) -> list[str]:
+    missing = []
+    for name, flags in ready.items():
+        missing += [f"{name}: {flag}" for flag, ok in flags.items() if not ok]
+    return missing
+
+
+async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
+    """Make the lab and return when every agent is ready and every BGP session Established."""
+    if os.geteuid() != 0:
+        raise LabError("flock-lab needs root (network namespaces, veths, routes)")
+    for tool in ("bird", "birdc", "ip", "nsenter", "ping"):
+        if shutil.which(tool, path=_env()["PATH"]) is None:
+            raise LabError(f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)")
+    if load_state(plan.dir) is not None or lab_namespaces(plan.id):
+        report(f"cleaning up the previous lab in {plan.dir}")
+        await down(plan.dir)
+    dir_created = not plan.dir.exists()
+    plan.dir.mkdir(parents=True, exist_ok=True)
+    state = LabState(plan, dir_created)
+    state.save()  # first, so a crash from here on is cleaned by down or the next up
+    report(f"network: fabric {plan.fabric_netns} (route server, API server at {plan.apiserver_url}) + {len(plan.nodes)} nodes")
+    await trio.to_thread.run_sync(build_network, plan)
+    report(f"files: BIRD configs, kubeconfigs, flock-install-cni into {plan.dir}/nodes/*/cni")
+    await trio.to_thread.run_sync(write_files, plan)
+    keeper = await trio.to_thread.run_sync(start_keeper, plan)
+    state = LabState(plan, dir_created, keeper)
+    state.save()
+    report(f"processes: API server, 1+{len(plan.nodes)} bird, {len(plan.nodes)} flock-agent (keeper pid {keeper.pid})")
+    api = api_client(plan)
+    ready: dict[str, Any] = {}
+    with trio.move_on_after(READY_DEADLINE_S) as deadline:
+        while True:
+            try:
+                await api.version()
+                break
+            except OSError:
+                await trio.sleep(0.05)
+        for node in plan.nodes:
+            await api.create(NODECONFIGS, node.nodeconfig())
+        report("NodeConfigs created; waiting for agents (/readyz) and BGP sessions (Established)")
+        while True:
+            ready = await readiness(plan)
+            if not _not_ready(ready):
+                break
+            if not is_running(keeper):
+                raise LabError(f"the process keeper died; see {plan.dir / KEEPER_LOG}")
+            await trio.sleep(0.1)
+    if deadline.cancelled_caught:
+        what = ", ".join(_not_ready(ready)) or "the API server"
+        raise LabError(f"not ready after {READY_DEADLINE_S:g} s: {what}. Logs: {plan.dir}/apiserver.log, {plan.dir}/nodes/*/agent.log, */bird.log; `flock-lab down` removes the lab")
+    state = LabState(plan, dir_created, keeper, "up")
+    state.save()
+    return state
+
+
+def lab_namespaces(ident: str) -> list[str]:
+    prefix = f"flab-{ident}-"
+    try:
+        return sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+async def _wait_gone(refs: list[ProcRef], limit: float) -> list[ProcRef]:
+    with trio.move_on_after(limit):
+        while any(is_running(r) for r in refs):
+            for r in refs:
+                reap_if_child(r.pid)
+            await trio.sleep(0.05)
+    for r in refs:
+        reap_if_child(r.pid)
+    return [r for r in refs if is_running(r)]
+
+
+async def _stop(refs: list[ProcRef], grace: float) -> None:
+    """SIGTERM, wait *grace*, SIGKILL what is left, wait again."""
+    live = [r for r in refs if signal_if_running(r, signal.SIGTERM)]
+    left = await _wait_gone(live, grace)
+    for r in left:
+        signal_if_running(r, signal.SIGKILL)
+    left = await _wait_gone(left, KILL_WAIT_S)
+    if left:
+        raise LabError(f"processes would not die: {[r.pid for r in left]}")
+
+
+def _netns_pids(name: str) -> list[ProcRef]:
+    proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    refs = (proc_ref(int(p)) for p in proc.stdout.split())
+    return [r for r in refs if r is not None]
+
+
+async def down(directory: Path, report: Report = lambda line: None) -> dict[str, Any]:
+    """Stop the lab's processes, delete its namespaces and files.  Safe to repeat."""
+    directory = Path(os.path.abspath(directory))
+    state = load_state(directory)
+    ident = state.plan.id if state is not None else lab_id(directory)
+    summary: dict[str, Any] = {"dir": str(directory), "processes": 0, "namespaces": [], "files_removed": False}
+    if state is not None and state.keeper is not None and is_running(state.keeper):
+        report(f"stopping the keeper (pid {state.keeper.pid}) and its processes")
+        await _stop([state.keeper], STOP_GRACE_S + KILL_WAIT_S)
+        summary["processes"] += 1
+    # A keeper that crashed leaves its children running; so may a killed command.
+    leftovers = [r for r in process_refs(directory).values() if is_running(r)]
+    namespaces = lab_namespaces(ident)
+    for name in namespaces:
+        leftovers += await trio.to_thread.run_sync(_netns_pids, name)
+    if leftovers:
+        report(f"stopping {len(leftovers)} leftover processes")
+        await _stop(list(set(leftovers)), STOP_GRACE_S)
+        summary["processes"] += len(set(leftovers))
+    for name in namespaces:
+        await trio.to_thread.run_sync(_ip, "netns", "del", name)
+    summary["namespaces"] = namespaces
+    if namespaces:
+        report(f"deleted {len(namespaces)} namespaces")
+    removed = False
+    for name in LAB_DIRS:
+        if (directory / name).exists():
+            shutil.rmtree(directory / name)
+            removed = True
+    for name in LAB_FILES:
+        if (directory / name).exists():
+            (directory / name).unlink()
+            removed = True
+    if directory.exists() and (state is None or state.dir_created) and not any(directory.iterdir()):
+        directory.rmdir()
+        removed = True
+    summary["files_removed"] = removed
+    return summary

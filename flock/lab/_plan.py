@@ -1,0 +1,169 @@
+"""The lab's topology as values: names, addresses and paths, decided before anything is made.
+
+Everything is in documentation ranges (RFC 3849, RFC 5737) and in namespaces
+named ``flab-<lab id>-…``, where the lab id comes from the lab directory, so two
+labs in two directories never share a namespace and a crashed lab's leftovers
+are found again from its directory alone.
+
+Fabric segment (a bridge in the fabric namespace, every node's uplink a port)::
+
+    fabric   2001:db8:ffff::1/64  192.0.2.1/26   bird2 route server, AS 64500, API server :6443
+    node i   2001:db8:ffff::10i/64 192.0.2.(10+i)/26  AS 64512+i, router id 192.0.2.(10+i)
+
+Node i's pod blocks: ``2001:db8:0:i::/64`` and a /26 of 198.51.100.0/24
+(nodes 1-4) or 203.0.113.0/24 (nodes 5-8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+NS_PREFIX = "flab-"
+MAX_NODES = 8
+FABRIC_ASN = 64500
+NODE_ASN_BASE = 64512
+FABRIC6 = ipaddress.IPv6Address("2001:db8:ffff::1")
+FABRIC4 = ipaddress.IPv4Address("192.0.2.1")
+FABRIC_PREFIX6, FABRIC_PREFIX4 = 64, 26
+APISERVER_PORT = 6443
+HEALTH_ADDRESS = "127.0.0.1:9464"  # inside each node's namespace
+UPLINK = "uplink"
+BRIDGE = "fabric"
+DEFAULT_DIR = Path("/run/flock-lab")
+
+
+def lab_id(directory: Path) -> str:
+    """Four hex digits naming this lab directory's namespaces."""
+    return hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:4]
+
+
+@attrs.frozen
+class NodePlan:
+    index: int
+    name: str
+    netns: str
+    dir: Path
+    addr6: ipaddress.IPv6Address
+    addr4: ipaddress.IPv4Address
+    asn: int
+    cidr6: ipaddress.IPv6Network
+    cidr4: ipaddress.IPv4Network
+    fabric_port: str  # the uplink's peer, a bridge port in the fabric namespace
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "run" / "flock.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / "state"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def bird_conf(self) -> Path:
+        return self.dir / "bird.conf"
+
+    @property
+    def bird_ctl(self) -> Path:
+        return self.dir / "run" / "bird.ctl"
+
+    @property
+    def cni_bin(self) -> Path:
+        return self.dir / "cni" / "bin"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.dir / "cni" / "net.d"
+
+    def nodeconfig(self) -> dict[str, Any]:
+        """This node's NodeConfig object: its blocks, IPv6 by default, BGP to the fabric."""
+        return {
+            "apiVersion": "flock.fritzlab.net/v1alpha1",
+            "kind": "NodeConfig",
+            "metadata": {"name": self.name},
+            "spec": {
+                "cidr6": str(self.cidr6),
+                "cidr4": str(self.cidr4),
+                "families": {"ipv6": True, "ipv4": False},
+                "bgp": {
+                    "asn": self.asn,
+                    "routerID": str(self.addr4),
+                    "peers": [{"name": "fabric", "address": str(FABRIC6), "asn": FABRIC_ASN}],
+                },
+            },
+        }
+
+
+@attrs.frozen
+class LabPlan:
+    dir: Path
+    id: str
+    nodes: tuple[NodePlan, ...]
+
+    @classmethod
+    def make(cls, directory: Path, node_count: int) -> "LabPlan":
+        if not 1 <= node_count <= MAX_NODES:
+            raise ValueError(f"--nodes {node_count}: expected 1..{MAX_NODES} (one /26 of the documentation ranges each)")
+        directory = Path(os.path.abspath(directory))
+        ident = lab_id(directory)
+        nodes = []
+        for i in range(1, node_count + 1):
+            base4 = ipaddress.IPv4Address("198.51.100.0" if i <= 4 else "203.0.113.0") + 64 * ((i - 1) % 4)
+            nodes.append(
+                NodePlan(
+                    index=i,
+                    name=f"node{i}",
+                    netns=f"{NS_PREFIX}{ident}-n{i}",
+                    dir=directory / "nodes" / f"node{i}",
+                    addr6=FABRIC6 + 0x100 + i - 1,  # node1 ::101, node2 ::102 (hex digits)
+                    addr4=FABRIC4 + 9 + i,
+                    asn=NODE_ASN_BASE + i,
+                    cidr6=ipaddress.IPv6Network(f"2001:db8:0:{i:x}::/64"),
+                    cidr4=ipaddress.IPv4Network(f"{base4}/26"),
+                    fabric_port=f"n{i}",
+                )
+            )
+        return cls(directory, ident, tuple(nodes))
+
+    @property
+    def fabric_netns(self) -> str:
+        return f"{NS_PREFIX}{self.id}-fabric"
+
+    @property
+    def pod_netns_prefix(self) -> str:
+        return f"{NS_PREFIX}{self.id}-p-"
+
+    @property
+    def netns_prefix(self) -> str:
+        return f"{NS_PREFIX}{self.id}-"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"http://[{FABRIC6}]:{APISERVER_PORT}"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "lab.json"
+
+    @property
+    def fabric_dir(self) -> Path:
+        return self.dir / "fabric"
+
+    @property
+    def pods_dir(self) -> Path:
+        return self.dir / "pods"
+
+    def node(self, name: str) -> NodePlan:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)

@@ -1,0 +1,160 @@
+"""The lab's process keeper: the parent of every long-running lab process.
+
+``flock-lab up`` starts it detached (``python -m flock.lab.keeper SPEC``); it
+forks once so that it is nobody's child but init's, then starts every process
+of the spec, each in its node's namespace (``ip netns exec`` runs the program
+in place, so the PID it records is the program's own).
+
+Error handling: a process that exits while the lab is up is restarted after a
+backoff (0.5 s doubling to 5 s), as a kubelet restarts a container, and its
+restart count goes up; nothing else is retried.  SIGTERM stops the lab: every
+process gets SIGTERM (last started first), those still there after
+``STOP_GRACE_S`` get SIGKILL, and each is reaped before the keeper exits 0.
+
+The status file (``procs.json`` next to the spec, replaced atomically after
+every change) holds ``{"keeper": {pid, start_time}, "stopping": bool,
+"processes": {name: {pid, start_time, restarts, running, argv, log}}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from flock.lab._procs import proc_ref
+
+STOP_GRACE_S = 8.0
+RESTART_DELAY_S = 0.5
+RESTART_DELAY_MAX_S = 5.0
+
+
+@attrs.frozen
+class ProcessSpec:
+    name: str
+    argv: tuple[str, ...]
+    log: Path
+    env: dict[str, str] | None = attrs.field(default=None, hash=False)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "ProcessSpec":
+        return cls(obj["name"], tuple(obj["argv"]), Path(obj["log"]), obj.get("env"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "argv": list(self.argv), "log": str(self.log), "env": self.env}
+
+
+@attrs.define(eq=False)
+class Keeper:
+    specs: tuple[ProcessSpec, ...]
+    status_file: Path
+    _procs: dict[str, trio.Process] = attrs.field(init=False, factory=dict)
+    _restarts: dict[str, int] = attrs.field(init=False, factory=dict)
+    _stopping: bool = attrs.field(init=False, default=False)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every process, keep them running until SIGTERM/SIGINT, then stop and reap them."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                for spec in self.specs:
+                    await nursery.start(self._keep, spec)
+                self._write_status()
+                task_status.started()
+                async for _ in signals:
+                    break
+                await self._stop_all()
+
+    async def _keep(self, spec: ProcessSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        delay = RESTART_DELAY_S
+        self._restarts[spec.name] = 0
+        while True:
+            with open(spec.log, "ab") as log:
+                proc = await trio.lowlevel.open_process(list(spec.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=spec.env)
+            self._procs[spec.name] = proc
+            self._write_status()
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
+            status = await proc.wait()
+            self._write_status()
+            if self._stopping:
+                return
+            print(json.dumps({"event": "exited", "name": spec.name, "pid": proc.pid, "status": status}), flush=True)
+            await trio.sleep(delay)
+            delay = min(delay * 2, RESTART_DELAY_MAX_S)
+            if self._stopping:
+                return
+            self._restarts[spec.name] += 1
+
+    async def _stop_all(self) -> None:
+        self._stopping = True
+        self._write_status()
+        procs = [p for p in reversed(list(self._procs.values())) if p.returncode is None]
+        for proc in procs:
+            proc.terminate()
+        with trio.move_on_after(STOP_GRACE_S):
+            for proc in procs:
+                await proc.wait()
+        for proc in procs:
+            if proc.returncode is None:
+                print(json.dumps({"event": "killed", "pid": proc.pid}), flush=True)
+                proc.kill()
+                await proc.wait()
+        self._write_status()
+
+    def _write_status(self) -> None:
+        me = proc_ref(os.getpid())
+        doc = {
+            "keeper": {"pid": os.getpid(), "start_time": me.start_time if me else 0},
+            "stopping": self._stopping,
+            "processes": {
+                spec.name: {
+                    "pid": self._procs[spec.name].pid,
+                    "start_time": (ref.start_time if (ref := proc_ref(self._procs[spec.name].pid)) else 0),
+                    "restarts": self._restarts.get(spec.name, 0),
+                    "running": self._procs[spec.name].returncode is None,
+                    "argv": list(spec.argv),
+                    "log": str(spec.log),
+                }
+                for spec in self.specs
+                if spec.name in self._procs
+            },
+        }
+        tmp = self.status_file.with_name(self.status_file.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, self.status_file)
+
+
+def load_specs(spec_file: Path) -> tuple[ProcessSpec, ...]:
+    return tuple(ProcessSpec.from_json(p) for p in json.loads(spec_file.read_text())["processes"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flock.lab.keeper SPEC STATUS LOG``: fork, print the keeper's PID, return."""
+    spec_file, status_file, log_file = (Path(a) for a in (argv if argv is not None else sys.argv[1:]))
+    specs = load_specs(spec_file)
+    pid = os.fork()
+    if pid:
+        print(pid, flush=True)
+        return 0
+    os.setsid()
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.close(null)
+    trio.run(Keeper(specs, status_file).run)
+    sys.stdout.flush()
+    os._exit(0)  # the forked child must not run the parent's exit handlers
+
+
+if __name__ == "__main__":
+    sys.exit(main())
