@@ -1,0 +1,189 @@
+"""``flock-lab``: the command line of the lab (see README and ``flock-lab --help``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
+from flock.lab._lifecycle import down, up
+from flock.lab._pods import LabPod, load_pods, parse_annotations, pod_add, pod_check, pod_del
+from flock.lab._plan import DEFAULT_DIR, LabPlan
+from flock.lab._state import LabError, require_state
+from flock.lab._status import status, status_text
+
+ANYCAST_WAIT_S = 15.0
+
+# The demo's pods: (node, pod, annotations, owner).  IPv6-only by default
+# (the lab's NodeConfigs), dual stack by annotation, ip-algo replicas of one
+# ReplicaSet on both nodes, a cidr6 sub-range, and one anycast service
+# (IPv6 and IPv4) with a replica on each node.
+DEMO_ANYCAST = "2001:db8:53::53,192.0.2.153"
+DEMO_ALGO = "namespace:16,app:16,random:32"
+DEMO_PODS: tuple[tuple[str, str, dict[str, str], str | None], ...] = (
+    ("node1", "default/web-1", {}, None),
+    ("node1", "default/dual-1", {"ipv4": "true"}, None),
+    ("node2", "default/dual-2", {"ipv4": "true"}, None),
+    ("node1", "shop/cart-7d9f8c6b5-x2xkq", {"ip-algo": DEMO_ALGO}, "ReplicaSet/cart-7d9f8c6b5"),
+    ("node2", "shop/cart-7d9f8c6b5-k8q4m", {"ip-algo": DEMO_ALGO}, "ReplicaSet/cart-7d9f8c6b5"),
+    ("node2", "batch/job-1", {"cidr6": "2001:db8:0:2:ba7c::/80"}, None),
+    ("node1", "dns/resolver-1", {"ipv4": "true", "anycast": DEMO_ANYCAST}, None),
+    ("node2", "dns/resolver-2", {"ipv4": "true", "anycast": DEMO_ANYCAST}, None),
+)
+
+
+def _default_dir() -> Path:
+    return Path(os.environ.get("FLOCK_LAB_DIR", str(DEFAULT_DIR)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", type=Path, default=_default_dir(), help="lab directory (default $FLOCK_LAB_DIR or %(default)s)")
+    common.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p = argparse.ArgumentParser(prog="flock-lab", description="A routed multi-node flock cluster in network namespaces on this machine (needs root).")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("up", parents=[common], help="start a lab; returns when every agent is ready and every BGP session is up")
+    s.add_argument("--nodes", type=int, default=2, help="number of nodes, 1-8 (default %(default)s)")
+    sub.add_parser("down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)")
+    sub.add_parser("status", parents=[common], help="nodes, agents, BGP sessions, pods")
+    sub.add_parser("check", parents=[common], help="all-pairs reachability between pods and anycast from every node")
+    s = sub.add_parser("demo", parents=[common], help="up with 2 nodes, a handful of pods, status, check, then down")
+    s.add_argument("--keep", action="store_true", help="leave the lab running afterwards")
+    pod = sub.add_parser("pod", help="add, check or delete a pod").add_subparsers(dest="pod_command", required=True)
+    s = pod.add_parser("add", parents=[common], help="create a Pod and attach it through the installed CNI plugin")
+    s.add_argument("node")
+    s.add_argument("pod", metavar="NAMESPACE/NAME")
+    s.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE", help="pod annotation; a KEY without '/' means flock.fritzlab.net/KEY")
+    s.add_argument("--image", default="registry.example/app:1")
+    s.add_argument("--owner", metavar="KIND/NAME", help="controller owner reference, e.g. ReplicaSet/web-7d9f8c6b5")
+    for name, what in (("del", "CNI DEL, then remove the pod"), ("check", "CNI CHECK with the cached result")):
+        s = pod.add_parser(name, parents=[common], help=what)
+        s.add_argument("pod", metavar="NAMESPACE/NAME")
+    return p
+
+
+def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
+    print(json.dumps(doc, indent=2) if args.json else text, flush=True)
+
+
+def _reporter(args: argparse.Namespace):
+    # Progress goes to stderr, so --json output stays one document on stdout.
+    return lambda line: print(f"flock-lab: {line}", file=sys.stderr, flush=True)
+
+
+def _pod_line(pod: LabPod) -> str:
+    addrs = ", ".join(pod.addresses(6) + pod.addresses(4))
+    extra = f" + anycast {', '.join(pod.anycast)}" if pod.anycast else ""
+    return f"{pod.key:<28} on {pod.node}: {addrs}{extra}"
+
+
+async def _check(args: argparse.Namespace, plan: LabPlan) -> int:
+    pods = load_pods(plan)
+    with trio.move_on_after(ANYCAST_WAIT_S):
+        await wait_anycast_routes(plan, pods)
+    probes = await reachability(plan, pods)
+    result = summary(probes)
+    _out(args, result, matrix_text(pods, probes))
+    return 0 if result["ok"] else 1
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    report = _reporter(args)
+    plan = LabPlan.make(args.dir, 2)
+    doc: dict[str, Any] = {"pods": []}
+    try:
+        say(f"== flock-lab demo: 2 nodes in network namespaces, BGP to a route server, lab dir {plan.dir}")
+        await up(plan, report)
+        say("== every agent is ready, every BGP session Established")
+        say("")
+        say("== adding pods through the installed CNI plugin (as containerd would)")
+        for node, key, annotations, owner in DEMO_PODS:
+            notes = parse_annotations([f"{k}={v}" for k, v in annotations.items()])
+            pod = await pod_add(plan, node, key, notes, owner=owner)
+            doc["pods"].append({"pod": pod.key, "node": pod.node, "annotations": notes, "result": dict(pod.result)})
+            what = ", ".join(f"{k}={v}" for k, v in annotations.items()) or "defaults (IPv6 only)"
+            say(f"   {_pod_line(pod)}   [{what}]")
+        say("")
+        say("== status")
+        doc["status"] = await status(require_state(plan.dir))
+        say(status_text(doc["status"]))
+        say("")
+        say("== check: every pod pings every other pod; every node pings the anycast service")
+        pods = load_pods(plan)
+        with trio.move_on_after(ANYCAST_WAIT_S):
+            await wait_anycast_routes(plan, pods)
+        probes = await reachability(plan, pods)
+        doc["check"] = summary(probes)
+        say(matrix_text(pods, probes))
+    finally:
+        if not args.keep:
+            say("")
+            say("== down")
+            doc["down"] = await down(plan.dir, report)
+            say(f"   removed {len(doc['down']['namespaces'])} namespaces, every process and file of the lab")
+        else:
+            say("")
+            say(f"== the lab keeps running: flock-lab status / check / pod add … / down (--dir {plan.dir})")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    return 0 if doc["check"]["ok"] else 1
+
+
+async def run(args: argparse.Namespace) -> int:
+    report = _reporter(args)
+    if args.command == "up":
+        state = await up(LabPlan.make(args.dir, args.nodes), report)
+        doc = await status(state)
+        _out(args, doc, status_text(doc))
+        return 0
+    if args.command == "down":
+        doc = await down(args.dir, report)
+        _out(args, doc, f"lab in {doc['dir']} is down: {doc['processes']} processes stopped, {len(doc['namespaces'])} namespaces deleted, files removed: {doc['files_removed']}")
+        return 0
+    if args.command == "demo":
+        return await _demo(args)
+    state = require_state(args.dir)
+    plan = state.plan
+    if args.command == "status":
+        doc = await status(state)
+        _out(args, doc, status_text(doc))
+        return 0
+    if args.command == "check":
+        return await _check(args, plan)
+    if args.pod_command == "add":
+        pod = await pod_add(plan, args.node, args.pod, parse_annotations(args.annotation), args.image, args.owner)
+        _out(args, pod.to_json(), json.dumps(dict(pod.result), indent=2))
+        return 0
+    if args.pod_command == "check":
+        pod = await pod_check(plan, args.pod)
+        _out(args, {"pod": pod.key, "ok": True}, f"CHECK {pod.key}: ok")
+        return 0
+    pod = await pod_del(plan, args.pod)
+    _out(args, {"pod": pod.key, "deleted": True}, f"DEL {pod.key}: ok")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return trio.run(run, args)
+    except (LabError, ValueError) as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(exc), **({"cni": exc.error} if hasattr(exc, "error") else {})}))
+        print(f"flock-lab: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("flock-lab: interrupted; `flock-lab down` removes what was made", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
