@@ -220,8 +220,10 @@ async def test_injected_5xx_and_pause(tmp_path: Path) -> None:
 
 async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kc"
+    (tmp_path / "objects.json").write_text(json.dumps([pod_object("a", "p0", "n1"), nodeconfig_object("n1")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flock.testing.apiserver", "--host", "::1", "--port", "0", "--kubeconfig-out", str(kubeconfig)],
+        [sys.executable, "-m", "flock.testing.apiserver", "--host", "::1", "--port", "0",
+         "--kubeconfig-out", str(kubeconfig), "--load", str(tmp_path / "objects.json")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -238,7 +240,7 @@ async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
                     await core.create_namespaced_pod("a", pod_object("a", "p1", "n1"))
                     return [p.metadata.name for p in (await core.list_namespaced_pod("a")).items]
 
-                assert await kube.bridge.call(scenario) == ["p1"]
+                assert await kube.bridge.call(scenario) == ["p0", "p1"]
             proc.send_signal(signal.SIGTERM)
             assert await trio.to_thread.run_sync(proc.wait) == 0
     finally:
