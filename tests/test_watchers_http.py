@@ -149,6 +149,24 @@ async def test_cache_ends_equal_to_server_after_fault(tmp_path: Path, fault: Any
                 assert pod_lists(api) == 1 + relists
 
 
+async def test_bookmarks_carry_the_version_past_changes_the_watch_does_not_see(tmp_path: Path) -> None:
+    with trio.fail_after(20), ApiServer(bookmark_interval=0.1) as api:
+        api.create(PODS, pod_object("web", "web-0", NODE))
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
+            watcher = PodWatcher(kube.pods_on_node(NODE), NODE, InformerSettings(watch_seconds=30))
+            async with serving(watcher):
+                for i in range(5):
+                    api.create(PODS, pod_object("web", f"other-{i}", "host002"))
+                # Only a BOOKMARK can tell the informer about versions on other nodes.
+                await watcher.informer.wait_synced(str(api.store.resource_version))
+                # So after compaction and a cut connection it resumes without a 410 relist.
+                api.compact()
+                api.drop_connections()
+                api.create(PODS, pod_object("web", "web-1", NODE))
+                await converged(api, watcher)
+                assert pod_lists(api) == 1
+
+
 async def test_lookup_over_http_waits_for_the_watch_then_gets_directly(tmp_path: Path) -> None:
     with trio.fail_after(20), ApiServer() as api:
         api.create(PODS, pod_object("web", "elsewhere", "host002"))

@@ -67,12 +67,18 @@ class StoreSource:
         send, receive = trio.open_memory_channel[Mapping[str, Any]](math.inf)
         token, owner = trio.lowlevel.current_trio_token(), threading.get_ident()
 
+        def push(event: Mapping[str, Any]) -> None:
+            try:
+                send.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the watch ended between the write and this delivery
+
         def deliver(event: Mapping[str, Any]) -> None:
             # Writes may come from another thread (the HTTP server's); hop to Trio's.
             if threading.get_ident() == owner:
-                send.send_nowait(event)
+                push(event)
             else:
-                token.run_sync_soon(send.send_nowait, event)
+                token.run_sync_soon(push, event)
 
         try:
             sub = self.store.watch(self.resource, None, self._selector, resource_version, deliver)
