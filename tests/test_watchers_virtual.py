@@ -148,6 +148,16 @@ async def test_transient_list_failures_back_off_exponentially(autojump_clock: tr
             assert trio.current_time() - start == 3.5
 
 
+async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_clock: trio.abc.Clock) -> None:
+    watcher, source = pod_watcher(Store())
+    source.watch_seconds_cap = 0
+    with trio.fail_after(30):
+        async with serving(watcher):
+            await trio.sleep(10)
+            # Opened at 0, 0.5, 1.5, 3.5 and 7.5: backing off 0.5, 1, 2, 4 s.
+            assert source.watches == 5
+
+
 def test_backoff_grows_caps_and_jitters() -> None:
     b = Backoff(initial=0.5, maximum=30.0, factor=2.0, jitter=0.2)
     assert [b.delay(n, 0.5) for n in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]

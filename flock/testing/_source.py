@@ -29,7 +29,8 @@ from ._store import Store
 class StoreSource:
     """List/watch/get *resource* objects of *store* matching *field_selector*.
 
-    ``fail_lists`` makes the next lists raise TransientKubeError (a 5xx burst).
+    ``fail_lists`` makes the next lists raise TransientKubeError (a 5xx burst);
+    ``watch_seconds_cap`` ends watches early, cleanly (a proxy with a short timeout).
     """
 
     store: Store
@@ -38,6 +39,8 @@ class StoreSource:
     fail_lists: int = 0
     gets: list[tuple[str | None, str]] = attrs.field(factory=list)  # direct GETs asked for
     lists: int = 0  # lists served
+    watches: int = 0  # watches opened
+    watch_seconds_cap: float | None = None  # end every watch this soon (a proxy cutting streams)
 
     @property
     def _selector(self) -> FieldSelector:
@@ -80,6 +83,9 @@ class StoreSource:
             else:
                 token.run_sync_soon(push, event)
 
+        self.watches += 1
+        if self.watch_seconds_cap is not None:
+            timeout_seconds = min(timeout_seconds, self.watch_seconds_cap)  # type: ignore[assignment]
         try:
             sub = self.store.watch(self.resource, None, self._selector, resource_version, deliver)
         except StatusError as err:
