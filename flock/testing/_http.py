@@ -219,7 +219,10 @@ class HttpFrontend:
 
     async def _watch(self, request: web.Request, res: Resource, ns: str | None, selector: FieldSelector) -> web.StreamResponse:
         q = request.query
-        seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        try:
+            seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        except ValueError:
+            raise StatusError(400, f"invalid timeoutSeconds {q['timeoutSeconds']!r}: expected seconds") from None
         bookmarks = q.get("allowWatchBookmarks") in _TRUE
         assert self._serving is not None
         loop = asyncio.get_running_loop()
