@@ -258,6 +258,8 @@ async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node)
         w = await worker_for(node)
         p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9", "2001:db8:aa::1"])
         pool.delete(p1)  # the kernel drops the whole IPv4 multipath route with a1's veth
+        while host_ifname("a1") in node.ip("link"):  # namespaces are dismantled asynchronously
+            await trio.sleep(0.01)
         assert "203.0.113.9" not in node.ip("route")
         await w.teardown("a1", p1.path, "eth0")
         assert await w.ensure_anycast([a, b]) == [f"203.0.113.9/32 dev {host_ifname('b1')} scope link"]
