@@ -130,6 +130,17 @@ async def test_setup_converges_after_addresses_change(pool, node):
         assert "2001:db8::5" not in node.ip("-6", "route") + pod.ip("addr")
 
 
+async def test_setup_replaces_a_stale_host_veth_whose_peer_is_elsewhere(pool, node):
+    with trio.fail_after(20):
+        pod, elsewhere = pool.create("pod"), pool.create("old")
+        pool.veth(node, host_ifname("c1"), elsewhere, "eth0")
+        w = await worker_for(node)
+        a = alloc("c1", pod)
+        await w.setup(a)
+        assert await w.check(a) == []
+        assert "eth0" not in elsewhere.ip("link")
+
+
 async def test_teardown_twice_succeeds_and_leaves_nothing(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
@@ -215,16 +226,22 @@ async def test_cleanup_removes_orphans_and_keeps_explained_pods(pool, node):
         assert (await w.cleanup(["keep"])) == type(report)()
 
 
+async def two_pods_sharing(pool, w, anycast):
+    """Pods a1 and b1, both holding *anycast*, set up concurrently."""
+    p1, p2 = pool.create("pod"), pool.create("pod")
+    a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=anycast)
+    b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=anycast)
+    async with trio.open_nursery() as n:
+        n.start_soon(w.setup, a)
+        n.start_soon(w.setup, b)
+    return p1, a, b
+
+
 @pytest.mark.parametrize("anycast", ["2001:db8:aa::1", "203.0.113.9"])
 async def test_anycast_on_two_pods_is_one_multipath_route(pool, node, anycast):
     with trio.fail_after(20):
         w = await worker_for(node)
-        p1, p2 = pool.create("pod"), pool.create("pod")
-        a = alloc("a1", p1, "2001:db8::a", "198.51.100.10", anycast=[anycast])
-        b = alloc("b1", p2, "2001:db8::b", "198.51.100.11", anycast=[anycast])
-        async with trio.open_nursery() as n:
-            n.start_soon(w.setup, a)
-            n.start_soon(w.setup, b)
+        p1, a, b = await two_pods_sharing(pool, w, [anycast])
         fam = "-6" if ":" in anycast else "-4"
         route = node.ip(fam, "route", "show", anycast)
         assert route.count("nexthop") == 2, route
@@ -234,6 +251,31 @@ async def test_anycast_on_two_pods_is_one_multipath_route(pool, node, anycast):
         route = node.ip(fam, "route", "show", anycast)
         assert "nexthop" not in route and host_ifname("b1") in route, route
         assert await w.check(b) == []
+
+
+async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9", "2001:db8:aa::1"])
+        pool.delete(p1)  # the kernel drops the whole IPv4 multipath route with a1's veth
+        while host_ifname("a1") in node.ip("link"):  # namespaces are dismantled asynchronously
+            await trio.sleep(0.01)
+        assert "203.0.113.9" not in node.ip("route")
+        await w.teardown("a1", p1.path, "eth0")
+        assert await w.ensure_anycast([a, b]) == [f"203.0.113.9/32 dev {host_ifname('b1')} scope link"]
+        assert await w.check(b) == []
+        assert await w.ensure_anycast([b]) == []
+
+
+async def test_resetup_without_an_anycast_address_leaves_its_multipath_route(pool, node):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9"])
+        a_without = alloc("a1", p1, "2001:db8::a", "198.51.100.10")
+        await w.setup(a_without)
+        route = node.ip("route", "show", "203.0.113.9")
+        assert route.startswith(f"203.0.113.9 dev {host_ifname('b1')} "), route
+        assert await w.check(a_without) == [] and await w.check(b) == []
 
 
 async def test_blackholes_follow_the_node_blocks(pool, node):

@@ -25,6 +25,7 @@ from flock.netlink.desired import (
     Route,
     Side,
     anycast_route,
+    anycast_routes,
     blackhole_routes,
     host_ifname,
 )
@@ -74,14 +75,16 @@ def peers_match(host_msg, pod_msg) -> bool:
 
 
 def _ensure_veth(host: IPRoute, pod: IPRoute, plan: PodPlan, pod_fd: int):
-    """Host link message, pod link message for a verified pair."""
+    """Host link message, pod link message for a verified pair, and whether
+    this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod
+    created = False
     for _attempt in range(2):
         h = _conn.link_by_name(host, h_name)
         p = _conn.link_by_name(pod, p_name)
         if h is not None:
             if peers_match(h, p):
-                return h, p
+                return h, p, False
             # A stale pair from an earlier attempt whose peer is not this
             # pod's ifName (other netns, other name): rebuild it.
             try:
@@ -95,19 +98,24 @@ def _ensure_veth(host: IPRoute, pod: IPRoute, plan: PodPlan, pod_fd: int):
                 "interface already exists in the pod namespace",
                 f"ifName={p_name!r} in netns={plan.netns!r} is not flock's veth {h_name}",
             )
+        created = True
         try:
             host.link("add", ifname=h_name, kind="veth", peer={"ifname": p_name, "net_ns_fd": pod_fd})
         except NetlinkError as exc:
-            ignore_codes(exc, errno.EEXIST)  # a concurrent attempt won; verified on the next pass
+            ignore_codes(exc, errno.EEXIST)  # a concurrent attempt won; verified below
+            created = False
+        break
     h = _conn.link_by_name(host, h_name)
     p = _conn.link_by_name(pod, p_name)
     if h is None or not peers_match(h, p):
         raise errors.CniError(errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
-    return h, p
+    return h, p, created
 
 
-def _ensure_addresses(ipr: IPRoute, index: int, wanted, *, prune_global: bool) -> None:
-    live = {(a.address, a.prefixlen): a for a in _conn.addresses(ipr, index)}
+def _ensure_addresses(ipr: IPRoute, index: int, wanted, *, fresh: bool) -> None:
+    """Add *wanted* (with their nodad flag) and drop other global addresses;
+    a *fresh* link has none yet, so it is not read first."""
+    live = {} if fresh else {(a.address, a.prefixlen): a for a in _conn.addresses(ipr, index)}
     for addr in wanted:
         have = live.get((addr.address, addr.prefixlen))
         if have is not None and have.nodad == addr.nodad:
@@ -122,7 +130,7 @@ def _ensure_addresses(ipr: IPRoute, index: int, wanted, *, prune_global: bool) -
                      flags=_conn.IFA_F_NODAD if addr.nodad else 0)
         except NetlinkError as exc:
             ignore_codes(exc, errno.EEXIST)
-    if prune_global:
+    if live:
         keep = {(a.address, a.prefixlen) for a in wanted}
         for key, have in live.items():
             if key not in keep and not have.address.is_link_local:
@@ -168,7 +176,7 @@ def setup_pod(
     pod_fd = _pod_netns_fd(plan)
     try:
         with _conn.rtnl(host_netns) as host, _conn.rtnl(plan.netns) as pod:
-            h, p = _ensure_veth(host, pod, plan, pod_fd)
+            h, p, fresh = _ensure_veth(host, pod, plan, pod_fd)
             hi, pi = h["index"], p["index"]
             done("veth")
 
@@ -182,7 +190,7 @@ def setup_pod(
             _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)])
             done("host-sysctls")
 
-            _ensure_addresses(host, hi, plan.addresses_on(Side.HOST), prune_global=True)
+            _ensure_addresses(host, hi, plan.addresses_on(Side.HOST), fresh=fresh)
             done("host-address")
 
             host.link("set", index=hi, state="up")
@@ -193,7 +201,7 @@ def setup_pod(
             pod.link("set", index=pi, state="up")
             done("pod-link")
 
-            _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), prune_global=True)
+            _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), fresh=fresh)
             done("pod-addresses")
 
             for route in plan.routes_on(Side.POD):
@@ -208,13 +216,13 @@ def setup_pod(
             wanted_dsts = {r.dst for r in wanted} | {
                 ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}") for m in plan.anycast
             }
-            for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+            for live in [] if fresh else _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=hi):
                 if live.oifs == (hi,) and live.route.dst not in wanted_dsts and not live.route.blackhole:
                     delete_route(host, live)
             done("host-routes")
 
             with anycast_lock:
-                _join_anycast(host, plan, hi, settings)
+                _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
     except (NetlinkError, OSError) as exc:
         raise _fail(step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc) from exc
@@ -222,15 +230,20 @@ def setup_pod(
         os.close(pod_fd)
 
 
-def _join_anycast(host: IPRoute, plan: PodPlan, host_index: int, settings: DataplaneSettings) -> None:
-    if not plan.anycast:
+def _join_anycast(host: IPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings) -> None:
+    """Add this pod's nexthop to each of its anycast routes, and take it out
+    of multipath routes for anycast addresses the pod no longer has."""
+    index_of = _conn.Indexes(host)
+    dsts = {ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}"): m for m in plan.anycast}
+    if not fresh:
+        for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=host_index):
+            if len(live.oifs) > 1 and live.route.dst not in dsts:
+                _drop_nexthops(host, live, {plan.veth.host}, index_of, settings)
+    if not dsts:
         return
-    names = _conn.link_names(host)
-    index_of = {name: idx for idx, name in names.items()}
-    live = {r.route.dst: r for r in _conn.routes(host, Side.HOST, protocol=settings.protocol)}
-    for member in plan.anycast:
-        dst = ipaddress.ip_network(f"{member.address}/{member.address.max_prefixlen}")
-        current = live.get(dst)
+    live_by_dst = {r.route.dst: r for r in _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))}
+    for dst, member in dsts.items():
+        current = live_by_dst.get(dst)
         hops = [h for h in current.route.nexthops if h.ifname in index_of] if current and not current.route.blackhole else []
         hops = [h for h in hops if h.ifname != member.nexthop.ifname] + [member.nexthop]
         route = anycast_route(member.address, hops, settings)
@@ -238,23 +251,45 @@ def _join_anycast(host: IPRoute, plan: PodPlan, host_index: int, settings: Datap
             _replace_route(host, route, index_of)
 
 
-def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings) -> list[str]:
+def _drop_nexthops(host: IPRoute, live: "_conn.LiveRoute", ifnames: set[str], index_of, settings: DataplaneSettings) -> None:
+    rest = [h for h in live.route.nexthops if h.ifname not in ifnames and h.ifname in index_of]
+    if rest:
+        _replace_route(host, anycast_route(live.route.dst.network_address, rest, settings), index_of)
+    else:
+        delete_route(host, live)
+
+
+def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None) -> list[str]:
     """Remove *ifnames* from every flock route: shrink multipath routes to
     the remaining nexthops, delete routes left with none.  Must run before the
-    interfaces go: deleting one device kills a whole IPv4 multipath route."""
+    interfaces go: deleting one device kills a whole IPv4 multipath route.
+    *oif* (the index of the one name) lets the kernel filter the dump."""
     changed = []
-    names = _conn.link_names(host)
-    index_of = {name: idx for idx, name in names.items()}
-    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+    index_of = _conn.Indexes(host)
+    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None):
         r = live.route
         if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
             continue
-        rest = [h for h in r.nexthops if h.ifname not in ifnames and h.ifname in index_of]
-        if rest:
-            _replace_route(host, anycast_route(r.dst.network_address, rest, settings), index_of)
-        else:
-            delete_route(host, live)
+        _drop_nexthops(host, live, ifnames, index_of, settings)
         changed.append(str(r))
+    return changed
+
+
+def ensure_anycast(host: IPRoute, plans: "list[PodPlan]", settings: DataplaneSettings) -> list[str]:
+    """Install the multipath route of every anycast address over the local
+    pods (of *plans*) whose host veth exists; returns the routes rewritten.
+
+    Repairs what the kernel does on its own when a pod's veth vanishes with
+    its namespace: an IPv4 multipath route dies whole with any one device.
+    """
+    index_of = _conn.Indexes(host)
+    wanted = anycast_routes([p for p in plans if p.anycast and p.veth.host in index_of], settings)
+    live = {r.route.dst: r.route for r in _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})}
+    changed = []
+    for route in wanted:
+        if live.get(route.dst) != route:
+            _replace_route(host, route, index_of)
+            changed.append(str(route))
     return changed
 
 
@@ -272,10 +307,10 @@ def teardown_pod(
     name = host_ifname(container_id, settings.host_prefix)
     try:
         with _conn.rtnl(host_netns) as host:
-            with anycast_lock:
-                leave_routes(host, {name}, settings)
             link = _conn.link_by_name(host, name)
             if link is not None:
+                with anycast_lock:
+                    leave_routes(host, {name}, settings, oif=link["index"])
                 try:
                     host.link("del", index=link["index"])
                 except NetlinkError as exc:
@@ -324,8 +359,7 @@ def prepare_node(host: IPRoute, host_netns: str | None, uplink: str | None, sett
     gw = str(settings.gateway4)
     try:
         (msg,) = host.route("get", dst=gw)
-        names = _conn.link_names(host)
-        dev = names.get(msg.get("RTA_OIF"), "")
+        dev = _conn.Names(host)[msg.get("RTA_OIF")] if msg.get("RTA_OIF") else ""
         if msg["type"] == _conn.RTN_UNICAST and not dev.startswith(settings.host_prefix):
             return
     except NetlinkError as exc:

@@ -14,7 +14,11 @@ from collections.abc import Iterator
 
 import attrs
 from pyroute2 import IPRoute
+from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETROUTE
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from flock.netlink import _nsenter
 from flock.netlink.desired import Nexthop, Route, Scope, Side
@@ -36,11 +40,13 @@ def rtnl(netns: str | None) -> Iterator[IPRoute]:
 
     The socket is opened on a throw-away thread (see _nsenter), so the calling
     thread never changes namespace and a missing namespace is never created.
+    Strict checking lets the kernel filter dumps (by interface, protocol,
+    table), so a pod's setup does not read every other pod's routes.
     """
     if netns is None:
-        ipr = IPRoute()
+        ipr = IPRoute(strict_check=True)
     else:
-        ipr = IPRoute(fileno=_nsenter.run_in_netns(netns, _netlink_socket_fd))
+        ipr = IPRoute(fileno=_nsenter.run_in_netns(netns, _netlink_socket_fd), strict_check=True)
     try:
         yield ipr
     finally:
@@ -91,6 +97,28 @@ def link_names(ipr: IPRoute) -> dict[int, str]:
     return {m["index"]: m.get("IFLA_IFNAME") for m in ipr.link("dump")}
 
 
+class Indexes(dict):
+    """name → ifindex, looked up on first use; KeyError for a missing link."""
+
+    def __init__(self, ipr: IPRoute) -> None:
+        super().__init__()
+        self.ipr = ipr
+
+    def __missing__(self, name: str) -> int:
+        msg = link_by_name(self.ipr, name) if not name.startswith("#") else None
+        if msg is None:
+            raise KeyError(name)
+        self[name] = msg["index"]
+        return msg["index"]
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+
 @attrs.frozen
 class LiveAddress:
     address: ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -101,9 +129,27 @@ class LiveAddress:
         return f"{self.address}/{self.prefixlen}"
 
 
+def _dump(ipr: IPRoute, msg, msg_type: int):
+    """A kernel-filtered dump: *msg*'s header fields and attributes are the
+    filter (pyroute2's own dump filters run client-side, after reading all)."""
+    # IPRoute has no public sync wrapper for nlm_request in 0.9.7 (its sync
+    # nlm_request raises KeyError); this is the wrapper its own methods use.
+    return ipr._run_force_sync(ipr.asyncore.nlm_request, msg, msg_type=msg_type, msg_flags=NLM_F_REQUEST | NLM_F_DUMP)
+
+
 def addresses(ipr: IPRoute, index: int) -> list[LiveAddress]:
     out = []
-    for msg in ipr.addr("dump", index=index):
+    for family in (socket.AF_INET, socket.AF_INET6):
+        req = ifaddrmsg()
+        req["family"] = family
+        req["index"] = index
+        out += _addresses_from(m for m in _dump(ipr, req, RTM_GETADDR) if m["index"] == index)
+    return out
+
+
+def _addresses_from(msgs) -> list[LiveAddress]:
+    out = []
+    for msg in msgs:
         raw = msg.get("IFA_ADDRESS") or msg.get("IFA_LOCAL")
         flags = msg.get("IFA_FLAGS", msg["flags"])
         out.append(LiveAddress(ipaddress.ip_address(raw), msg["prefixlen"], bool(flags & IFA_F_NODAD)))
@@ -118,10 +164,30 @@ class LiveRoute:
     oifs: tuple[int, ...]
 
 
-def _route_from_msg(msg, names: dict[int, str], side: Side) -> LiveRoute:
-    family = msg["family"]
-    dst_raw = msg.get("RTA_DST") or ("::" if family == socket.AF_INET6 else "0.0.0.0")
-    dst = ipaddress.ip_network(f"{dst_raw}/{msg['dst_len']}", strict=False)
+class Names(dict):
+    """ifindex → name, looked up on first use (no full link dump)."""
+
+    def __init__(self, ipr: IPRoute) -> None:
+        super().__init__()
+        self.ipr = ipr
+
+    def __missing__(self, index: int) -> str:
+        try:
+            (msg,) = self.ipr.link("get", index=index)
+            name = msg.get("IFLA_IFNAME")
+        except NetlinkError:
+            name = f"#{index}"  # gone meanwhile
+        self[index] = name
+        return name
+
+
+def _dst_of(msg) -> "ipaddress.IPv4Network | ipaddress.IPv6Network":
+    dst_raw = msg.get("RTA_DST") or ("::" if msg["family"] == socket.AF_INET6 else "0.0.0.0")
+    return ipaddress.ip_network(f"{dst_raw}/{msg['dst_len']}", strict=False)
+
+
+def _route_from_msg(msg, names: "dict[int, str]", side: Side) -> LiveRoute:
+    dst = _dst_of(msg)
     hops = []
     oifs = []
     if msg["type"] != RTN_BLACKHOLE:
@@ -129,7 +195,7 @@ def _route_from_msg(msg, names: dict[int, str], side: Side) -> LiveRoute:
         raw_hops = [(h["oif"], h.get("RTA_GATEWAY")) for h in multipath] if multipath else [(msg.get("RTA_OIF"), msg.get("RTA_GATEWAY"))]
         for oif, gw in raw_hops:
             oifs.append(oif)
-            hops.append(Nexthop(names.get(oif, f"#{oif}"), ipaddress.ip_address(gw) if gw else None))
+            hops.append(Nexthop(names[oif], ipaddress.ip_address(gw) if gw else None))
     route = Route(
         side=side,
         dst=dst,
@@ -141,15 +207,38 @@ def _route_from_msg(msg, names: dict[int, str], side: Side) -> LiveRoute:
     return LiveRoute(route, tuple(oifs))
 
 
-def routes(ipr: IPRoute, side: Side, *, protocol: int | None = None) -> list[LiveRoute]:
-    """Unicast and blackhole routes of the main table (both families)."""
-    names = link_names(ipr)
+def routes(
+    ipr: IPRoute,
+    side: Side,
+    *,
+    protocol: int | None = None,
+    oif: int | None = None,
+    dsts: "set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None" = None,
+    all_links: bool = False,
+) -> list[LiveRoute]:
+    """Unicast and blackhole routes of the main table (both families),
+    optionally only *protocol*'s and only those with a nexthop via *oif*
+    (filtered by the kernel), only those to *dsts* (filtered here, before
+    decoding).  Interface names come from one link dump when *all_links*
+    (many routes), else from a lookup per interface seen."""
+    names = Names(ipr)
+    if all_links:
+        names.update(link_names(ipr))
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in ipr.route("dump", family=family):
+        req = rtmsg()
+        req["family"] = family
+        req["table"] = MAIN_TABLE
+        if protocol is not None:
+            req["proto"] = protocol
+        if oif is not None:
+            req["attrs"] = [("RTA_OIF", oif)]
+        for msg in _dump(ipr, req, RTM_GETROUTE):
             if msg.get("RTA_TABLE", msg["table"]) != MAIN_TABLE or msg["type"] not in (RTN_UNICAST, RTN_BLACKHOLE):
                 continue
             if protocol is not None and msg["proto"] != protocol:
+                continue
+            if dsts is not None and _dst_of(msg) not in dsts:
                 continue
             out.append(_route_from_msg(msg, names, side))
     return out

@@ -79,7 +79,7 @@ def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSetti
                 for s in wanted_sysctls:
                     if live_sysctls[s.key] != s.value:
                         diffs.append(f"{hl}: sysctl {s.key} is {live_sysctls[s.key]}, expected {s.value}")
-                live_routes = [lr.route for lr in _conn.routes(host, Side.HOST)]
+                live_routes = [lr.route for lr in _conn.routes(host, Side.HOST, oif=h["index"])]
                 diffs += _compare_routes("host", live_routes, plan.routes_on(Side.HOST))
                 by_dst = {r.dst: r for r in live_routes}
                 for m in plan.anycast:
@@ -127,7 +127,7 @@ def cleanup(
             orphans = {n for n in names if is_host_ifname(n, settings.host_prefix) and n not in explained_ifnames}
             with anycast_lock:
                 routes = _apply.leave_routes(host, orphans, settings)
-                for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+                for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, all_links=True):
                     r = live.route
                     if r.blackhole or any(h.ifname in explained_ifnames for h in r.nexthops):
                         continue

@@ -97,6 +97,19 @@ class NetlinkWorker:
             log.info("removed orphans", extra={"interfaces": list(report.interfaces), "routes": list(report.routes)})
         return report
 
+    async def ensure_anycast(self, allocations: Iterable[Allocation]) -> list[str]:
+        """Rewrite each anycast address's multipath route over all local pods
+        in *allocations* whose veth exists (returns the routes rewritten).
+        Call after a DEL whose pod namespace was already gone, and at startup:
+        the kernel drops a whole IPv4 multipath route when one veth vanishes."""
+        plans = [self.plan(a) for a in allocations]
+
+        def apply() -> list[str]:
+            with self._anycast_lock, _conn.rtnl(self.host_netns) as host:
+                return _apply.ensure_anycast(host, plans, self.settings)
+
+        return await self._run(apply)
+
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""
         nets = tuple(c for c in cidrs if c is not None)
