@@ -11,6 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import http.client
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +223,10 @@ async def test_injected_5xx_and_pause(tmp_path: Path) -> None:
 
 async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kc"
+    (tmp_path / "objects.json").write_text(json.dumps([pod_object("a", "p0", "n1"), nodeconfig_object("n1")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flock.testing.apiserver", "--host", "::1", "--port", "0", "--kubeconfig-out", str(kubeconfig)],
+        [sys.executable, "-m", "flock.testing.apiserver", "--host", "::1", "--port", "0",
+         "--kubeconfig-out", str(kubeconfig), "--load", str(tmp_path / "objects.json")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -238,7 +243,7 @@ async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
                     await core.create_namespaced_pod("a", pod_object("a", "p1", "n1"))
                     return [p.metadata.name for p in (await core.list_namespaced_pod("a")).items]
 
-                assert await kube.bridge.call(scenario) == ["p1"]
+                assert await kube.bridge.call(scenario) == ["p0", "p1"]
             proc.send_signal(signal.SIGTERM)
             assert await trio.to_thread.run_sync(proc.wait) == 0
     finally:
@@ -250,3 +255,52 @@ async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
         proc.stderr.close()  # type: ignore[union-attr]
     assert "Traceback" not in err, err
     assert os.path.exists(kubeconfig)
+
+
+def call(api: ApiServer, method: str, path: str) -> tuple[int, Any]:
+    """Plain urllib, for what the lab does with curl."""
+    request = urllib.request.Request(api.url + path, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
+def test_watch_flag_spellings_and_bad_parameters() -> None:
+    with ApiServer() as api:
+        api.create(PODS, pod_object("a", "p1", "n1"))
+        for flag in ("true", "True", "1"):
+            status, events = call(api, "GET", f"/api/v1/pods?watch={flag}&timeoutSeconds=0.1")
+            assert status == 200 and [e["type"] for e in events] == ["ADDED"]
+        status, (listed,) = call(api, "GET", "/api/v1/pods?watch=false")
+        assert status == 200 and listed["kind"] == "PodList"
+        status, body = call(api, "GET", "/api/v1/pods?watch=1&timeoutSeconds=soon")
+        assert (status, body["reason"]) == (400, "BadRequest") and "timeoutSeconds" in body["message"]
+        status, body = call(api, "GET", "/api/v1/pods?watch=1&resourceVersion=abc")
+        assert (status, body["reason"]) == (400, "BadRequest")
+
+
+def test_fault_endpoints_for_the_lab() -> None:
+    with ApiServer() as api:
+        assert call(api, "POST", "/flock-testing/fail?count=1&status=503")[0] == 200
+        status, body = call(api, "GET", "/api/v1/pods")
+        assert (status, body["code"], body["kind"]) == (503, 503, "Status")
+        assert call(api, "GET", "/api/v1/pods")[0] == 200
+        api.create(PODS, pod_object("a", "p1", "n1"))
+        status, (body,) = call(api, "POST", "/flock-testing/compact")
+        assert body == {"resourceVersion": str(api.store.resource_version)}
+        assert call(api, "GET", "/api/v1/pods?watch=1&resourceVersion=1")[0] == 410
+        assert call(api, "POST", "/flock-testing/pause")[0] == 200
+        with pytest.raises(TimeoutError):
+            urllib.request.urlopen(api.url + "/api/v1/pods", timeout=0.3)
+        assert call(api, "POST", "/flock-testing/resume")[0] == 200
+        assert call(api, "GET", "/api/v1/pods")[0] == 200
+        with urllib.request.urlopen(api.url + "/api/v1/pods?watch=1&resourceVersion=0", timeout=5) as watch:
+            assert json.loads(watch.readline())["type"] == "ADDED"
+            assert call(api, "POST", "/flock-testing/drop")[1] == [{"dropped": 1}]
+            with pytest.raises(http.client.IncompleteRead):  # cut, not ended
+                watch.read()
+        status, body = call(api, "POST", "/flock-testing/explode")
+        assert status == 404 and "unknown fault" in body["message"]

@@ -2,7 +2,7 @@
 
 Topology (all created by the test, names ``fl-bird-*``)::
 
-        pod pa                         pod pb
+     pods pa, pa2                      pod pb
           |                              |
         node a ---- 2001:db8:ffff::/64 ---- node b
           \\         192.0.2.0/26          /
@@ -24,6 +24,7 @@ import contextlib
 import ipaddress
 import json
 import pathlib
+import re
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -32,7 +33,7 @@ import trio
 
 from flock.bird import BgpTimers, BirdInputs, BirdReloader, RenderSettings, render
 from flock.model import Allocation, NodeConfig
-from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
+from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker, host_ifname
 from flock.testing.netns import Netns, NetnsPool
 
 SETTINGS = RenderSettings(route_protocol=ROUTE_PROTOCOL, bgp_timers=BgpTimers())
@@ -128,6 +129,12 @@ async def running_bird(ns: str, conf: pathlib.Path, ctl: pathlib.Path) -> AsyncI
             await proc.wait()
 
 
+async def bird_next_hops(ctl: pathlib.Path, dst: str) -> set[str]:
+    """Gateways ("via") and interfaces ("dev") of BIRD's best route to ``dst``."""
+    result = await trio.run_process(["birdc", "-s", str(ctl), "show", "route", "for", dst, "primary"], capture_stdout=True, check=False)
+    return set(re.findall(r"(?:via|dev) (\S+)", result.stdout.decode()))
+
+
 async def pings(ns: str, dst: str, src: str | None = None) -> bool:
     argv = ["ip", "netns", "exec", ns, "ping", "-c1", "-W1", *(["-I", src] if src else []), dst]
     return (await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)).returncode == 0
@@ -158,10 +165,13 @@ async def test_pods_reach_each_other_and_anycast_across_nodes(require_root: None
             for name, uplink, node in (("a", "ab", NODE_A), ("b", "ba", NODE_B)):
                 await workers[name].prepare_node(uplink=uplink)
                 await workers[name].ensure_blackholes([node.cidr6, node.cidr4])
-            pod_ns = {name: await trio.to_thread.run_sync(pool.create, name) for name in ("pa", "pb")}
+            pod_ns = {name: await trio.to_thread.run_sync(pool.create, name) for name in ("pa", "pa2", "pb")}
             pa = allocation("pa", pod_ns["pa"], "2001:db8:0:1::a", "198.51.100.10")
+            pa2 = allocation("pa2", pod_ns["pa2"], "2001:db8:0:1::a2", "198.51.100.12")
             pb = allocation("pb", pod_ns["pb"], "2001:db8:0:2::b", "198.51.100.74")
+            # Two pods of node a share the anycast addresses: BIRD learns one multipath route.
             await workers["a"].setup(pa)
+            await workers["a"].setup(pa2)
             await workers["b"].setup(pb)
             for name in ("a", "b"):
                 await trio.to_thread.run_sync(mark_anycast6_onlink, ns[name])
@@ -193,6 +203,8 @@ async def test_pods_reach_each_other_and_anycast_across_nodes(require_root: None
 
                 await waits.until("c has a two-way multipath route to the anycast addresses", both_announce)
                 assert reloader.reloads == 1 and ANYCAST6 + "/128" in (workdir / "a.conf").read_text()
+                assert await bird_next_hops(workdir / "a.ctl", ANYCAST6) == {str(pa.ip6), str(pa2.ip6)}
+                assert await bird_next_hops(workdir / "a.ctl", ANYCAST4) == {host_ifname("pa"), host_ifname("pa2")}
                 assert await pings(c_ns, ANYCAST6, C_SRC6) and await pings(c_ns, ANYCAST4, C_SRC4)
 
                 # Removing pb withdraws b's anycast route; a's pod still answers.
@@ -205,8 +217,21 @@ async def test_pods_reach_each_other_and_anycast_across_nodes(require_root: None
                 await waits.until("b's anycast route is withdrawn", only_a_announces)
                 assert await pings(c_ns, ANYCAST6, C_SRC6) and await pings(c_ns, ANYCAST4, C_SRC4)
 
-                # Removing pa too: nobody announces the anycast addresses any more.
+                # One of a's two anycast pods leaving changes nothing outside node a.
                 await workers["a"].teardown("pa", pa.netns, pa.if_name)
+                await trio.to_thread.run_sync(mark_anycast6_onlink, ns["a"])
+
+                async def a_learned_only_pa2() -> bool:
+                    return await bird_next_hops(workdir / "a.ctl", ANYCAST6) == {str(pa2.ip6)} and await bird_next_hops(
+                        workdir / "a.ctl", ANYCAST4
+                    ) == {host_ifname("pa2")}
+
+                await waits.until("a's BIRD routes the anycast addresses to pa2 alone", a_learned_only_pa2)
+                assert await only_a_announces()
+                assert await pings(c_ns, ANYCAST6, C_SRC6) and await pings(c_ns, ANYCAST4, C_SRC4)
+
+                # Removing pa2 too: nobody announces the anycast addresses any more.
+                await workers["a"].teardown("pa2", pa2.netns, pa2.if_name)
 
                 async def nobody_announces() -> bool:
                     return await hops("c", ANYCAST6 + "/128") == [] and await hops("c", ANYCAST4 + "/32") == []

@@ -127,6 +127,13 @@ async def test_config_is_checked_in_a_temp_file_beside_it_then_renamed(autojump_
     assert (tmp_path / "bird.conf").stat().st_mode & 0o777 == 0o644
 
 
+async def test_start_removes_temp_files_a_killed_predecessor_left(autojump_clock, tmp_path: pathlib.Path) -> None:
+    (tmp_path / ".bird.conf.k2j3h4.tmp").write_text("half a config")
+    (tmp_path / "other.tmp").write_text("not ours")
+    await serve_quietly(tmp_path, RecordingRunner(), 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.tmp"]
+
+
 async def test_identical_render_calls_nothing(autojump_clock, tmp_path: pathlib.Path) -> None:
     runner = RecordingRunner()
     reloader = make(tmp_path, runner)

@@ -197,6 +197,19 @@ async def test_setup_refuses_missing_netns_without_creating_it(pool, node):
         assert flock_state(node) == ([], "")
 
 
+async def test_setup_refuses_a_netns_path_that_is_no_namespace(pool, node, tmp_path):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        plain = tmp_path / "netns"
+        plain.write_text("")
+        a = Allocation("c1", "default", "c1", "u", "eth0", str(plain), ip6=ip("2001:db8::5"))
+        with pytest.raises(errors.CniError) as info:
+            await w.setup(a)
+        assert info.value.code == errors.INVALID_ENV and str(plain) in info.value.details
+        assert await w.check(a) == [f"host {host_ifname('c1')}: interface missing", f"pod: network namespace {plain} missing"]
+        await w.teardown("c1", str(plain), "eth0")
+
+
 async def test_setup_refuses_a_foreign_interface_named_ifname(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
@@ -258,6 +271,8 @@ async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node)
         w = await worker_for(node)
         p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9", "2001:db8:aa::1"])
         pool.delete(p1)  # the kernel drops the whole IPv4 multipath route with a1's veth
+        while host_ifname("a1") in node.ip("link"):  # namespaces are dismantled asynchronously
+            await trio.sleep(0.01)
         assert "203.0.113.9" not in node.ip("route")
         await w.teardown("a1", p1.path, "eth0")
         assert await w.ensure_anycast([a, b]) == [f"203.0.113.9/32 dev {host_ifname('b1')} scope link"]

@@ -19,7 +19,7 @@ import trio
 from kubernetes_asyncio.client import Configuration
 
 from flock.model import PodInfo
-from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import serving, NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.watchers import (
     Backoff,
     ClientConfigError,
@@ -139,8 +139,7 @@ async def test_cache_ends_equal_to_server_after_fault(tmp_path: Path, fault: Any
         churn.step(20)
         async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
             watcher = PodWatcher(kube.pods_on_node(NODE), NODE, FAST)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(watcher.run)
+            async with serving(watcher):
                 await converged(api, watcher)
                 churn.step()
                 await fault(api, churn)
@@ -148,7 +147,24 @@ async def test_cache_ends_equal_to_server_after_fault(tmp_path: Path, fault: Any
                 await converged(api, watcher)
                 # Transient faults resume the watch from the last version; only 410 relists.
                 assert pod_lists(api) == 1 + relists
-                nursery.cancel_scope.cancel()
+
+
+async def test_bookmarks_carry_the_version_past_changes_the_watch_does_not_see(tmp_path: Path) -> None:
+    with trio.fail_after(20), ApiServer(bookmark_interval=0.1) as api:
+        api.create(PODS, pod_object("web", "web-0", NODE))
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
+            watcher = PodWatcher(kube.pods_on_node(NODE), NODE, InformerSettings(watch_seconds=30))
+            async with serving(watcher):
+                for i in range(5):
+                    api.create(PODS, pod_object("web", f"other-{i}", "host002"))
+                # Only a BOOKMARK can tell the informer about versions on other nodes.
+                await watcher.informer.wait_synced(str(api.store.resource_version))
+                # So after compaction and a cut connection it resumes without a 410 relist.
+                api.compact()
+                api.drop_connections()
+                api.create(PODS, pod_object("web", "web-1", NODE))
+                await converged(api, watcher)
+                assert pod_lists(api) == 1
 
 
 async def test_lookup_over_http_waits_for_the_watch_then_gets_directly(tmp_path: Path) -> None:
@@ -156,8 +172,7 @@ async def test_lookup_over_http_waits_for_the_watch_then_gets_directly(tmp_path:
         api.create(PODS, pod_object("web", "elsewhere", "host002"))
         async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
             watcher = PodWatcher(kube.pods_on_node(NODE), NODE, FAST, cache_wait_seconds=0.5)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(watcher.run)
+            async with serving(watcher) as nursery:
 
                 async def scheduler() -> None:
                     await trio.sleep(0.2)
@@ -171,7 +186,6 @@ async def test_lookup_over_http_waits_for_the_watch_then_gets_directly(tmp_path:
                 assert pod is not None and pod.node_name == "host002"
                 gets = [path for method, path in api.requests if "/namespaces/web/pods/" in path]
                 assert gets == ["/api/v1/namespaces/web/pods/missing", "/api/v1/namespaces/web/pods/elsewhere"]
-                nursery.cancel_scope.cancel()
 
 
 async def test_nodeconfig_watcher_over_http(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -179,8 +193,7 @@ async def test_nodeconfig_watcher_over_http(tmp_path: Path, caplog: pytest.LogCa
         api.create(NODECONFIGS, nodeconfig_object("host002", "2001:db8:0:2::/64"))
         async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
             watcher = NodeConfigWatcher(kube.nodeconfig(NODE), NODE, FAST)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(watcher.run)
+            async with serving(watcher):
                 assert watcher.current is None and dict(watcher.informer.objects) == {}
                 api.create(NODECONFIGS, nodeconfig_object(NODE, bgp={"asn": 64512, "routerID": "192.0.2.11"}))
                 first = await watcher.wait_changed()
@@ -200,7 +213,6 @@ async def test_nodeconfig_watcher_over_http(tmp_path: Path, caplog: pytest.LogCa
                 second = await watcher.wait_changed(first)
                 assert second.bgp is not None and second.bgp.asn == 64513
                 assert dict(watcher.informer.objects) == {NODE: api.get(NODECONFIGS, NODE)}
-                nursery.cancel_scope.cancel()
 
 
 async def test_cancellation_leaves_no_session_or_connection(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -211,11 +223,9 @@ async def test_cancellation_leaves_no_session_or_connection(tmp_path: Path, capl
             # Cancelled mid-watch.
             async with open_kube_client(kubeconfig) as kube:
                 watcher = PodWatcher(kube.pods_on_node(NODE), NODE, FAST)
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(watcher.run)
+                async with serving(watcher):
                     await trio.sleep(0.2)
                     assert api.open_requests == 1  # the watch
-                    nursery.cancel_scope.cancel()
             # Cancelled while the first list hangs on a paused server, and the
             # whole client (bridge included) torn down by the same cancellation.
             api.pause()
@@ -261,7 +271,5 @@ async def test_ipv6_server(tmp_path: Path) -> None:
         api.create(PODS, pod_object("web", "web-0", NODE))
         async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
             watcher = PodWatcher(kube.pods_on_node(NODE), NODE, FAST)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(watcher.run)
+            async with serving(watcher):
                 assert list(watcher.pods) == ["web/web-0"]
-                nursery.cancel_scope.cancel()

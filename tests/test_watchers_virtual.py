@@ -13,7 +13,7 @@ import random
 import pytest
 import trio
 
-from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import serving, NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
 from flock.watchers import Backoff, ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"
@@ -40,8 +40,7 @@ async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(
     store = Store()
     watcher, source = pod_watcher(store)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher) as nursery:
             start = trio.current_time()
 
             async def scheduler() -> None:
@@ -54,7 +53,6 @@ async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(
             assert pod is not None and pod.key == "web/web-0"
             assert pod.annotations == {"flock.fritzlab.net/ipv4": "true"}
             assert source.gets == []  # served by the watch, no direct GET
-            nursery.cancel_scope.cancel()
 
 
 async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.Clock) -> None:
@@ -62,12 +60,10 @@ async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.C
     store.create(PODS, pod_object("web", "web-0", NODE))
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher):
             start = trio.current_time()
             pod = await watcher.wait_for_pod("web", "web-0")
             assert pod.name == "web-0" and trio.current_time() == start
-            nursery.cancel_scope.cancel()
 
 
 async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock: trio.abc.Clock) -> None:
@@ -76,8 +72,7 @@ async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock:
     store.create(PODS, pod_object("web", "elsewhere", "host002"))
     watcher, source = pod_watcher(store)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher):
             start = trio.current_time()
             assert await watcher.lookup("web", "missing") is None
             assert trio.current_time() - start == 3.0
@@ -86,19 +81,17 @@ async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock:
             assert pod is not None and pod.node_name == "host002"
             assert trio.current_time() - start == 6.0
             assert source.gets == [("web", "missing"), ("web", "elsewhere")]
-            nursery.cancel_scope.cancel()
 
 
 async def test_caller_deadline_bounds_wait_for_pod(autojump_clock: trio.abc.Clock) -> None:
     watcher, _ = pod_watcher(Store())
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher):
             start = trio.current_time()
             with trio.move_on_after(2.5) as scope:
                 await watcher.wait_for_pod("web", "web-0")
             assert scope.cancelled_caught and trio.current_time() - start == 2.5
-            nursery.cancel_scope.cancel()
+            assert watcher._waiters == {}  # the abandoned wait left nothing behind
 
 
 async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: trio.abc.Clock) -> None:
@@ -106,8 +99,7 @@ async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: tri
     created = store.create(PODS, pod_object("web", "web-0"))  # not scheduled yet
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher):
             with watcher.subscribe() as changes:
                 created["spec"]["nodeName"] = NODE
                 store.update(PODS, created)
@@ -117,7 +109,6 @@ async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: tri
                 change = await changes.receive()
                 assert (change.type, change.pod.key) == (ChangeType.DELETED, "web/web-0")
             cache_matches(store, watcher)
-            nursery.cancel_scope.cancel()
 
 
 async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_clock: trio.abc.Clock) -> None:
@@ -126,8 +117,7 @@ async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_cl
         store.create(PODS, pod_object("ns", f"p{i}", NODE))
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher):
             with watcher.subscribe() as changes:
                 # While nobody watches, history moves on and is compacted away.
                 store.compact(expire_watches=True)
@@ -145,7 +135,6 @@ async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_cl
                 with pytest.raises(trio.WouldBlock):
                     changes.receive_nowait()  # p2 unchanged: no event for it
             cache_matches(store, watcher)
-            nursery.cancel_scope.cancel()
 
 
 async def test_transient_list_failures_back_off_exponentially(autojump_clock: trio.abc.Clock) -> None:
@@ -153,12 +142,20 @@ async def test_transient_list_failures_back_off_exponentially(autojump_clock: tr
     watcher, source = pod_watcher(store)
     source.fail_lists = 3
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            start = trio.current_time()
-            await nursery.start(watcher.run)
+        start = trio.current_time()
+        async with serving(watcher):
             # 0.5 + 1.0 + 2.0 (no jitter in SETTINGS) before the fourth list succeeds.
             assert trio.current_time() - start == 3.5
-            nursery.cancel_scope.cancel()
+
+
+async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_clock: trio.abc.Clock) -> None:
+    watcher, source = pod_watcher(Store())
+    source.watch_seconds_cap = 0
+    with trio.fail_after(30):
+        async with serving(watcher):
+            await trio.sleep(10)
+            # Opened at 0, 0.5, 1.5, 3.5 and 7.5: backing off 0.5, 1, 2, 4 s.
+            assert source.watches == 5
 
 
 def test_backoff_grows_caps_and_jitters() -> None:
@@ -173,13 +170,11 @@ async def test_watch_timeouts_resume_without_relisting_until_the_relist_bound(au
     store = Store()
     watcher, source = pod_watcher(store)
     with trio.fail_after(2000):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher):
             await trio.sleep(599)  # watches end every 60 s and resume from the last version
             assert source.lists == 1
             await trio.sleep(2)  # past relist_seconds=600: the next watch round lists again
             assert source.lists == 2
-            nursery.cancel_scope.cancel()
 
 
 async def test_nodeconfig_invalid_update_keeps_previous_value(
@@ -189,8 +184,7 @@ async def test_nodeconfig_invalid_update_keeps_previous_value(
     store.create(NODECONFIGS, nodeconfig_object("other", "2001:db8:0:2::/64"))
     watcher = NodeConfigWatcher(StoreSource(store, NODECONFIGS, f"metadata.name={NODE}"), NODE, SETTINGS)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(watcher.run)
+        async with serving(watcher) as nursery:
             assert watcher.current is None
 
             async def operator() -> None:
@@ -220,4 +214,3 @@ async def test_nodeconfig_invalid_update_keeps_previous_value(
             values = watcher.values()
             assert await values.__anext__() == second
             await values.aclose()
-            nursery.cancel_scope.cancel()

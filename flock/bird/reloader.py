@@ -24,6 +24,8 @@ from flock.bird.render import RenderError, RenderSettings, render
 
 log = logging.getLogger("flock.bird")
 
+_TMP_SUFFIX = ".tmp"
+
 #: Runs a command given as an argument vector (never through a shell) to
 #: completion and returns its exit status and captured output. Tests
 #: substitute a recording runner; production uses :func:`run_process`.
@@ -129,6 +131,9 @@ class BirdReloader:
         self._poked.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # A predecessor killed between writing and renaming leaves its temp file.
+        for stale in self.config_path.parent.glob(self._tmp_prefix + "*" + _TMP_SUFFIX):
+            stale.unlink(missing_ok=True)
         # Reconcile once at start: the file on disk may be older than this
         # process, or written by a predecessor that died before `configure`.
         self.poke()
@@ -192,12 +197,16 @@ class BirdReloader:
             return result
         raise ReloadError(step, argv, None, f"no answer within {self.command_deadline} s")
 
+    @property
+    def _tmp_prefix(self) -> str:
+        return f".{self.config_path.name}."
+
     async def _check_and_write(self, text: str) -> None:
         # The file is a few KB written at most once per debounce, so it is
         # written on the Trio thread: worker threads would let a virtual clock
         # run ahead in tests, for no gain here.
         directory = self.config_path.parent
-        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{self.config_path.name}.", suffix=".tmp")
+        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=self._tmp_prefix, suffix=_TMP_SUFFIX)
         tmp = pathlib.Path(tmp_name)
         try:
             with os.fdopen(fd, "w") as f:

@@ -57,11 +57,15 @@ def ignore_codes(exc: NetlinkError, *codes: int) -> None:
         raise exc
 
 
+def _netns_error(plan: PodPlan, why: str) -> errors.CniError:
+    return errors.CniError(errors.INVALID_ENV, "network namespace not found", f"netns={plan.netns!r}: {why}")
+
+
 def _pod_netns_fd(plan: PodPlan) -> int:
     try:
         return _nsenter.open_netns(plan.netns)
     except _nsenter.NetnsMissing:
-        raise errors.CniError(errors.INVALID_ENV, "network namespace not found", f"netns={plan.netns!r}") from None
+        raise _netns_error(plan, "no such file") from None
 
 
 def peers_match(host_msg, pod_msg) -> bool:
@@ -224,6 +228,8 @@ def setup_pod(
             with anycast_lock:
                 _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
+    except _nsenter.NetnsMissing as exc:
+        raise _netns_error(plan, exc.strerror) from exc
     except (NetlinkError, OSError) as exc:
         raise _fail(step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc) from exc
     finally:

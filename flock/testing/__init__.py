@@ -5,6 +5,7 @@ from ._resources import NODECONFIGS, PODS, Resource
 from ._status import StatusError
 from ._source import StoreSource
 from ._store import Store
-from .apiserver import ApiServer, kubeconfig, write_kubeconfig
+from ._service import serving
+from ._server import ApiServer, kubeconfig, write_kubeconfig
 
-__all__ = ["ApiServer", "NODECONFIGS", "PODS", "Resource", "Store", "StoreSource", "StatusError", "kubeconfig", "nodeconfig_object", "pod_object", "write_kubeconfig"]
+__all__ = ["ApiServer", "NODECONFIGS", "PODS", "Resource", "Store", "StoreSource", "StatusError", "kubeconfig", "nodeconfig_object", "pod_object", "serving", "write_kubeconfig"]

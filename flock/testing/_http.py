@@ -7,6 +7,7 @@ its own, and ``python -m flock.testing.apiserver`` runs it as a process.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import socket
@@ -50,7 +51,8 @@ class HttpFrontend:
     host: str = "127.0.0.1"
     port: int = 0
     bookmark_interval: float = 1.0
-    requests: list[tuple[str, str]] = attrs.field(init=False, factory=list)  # (method, path?query) seen
+    # (method, path?query) of the latest API requests; bounded for a long-running lab server.
+    requests: collections.deque[tuple[str, str]] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=100_000))
     _runner: web.AppRunner | None = attrs.field(init=False, default=None)
     _inflight: dict[asyncio.Task[Any], web.Request] = attrs.field(init=False, factory=dict)
     _fail_remaining: int = attrs.field(init=False, default=0)
@@ -217,7 +219,10 @@ class HttpFrontend:
 
     async def _watch(self, request: web.Request, res: Resource, ns: str | None, selector: FieldSelector) -> web.StreamResponse:
         q = request.query
-        seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        try:
+            seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        except ValueError:
+            raise StatusError(400, f"invalid timeoutSeconds {q['timeoutSeconds']!r}: expected seconds") from None
         bookmarks = q.get("allowWatchBookmarks") in _TRUE
         assert self._serving is not None
         loop = asyncio.get_running_loop()

@@ -29,7 +29,8 @@ from ._store import Store
 class StoreSource:
     """List/watch/get *resource* objects of *store* matching *field_selector*.
 
-    ``fail_lists`` makes the next lists raise TransientKubeError (a 5xx burst).
+    ``fail_lists`` makes the next lists raise TransientKubeError (a 5xx burst);
+    ``watch_seconds_cap`` ends watches early, cleanly (a proxy with a short timeout).
     """
 
     store: Store
@@ -38,6 +39,8 @@ class StoreSource:
     fail_lists: int = 0
     gets: list[tuple[str | None, str]] = attrs.field(factory=list)  # direct GETs asked for
     lists: int = 0  # lists served
+    watches: int = 0  # watches opened
+    watch_seconds_cap: float | None = None  # end every watch this soon (a proxy cutting streams)
 
     @property
     def _selector(self) -> FieldSelector:
@@ -67,13 +70,22 @@ class StoreSource:
         send, receive = trio.open_memory_channel[Mapping[str, Any]](math.inf)
         token, owner = trio.lowlevel.current_trio_token(), threading.get_ident()
 
+        def push(event: Mapping[str, Any]) -> None:
+            try:
+                send.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the watch ended between the write and this delivery
+
         def deliver(event: Mapping[str, Any]) -> None:
             # Writes may come from another thread (the HTTP server's); hop to Trio's.
             if threading.get_ident() == owner:
-                send.send_nowait(event)
+                push(event)
             else:
-                token.run_sync_soon(send.send_nowait, event)
+                token.run_sync_soon(push, event)
 
+        self.watches += 1
+        if self.watch_seconds_cap is not None:
+            timeout_seconds = min(timeout_seconds, self.watch_seconds_cap)  # type: ignore[assignment]
         try:
             sub = self.store.watch(self.resource, None, self._selector, resource_version, deliver)
         except StatusError as err:

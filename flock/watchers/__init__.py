@@ -1,6 +1,16 @@
 """This node's NodeConfig and pods from the API server (list+watch informers).
 
 The only package (with flock.testing) that imports asyncio or kubernetes-asyncio.
+The agent opens one client and hands the watchers to its supervisor::
+
+    async with open_kube_client(args.kubeconfig) as kube:      # None: in-cluster
+        nodeconfig = NodeConfigWatcher(kube.nodeconfig(node), node)
+        pods = PodWatcher(kube.pods_on_node(node), node)
+        ...supervisor children: nodeconfig.run, pods.run (started() after the first list)
+
+    cfg = await nodeconfig.wait_changed(last_seen)               # NodeConfig changed
+    with pods.subscribe() as changes: async for c in changes: …  # pod added/modified/deleted
+    pod = await pods.lookup(namespace, name)                     # ADD: ≤3 s in cache, then one GET
 """
 
 from ._bridge import AsyncioBridge, open_bridge

@@ -144,11 +144,15 @@ class Informer:
                         started = True
                         self._ready.set()
                         task_status.started()
+                opened = trio.current_time()
                 with trio.fail_after(settings.watch_seconds + settings.request_seconds):
                     async with self.source.watch(self._resource_version, settings.watch_seconds) as events:
                         async for event in events:
                             progressed = True
                             self._apply(event)
+                if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
+                    # A server or proxy that ends watches at once must not make us spin.
+                    raise TransientKubeError(f"{self.name}: watch ended at once without an event")
                 failures = 0
             except ResourceExpired as exc:
                 log.info("%s: resourceVersion %s expired, relisting", self.name, self._resource_version,

@@ -50,7 +50,7 @@ class PodWatcher:
     settings: InformerSettings = InformerSettings()
     cache_wait_seconds: float = POD_CACHE_WAIT_SECONDS
     _pods: dict[str, PodInfo] = attrs.field(init=False, factory=dict)
-    _waiters: dict[str, trio.Event] = attrs.field(init=False, factory=dict)
+    _waiters: dict[str, trio.lowlevel.ParkingLot] = attrs.field(init=False, factory=dict)
     _subscribers: set[trio.MemorySendChannel[PodChange]] = attrs.field(init=False, factory=set)
     _informer: Informer = attrs.field(init=False)
 
@@ -82,10 +82,13 @@ class PodWatcher:
         it.  Waits forever: the caller owns the deadline."""
         key = f"{namespace}/{name}"
         while (pod := self._pods.get(key)) is None:
-            event = self._waiters.get(key)
-            if event is None:
-                event = self._waiters[key] = trio.Event()
-            await event.wait()
+            lot = self._waiters.setdefault(key, trio.lowlevel.ParkingLot())
+            try:
+                await lot.park()
+            finally:
+                # A cancelled wait (the caller's deadline) must not leave its key behind.
+                if not lot and self._waiters.get(key) is lot:
+                    del self._waiters[key]
         return pod
 
     async def fetch_pod(self, namespace: str, name: str) -> PodInfo | None:
@@ -133,7 +136,7 @@ class PodWatcher:
                 log.error("pod %s: cannot read it: %s", change.key, exc, extra={"pod": change.key})
                 return
             self._pods[change.key] = pod
-            if (waiter := self._waiters.pop(change.key, None)) is not None:
-                waiter.set()
+            if (lot := self._waiters.pop(change.key, None)) is not None:
+                lot.unpark_all()
         for send in self._subscribers:
             send.send_nowait(PodChange(change.type, pod))
