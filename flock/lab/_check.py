@@ -67,34 +67,33 @@ def summary(probes: Sequence[Probe]) -> dict[str, Any]:
 
 
 def matrix_text(pods: Sequence[LabPod], probes: Sequence[Probe]) -> str:
-    """Rows ping columns; each cell shows each family tried: ``6 ok 4 ok``, ``6 FAIL``."""
+    """Row *i* pings column *i*; a cell lists each family tried: ``6ok 4ok``, ``6FAIL``."""
     by_pair: dict[tuple[str, str], list[Probe]] = {}
     for p in probes:
         by_pair.setdefault((p.source, p.target), []).append(p)
 
     def cell(probes_here: list[Probe]) -> str:
-        return " ".join(f"{p.version} {'ok' if p.ok else 'FAIL'}" for p in sorted(probes_here, key=lambda p: -p.version)) or "."
+        return " ".join(f"{p.version}{'ok' if p.ok else 'FAIL'}" for p in sorted(probes_here, key=lambda p: -p.version)) or "."
 
-    lines = []
-    keys = [p.key for p in pods]
-    width = max([len(k) for k in keys] + [12])
-    col = max([len(k) for k in keys] + [11]) + 2
-    lines.append("pod to pod (row pings column; 6 = IPv6, 4 = IPv4, . = no common family)")
-    lines.append(" " * (width + 2) + "".join(f"{k:<{col}}" for k in keys))
-    for src in pods:
-        cells = ["-" if dst is src else cell(by_pair.get((src.key, dst.key), [])) for dst in pods]
-        lines.append(f"{src.key:<{width}}  " + "".join(f"{c:<{col}}" for c in cells))
+    cells = [["-" if dst is src else cell(by_pair.get((src.key, dst.key), [])) for dst in pods] for src in pods]
+    labels = [f"{i:>2} {p.key} ({p.node})" for i, p in enumerate(pods, 1)]
+    width = max([len(label) for label in labels] + [12])
+    col = max([len(c) for row in cells for c in row] + [3]) + 2
+    lines = ["pod to pod: row pings column (6 = IPv6, 4 = IPv4, . = no common family)"]
+    lines.append(" " * (width + 2) + "".join(f"{i:<{col}}" for i in range(1, len(pods) + 1)))
+    for label, row in zip(labels, cells):
+        lines.append(f"{label:<{width}}  " + "".join(f"{c:<{col}}" for c in row))
     anycast = [p for p in probes if p.target == "anycast"]
     if anycast:
         addresses = sorted({p.address for p in anycast}, key=lambda a: (":" not in a, a))
         nodes = sorted({p.source for p in anycast})
         col = max(len(a) for a in addresses) + 2
         lines.append("")
-        lines.append("anycast from every node (row pings column)")
+        lines.append("anycast: every node pings every anycast address")
         lines.append(" " * (width + 2) + "".join(f"{a:<{col}}" for a in addresses))
         for node in nodes:
-            cells = ["ok" if all(p.ok for p in anycast if p.source == node and p.address == a) else "FAIL" for a in addresses]
-            lines.append(f"{node:<{width}}  " + "".join(f"{c:<{col}}" for c in cells))
+            marks = ["ok" if all(p.ok for p in anycast if p.source == node and p.address == a) else "FAIL" for a in addresses]
+            lines.append(f"{node:<{width}}  " + "".join(f"{m:<{col}}" for m in marks))
     s = summary(probes)
     lines.append("")
     lines.append(f"{s['passed']}/{s['probes']} probes passed" + ("" if s["ok"] else " — FAILED"))
