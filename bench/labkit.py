@@ -1,0 +1,126 @@
+"""Shared parts of the lab benchmarks (bench/lab_*.py): a lab of its own in a
+temporary directory, pods attached without the timing of their set-up, and
+percentiles.  Not a benchmark itself."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from flock.lab import LabPlan, down, up
+from flock.lab._lifecycle import api_client
+from flock.lab._nsio import netns_path
+from flock.lab._runtime import Attachment, PluginOutcome, exec_conflist, load_conflist
+from flock.testing import PODS, pod_object
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def stats_ms(samples: list[float]) -> dict[str, Any]:
+    ms = [s * 1000 for s in samples]
+    return {"median": round(statistics.median(ms), 1), "p99": round(percentile(ms, 0.99), 1), "n": len(ms)}
+
+
+@contextlib.asynccontextmanager
+async def lab(nodes: int) -> AsyncIterator[LabPlan]:
+    directory = Path(tempfile.mkdtemp(prefix="flab-b-"))  # short: unix socket paths
+    plan = LabPlan.make(directory, nodes)
+    try:
+        await up(plan)
+        yield plan
+    finally:
+        with trio.move_on_after(60, shield=True):
+            await down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def ip(*args: str) -> None:
+    await trio.run_process(["ip", *args], capture_stdout=True, capture_stderr=True)
+
+
+@contextlib.asynccontextmanager
+async def pod_netns(name: str) -> AsyncIterator[str]:
+    await ip("netns", "add", name)
+    try:
+        yield netns_path(name)
+    finally:
+        await ip("netns", "del", name)
+
+
+async def timed(coro_fn, *args) -> tuple[PluginOutcome, float]:
+    t0 = time.perf_counter()
+    outcome = await coro_fn(*args)
+    return outcome, time.perf_counter() - t0
+
+
+class FlockRuntime:
+    """Attaches pods of one lab node through the installed shim, as a runtime does."""
+
+    name = "flock"
+
+    def __init__(self, plan: LabPlan, node_index: int = 0) -> None:
+        self.plan, self.node = plan, plan.nodes[node_index]
+        self.conflist = load_conflist(self.node.cni_conf)
+        self.results: dict[str, dict[str, Any]] = {}
+
+    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Attachment:
+        """The Pod object and what the runtime would pass (untimed)."""
+        obj = await api_client(self.plan).create(PODS, pod_object(namespace, name, self.node.name, annotations=annotations))
+        cid = secrets.token_hex(32)
+        return Attachment.for_pod(cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, obj["metadata"]["uid"])
+
+    async def add(self, att: Attachment) -> PluginOutcome:
+        out = await exec_conflist(self.node.netns, str(self.node.cni_bin), self.conflist, "ADD", att)
+        if out.ok:
+            self.results[att.container_id] = out.json
+        return out
+
+    async def delete(self, att: Attachment) -> PluginOutcome:
+        return await exec_conflist(self.node.netns, str(self.node.cni_bin), self.conflist, "DEL", att, self.results.pop(att.container_id, None))
+
+
+class PtpRuntime:
+    """Debian's ptp + host-local on the same node namespace, exec'd the same way."""
+
+    name = "ptp+host-local"
+
+    def __init__(self, plan: LabPlan, data_dir: Path, dual: bool, node_index: int = 0) -> None:
+        self.plan, self.node = plan, plan.nodes[node_index]
+        ranges = [[{"subnet": "203.0.113.0/24"}]] + ([[{"subnet": "2001:db8:beef::/64"}]] if dual else [])
+        self.conflist = {
+            "cniVersion": "1.0.0",
+            "name": "ptp-bench",
+            "plugins": [{"type": "ptp", "ipMasq": False, "ipam": {"type": "host-local", "ranges": ranges, "dataDir": str(data_dir)}}],
+        }
+        self.results: dict[str, dict[str, Any]] = {}
+
+    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Attachment:
+        cid = secrets.token_hex(32)
+        return Attachment.for_pod(cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8])
+
+    async def add(self, att: Attachment) -> PluginOutcome:
+        out = await exec_conflist(self.node.netns, "/usr/lib/cni", self.conflist, "ADD", att)
+        if out.ok:
+            self.results[att.container_id] = out.json
+        return out
+
+    async def delete(self, att: Attachment) -> PluginOutcome:
+        return await exec_conflist(self.node.netns, "/usr/lib/cni", self.conflist, "DEL", att, self.results.pop(att.container_id, None))
+
+
+def emit(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc, separators=(",", ":")), flush=True)
