@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ WAIT_S = 10.0
 
 async def watch_for(netns: str, address: str, deleted: bool, started: trio.Event, seen: list[float]) -> None:
     """Record the time ``ip monitor`` in *netns* reports a route to *address* (or its deletion)."""
-    proc = await trio.lowlevel.open_process(in_netns(netns, ["ip", "monitor", "route"]), stdout=-1)
+    proc = await trio.lowlevel.open_process(in_netns(netns, ["ip", "monitor", "route"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         started.set()
         buf = b""

@@ -1,12 +1,13 @@
-"""Churn: pods per second through the installed shim, ADD + DEL of --pods pods.
+"""Churn: pods per second through the installed shim, ADD + DEL of --pods pods,
+with Debian's ptp + host-local doing the same on the same node in the same run.
 
-A one-node flock-lab.  The Pod objects are created first (untimed: that is
+A one-node flock-lab; dual-stack pods.  The Pod objects are created first (untimed: that is
 the API server's work, not the node's); then --parallel workers each take the
 next pod and do what a runtime does per pod sandbox: make its network
 namespace, CNI ADD, CNI DEL (with the cached result), remove the namespace.
 The rate is pods / wall time of the whole churn.
 
-    python bench/lab_churn.py [--pods 500] [--parallel 10]
+    python bench/lab_churn.py [--pods 500] [--parallel 10] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -19,37 +20,35 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labkit import FlockRuntime, emit, ip, lab, stats_ms, timed  # noqa: E402
+import tempfile  # noqa: E402
+
+from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed  # noqa: E402
 
 
-async def main(args: argparse.Namespace) -> dict:
-    async with lab(1) as plan:
-        rt = FlockRuntime(plan)
-        atts = [await rt.prepare("churn", f"c{i}", {"flock.fritzlab.net/ipv4": "true"}) for i in range(args.pods)]
-        queue = list(reversed(atts))
-        adds: list[float] = []
-        dels: list[float] = []
-        failures: list[str] = []
+async def churn(rt, args: argparse.Namespace) -> dict:
+    atts = [await rt.prepare("churn", f"{rt.name[0]}{i}", {"flock.fritzlab.net/ipv4": "true"}) for i in range(args.pods)]
+    queue = list(reversed(atts))
+    adds: list[float] = []
+    dels: list[float] = []
+    failures: list[str] = []
 
-        async def worker() -> None:
-            while queue:
-                att = queue.pop()
-                name = att.netns.rsplit("/", 1)[1]
-                await ip("netns", "add", name)
-                out, t = await timed(rt.add, att)
-                (adds.append(t) if out.ok else failures.append(out.stdout))
-                out, t = await timed(rt.delete, att)
-                (dels.append(t) if out.ok else failures.append(out.stdout))
-                await ip("netns", "del", name)
+    async def worker() -> None:
+        while queue:
+            att = queue.pop()
+            name = att.netns.rsplit("/", 1)[1]
+            await ip("netns", "add", name)
+            out, t = await timed(rt.add, att)
+            (adds.append(t) if out.ok else failures.append(out.stdout))
+            out, t = await timed(rt.delete, att)
+            (dels.append(t) if out.ok else failures.append(out.stdout))
+            await ip("netns", "del", name)
 
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(args.parallel):
-                nursery.start_soon(worker)
-        elapsed = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.parallel):
+            nursery.start_soon(worker)
+    elapsed = time.perf_counter() - t0
     doc = {
-        "pods": args.pods,
-        "parallel": args.parallel,
         "seconds": round(elapsed, 2),
         "pods_per_s": round(args.pods / elapsed, 1),
         "add_ms": stats_ms(adds),
@@ -57,7 +56,17 @@ async def main(args: argparse.Namespace) -> dict:
         "failures": len(failures),
         "first_failure": failures[0] if failures else None,
     }
-    print(f"{args.pods} pods ADD+DEL with {args.parallel} at a time: {doc['pods_per_s']} pods/s; ADD {doc['add_ms']}, DEL {doc['del_ms']} ms; failures {len(failures)}", flush=True)
+    print(f"{rt.name:<15} {args.pods} pods ADD+DEL, {args.parallel} at a time: {doc['pods_per_s']} pods/s; ADD {doc['add_ms']}, DEL {doc['del_ms']} ms; failures {len(failures)}", flush=True)
+    return doc
+
+
+async def main(args: argparse.Namespace) -> dict:
+    doc: dict = {"pods": args.pods, "parallel": args.parallel, "stack": "dual"}
+    async with lab(1) as plan:
+        doc["flock"] = await churn(FlockRuntime(plan), args)
+        if args.baseline:
+            with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
+                doc["ptp+host-local"] = await churn(PtpRuntime(plan, Path(data), dual=True), args)
     return doc
 
 
@@ -65,4 +74,5 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--pods", type=int, default=500)
     p.add_argument("--parallel", type=int, default=10)
+    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="flock only")
     emit(trio.run(main, p.parse_args()))

@@ -1,7 +1,7 @@
 """Agent restart with many pods, and the agent's memory.
 
-A two-node flock-lab.  node1 gets --pods dual-stack pods through the installed
-shim; a prober pod on node2 pings five of them (IPv6 first/quarter/half/last,
+A two-node flock-lab.  node1 gets --pods pods through the installed shim (the
+first 10 dual stack, the rest IPv6 only: a lab node's IPv4 block is a /26); a prober pod on node2 pings five of them (IPv6 first/quarter/half/last,
 IPv4 first) every 10 ms throughout.  Then node1's agent gets SIGTERM; the
 lab's keeper starts it again after its 0.5 s restart delay, as a kubelet
 would.  Measured: SIGTERM → /readyz answers 200 again (and new process seen →
@@ -44,7 +44,8 @@ def rss_kib(pid: int) -> int:
 
 
 async def attach_many(rt: FlockRuntime, count: int, parallel: int) -> list:
-    atts = [await rt.prepare("restart", f"r{i}", DUAL) for i in range(count)]
+    # A node's IPv4 block is a /26 (61 pods): the first 10 are dual stack, the rest IPv6 only.
+    atts = [await rt.prepare("restart", f"r{i}", DUAL if i < 10 else {}) for i in range(count)]
     queue = list(reversed(atts))
 
     async def worker() -> None:

@@ -24,6 +24,7 @@ from flock.lab._lifecycle import lab_namespaces
 from flock.lab._pods import CniFailure, parse_annotations, parse_pod_key
 from flock.lab._procs import is_running, proc_ref
 from flock.lab._state import load_procs, load_state, process_refs
+from flock.lab.keeper import Keeper, ProcessSpec
 
 ANYCAST = "2001:db8:53::53,192.0.2.153"
 
@@ -111,9 +112,13 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
 
             # A crashed lab (keeper killed, its children left running) is cleaned by the next up.
             os.kill(state.keeper.pid, signal.SIGKILL)
+            while is_running(state.keeper):
+                await trio.sleep(0.01)
             state = await up(plan)
             pids += [state.keeper.pid, *(r.pid for r in process_refs(directory).values())]
             assert load_pods(plan) == [] and len(lab_namespaces(plan.id)) == 3
+            with pytest.raises(LabError, match="a lab is running in"):
+                await up(plan)  # a running lab is never torn down by up
 
             # The CLI on the same lab: status as JSON.
             cli = await trio.run_process(
@@ -132,3 +137,27 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
         if directory.exists():
             subprocess.run(["rm", "-rf", "--", str(directory)], check=False)
     assert load_procs(directory) == {}
+
+
+async def test_keeper_restarts_what_exits_and_stops_everything(tmp_path: Path) -> None:
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    specs = (
+        ProcessSpec("steady", ("sleep", "60"), tmp_path / "steady.log"),
+        ProcessSpec("crashes", ("sh", "-c", "echo crash; exit 3"), tmp_path / "crashes.log"),
+        ProcessSpec("stubborn", (sys.executable, "-c", ignores_term), tmp_path / "stubborn.log"),
+    )
+    keeper = Keeper(specs, tmp_path / "procs.json", stop_grace=0.5)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keeper.run)
+            while keeper.restarts["crashes"] < 1 or "up" not in (tmp_path / "stubborn.log").read_text():
+                await trio.sleep(0.05)
+            status = json.loads((tmp_path / "procs.json").read_text())
+            pids = {name: p["pid"] for name, p in status["processes"].items()}
+            assert status["processes"]["steady"]["running"] and status["processes"]["steady"]["restarts"] == 0
+            keeper.request_stop()
+    status = json.loads((tmp_path / "procs.json").read_text())
+    assert status["stopping"] and not any(p["running"] for p in status["processes"].values())
+    for pid in pids.values():  # reaped: not even a zombie is left
+        assert proc_ref(pid) is None
+    assert (tmp_path / "crashes.log").read_text().count("crash") >= 2

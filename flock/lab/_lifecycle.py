@@ -38,7 +38,7 @@ from flock.lab._plan import (
     lab_id,
 )
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
-from flock.lab._state import PROCS_FILE, LabError, LabState, load_state, process_refs
+from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
 from flock.testing import NODECONFIGS, write_kubeconfig
 
@@ -216,8 +216,11 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
     for tool in ("bird", "birdc", "ip", "nsenter", "ping"):
         if shutil.which(tool, path=_env()["PATH"]) is None:
             raise LabError(f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)")
-    if load_state(plan.dir) is not None or lab_namespaces(plan.id):
-        report(f"cleaning up the previous lab in {plan.dir}")
+    previous = load_state(plan.dir)
+    if previous is not None and keeper_running(previous):
+        raise LabError(f"a lab is running in {plan.dir} (keeper pid {previous.keeper.pid}): `flock-lab down` first, or use another --dir")
+    if previous is not None or lab_namespaces(plan.id):
+        report(f"cleaning up what a previous lab left in {plan.dir}")
         await down(plan.dir)
     dir_created = not plan.dir.exists()
     plan.dir.mkdir(parents=True, exist_ok=True)

@@ -175,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return trio.run(run, args)
+    except OSError as exc:
+        # The lab's API server or an agent did not answer: the lab is down or broken.
+        print(f"flock-lab: {exc}: is the lab up? `flock-lab status` shows what runs; `flock-lab down` then `up` rebuilds it", file=sys.stderr)
+        return 1
     except (LabError, ValueError) as exc:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(exc), **({"cni": exc.error} if hasattr(exc, "error") else {})}))

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,21 +56,37 @@ class ProcessSpec:
 class Keeper:
     specs: tuple[ProcessSpec, ...]
     status_file: Path
+    stop_grace: float = STOP_GRACE_S
+    _stop_requested: trio.Event = attrs.field(init=False, factory=trio.Event)
     _procs: dict[str, trio.Process] = attrs.field(init=False, factory=dict)
     _restarts: dict[str, int] = attrs.field(init=False, factory=dict)
     _stopping: bool = attrs.field(init=False, default=False)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every process, keep them running until SIGTERM/SIGINT, then stop and reap them."""
+        """Start every process, keep them running until SIGTERM/SIGINT or :meth:`request_stop`,
+        then stop and reap them all."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 for spec in self.specs:
                     await nursery.start(self._keep, spec)
                 self._write_status()
+                nursery.start_soon(self._stop_on_signal, signals)
                 task_status.started()
-                async for _ in signals:
-                    break
+                await self._stop_requested.wait()
                 await self._stop_all()
+                nursery.cancel_scope.cancel()  # the signal watcher
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        return dict(self._restarts)
+
+    async def _stop_on_signal(self, signals: AsyncIterator[int]) -> None:
+        async for _ in signals:
+            self.request_stop()
+            return
 
     async def _keep(self, spec: ProcessSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         delay = RESTART_DELAY_S
@@ -98,7 +115,7 @@ class Keeper:
         procs = [p for p in reversed(list(self._procs.values())) if p.returncode is None]
         for proc in procs:
             proc.terminate()
-        with trio.move_on_after(STOP_GRACE_S):
+        with trio.move_on_after(self.stop_grace):
             for proc in procs:
                 await proc.wait()
         for proc in procs:
