@@ -1,8 +1,9 @@
 """The netlink worker: the one owner of kernel changes on the node.
 
-Every operation runs its blocking pyroute2 calls on a Trio worker thread
-(``trio.to_thread.run_sync``); a :class:`trio.CapacityLimiter` bounds how many
-run at once.  Those threads never change namespace: sockets and sysctl writes
+Every operation runs its pyroute2 calls on a Trio worker thread
+(``trio.to_thread.run_sync``), in a private asyncio loop there (pyroute2's
+``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call); a
+:class:`trio.CapacityLimiter` bounds how many run at once.  Those threads never change namespace: sockets and sysctl writes
 for another namespace are opened on a dedicated short-lived thread (see
 ``_nsenter``), so a reused worker thread is always in the agent's namespace.
 
@@ -56,7 +57,10 @@ class NetlinkWorker:
         self._limiter = trio.CapacityLimiter(self.max_parallel)
 
     async def _run(self, fn, *args, **kwargs):
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
+        """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
+        return await trio.to_thread.run_sync(
+            functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
+        )
 
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
@@ -104,9 +108,10 @@ class NetlinkWorker:
         the kernel drops a whole IPv4 multipath route when one veth vanishes."""
         plans = [self.plan(a) for a in allocations]
 
-        def apply() -> list[str]:
-            with self._anycast_lock, _conn.rtnl(self.host_netns) as host:
-                return _apply.ensure_anycast(host, plans, self.settings)
+        async def apply() -> list[str]:
+            with self._anycast_lock:
+                async with _conn.rtnl(self.host_netns) as host:
+                    return await _apply.ensure_anycast(host, plans, self.settings)
 
         return await self._run(apply)
 
@@ -114,9 +119,9 @@ class NetlinkWorker:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""
         nets = tuple(c for c in cidrs if c is not None)
 
-        def apply() -> None:
-            with _conn.rtnl(self.host_netns) as host:
-                _apply.ensure_blackholes(host, nets, self.settings)
+        async def apply() -> None:
+            async with _conn.rtnl(self.host_netns) as host:
+                await _apply.ensure_blackholes(host, nets, self.settings)
 
         await self._run(apply)
 
@@ -125,8 +130,8 @@ class NetlinkWorker:
         non-flock interface (added via *uplink* if missing) — what proxy ARP
         needs.  CniError(INVALID_CONFIG) when neither exists."""
 
-        def apply() -> None:
-            with _conn.rtnl(self.host_netns) as host:
-                _apply.prepare_node(host, self.host_netns, uplink, self.settings)
+        async def apply() -> None:
+            async with _conn.rtnl(self.host_netns) as host:
+                await _apply.prepare_node(host, self.host_netns, uplink, self.settings)
 
         await self._run(apply)
