@@ -59,7 +59,12 @@ async def rtnl(netns: str | None) -> AsyncIterator[AsyncIPRoute]:
     if netns is None:
         ipr = AsyncIPRoute(strict_check=True)
     else:
-        ipr = AsyncIPRoute(fileno=_nsenter.run_in_netns(netns, _netlink_socket_fd), strict_check=True)
+        fd = _nsenter.run_in_netns(netns, _netlink_socket_fd)
+        try:
+            ipr = AsyncIPRoute(fileno=fd, strict_check=True)
+        except BaseException:
+            os.close(fd)
+            raise
     try:
         yield ipr
     finally:

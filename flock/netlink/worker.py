@@ -3,16 +3,18 @@
 Every operation runs its pyroute2 calls on a Trio worker thread
 (``trio.to_thread.run_sync``), in a private asyncio loop there (pyroute2's
 ``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call); a
-:class:`trio.CapacityLimiter` bounds how many run at once.  Those threads never change namespace: sockets and sysctl writes
-for another namespace are opened on a dedicated short-lived thread (see
-``_nsenter``), so a reused worker thread is always in the agent's namespace.
+:class:`trio.CapacityLimiter` bounds how many run at once.  Those threads
+never change namespace: sockets and sysctl writes for another namespace are
+opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
+worker thread is always in the agent's namespace.
 
-Error handling: nothing is retried here.  Kernel refusals and a missing pod
-namespace propagate as :class:`~flock.errors.CniError` (code 5 / 4) to the
+Error handling: nothing is retried here.  Kernel refusals propagate as
+:class:`~flock.errors.CniError` code 5 (IO_ERROR), a missing or invalid pod
+namespace as code 4 (INVALID_ENV), an unusable allocation as code 7, to the
 caller (the ADD/DEL orchestration), which owns retries and deadlines.  Every
 operation is idempotent, so retrying means calling it again.  Cancellation
-abandons the thread's result (the thread finishes its current step); re-running
-the operation converges.
+takes effect when the running thread returns (threads are not abandoned), so
+a retry never races an earlier attempt on the same kernel objects.
 """
 
 from __future__ import annotations
