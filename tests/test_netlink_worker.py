@@ -77,7 +77,10 @@ async def test_pod_reaches_node_over_fe80_1_and_169_254_1_1(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
         w = await worker_for(node)
-        await w.setup(alloc("c1", pod))
+        attachment = await w.setup(alloc("c1", pod))
+        assert attachment.host_ifname == host_ifname("c1") and attachment.pod_ifname == "eth0"
+        assert attachment.pod_mac and attachment.pod_mac in pod.ip("link", "show", "eth0")
+        assert attachment.host_mac in node.ip("link", "show", host_ifname("c1"))
         assert await w.check(alloc("c1", pod)) == []
         ping6 = await run(pod, "ping", "-6", "-c1", "-W1", "fe80::1%eth0")
         assert ping6.returncode == 0, ping6.stdout + ping6.stderr

@@ -20,6 +20,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from flock import errors
 from flock.netlink import _conn, _nsenter
 from flock.netlink.desired import (
+    Attachment,
     DataplaneSettings,
     PodPlan,
     Route,
@@ -167,7 +168,7 @@ async def setup_pod(
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
-) -> None:
+) -> Attachment:
     """Make the kernel match *plan*.  CniError on failure; safe to re-run."""
     step = STEPS[0]
 
@@ -228,6 +229,7 @@ async def setup_pod(
             with anycast_lock:
                 await _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
+            return Attachment(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
     except _nsenter.NetnsMissing as exc:
         raise _netns_error(plan, exc.strerror) from exc
     except (NetlinkError, OSError) as exc:

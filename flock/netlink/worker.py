@@ -30,7 +30,7 @@ import trio
 
 from flock.model import Allocation
 from flock.netlink import _apply, _conn, _inspect
-from flock.netlink.desired import DataplaneSettings, PodPlan, host_ifname, pod_plan
+from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
 
@@ -67,16 +67,16 @@ class NetlinkWorker:
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation) -> PodPlan:
+    async def setup(self, alloc: Allocation) -> Attachment:
         """Create or converge the pod's veth, addresses, sysctls and routes,
         and add it to the multipath route of each of its anycast addresses."""
         plan = self.plan(alloc)
-        await self._run(
+        attachment = await self._run(
             _apply.setup_pod, plan, host_netns=self.host_netns, anycast_lock=self._anycast_lock,
             settings=self.settings, fault=self.fault,
         )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
-        return plan
+        return attachment
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything
