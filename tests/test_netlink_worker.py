@@ -144,6 +144,17 @@ async def test_setup_replaces_a_stale_host_veth_whose_peer_is_elsewhere(pool, no
         assert "eth0" not in elsewhere.ip("link")
 
 
+async def test_setup_converges_from_dual_stack_to_v6_only(pool, node):
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        w = await worker_for(node)
+        await w.setup(alloc("c1", pod))
+        v6_only = alloc("c1", pod, ip4=None)
+        await w.setup(v6_only)
+        assert await w.check(v6_only) == []
+        assert pod.ip("-4", "route").strip() == "" and "198.51.100.5" not in node.ip("route")
+
+
 async def test_teardown_twice_succeeds_and_leaves_nothing(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")

@@ -209,8 +209,13 @@ async def setup_pod(
             await _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), fresh=fresh)
             done("pod-addresses")
 
-            for route in plan.routes_on(Side.POD):
+            wanted = plan.routes_on(Side.POD)
+            for route in wanted:
                 await _replace_route(pod, route, {plan.veth.pod: pi})
+            # A default route of a family the pod no longer has would blackhole it.
+            for live in [] if fresh else await _conn.routes(pod, Side.POD, protocol=settings.protocol, oif=pi):
+                if live.route not in wanted:
+                    await delete_route(pod, live)
             done("pod-routes")
 
             wanted = plan.routes_on(Side.HOST)
