@@ -1,0 +1,392 @@
+"""Kernel changes: pod setup and teardown, anycast membership, blackholes and
+the node's proxy-ARP prerequisites (coroutines for ``_conn.run_blocking``).
+
+Every function here is idempotent — create, accept "exists", re-read and
+verify; delete, accept "not found" — so re-running one converges whatever an
+earlier, interrupted run left behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import threading
+from collections.abc import Callable
+
+from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from flock import errors
+from flock.netlink import _conn, _nsenter
+from flock.netlink.desired import (
+    Attachment,
+    DataplaneSettings,
+    PodPlan,
+    Route,
+    Side,
+    anycast_route,
+    anycast_routes,
+    blackhole_routes,
+    host_ifname,
+)
+
+# The order setup applies things in; a fault hook is called after each.
+STEPS = (
+    "veth",
+    "host-link",
+    "host-sysctls",
+    "host-address",
+    "host-up",
+    "pod-link",
+    "pod-addresses",
+    "pod-routes",
+    "host-routes",
+    "anycast",
+)
+
+FaultHook = Callable[[str], None]
+RTPROT_STATIC = 4
+
+
+def _fail(step: str, what: str, exc: BaseException) -> errors.CniError:
+    return errors.CniError(errors.IO_ERROR, f"netlink {step} failed", f"{what}: {exc}")
+
+
+def ignore_codes(exc: NetlinkError, *codes: int) -> None:
+    if exc.code not in codes:
+        raise exc
+
+
+def _netns_error(plan: PodPlan, why: str) -> errors.CniError:
+    return errors.CniError(errors.INVALID_ENV, "network namespace not found", f"netns={plan.netns!r}: {why}")
+
+
+def _pod_netns_fd(plan: PodPlan) -> int:
+    try:
+        return _nsenter.open_netns(plan.netns)
+    except _nsenter.NetnsMissing:
+        raise _netns_error(plan, "no such file") from None
+
+
+def peers_match(host_msg, pod_msg) -> bool:
+    return (
+        pod_msg is not None
+        and host_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
+        and pod_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
+        and host_msg.get("IFLA_LINK") == pod_msg["index"]
+        and pod_msg.get("IFLA_LINK") == host_msg["index"]
+    )
+
+
+async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int):
+    """Host link message, pod link message for a verified pair, and whether
+    this call created it (then nothing else of the pod's can exist yet)."""
+    h_name, p_name = plan.veth.host, plan.veth.pod
+    created = False
+    for _attempt in range(2):
+        h = await _conn.link_by_name(host, h_name)
+        p = await _conn.link_by_name(pod, p_name)
+        if h is not None:
+            if peers_match(h, p):
+                return h, p, False
+            # A stale pair from an earlier attempt whose peer is not this
+            # pod's ifName (other netns, other name): rebuild it.
+            try:
+                await host.link("del", index=h["index"])
+            except NetlinkError as exc:
+                ignore_codes(exc, errno.ENODEV)
+            continue
+        if p is not None:
+            raise errors.CniError(
+                errors.INVALID_ENV,
+                "interface already exists in the pod namespace",
+                f"ifName={p_name!r} in netns={plan.netns!r} is not flock's veth {h_name}",
+            )
+        created = True
+        try:
+            await host.link("add", ifname=h_name, kind="veth", peer={"ifname": p_name, "net_ns_fd": pod_fd})
+        except NetlinkError as exc:
+            ignore_codes(exc, errno.EEXIST)  # a concurrent attempt won; verified below
+            created = False
+        break
+    h = await _conn.link_by_name(host, h_name)
+    p = await _conn.link_by_name(pod, p_name)
+    if h is None or not peers_match(h, p):
+        raise errors.CniError(errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
+    return h, p, created
+
+
+async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted, *, fresh: bool) -> None:
+    """Add *wanted* (with their nodad flag) and drop other global addresses;
+    a *fresh* link has none yet, so it is not read first."""
+    live = {} if fresh else {(a.address, a.prefixlen): a for a in await _conn.addresses(ipr, index)}
+    for addr in wanted:
+        have = live.get((addr.address, addr.prefixlen))
+        if have is not None and have.nodad == addr.nodad:
+            continue
+        if have is not None:  # right address, wrong flags (DAD would delay traffic): re-add
+            try:
+                await ipr.addr("del", index=index, address=str(addr.address), prefixlen=addr.prefixlen)
+            except NetlinkError as exc:
+                ignore_codes(exc, errno.EADDRNOTAVAIL)
+        try:
+            await ipr.addr("add", index=index, address=str(addr.address), prefixlen=addr.prefixlen,
+                     flags=_conn.IFA_F_NODAD if addr.nodad else 0)
+        except NetlinkError as exc:
+            ignore_codes(exc, errno.EEXIST)
+    if live:
+        keep = {(a.address, a.prefixlen) for a in wanted}
+        for key, have in live.items():
+            if key not in keep and not have.address.is_link_local:
+                try:
+                    await ipr.addr("del", index=index, address=str(have.address), prefixlen=have.prefixlen)
+                except NetlinkError as exc:
+                    ignore_codes(exc, errno.EADDRNOTAVAIL)
+
+
+async def _replace_route(ipr: AsyncIPRoute, route: Route, index_of: dict[str, int]) -> None:
+    await ipr.route("replace", **_conn.route_kwargs(route, index_of))
+
+
+async def delete_route(ipr: AsyncIPRoute, live: "_conn.LiveRoute") -> None:
+    kw = {"dst": str(live.route.dst), "table": _conn.MAIN_TABLE, "proto": live.route.protocol}
+    if live.route.blackhole:
+        kw["type"] = "blackhole"
+    elif live.route.family == 4:
+        kw["scope"] = int(live.route.scope)  # IPv4 delete matches on scope; pyroute2's default misses link routes
+    try:
+        await ipr.route("del", **kw)
+    except NetlinkError as exc:
+        ignore_codes(exc, errno.ESRCH, errno.ENOENT)
+
+
+async def setup_pod(
+    plan: PodPlan,
+    *,
+    host_netns: str | None,
+    anycast_lock: threading.Lock,
+    settings: DataplaneSettings,
+    fault: FaultHook | None = None,
+) -> Attachment:
+    """Make the kernel match *plan*.  CniError on failure; safe to re-run."""
+    step = STEPS[0]
+
+    def done(name: str) -> None:
+        nonlocal step
+        if fault is not None:
+            fault(name)
+        step = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
+
+    pod_fd = _pod_netns_fd(plan)
+    try:
+        async with _conn.rtnl(host_netns) as host, _conn.rtnl(plan.netns) as pod:
+            h, p, fresh = await _ensure_veth(host, pod, plan, pod_fd)
+            hi, pi = h["index"], p["index"]
+            done("veth")
+
+            # addrgenmode none before the link first goes up, so the kernel never
+            # adds its own link-local next to fe80::1.
+            await host.link("set", index=hi, IFLA_AF_SPEC={"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]})]})
+            if plan.mtu:
+                await host.link("set", index=hi, mtu=plan.mtu)
+            done("host-link")
+
+            _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)])
+            done("host-sysctls")
+
+            await _ensure_addresses(host, hi, plan.addresses_on(Side.HOST), fresh=fresh)
+            done("host-address")
+
+            await host.link("set", index=hi, state="up")
+            done("host-up")
+
+            if plan.mtu:
+                await pod.link("set", index=pi, mtu=plan.mtu)
+            await pod.link("set", index=pi, state="up")
+            done("pod-link")
+
+            await _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), fresh=fresh)
+            done("pod-addresses")
+
+            wanted = plan.routes_on(Side.POD)
+            for route in wanted:
+                await _replace_route(pod, route, {plan.veth.pod: pi})
+            # A default route of a family the pod no longer has would blackhole it.
+            for live in [] if fresh else await _conn.routes(pod, Side.POD, protocol=settings.protocol, oif=pi):
+                if live.route not in wanted:
+                    await delete_route(pod, live)
+            done("pod-routes")
+
+            wanted = plan.routes_on(Side.HOST)
+            for route in wanted:
+                await _replace_route(host, route, {plan.veth.host: hi})
+            # Routes to addresses this pod no longer has (an earlier attempt
+            # with other addresses) would misdirect traffic: drop them.
+            wanted_dsts = {r.dst for r in wanted} | {
+                ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}") for m in plan.anycast
+            }
+            for live in [] if fresh else await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=hi):
+                if live.oifs == (hi,) and live.route.dst not in wanted_dsts and not live.route.blackhole:
+                    await delete_route(host, live)
+            done("host-routes")
+
+            with anycast_lock:
+                await _join_anycast(host, plan, hi, fresh, settings)
+            done("anycast")
+            return Attachment(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+    except _nsenter.NetnsMissing as exc:
+        raise _netns_error(plan, exc.strerror) from exc
+    except (NetlinkError, OSError) as exc:
+        raise _fail(step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc) from exc
+    finally:
+        os.close(pod_fd)
+
+
+async def _join_anycast(host: AsyncIPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings) -> None:
+    """Add this pod's nexthop to each of its anycast routes, and take it out
+    of multipath routes for anycast addresses the pod no longer has."""
+    links = _conn.Links(host)
+    dsts = {ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}"): m for m in plan.anycast}
+    if not fresh:
+        for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=host_index):
+            if len(live.oifs) > 1 and live.route.dst not in dsts:
+                await _drop_nexthops(host, live, {plan.veth.host}, links, settings)
+    if not dsts:
+        return
+    live_by_dst = {r.route.dst: r for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))}
+    for dst, member in dsts.items():
+        current = live_by_dst.get(dst)
+        hops = await links.exist(current.route.nexthops) if current and not current.route.blackhole else []
+        hops = [h for h in hops if h.ifname != member.nexthop.ifname] + [member.nexthop]
+        route = anycast_route(member.address, hops, settings)
+        if current is None or current.route != route:
+            await _replace_route(host, route, await links.for_route(route))
+
+
+async def _drop_nexthops(
+    host: AsyncIPRoute, live: "_conn.LiveRoute", ifnames: set[str], links: "_conn.Links", settings: DataplaneSettings
+) -> None:
+    rest = await links.exist([h for h in live.route.nexthops if h.ifname not in ifnames])
+    if rest:
+        route = anycast_route(live.route.dst.network_address, rest, settings)
+        await _replace_route(host, route, await links.for_route(route))
+    else:
+        await delete_route(host, live)
+
+
+async def leave_routes(host: AsyncIPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None) -> list[str]:
+    """Remove *ifnames* from every flock route: shrink multipath routes to
+    the remaining nexthops, delete routes left with none.  Must run before the
+    interfaces go: deleting one device kills a whole IPv4 multipath route.
+    *oif* (the index of the one name) lets the kernel filter the dump."""
+    changed = []
+    links = _conn.Links(host)
+    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None):
+        r = live.route
+        if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
+            continue
+        await _drop_nexthops(host, live, ifnames, links, settings)
+        changed.append(str(r))
+    return changed
+
+
+async def ensure_anycast(host: AsyncIPRoute, plans: "list[PodPlan]", settings: DataplaneSettings) -> list[str]:
+    """Install the multipath route of every anycast address over the local
+    pods (of *plans*) whose host veth exists; returns the routes rewritten.
+
+    Repairs what the kernel does on its own when a pod's veth vanishes with
+    its namespace: an IPv4 multipath route dies whole with any one device.
+    """
+    links = _conn.Links(host)
+    wanted = anycast_routes([p for p in plans if p.anycast and await links.index(p.veth.host) is not None], settings)
+    live = {r.route.dst: r.route for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})}
+    changed = []
+    for route in wanted:
+        if live.get(route.dst) != route:
+            await _replace_route(host, route, await links.for_route(route))
+            changed.append(str(route))
+    return changed
+
+
+async def teardown_pod(
+    container_id: str,
+    netns: str | None,
+    if_name: str | None,
+    *,
+    host_netns: str | None,
+    anycast_lock: threading.Lock,
+    settings: DataplaneSettings,
+) -> None:
+    """Remove the pod's veth and flock routes through it.  Anything already
+    gone (netns, interface, route) counts as removed."""
+    name = host_ifname(container_id, settings.host_prefix)
+    try:
+        async with _conn.rtnl(host_netns) as host:
+            link = await _conn.link_by_name(host, name)
+            if link is not None:
+                with anycast_lock:
+                    await leave_routes(host, {name}, settings, oif=link["index"])
+                try:
+                    await host.link("del", index=link["index"])
+                except NetlinkError as exc:
+                    ignore_codes(exc, errno.ENODEV)
+                return
+        # No host side: like ptp, remove ifName from the pod namespace if a
+        # veth remains there (its peer lives under another name).
+        if netns and if_name:
+            try:
+                async with _conn.rtnl(netns) as pod:
+                    p = await _conn.link_by_name(pod, if_name)
+                    if p is not None and p.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth":
+                        try:
+                            await pod.link("del", index=p["index"])
+                        except NetlinkError as exc:
+                            ignore_codes(exc, errno.ENODEV)
+            except _nsenter.NetnsMissing:
+                pass
+    except (NetlinkError, OSError) as exc:
+        raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
+
+
+async def ensure_blackholes(host: AsyncIPRoute, cidrs, settings: DataplaneSettings) -> None:
+    wanted = {r.dst: r for r in blackhole_routes(cidrs, settings)}
+    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol):
+        if live.route.blackhole and live.route.dst not in wanted:
+            await delete_route(host, live)
+        elif live.route.blackhole:
+            wanted.pop(live.route.dst)
+    for route in wanted.values():
+        await _replace_route(host, route, {})
+
+
+async def prepare_node(host: AsyncIPRoute, host_netns: str | None, uplink: str | None, settings: DataplaneSettings) -> None:
+    """Node prerequisites for proxy ARP on 169.254.1.1 and for routing pods:
+    ip_forward=1, IPv6 forwarding on, and a unicast route to 169.254.1.1 out
+    of a non-flock interface (proxy ARP answers only for a destination the
+    node would forward elsewhere).  The route is added via *uplink* when the
+    node has none, with protocol static so cleanup never takes it for a pod's.
+    """
+    _conn.write_sysctls(host_netns, [
+        ("net/ipv4/ip_forward", "1"),
+        ("net/ipv6/conf/all/forwarding", "1"),
+        ("net/ipv6/conf/default/forwarding", "1"),
+    ])
+    gw = str(settings.gateway4)
+    try:
+        (msg,) = await host.route("get", dst=gw)
+        dev = await _conn.Links(host).name(msg.get("RTA_OIF")) if msg.get("RTA_OIF") else ""
+        if msg["type"] == _conn.RTN_UNICAST and not dev.startswith(settings.host_prefix):
+            return
+    except NetlinkError as exc:
+        ignore_codes(exc, errno.ENETUNREACH, errno.EHOSTUNREACH)
+    if uplink is None:
+        raise errors.CniError(
+            errors.INVALID_CONFIG,
+            "node has no route for the pod gateway",
+            f"proxy ARP for {gw} needs a unicast route to it out of a non-flock interface; set an uplink",
+        )
+    link = await _conn.link_by_name(host, uplink)
+    if link is None:
+        raise errors.CniError(errors.INVALID_CONFIG, "uplink interface not found", f"uplink={uplink!r}")
+    await host.route("replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE)

@@ -1,0 +1,1 @@
+"""Helpers for tests and the lab (real namespaces, never mocks)."""
