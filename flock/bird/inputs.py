@@ -1,0 +1,33 @@
+"""What BIRD's configuration depends on, gathered from the agent's state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from flock.model import Allocation, IPAddress, NodeConfig
+
+
+@attrs.frozen
+class BirdInputs:
+    """The node and the anycast and extra pod addresses in use on it."""
+
+    node: NodeConfig
+    anycast: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
+    addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
+
+    @classmethod
+    def collect(cls, node: NodeConfig, allocations: Iterable[Allocation]) -> "BirdInputs":
+        """Anycast and extra addresses of every allocation, pending ones included.
+
+        A pending pod's address in the config is harmless (BIRD announces it
+        only once the kernel route exists) and means the route is announced
+        the moment setup installs it, without waiting for another render.
+        """
+        anycast: set[IPAddress] = set()
+        addresses: set[IPAddress] = set()
+        for alloc in allocations:
+            anycast.update(alloc.anycast)
+            addresses.update(alloc.addresses)
+        return cls(node, frozenset(anycast), frozenset(addresses))

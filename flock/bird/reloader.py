@@ -1,0 +1,222 @@
+"""The BIRD reloader: debounced render → check → atomic write → ``birdc configure``.
+
+Anything that may change BIRD's configuration (NodeConfig updates, a pod with
+anycast or extra addresses coming or going) calls :meth:`BirdReloader.poke`,
+which only records the wish and returns. The service waits until pokes have
+been quiet for ``debounce`` seconds (but no longer than ``max_delay`` after the
+first of a burst), then reconciles once with the inputs current at that moment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import subprocess
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from flock.bird.inputs import BirdInputs
+from flock.bird.render import RenderError, RenderSettings, render
+
+log = logging.getLogger("flock.bird")
+
+_TMP_SUFFIX = ".tmp"
+
+#: Runs a command given as an argument vector (never through a shell) to
+#: completion and returns its exit status and captured output. Tests
+#: substitute a recording runner; production uses :func:`run_process`.
+ProcessRunner = Callable[[Sequence[str]], Awaitable[subprocess.CompletedProcess]]
+
+
+async def run_process(argv: Sequence[str]) -> subprocess.CompletedProcess:
+    """Run ``argv`` with output captured; a non-zero exit status is returned, not raised."""
+    return await trio.run_process(list(argv), capture_stdout=True, capture_stderr=True, check=False)
+
+
+@attrs.frozen
+class Backoff:
+    """Delay before retry number ``n`` (1-based): ``initial * factor**(n-1)``, capped."""
+
+    initial: float = 1.0
+    factor: float = 2.0
+    maximum: float = 30.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.maximum, self.initial * self.factor ** (failures - 1))
+
+
+class ReloadError(Exception):
+    """One reconcile attempt failed at ``step`` ("check" or "configure").
+
+    ``returncode`` is None when the command ran past the reloader's deadline.
+    """
+
+    def __init__(self, step: str, argv: Sequence[str], returncode: int | None, output: str) -> None:
+        self.step, self.argv, self.returncode, self.output = step, list(argv), returncode, output
+        status = "ran too long" if returncode is None else f"exited {returncode}"
+        super().__init__(f"{step}: {' '.join(self.argv)} {status}: {output.strip()}")
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
+def _read(path: pathlib.Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@attrs.define(eq=False)
+class BirdReloader:
+    """Keeps ``config_path`` and the running BIRD in step with :attr:`inputs`.
+
+    ``inputs`` returns the current :class:`BirdInputs`, or ``None`` while there
+    is nothing to render yet (no NodeConfig). ``runner`` executes ``bird`` and
+    ``birdc``.
+
+    Error handling: a failed check (``bird -p``) or ``birdc configure`` (BIRD
+    down, config rejected) is logged and retried locally with :attr:`backoff`
+    until it succeeds, re-rendering each time so the latest inputs win. A
+    :class:`RenderError` (inputs that cannot be rendered) is logged and not
+    retried: the same inputs would fail again, and the next change pokes.
+    ``OSError`` writing the config file and anything unexpected propagate to
+    the supervisor.
+    """
+
+    config_path: pathlib.Path = attrs.field(converter=pathlib.Path)
+    control_socket: pathlib.Path = attrs.field(converter=pathlib.Path)
+    settings: RenderSettings
+    inputs: Callable[[], BirdInputs | None]
+    runner: ProcessRunner = run_process
+    debounce: float = 0.5
+    max_delay: float = 5.0
+    backoff: Backoff = Backoff()
+    bird: str = "bird"
+    birdc: str = "birdc"
+    #: A `bird -p` or `birdc` that runs longer than this (a wedged BIRD) is
+    #: killed and counts as a failed attempt.
+    command_deadline: float = 10.0
+    #: Completed ``birdc configure`` calls and failed attempts, for metrics.
+    reloads: int = attrs.field(default=0, init=False)
+    failures: int = attrs.field(default=0, init=False)
+    _poked: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _first_poke: float = attrs.field(default=0.0, init=False)
+    _last_poke: float = attrs.field(default=0.0, init=False)
+    # What BIRD was last told to load, by this process; None until then.
+    _applied: str | None = attrs.field(default=None, init=False)
+
+    def poke(self) -> None:
+        """Note that the inputs may have changed. Never blocks; call from Trio
+        (from a worker thread: ``trio.from_thread.run_sync(reloader.poke)``)."""
+        now = trio.current_time()
+        if not self._poked.is_set():
+            self._first_poke = now
+        self._last_poke = now
+        self._poked.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # A predecessor killed between writing and renaming leaves its temp file.
+        for stale in self.config_path.parent.glob(self._tmp_prefix + "*" + _TMP_SUFFIX):
+            stale.unlink(missing_ok=True)
+        # Reconcile once at start: the file on disk may be older than this
+        # process, or written by a predecessor that died before `configure`.
+        self.poke()
+        task_status.started()
+        while True:
+            await self._poked.wait()
+            await self._settle()
+            self._poked = trio.Event()
+            await self._reconcile_until_done()
+
+    async def _settle(self) -> None:
+        while True:
+            deadline = min(self._last_poke + self.debounce, self._first_poke + self.max_delay)
+            if trio.current_time() >= deadline:
+                return
+            await trio.sleep_until(deadline)
+
+    async def _reconcile_until_done(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self.reconcile()
+                return
+            except ReloadError as exc:
+                attempt += 1
+                self.failures += 1
+                delay = self.backoff.delay(attempt)
+                log.warning(
+                    "BIRD reload failed, retrying",
+                    extra={"step": exc.step, "returncode": exc.returncode, "output": exc.output.strip(), "attempt": attempt, "retry_in": delay},
+                )
+                await trio.sleep(delay)
+
+    async def reconcile(self) -> bool:
+        """One attempt; True if BIRD was told to reconfigure. Raises :class:`ReloadError`."""
+        inputs = self.inputs()
+        if inputs is None:
+            log.debug("no BIRD inputs yet (no NodeConfig)")
+            return False
+        try:
+            text = render(inputs.node, anycast=inputs.anycast, addresses=inputs.addresses, settings=self.settings)
+        except RenderError as exc:
+            log.error("cannot render BIRD config", extra={"field": exc.field, "value": repr(exc.value), "expected": exc.expected})
+            return False
+        on_disk = _read(self.config_path)
+        if text == on_disk and text == self._applied:
+            return False
+        if text != on_disk:
+            await self._check_and_write(text)
+        result = await self._run("configure", [self.birdc, "-s", str(self.control_socket), "configure"])
+        self._applied = text
+        self.reloads += 1
+        log.info("BIRD reconfigured", extra={"config": str(self.config_path), "output": _text(result.stdout).strip()})
+        return True
+
+    async def _run(self, step: str, argv: list[str]) -> subprocess.CompletedProcess:
+        with trio.move_on_after(self.command_deadline):
+            result = await self.runner(argv)
+            if result.returncode != 0:
+                raise ReloadError(step, argv, result.returncode, _text(result.stdout) + _text(result.stderr))
+            return result
+        raise ReloadError(step, argv, None, f"no answer within {self.command_deadline} s")
+
+    @property
+    def _tmp_prefix(self) -> str:
+        return f".{self.config_path.name}."
+
+    async def _check_and_write(self, text: str) -> None:
+        # The file is a few KB written at most once per debounce, so it is
+        # written on the Trio thread: worker threads would let a virtual clock
+        # run ahead in tests, for no gain here.
+        directory = self.config_path.parent
+        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=self._tmp_prefix, suffix=_TMP_SUFFIX)
+        tmp = pathlib.Path(tmp_name)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            await self._run("check", [self.bird, "-p", "-c", str(tmp)])
+            os.replace(tmp, self.config_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(directory)
