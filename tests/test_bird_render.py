@@ -143,7 +143,7 @@ def with_peers(*peers: BgpPeer) -> NodeConfig:
         (lambda: render(host001(), anycast=[ipaddress.ip_address("2001:db8::1%] then accept; if net ~ [ ::1")], settings=SETTINGS), "anycast"),
         (lambda: render(host001(), addresses=[ipaddress.ip_address("2001:db8::1%x")], settings=SETTINGS), "addresses"),
         (lambda: render(with_peers(peer(address=ipaddress.ip_address("2001:db8::1%x as 1; import all; #"))), settings=SETTINGS), "node.bgp.peers[0].address"),
-        (lambda: render(NodeConfig.from_object({"metadata": {"name": "n"}, "spec": {"cidr6": "2001:db8::%x blackhole; } #/64"}}), settings=SETTINGS), "node.cidr6"),
+        (lambda: render(attrs.evolve(host001(), cidr6=ipaddress.IPv6Network("2001:db8::%x blackhole; } #/64")), settings=SETTINGS), "node.cidr6"),
         (lambda: render(host001(), anycast="2001:db8::1", settings=SETTINGS), "anycast"),
         (lambda: render(host001(), anycast=[ipaddress.ip_network("::/0")], settings=SETTINGS), "anycast"),
         (lambda: render(host001(), addresses=[b"\x00"], settings=SETTINGS), "addresses"),
