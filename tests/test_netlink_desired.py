@@ -153,3 +153,18 @@ def test_any_container_id_gives_a_valid_unique_looking_name(cid):
     name = host_ifname(cid)
     assert is_host_ifname(name) and len(name) == 13
     assert name == host_ifname(cid)
+
+
+def test_anycast_via_a_pod_address_is_onlink_so_bird_accepts_it():
+    from flock.netlink._conn import RTNH_F_ONLINK, route_kwargs
+    from flock.netlink.desired import Nexthop, anycast_route
+
+    anycast = ipaddress.ip_address("2001:db8:ffff::80")
+    one = anycast_route(anycast, [Nexthop("flock0001", ipaddress.ip_address("2001:db8:0:1::a"))])
+    two = anycast_route(anycast, [Nexthop("flock0001", ipaddress.ip_address("2001:db8:0:1::a")),
+                                  Nexthop("flock0002", ipaddress.ip_address("2001:db8:0:1::b"))])
+    index = {"flock0001": 11, "flock0002": 12}
+    assert route_kwargs(one, index)["flags"] == RTNH_F_ONLINK
+    assert [hop["flags"] for hop in route_kwargs(two, index)["multipath"]] == [RTNH_F_ONLINK] * 2
+    link_local = anycast_route(anycast, [Nexthop("flock0001", ipaddress.ip_address("fe80::1"))])
+    assert "flags" not in route_kwargs(link_local, index)

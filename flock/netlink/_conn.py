@@ -268,6 +268,16 @@ async def routes(
     return [_route_from_msg(msg, links.names, side) for msg in msgs]
 
 
+RTNH_F_ONLINK = 4
+
+
+def _onlink(gateway) -> bool:
+    # A gateway that is a pod's own /128 is not on any host interface's
+    # prefix: without ``onlink`` BIRD's kernel protocol calls the next hop
+    # "strange" and never announces the route (seen with bird 2.0.12).
+    return gateway is not None and not gateway.is_link_local
+
+
 def route_kwargs(route: Route, index_of: dict[str, int]) -> dict:
     """pyroute2 arguments that install *route* (main table)."""
     kw: dict = {"dst": str(route.dst), "table": MAIN_TABLE}
@@ -283,9 +293,15 @@ def route_kwargs(route: Route, index_of: dict[str, int]) -> dict:
         kw["oif"] = index_of[hop.ifname]
         if hop.gateway is not None:
             kw["gateway"] = str(hop.gateway)
+        if _onlink(hop.gateway):
+            kw["flags"] = RTNH_F_ONLINK
     else:
         kw["multipath"] = [
-            {"oif": index_of[h.ifname], **({"gateway": str(h.gateway)} if h.gateway is not None else {})}
+            {
+                "oif": index_of[h.ifname],
+                **({"gateway": str(h.gateway)} if h.gateway is not None else {}),
+                **({"flags": RTNH_F_ONLINK} if _onlink(h.gateway) else {}),
+            }
             for h in route.nexthops
         ]
     return kw
