@@ -1,8 +1,8 @@
 """The allocator: who holds which address, and how new ones are chosen.
 
 Pure and synchronous: no I/O, no clock, randomness from the injected
-``random.Random``.  The agent owns one per NodeConfig and serializes calls
-(DESIGN: operations run on the Trio thread, never concurrently).
+``random.Random``.  Not thread-safe: the agent calls it from the Trio
+thread only, where each call runs to completion without a checkpoint.
 """
 
 from __future__ import annotations
