@@ -1,0 +1,143 @@
+"""flock-agent: composes the supervision tree (DESIGN: "Supervision tree"); its CLI.
+
+The root supervisor runs, in order: the signal watcher, then the services
+(the RPC server first; later issues add the store, watchers, netlink worker,
+BIRD reloader and health server with :meth:`Agent.add_child`).
+
+SIGTERM/SIGINT: drain (the RPC server stops accepting, requests in flight
+get a bounded time, the socket file goes), then cancel the tree → exit 0.
+A second signal cancels at once.  Escalation out of the root supervisor →
+exit 1, so the kubelet restarts the container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from flock import logs
+from flock.nursery import ChildSpec, RestartIntensity, Supervisor, SupervisorEscalation
+from flock.rpc.server import RpcServer
+
+log = logging.getLogger("flock.agent")
+
+DEFAULT_SOCKET = Path("/run/flock/flock.sock")
+DEFAULT_STATE_DIR = Path("/var/lib/flock")
+# Every drain hook together must finish within this (the kubelet's grace
+# period is 30 s by default; the RPC server's own drain deadline is shorter).
+SHUTDOWN_DEADLINE_S = 5.0
+ROOT_INTENSITY = RestartIntensity(max_restarts=5, period=60.0)
+
+EXIT_OK = 0
+EXIT_ESCALATED = 1
+
+
+@attrs.frozen
+class AgentSettings:
+    node: str
+    socket: Path = DEFAULT_SOCKET
+    state_dir: Path = DEFAULT_STATE_DIR
+    kubeconfig: Path | None = None  # None: in-cluster config (used by the watchers)
+
+
+@attrs.define(eq=False)
+class Agent:
+    """The root of the supervision tree.  Add children before :meth:`run`."""
+
+    settings: AgentSettings
+    intensity: RestartIntensity = ROOT_INTENSITY
+    server: RpcServer = attrs.field(init=False)
+    _services: list[ChildSpec] = attrs.field(init=False, factory=list)
+    _drains: list[Callable[[], Awaitable[None]]] = attrs.field(init=False, factory=list)
+    _root: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
+
+    def __attrs_post_init__(self) -> None:
+        self.server = RpcServer(self.settings.socket)
+        self.add_child(ChildSpec("rpc", self.server.run), drain=self.server.drain)
+
+    def add_child(self, spec: ChildSpec, *, before: str | None = None, drain: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Supervise *spec* (after the existing services, or just before the one named
+        *before*); *drain*, if given, is awaited at shutdown before the tree is cancelled."""
+        names = [s.name for s in self._services]
+        if spec.name in names or spec.name == "signals":
+            raise ValueError(f"child {spec.name!r} already exists")
+        self._services.insert(names.index(before) if before is not None else len(names), spec)
+        if drain is not None:
+            self._drains.append(drain)
+
+    @property
+    def children(self) -> Sequence[ChildSpec]:
+        return (ChildSpec("signals", self._watch_signals), *self._services)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until a signal (returns) or until the tree escalates (SupervisorEscalation)."""
+        self.settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        log.info("starting", extra={"node": self.settings.node, "socket": str(self.settings.socket)})
+        with self._root:
+            await Supervisor("flock-agent", self.children, intensity=self.intensity).run(task_status=task_status)
+        log.info("stopped")
+
+    async def shutdown(self) -> None:
+        """Drain every service that asked for it (bounded), then cancel the tree."""
+        with trio.move_on_after(SHUTDOWN_DEADLINE_S) as scope:
+            for drain in self._drains:
+                await drain()
+        if scope.cancelled_caught:
+            log.warning("drain did not finish in time", extra={"deadline_s": SHUTDOWN_DEADLINE_S})
+        self._root.cancel()
+
+    async def _watch_signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if nursery.child_tasks:
+                        log.warning("second signal: stopping now", extra={"signal": name})
+                        self._root.cancel()
+                    else:
+                        log.info("signal: shutting down", extra={"signal": name})
+                        nursery.start_soon(self.shutdown)
+
+
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="flock-agent", description="flock's node agent")
+    parser.add_argument("--node", default=environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
+    parser.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help="CNI RPC socket (default: %(default)s)")
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="allocation store directory (default: %(default)s)")
+    parser.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig file (default: in-cluster)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    args = parser.parse_args(argv)
+    if not args.node:
+        parser.error("--node is required (or set NODE_NAME)")
+    if not args.socket.is_absolute():
+        parser.error(f"--socket {args.socket}: expected an absolute path")
+    if args.kubeconfig is not None and not os.access(args.kubeconfig, os.R_OK):
+        parser.error(f"--kubeconfig {args.kubeconfig}: not a readable file")
+    settings = AgentSettings(node=args.node, socket=args.socket, state_dir=args.state_dir, kubeconfig=args.kubeconfig)
+    return settings, args
+
+
+def serve(agent: Agent, clock: trio.abc.Clock | None = None) -> int:
+    """Run *agent* to completion; the process exit status."""
+    try:
+        trio.run(agent.run, clock=clock)
+    except SupervisorEscalation:
+        log.critical("supervision tree gave up", exc_info=True)
+        return EXIT_ESCALATED
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings, args = parse_args(argv, os.environ)
+    logs.configure(level=args.log_level, fmt=args.log_format)
+    sys.exit(serve(Agent(settings)))

@@ -1,0 +1,39 @@
+"""The shim ↔ agent wire protocol (standard library only).
+
+The Trio server lives in :mod:`flock.rpc.server` and is imported explicitly,
+so the shim can bundle this package without Trio or attrs.
+"""
+
+from flock.rpc.cniresult import LATEST_VERSION, SUPPORTED_VERSIONS, check_cni_version, convert_result, version_reply
+from flock.rpc.wire import (
+    MAX_LINE_BYTES,
+    OPS,
+    PROTOCOL_VERSION,
+    SPOKEN_VERSIONS,
+    LineReader,
+    Request,
+    decode_response,
+    encode_error,
+    encode_result,
+    parse_cni_args,
+    valid_container_id,
+)
+
+__all__ = [
+    "LATEST_VERSION",
+    "MAX_LINE_BYTES",
+    "OPS",
+    "PROTOCOL_VERSION",
+    "SPOKEN_VERSIONS",
+    "SUPPORTED_VERSIONS",
+    "LineReader",
+    "Request",
+    "check_cni_version",
+    "convert_result",
+    "decode_response",
+    "encode_error",
+    "encode_result",
+    "parse_cni_args",
+    "valid_container_id",
+    "version_reply",
+]

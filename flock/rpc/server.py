@@ -1,0 +1,292 @@
+"""flock-agent's side of the wire: a Trio unix-socket server, one request per connection.
+
+Imported explicitly (not from :mod:`flock.rpc`), so the shim's bundle stays
+free of Trio and attrs.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from flock import logs
+from flock.errors import INTERNAL, NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+from flock.rpc.wire import LineReader, Request, encode_error, encode_result
+
+log = logging.getLogger("flock.rpc")
+
+# Backstop over one whole request; the ADD flow has its own, shorter 25 s deadline.
+REQUEST_DEADLINE_S = 30.0
+# A client gets this long to send its request line; silent clients are dropped.
+READ_DEADLINE_S = 5.0
+# At shutdown, requests already being handled get this long to finish.
+DRAIN_DEADLINE_S = 2.0
+# Answering a request whose handler ran out of time must not hang either.
+LATE_REPLY_DEADLINE_S = 0.5
+# After refusing a request, how long / how much of the rest we read and drop.
+LINGER_S = 0.5
+LINGER_BYTES = 4 << 20
+# Probing an existing socket file for a live agent.
+PROBE_DEADLINE_S = 1.0
+# accept() errors that mean "out of resources right now", not "broken socket".
+_TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_RETRY_S = 0.1
+
+
+class Handler(Protocol):
+    """Serves one decoded request: the CNI result (or ``{}``), or raises CniError."""
+
+    async def __call__(self, request: Request) -> dict[str, Any]: ...
+
+
+@attrs.define(eq=False)
+class NotReadyHandler:
+    """What the agent answers before the pod handler is installed.
+
+    ADD → 11 (try again later); STATUS → 50; DEL, CHECK and GC succeed, as
+    nothing can have been set up by an agent that never served an ADD.
+    """
+
+    reason: str = "flock-agent has not finished starting"
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        if request.op == "ADD":
+            raise CniError(TRY_AGAIN_LATER, "agent not ready", self.reason)
+        if request.op == "STATUS":
+            raise CniError(NOT_AVAILABLE, "agent not ready", self.reason)
+        return {}
+
+
+class SocketInUse(RuntimeError):
+    """The socket path belongs to a live agent or is not a socket: refuse to start."""
+
+
+@attrs.define(eq=False)
+class RpcServer:
+    """Listens on *path*; :attr:`handler` may be replaced at any time (the next request uses it).
+
+    Error handling: every per-connection failure — garbage, a half line, a
+    line over 1 MiB, a client that says nothing for ``read_deadline`` or
+    hangs up, a handler that raises or overruns ``request_deadline`` — is
+    answered with a CniError where the client can still hear it, logged,
+    and confined to that connection.  accept() running out of file
+    descriptors is retried locally.  Failing to bind, or finding a live agent
+    on the socket (:class:`SocketInUse`), propagates to the supervisor.
+    """
+
+    path: Path = attrs.field(converter=Path)
+    handler: Handler = attrs.field(factory=NotReadyHandler)
+    request_deadline: float = REQUEST_DEADLINE_S
+    read_deadline: float = READ_DEADLINE_S
+    drain_deadline: float = DRAIN_DEADLINE_S
+    _accepting: trio.CancelScope | None = attrs.field(init=False, default=None)
+    _reading: set[trio.CancelScope] = attrs.field(init=False, factory=set)
+    _draining: bool = attrs.field(init=False, default=False)
+    _drained: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _inode: tuple[int, int] | None = attrs.field(init=False, default=None)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; after :meth:`drain` it stays idle until cancelled
+        (so a supervisor never mistakes a drained server for one that exited)."""
+        listener = await self._listen()
+        try:
+            # Listening already: the kernel queues connections from here on.
+            self._accepting = trio.CancelScope()
+            if self._draining:
+                self._accepting.cancel()
+            task_status.started()
+            log.info("listening", extra={"socket": str(self.path)})
+            async with trio.open_nursery() as connections:
+                with self._accepting:
+                    await self._accept_loop(listener, connections)
+                # Draining: no new connections from here; in-flight ones get a deadline.
+                listener.close()
+                self._remove_socket()
+                connections.cancel_scope.deadline = trio.current_time() + self.drain_deadline
+            log.info("drained", extra={"socket": str(self.path)})
+            self._drained.set()
+            await trio.sleep_forever()
+        finally:
+            self._accepting = None
+            listener.close()
+            self._remove_socket()
+
+    async def drain(self) -> None:
+        """Stop accepting, drop connections that have not sent a request, give
+        requests in flight ``drain_deadline`` to finish, remove the socket file.
+        Returns when that is done (at once if the server is not running)."""
+        self._draining = True
+        for scope in list(self._reading):
+            scope.cancel()
+        if self._accepting is None:
+            return
+        self._accepting.cancel()
+        await self._drained.wait()
+
+    async def _accept_loop(self, listener: trio.socket.SocketType, connections: trio.Nursery) -> None:
+        while True:
+            try:
+                sock, _ = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT_ACCEPT_ERRNOS:
+                    raise
+                log.error("accept failed, retrying", extra={"error": str(exc)})
+                await trio.sleep(_ACCEPT_RETRY_S)
+                continue
+            connections.start_soon(self._serve, sock)
+
+    async def _serve(self, sock: trio.socket.SocketType) -> None:
+        began = trio.current_time()
+        async with trio.SocketStream(sock) as stream:
+            try:
+                with trio.move_on_after(self.request_deadline):
+                    line = await self._receive_request(stream)
+                    if line is None:
+                        return
+                    try:
+                        request = Request.decode(line)
+                    except CniError as err:
+                        log.warning("bad request", extra={"code": err.code, "error": str(err)})
+                        await stream.send_all(encode_error(err))
+                        return
+                    context = {"container_id": request.container_id, "pod": request.pod}
+                    with logs.bound(op=request.op, **{k: v for k, v in context.items() if v}):
+                        reply = await self._answer(request, began)
+                        await stream.send_all(reply)
+                        return
+                # The request deadline passed while the handler ran.
+                with trio.move_on_after(LATE_REPLY_DEADLINE_S):
+                    await stream.send_all(
+                        encode_error(CniError(TRY_AGAIN_LATER, "request timed out", f"no answer within {self.request_deadline:g} s"))
+                    )
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.debug("client went away", extra={"error": str(exc)})
+
+    async def _receive_request(self, stream: trio.SocketStream) -> bytes | None:
+        """The request line; None for a client that said nothing in time, or an
+        error reply already sent for one that sent garbage."""
+        reader = LineReader()
+        with trio.move_on_after(self.read_deadline) as reading:
+            self._reading.add(reading)
+            if self._draining:
+                reading.cancel()
+            try:
+                while True:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        raise reader.eof()
+                    line = reader.feed(chunk)
+                    if line is not None:
+                        return line
+            except CniError as err:
+                log.warning("bad request", extra={"code": err.code, "error": str(err)})
+                await stream.send_all(encode_error(err))
+                await _linger(stream)
+                return None
+            finally:
+                self._reading.discard(reading)
+        log.debug("client sent no request", extra={"bytes": reader.pending})
+        return None
+
+    async def _answer(self, request: Request, began: float) -> bytes:
+        try:
+            result = await self.handler(request)
+        except CniError as err:
+            log.info("request failed", extra={"code": err.code, "error": str(err), "ms": _ms_since(began)})
+            return encode_error(err)
+        except Exception as exc:  # a handler bug fails this request, never the server
+            log.exception("handler crashed")
+            return encode_error(CniError(INTERNAL, "internal error in flock-agent", repr(exc)))
+        if not isinstance(result, dict):
+            log.error("handler returned a non-object result", extra={"result": repr(result)})
+            return encode_error(CniError(INTERNAL, "internal error in flock-agent", f"handler returned {type(result).__name__}, not an object"))
+        log.info("request served", extra={"code": 0, "ms": _ms_since(began)})
+        return encode_result(result)
+
+    async def _listen(self) -> trio.socket.SocketType:
+        self._prepare_directory()
+        await self._refuse_live_agent()
+        # Bind beside the final name, restrict, then rename over it: a client
+        # never sees a missing socket or one with the umask's permissions.
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        try:
+            await sock.bind(str(tmp))
+            os.chmod(tmp, 0o600)
+            sock.listen(128)
+            os.replace(tmp, self.path)
+        except BaseException:
+            sock.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        st = self.path.stat()
+        self._inode = (st.st_dev, st.st_ino)
+        return sock
+
+    def _prepare_directory(self) -> None:
+        directory = self.path.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = directory.stat().st_mode
+        # Tighten flock's own directory; leave shared sticky ones (/tmp) alone.
+        if stat.S_IMODE(mode) & 0o077 and not mode & stat.S_ISVTX:
+            log.info("restricting socket directory to 0700", extra={"directory": str(directory)})
+            directory.chmod(0o700)
+
+    async def _refuse_live_agent(self) -> None:
+        try:
+            st = self.path.lstat()
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketInUse(f"{self.path} exists and is not a socket; refusing to replace it")
+        probe = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        with probe:
+            try:
+                with trio.fail_after(PROBE_DEADLINE_S):
+                    await probe.connect(str(self.path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                log.warning("replacing stale socket", extra={"socket": str(self.path)})
+                return
+            except (OSError, trio.TooSlowError) as exc:
+                raise SocketInUse(f"{self.path} is busy ({exc!r}); another flock-agent may be running") from exc
+        raise SocketInUse(f"another flock-agent answers on {self.path}")
+
+    def _remove_socket(self) -> None:
+        """Unlink the socket file if it is still ours (a newer agent may own the path)."""
+        if self._inode is None:
+            return
+        try:
+            st = self.path.lstat()
+            if (st.st_dev, st.st_ino) == self._inode:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+        self._inode = None
+
+
+async def _linger(stream: trio.SocketStream) -> None:
+    """Read and drop what a flooding client still sends, briefly, before closing.
+
+    Closing a unix socket with unread data resets the peer, and the reset can
+    overtake the error we just sent; lingering lets the client read it.
+    """
+    await stream.send_eof()
+    dropped = 0
+    with trio.move_on_after(LINGER_S):
+        while dropped < LINGER_BYTES:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            dropped += len(chunk)
+
+
+def _ms_since(began: float) -> float:
+    return round((trio.current_time() - began) * 1000, 1)
