@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import PODS, ApiServer, nodeconfig_object, pod_object
 from flock.watchers import KubeClient, open_kube_client
 
 

@@ -19,7 +19,7 @@ import trio
 from kubernetes_asyncio.client import Configuration
 
 from flock.model import PodInfo
-from flock.testing import serving, NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object, serving
 from flock.watchers import (
     Backoff,
     ClientConfigError,

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from ._resources import NODECONFIGS, PODS, Resource
+from ._resources import PODS, Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, expired
 
@@ -312,4 +312,4 @@ def _invalid(resource: Resource, name: str, field: str, value: Any, why: str) ->
     )
 
 
-__all__ = ["Store", "Subscription", "PODS", "NODECONFIGS"]
+__all__ = ["Store", "Subscription"]
