@@ -68,6 +68,15 @@ async def test_crud_and_status_objects(tmp_path: Path) -> None:
         assert exc.value.status == 422 and status["kind"] == "Status" and status["reason"] == "Invalid"
         assert status["details"]["causes"][0]["field"] == "spec.containers"
 
+        patched = await core.patch_namespaced_pod(
+            "web-0", "web", {"metadata": {"annotations": {"a": None, "flock.fritzlab.net/ipv4": "true"}}}
+        )
+        assert patched.metadata.annotations == {"flock.fritzlab.net/ipv4": "true"}
+        assert patched.spec.containers[0].name == "app"  # untouched by the patch
+        with pytest.raises(ApiException) as exc:
+            await core.patch_namespaced_pod("web-0", "web", [{"op": "remove", "path": "/metadata/labels"}])
+        assert exc.value.status == 415
+
         await core.delete_namespaced_pod("web-0", "web")
         with pytest.raises(ApiException) as exc:
             await core.read_namespaced_pod("web-0", "web")
