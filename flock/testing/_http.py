@@ -1,0 +1,276 @@
+"""The fake API server's HTTP front end (aiohttp.web), with fault injection.
+
+Runs on an asyncio loop; :class:`flock.testing.ApiServer` gives it a thread of
+its own, and ``python -m flock.testing.apiserver`` runs it as a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from ._resources import RESOURCES, Resource
+from ._selectors import FieldSelector
+from ._status import StatusError, status_object
+from ._store import Store
+
+log = logging.getLogger("flock.testing.apiserver")
+
+# kube-apiserver's --min-request-timeout: a watch without timeoutSeconds ends after about this long.
+DEFAULT_WATCH_SECONDS = 1800.0
+_TRUE = ("true", "True", "1")
+# A strategic merge patch is applied as a JSON merge patch: the same for maps
+# (annotations, labels, spec fields); lists are replaced rather than merged by key.
+_MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(obj).encode(), status=status, content_type="application/json")
+
+
+def _status_response(err: StatusError) -> web.Response:
+    return _json(err.status(), err.code)
+
+
+@attrs.define(eq=False)
+class HttpFrontend:
+    """Serves *store* over HTTP at *host*:*port* (port 0: any free port).
+
+    Fault injection (call on the server's loop, see :class:`ApiServer` for the
+    thread-safe wrappers): :meth:`drop_connections`, :meth:`fail_next`,
+    :meth:`pause` / :meth:`resume`; compaction lives on the store.
+    """
+
+    store: Store
+    host: str = "127.0.0.1"
+    port: int = 0
+    bookmark_interval: float = 1.0
+    # (method, path?query) of the latest API requests; bounded for a long-running lab server.
+    requests: collections.deque[tuple[str, str]] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=100_000))
+    _runner: web.AppRunner | None = attrs.field(init=False, default=None)
+    _inflight: dict[asyncio.Task[Any], web.Request] = attrs.field(init=False, factory=dict)
+    _fail_remaining: int = attrs.field(init=False, default=0)
+    _fail_status: int = attrs.field(init=False, default=500)
+    _serving: asyncio.Event | None = attrs.field(init=False, default=None)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind and serve; afterwards ``port`` is the bound port (reused by a restart)."""
+        if self._serving is None:
+            self._serving = asyncio.Event()
+            self._serving.set()
+        app = web.Application(middlewares=[self._middleware])
+        for res in RESOURCES:
+            self._add_routes(app, res)
+        app.router.add_get("/healthz", self._plain_ok)
+        app.router.add_get("/readyz", self._plain_ok)
+        app.router.add_get("/version", self._version)
+        app.router.add_post("/flock-testing/{fault}", self._fault)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        # handler_cancellation: a client that hangs up ends its watch here too, as on kube-apiserver.
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        log.info("fake apiserver listening", extra={"url": self.url})
+
+    async def stop(self) -> None:
+        """Stop serving: every open connection is cut, as when the process dies."""
+        self.drop_connections()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    # ---- faults -------------------------------------------------------------
+
+    def drop_connections(self) -> int:
+        """Cut every in-flight request and watch without a clean end; returns how many."""
+        victims = list(self._inflight.items())
+        for task, request in victims:
+            if request.transport is not None:
+                request.transport.abort()
+            task.cancel()
+        return len(victims)
+
+    def fail_next(self, count: int, status: int = 500) -> None:
+        """Answer the next *count* API requests with a *status* Status object."""
+        self._fail_remaining, self._fail_status = count, status
+
+    def pause(self) -> None:
+        """Hold every request and watch event until :meth:`resume` (a hung server)."""
+        assert self._serving is not None
+        self._serving.clear()
+
+    def resume(self) -> None:
+        assert self._serving is not None
+        self._serving.set()
+
+    # ---- HTTP ---------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None and self._serving is not None
+        control = request.path.startswith("/flock-testing/")
+        if not control:  # the fault endpoints must not cut or hold themselves
+            self._inflight[task] = request
+            self.requests.append((request.method, request.path_qs))
+        try:
+            if not control:
+                await self._serving.wait()
+                if self._fail_remaining > 0:
+                    self._fail_remaining -= 1
+                    return _json(status_object(self._fail_status, "injected failure"), self._fail_status)
+            return await handler(request)
+        except StatusError as err:
+            return _status_response(err)
+        finally:
+            self._inflight.pop(task, None)
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._inflight)
+
+    async def _plain_ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json({"major": "1", "minor": "31", "gitVersion": "v1.31.0-flock-testing"})
+
+    async def _fault(self, request: web.Request) -> web.Response:
+        fault, q = request.match_info["fault"], request.query
+        if fault == "drop":
+            return _json({"dropped": self.drop_connections()})
+        if fault == "fail":
+            self.fail_next(int(q.get("count", "1")), int(q.get("status", "500")))
+        elif fault == "compact":
+            return _json({"resourceVersion": str(self.store.compact(expire_watches=q.get("expire") in _TRUE))})
+        elif fault == "pause":
+            self.pause()
+        elif fault == "resume":
+            self.resume()
+        else:
+            raise StatusError(404, f"unknown fault {fault!r}: drop, fail, compact, pause, resume")
+        return _json({})
+
+    def _add_routes(self, app: web.Application, res: Resource) -> None:
+        async def collection(request: web.Request) -> web.StreamResponse:
+            ns = request.match_info.get("namespace")
+            if request.method == "POST":
+                return _json(self.store.create(res, await _body(request), ns), 201)
+            return await self._list_or_watch(request, res, ns)
+
+        async def item(request: web.Request) -> web.StreamResponse:
+            ns, name = request.match_info.get("namespace"), request.match_info["name"]
+            if request.method == "GET":
+                return _json(self.store.get(res, name, ns))
+            if request.method == "PUT":
+                body = await _body(request)
+                if (body.get("metadata") or {}).get("name") != name:
+                    raise StatusError(400, "the name of the object does not match the name on the URL")
+                return _json(self.store.update(res, body, ns))
+            if request.method == "PATCH":
+                if request.content_type not in _MERGE_PATCH_TYPES:
+                    raise StatusError(
+                        415, f"flock.testing applies merge patches only ({', '.join(_MERGE_PATCH_TYPES)}), got {request.content_type}"
+                    )
+                return _json(self.store.patch(res, name, await _body(request), ns))
+            return _json(self.store.delete(res, name, ns))
+
+        if res.namespaced:
+            app.router.add_get(f"{res.prefix}/{res.plural}", collection)
+            base = f"{res.prefix}/namespaces/{{namespace}}/{res.plural}"
+        else:
+            base = f"{res.prefix}/{res.plural}"
+        app.router.add_route("GET", base, collection)
+        app.router.add_route("POST", base, collection)
+        for method in ("GET", "PUT", "PATCH", "DELETE"):
+            app.router.add_route(method, base + "/{name}", item)
+
+    async def _list_or_watch(self, request: web.Request, res: Resource, ns: str | None) -> web.StreamResponse:
+        q = request.query
+        if "labelSelector" in q and q["labelSelector"]:
+            raise StatusError(400, "flock.testing does not implement labelSelector")
+        selector = FieldSelector.parse(q.get("fieldSelector"), res.kind)
+        if q.get("watch") in _TRUE:
+            return await self._watch(request, res, ns, selector)
+        # limit/continue are ignored: a whole list is what kube-apiserver also
+        # answers when it serves from its watch cache.
+        items, rv = self.store.list(res, ns, selector)
+        return _json(
+            {
+                "kind": res.list_kind,
+                "apiVersion": res.api_version,
+                "metadata": {"resourceVersion": str(rv)},
+                "items": items,
+            }
+        )
+
+    async def _watch(self, request: web.Request, res: Resource, ns: str | None, selector: FieldSelector) -> web.StreamResponse:
+        q = request.query
+        try:
+            seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        except ValueError:
+            raise StatusError(400, f"invalid timeoutSeconds {q['timeoutSeconds']!r}: expected seconds") from None
+        bookmarks = q.get("allowWatchBookmarks") in _TRUE
+        assert self._serving is not None
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        sub = self.store.watch(
+            res, ns, selector, q.get("resourceVersion"), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+        )
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            end = time.monotonic() + seconds
+            next_bookmark = time.monotonic() + self.bookmark_interval
+            while (now := time.monotonic()) < end:
+                wake = min(end, next_bookmark) if bookmarks else end
+                try:
+                    async with asyncio.timeout(max(0.0, wake - now)):
+                        ev = await events.get()
+                except TimeoutError:
+                    if bookmarks and time.monotonic() >= next_bookmark:
+                        sub.bookmark()  # arrives through the queue, after the events before it
+                        next_bookmark = time.monotonic() + self.bookmark_interval
+                    continue
+                await self._serving.wait()
+                await resp.write(json.dumps(ev).encode() + b"\n")
+                if ev["type"] == "ERROR":
+                    break
+            await self._serving.wait()  # a paused server does not end streams either
+            await resp.write_eof()
+            return resp
+        finally:
+            sub.close()
+
+
+async def _body(request: web.Request) -> Mapping[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise StatusError(400, f"request body is not JSON: {exc}") from None
+    if not isinstance(body, Mapping):
+        raise StatusError(400, f"request body must be an object, got {type(body).__name__}")
+    return body

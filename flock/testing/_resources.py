@@ -1,0 +1,34 @@
+"""The Kubernetes resources the fake API server knows, and their URL shapes."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Resource:
+    group: str  # "" for the core API
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def prefix(self) -> str:
+        """URL prefix of the API group: ``/api/v1`` or ``/apis/<group>/<version>``."""
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    @property
+    def list_kind(self) -> str:
+        return self.kind + "List"
+
+
+PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+NODECONFIGS = Resource(
+    group="flock.fritzlab.net", version="v1alpha1", plural="nodeconfigs", kind="NodeConfig", namespaced=False
+)
+RESOURCES = (PODS, NODECONFIGS)

@@ -1,0 +1,68 @@
+"""A fake kube-apiserver over real HTTP, for flock's tests and lab.
+
+In a test, :class:`ApiServer` runs the server on a thread with its own asyncio
+loop; every public method is thread-safe and may be called from Trio::
+
+    with ApiServer() as api:
+        api.write_kubeconfig(tmp_path / "kubeconfig")
+        api.create(PODS, pod_object)
+        api.compact(expire_watches=True)
+
+As a process (the lab)::
+
+    python -m flock.testing.apiserver --host 2001:db8::1 --port 6443 --kubeconfig-out /tmp/kc
+
+It prints one JSON line ``{"url": …, "kubeconfig": …}`` once it serves, and
+faults can be injected over HTTP: ``POST /flock-testing/drop``,
+``/flock-testing/fail?count=3&status=503``, ``/flock-testing/compact?expire=1``,
+``/flock-testing/pause``, ``/flock-testing/resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+
+from ._http import HttpFrontend
+from ._resources import NODECONFIGS, PODS
+from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
+from ._store import Store
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    store = Store()
+    for path in args.load:
+        load_objects(store, path)
+    frontend = HttpFrontend(store, args.host, args.port, args.bookmark_interval)
+    await frontend.start()
+    try:
+        if args.kubeconfig_out:
+            write_kubeconfig(args.kubeconfig_out, frontend.url)
+        print(json.dumps({"url": frontend.url, "kubeconfig": args.kubeconfig_out}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await frontend.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flock.testing.apiserver", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (IPv4 or IPv6)")
+    parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
+    parser.add_argument("--kubeconfig-out", help="write a kubeconfig pointing at this server here")
+    parser.add_argument("--load", action="append", default=[], help="JSON file of Pods/NodeConfigs to create at start")
+    parser.add_argument("--bookmark-interval", type=float, default=5.0, help="seconds between BOOKMARK events")
+    asyncio.run(_serve(parser.parse_args(argv)))
+    return 0
+
+
+__all__ = ["ApiServer", "kubeconfig", "load_objects", "write_kubeconfig", "PODS", "NODECONFIGS", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

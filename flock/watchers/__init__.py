@@ -1,0 +1,47 @@
+"""This node's NodeConfig and pods from the API server (list+watch informers).
+
+The only package (with flock.testing) that imports asyncio or kubernetes-asyncio.
+The agent opens one client and hands the watchers to its supervisor::
+
+    async with open_kube_client(args.kubeconfig) as kube:      # None: in-cluster
+        nodeconfig = NodeConfigWatcher(kube.nodeconfig(node), node)
+        pods = PodWatcher(kube.pods_on_node(node), node)
+        ...supervisor children: nodeconfig.run, pods.run (started() after the first list)
+
+    cfg = await nodeconfig.wait_changed(last_seen)               # NodeConfig changed
+    with pods.subscribe() as changes: async for c in changes: …  # pod added/modified/deleted
+    pod = await pods.lookup(namespace, name)                     # ADD: ≤3 s in cache, then one GET
+"""
+
+from ._bridge import AsyncioBridge, open_bridge
+from ._client import KubeClient, open_kube_client
+from ._config import ClientConfigError, in_cluster_configuration
+from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
+from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._nodeconfig import NodeConfigWatcher
+from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._source import KubeSource
+
+__all__ = [
+    "AsyncioBridge",
+    "Backoff",
+    "Change",
+    "ChangeType",
+    "ClientConfigError",
+    "Informer",
+    "InformerSettings",
+    "KubeApiError",
+    "KubeClient",
+    "KubeError",
+    "KubeSource",
+    "ListWatchSource",
+    "NodeConfigWatcher",
+    "POD_CACHE_WAIT_SECONDS",
+    "PodChange",
+    "PodWatcher",
+    "ResourceExpired",
+    "TransientKubeError",
+    "in_cluster_configuration",
+    "open_bridge",
+    "open_kube_client",
+]

@@ -1,0 +1,80 @@
+"""The agent's one connection to the API server: bridge, configuration, ApiClient."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import trio
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
+
+from ._bridge import AsyncioBridge, open_bridge
+from ._config import in_cluster_configuration, kubeconfig_configuration
+from ._source import CLOSE_SECONDS, KubeSource
+
+NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL = "flock.fritzlab.net", "v1alpha1", "nodeconfigs"
+
+
+async def _new_api_client(conf: Configuration) -> ApiClient:
+    # (asyncio) aiohttp wants its session created on a running loop.
+    return ApiClient(conf)
+
+
+@attrs.define(eq=False)
+class KubeClient:
+    """One shared ApiClient (one aiohttp session) and the bridge it runs on.
+
+    Open with :func:`open_kube_client`; hand its sources to the watchers.
+    """
+
+    bridge: AsyncioBridge
+    api_client: ApiClient
+
+    def pods_on_node(self, node: str) -> KubeSource:
+        """Pods in every namespace with ``spec.nodeName=<node>``."""
+        core = CoreV1Api(self.api_client)
+
+        async def get_pod(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await core.read_namespaced_pod(name, namespace or "default", **kw)
+
+        return KubeSource(
+            self.bridge, f"pods on {node}", core.list_pod_for_all_namespaces, get_pod, f"spec.nodeName={node}"
+        )
+
+    def nodeconfig(self, name: str) -> KubeSource:
+        """The NodeConfig named *name* (cluster-scoped)."""
+        custom = CustomObjectsApi(self.api_client)
+
+        async def list_nodeconfigs(**kw: Any) -> Any:
+            return await custom.list_cluster_custom_object(NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, **kw)
+
+        async def get_nodeconfig(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await custom.get_cluster_custom_object(NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, name, **kw)
+
+        return KubeSource(
+            self.bridge, f"nodeconfig {name}", list_nodeconfigs, get_nodeconfig, f"metadata.name={name}"
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_kube_client(kubeconfig: str | os.PathLike[str] | None = None) -> AsyncIterator[KubeClient]:
+    """Run the asyncio bridge and one ApiClient for the block.
+
+    *kubeconfig* None → the pod's service account (in-cluster).  Configuration
+    errors (:class:`ClientConfigError`) propagate: nothing to retry.  The
+    ApiClient is closed in a shielded scope, so cancellation leaves no session open.
+    """
+    async with open_bridge() as bridge:
+        if kubeconfig is None:
+            conf = in_cluster_configuration()
+        else:
+            conf = await bridge.call(kubeconfig_configuration, kubeconfig)
+        api_client = await bridge.call(_new_api_client, conf)
+        try:
+            yield KubeClient(bridge, api_client)
+        finally:
+            with trio.move_on_after(CLOSE_SECONDS, shield=True):
+                await bridge.call(api_client.close)

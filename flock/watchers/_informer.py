@@ -1,0 +1,208 @@
+"""A list+watch cache of one kind of object (client-go's reflector, in Trio).
+
+The informer lists, then watches from the list's resourceVersion, applying
+each event to its cache and telling its owner about every change.  It knows
+its source only through :class:`ListWatchSource`, so the same loop runs over
+HTTP (:class:`flock.watchers.KubeSource`) and over an in-memory store in
+virtual-time tests.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from ._errors import ResourceExpired, TransientKubeError, error_for_status
+
+log = logging.getLogger("flock.watchers")
+
+Object = Mapping[str, Any]
+
+
+class ListWatchSource(Protocol):
+    """Where an informer gets its objects; errors are flock.watchers' KubeError family."""
+
+    async def list(self) -> tuple[list[Object], str]: ...
+
+    def watch(self, resource_version: str, timeout_seconds: int) -> AbstractAsyncContextManager[AsyncIterator[Object]]: ...
+
+    async def get(self, namespace: str | None, name: str) -> Object | None: ...
+
+
+@attrs.frozen
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits initial·factorⁿ (capped), ±jitter."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """*rand* in [0, 1) picks the point in the jitter band."""
+        base = min(self.maximum, self.initial * self.factor ** min(attempt, 64))
+        return base * (1.0 - self.jitter + 2.0 * self.jitter * rand)
+
+
+@attrs.frozen
+class InformerSettings:
+    watch_seconds: int = 300  # timeoutSeconds of each watch: the server ends it cleanly
+    request_seconds: float = 30.0  # deadline of a list, and slack on a watch past watch_seconds
+    relist_seconds: float = 1800.0  # a full list at least this often bounds any staleness
+    backoff: Backoff = Backoff()
+
+
+class ChangeType(enum.Enum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@attrs.frozen
+class Change:
+    type: ChangeType
+    key: str
+    object: Object  # the new state; for DELETED the last state known
+
+
+def _rv(obj: Object) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+@attrs.define(eq=False)
+class Informer:
+    """Keeps :attr:`objects` equal to the server's matching objects.
+
+    *key* names an object in the cache; *on_change* is called synchronously,
+    in order, for every change (including the differences a relist finds).
+
+    Error handling: 410 Gone (at watch start or as an ERROR event) → relist at
+    once and replace the cache.  TransientKubeError (connection trouble, 5xx,
+    429) and a stalled request → retry after exponential backoff with jitter;
+    a watch resumes from the last resourceVersion seen.  Anything else (401,
+    403, 404 of the collection, bugs) propagates to the supervisor.
+    """
+
+    source: ListWatchSource
+    key: Callable[[Object], str]
+    on_change: Callable[[Change], None]
+    settings: InformerSettings = InformerSettings()
+    name: str = "informer"
+    rng: random.Random = attrs.field(factory=random.Random)
+    _objects: dict[str, Object] = attrs.field(init=False, factory=dict)
+    _resource_version: str = attrs.field(init=False, default="")
+    _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _advanced: trio.Event = attrs.field(init=False, factory=trio.Event)
+
+    @property
+    def objects(self) -> Mapping[str, Object]:
+        return self._objects
+
+    @property
+    def resource_version(self) -> str:
+        return self._resource_version
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    async def wait_synced(self, resource_version: str) -> None:
+        """Until the cache reflects *resource_version* or later (read-your-writes).
+
+        Compares versions as integers, as etcd hands them out; the caller owns the deadline.
+        """
+        while not self._resource_version or int(self._resource_version) < int(resource_version):
+            await self._advanced.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """List, then watch forever; started() after the first successful list."""
+        settings = self.settings
+        failures = 0
+        must_list = True
+        listed_at = -math.inf
+        started = False
+        while True:
+            progressed = False
+            try:
+                if must_list or trio.current_time() - listed_at >= settings.relist_seconds:
+                    with trio.fail_after(settings.request_seconds):
+                        items, rv = await self.source.list()
+                    self._replace(items, rv)
+                    listed_at, must_list, failures = trio.current_time(), False, 0
+                    if not started:
+                        started = True
+                        self._ready.set()
+                        task_status.started()
+                opened = trio.current_time()
+                with trio.fail_after(settings.watch_seconds + settings.request_seconds):
+                    async with self.source.watch(self._resource_version, settings.watch_seconds) as events:
+                        async for event in events:
+                            progressed = True
+                            self._apply(event)
+                if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
+                    # A server or proxy that ends watches at once must not make us spin.
+                    raise TransientKubeError(f"{self.name}: watch ended at once without an event")
+                failures = 0
+            except ResourceExpired as exc:
+                log.info("%s: resourceVersion %s expired, relisting", self.name, self._resource_version,
+                         extra={"informer": self.name, "error": str(exc)})
+                must_list = True
+            except (TransientKubeError, trio.TooSlowError) as exc:
+                if progressed:
+                    failures = 0
+                delay = settings.backoff.delay(failures, self.rng.random())
+                failures += 1
+                log.warning("%s: %s; retrying in %.2fs", self.name, exc or "request stalled", delay,
+                            extra={"informer": self.name, "attempt": failures})
+                await trio.sleep(delay)
+
+    def _replace(self, items: list[Object], resource_version: str) -> None:
+        """Swap in a fresh list, emitting only what differs from the cache."""
+        old, new = self._objects, {self.key(obj): obj for obj in items}
+        self._objects = new
+        self._set_resource_version(resource_version)
+        for key, obj in new.items():
+            before = old.get(key)
+            if before is None:
+                self.on_change(Change(ChangeType.ADDED, key, obj))
+            elif _rv(before) != _rv(obj) or before != obj:
+                self.on_change(Change(ChangeType.MODIFIED, key, obj))
+        for key, obj in old.items():
+            if key not in new:
+                self.on_change(Change(ChangeType.DELETED, key, obj))
+
+    def _apply(self, event: Object) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            raise error_for_status(int(obj.get("code") or 500), obj)
+        if kind == "BOOKMARK":
+            self._set_resource_version(_rv(obj))
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            raise TransientKubeError(f"{self.name}: unknown watch event type {kind!r}")
+        key = self.key(obj)
+        self._set_resource_version(_rv(obj))
+        if kind == "DELETED":
+            if self._objects.pop(key, None) is not None:
+                self.on_change(Change(ChangeType.DELETED, key, obj))
+            return
+        change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
+        self._objects[key] = obj
+        self.on_change(Change(change, key, obj))
+
+    def _set_resource_version(self, resource_version: str) -> None:
+        if resource_version and resource_version != self._resource_version:
+            self._resource_version = resource_version
+            self._advanced.set()
+            self._advanced = trio.Event()

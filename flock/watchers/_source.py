@@ -1,0 +1,166 @@
+"""List, watch and get one kind of object through kubernetes-asyncio, from Trio.
+
+A :class:`KubeSource` is what an informer consumes (see
+:class:`flock.watchers.ListWatchSource`).  It asks for raw JSON
+(``_preload_content=False``): the informer decodes into flock's own values, so
+building the library's model objects would be wasted work.  Watches are read
+line by line from the response here rather than through the library's
+``Watch`` helper, which opens a second HTTP session per watch and silently
+retries once after a 410.
+
+Error handling: nothing is retried here.  The client stack's errors become
+:class:`TransientKubeError` (connection trouble, 429/5xx, malformed stream),
+:class:`ResourceExpired` (410) or :class:`KubeApiError` (other statuses) and
+propagate to the informer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import aiohttp
+import attrs
+import trio
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from ._bridge import AsyncioBridge
+from ._errors import KubeError, TransientKubeError, error_for_status
+
+# Closing a response or session must not hang shutdown.
+CLOSE_SECONDS = 5.0
+# One watch event is one object; etcd refuses objects over 1.5 MiB.
+MAX_EVENT_BYTES = 16 * 2**20
+
+AsyncioCall = Callable[..., Awaitable[Any]]
+
+
+@contextlib.contextmanager
+def translated_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except KubeError:
+        raise
+    except ApiException as exc:
+        raise error_for_status(exc.status, _json_or_none(exc.body)) from exc
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        raise TransientKubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _json_or_none(data: Any) -> Any:
+    try:
+        return json.loads(data) if data else None
+    except (TypeError, ValueError):
+        return None
+
+
+async def _fetch(call: AsyncioCall, kwargs: dict[str, Any]) -> tuple[int, bytes]:
+    """(asyncio) One request, its whole body read, the connection released."""
+    resp = await call(**kwargs)
+    try:
+        return resp.status, await resp.read()
+    finally:
+        resp.release()
+
+
+@attrs.define(eq=False)
+class _EventStream:
+    """Watch events from one response, one JSON object per line."""
+
+    _bridge: AsyncioBridge
+    _resp: aiohttp.ClientResponse
+    _what: str
+    _buffer: bytearray = attrs.field(factory=bytearray)
+
+    def __aiter__(self) -> "_EventStream":
+        return self
+
+    async def __anext__(self) -> Mapping[str, Any]:
+        while (end := self._buffer.find(b"\n")) < 0:
+            with translated_errors(self._what):
+                chunk = await self._bridge.call(self._resp.content.readany)
+            if not chunk:
+                if self._buffer.strip():
+                    raise TransientKubeError(f"{self._what}: stream ended inside an event")
+                raise StopAsyncIteration
+            self._buffer += chunk
+            if len(self._buffer) > MAX_EVENT_BYTES:
+                raise TransientKubeError(f"{self._what}: event larger than {MAX_EVENT_BYTES} bytes")
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        with translated_errors(self._what):
+            event = json.loads(line)
+        if not isinstance(event, Mapping) or "type" not in event:
+            raise TransientKubeError(f"{self._what}: not a watch event: {line[:200]!r}")
+        return event
+
+
+@attrs.define(eq=False)
+class KubeSource:
+    """List/watch/get one kind of object (e.g. pods with spec.nodeName=N).
+
+    *list_call*: the kubernetes-asyncio list function, arguments bound except
+    the query (field selector, watch, resourceVersion …).  *get_call(namespace,
+    name)*: the matching read function.
+    """
+
+    bridge: AsyncioBridge
+    what: str
+    list_call: AsyncioCall
+    get_call: Callable[..., Awaitable[Any]]  # (namespace, name, **query)
+    field_selector: str = ""
+
+    async def list(self) -> tuple[list[Mapping[str, Any]], str]:
+        """All matching objects and the list's resourceVersion."""
+        body = await self._checked(self.list_call, field_selector=self.field_selector)
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    async def get(self, namespace: str | None, name: str) -> Mapping[str, Any] | None:
+        """One object by name, or None when the server says 404."""
+
+        async def get_one(**query: Any) -> Any:
+            return await self.get_call(namespace, name, **query)
+
+        try:
+            return await self._checked(get_one)
+        except KubeError as exc:
+            if getattr(exc, "status", None) == 404:
+                return None
+            raise
+
+    @contextlib.asynccontextmanager
+    async def watch(self, resource_version: str, timeout_seconds: int) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
+        """Events after *resource_version*; the server ends the stream after
+        *timeout_seconds*.  The response is closed on exit, even when cancelled."""
+        kwargs = dict(
+            field_selector=self.field_selector,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+        )
+        with translated_errors(self.what):
+            resp = await self.bridge.call(self.list_call, **kwargs)
+        try:
+            if resp.status != 200:
+                with translated_errors(self.what):
+                    body = await self.bridge.call(resp.read)
+                raise error_for_status(resp.status, _json_or_none(body))
+            yield _EventStream(self.bridge, resp, self.what)
+        finally:
+            with trio.move_on_after(CLOSE_SECONDS, shield=True):
+                await self.bridge.call_sync(resp.close)
+
+    async def _checked(self, call: AsyncioCall, **query: Any) -> Any:
+        with translated_errors(self.what):
+            status, data = await self.bridge.call(_fetch, call, dict(query, _preload_content=False))
+        body = _json_or_none(data)
+        if status != 200:
+            raise error_for_status(status, body if isinstance(body, Mapping) else None)
+        if not isinstance(body, Mapping):
+            raise TransientKubeError(f"{self.what}: answer is not a JSON object: {data[:200]!r}")
+        return body

@@ -1,0 +1,216 @@
+"""Informer timing and the ADD-versus-informer race, in virtual time.
+
+The informers read the fake API server's store directly (flock.testing.StoreSource,
+the same store the HTTP server serves), so autojump_clock never jumps over a
+pending socket read.  Times asserted are exact virtual times.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import trio
+
+from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object, serving
+from flock.watchers import Backoff, ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
+
+NODE = "host001"
+SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
+
+
+def pod_watcher(store: Store) -> tuple[PodWatcher, StoreSource]:
+    source = StoreSource(store, PODS, f"spec.nodeName={NODE}")
+    return PodWatcher(source, NODE, SETTINGS), source
+
+
+def cache_matches(store: Store, watcher: PodWatcher) -> None:
+    items, _ = store.list(PODS)
+    want = {
+        f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
+        for o in items
+        if o["spec"].get("nodeName") == NODE
+    }
+    assert {k: p.resource_version for k, p in watcher.pods.items()} == want
+    assert {k: o["metadata"]["resourceVersion"] for k, o in watcher.informer.objects.items()} == want
+
+
+async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    watcher, source = pod_watcher(store)
+    with trio.fail_after(30):
+        async with serving(watcher) as nursery:
+            start = trio.current_time()
+
+            async def scheduler() -> None:
+                await trio.sleep(1.0)
+                store.create(PODS, pod_object("web", "web-0", NODE, annotations={"flock.fritzlab.net/ipv4": "true"}))
+
+            nursery.start_soon(scheduler)
+            pod = await watcher.lookup("web", "web-0")
+            assert trio.current_time() - start == 1.0
+            assert pod is not None and pod.key == "web/web-0"
+            assert pod.annotations == {"flock.fritzlab.net/ipv4": "true"}
+            assert source.gets == []  # served by the watch, no direct GET
+
+
+async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    store.create(PODS, pod_object("web", "web-0", NODE))
+    watcher, _ = pod_watcher(store)
+    with trio.fail_after(30):
+        async with serving(watcher):
+            start = trio.current_time()
+            pod = await watcher.wait_for_pod("web", "web-0")
+            assert pod.name == "web-0" and trio.current_time() == start
+
+
+async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    # Not on this node as far as the watch is concerned: the informer never sees it.
+    store.create(PODS, pod_object("web", "elsewhere", "host002"))
+    watcher, source = pod_watcher(store)
+    with trio.fail_after(30):
+        async with serving(watcher):
+            start = trio.current_time()
+            assert await watcher.lookup("web", "missing") is None
+            assert trio.current_time() - start == 3.0
+            assert source.gets == [("web", "missing")]
+            pod = await watcher.lookup("web", "elsewhere")
+            assert pod is not None and pod.node_name == "host002"
+            assert trio.current_time() - start == 6.0
+            assert source.gets == [("web", "missing"), ("web", "elsewhere")]
+
+
+async def test_caller_deadline_bounds_wait_for_pod(autojump_clock: trio.abc.Clock) -> None:
+    watcher, _ = pod_watcher(Store())
+    with trio.fail_after(30):
+        async with serving(watcher):
+            start = trio.current_time()
+            with trio.move_on_after(2.5) as scope:
+                await watcher.wait_for_pod("web", "web-0")
+            assert scope.cancelled_caught and trio.current_time() - start == 2.5
+            assert watcher._waiters == {}  # the abandoned wait left nothing behind
+
+
+async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    created = store.create(PODS, pod_object("web", "web-0"))  # not scheduled yet
+    watcher, _ = pod_watcher(store)
+    with trio.fail_after(30):
+        async with serving(watcher):
+            with watcher.subscribe() as changes:
+                created["spec"]["nodeName"] = NODE
+                store.update(PODS, created)
+                change = await changes.receive()
+                assert (change.type, change.pod.key) == (ChangeType.ADDED, "web/web-0")
+                store.delete(PODS, "web-0", "web")
+                change = await changes.receive()
+                assert (change.type, change.pod.key) == (ChangeType.DELETED, "web/web-0")
+            cache_matches(store, watcher)
+
+
+async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    for i in range(3):
+        store.create(PODS, pod_object("ns", f"p{i}", NODE))
+    watcher, _ = pod_watcher(store)
+    with trio.fail_after(30):
+        async with serving(watcher):
+            with watcher.subscribe() as changes:
+                # While nobody watches, history moves on and is compacted away.
+                store.compact(expire_watches=True)
+                store.delete(PODS, "p0", "ns")
+                p1 = store.get(PODS, "p1", "ns")
+                p1["metadata"]["annotations"] = {"x": "y"}
+                store.update(PODS, p1)
+                store.create(PODS, pod_object("ns", "p3", NODE))
+                seen = set()
+                while len(seen) < 3:
+                    change = await changes.receive()
+                    seen.add((change.type, change.pod.name))
+                await trio.sleep(1)
+                assert seen == {(ChangeType.DELETED, "p0"), (ChangeType.MODIFIED, "p1"), (ChangeType.ADDED, "p3")}
+                with pytest.raises(trio.WouldBlock):
+                    changes.receive_nowait()  # p2 unchanged: no event for it
+            cache_matches(store, watcher)
+
+
+async def test_transient_list_failures_back_off_exponentially(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    watcher, source = pod_watcher(store)
+    source.fail_lists = 3
+    with trio.fail_after(30):
+        start = trio.current_time()
+        async with serving(watcher):
+            # 0.5 + 1.0 + 2.0 (no jitter in SETTINGS) before the fourth list succeeds.
+            assert trio.current_time() - start == 3.5
+
+
+async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_clock: trio.abc.Clock) -> None:
+    watcher, source = pod_watcher(Store())
+    source.watch_seconds_cap = 0
+    with trio.fail_after(30):
+        async with serving(watcher):
+            await trio.sleep(10)
+            # Opened at 0, 0.5, 1.5, 3.5 and 7.5: backing off 0.5, 1, 2, 4 s.
+            assert source.watches == 5
+
+
+def test_backoff_grows_caps_and_jitters() -> None:
+    b = Backoff(initial=0.5, maximum=30.0, factor=2.0, jitter=0.2)
+    assert [b.delay(n, 0.5) for n in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert b.delay(0, 0.0) == pytest.approx(0.4) and b.delay(0, 0.999999) == pytest.approx(0.6)
+    rng = random.Random(1)
+    assert len({b.delay(3, rng.random()) for _ in range(10)}) == 10
+
+
+async def test_watch_timeouts_resume_without_relisting_until_the_relist_bound(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    watcher, source = pod_watcher(store)
+    with trio.fail_after(2000):
+        async with serving(watcher):
+            await trio.sleep(599)  # watches end every 60 s and resume from the last version
+            assert source.lists == 1
+            await trio.sleep(2)  # past relist_seconds=600: the next watch round lists again
+            assert source.lists == 2
+
+
+async def test_nodeconfig_invalid_update_keeps_previous_value(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store()
+    store.create(NODECONFIGS, nodeconfig_object("other", "2001:db8:0:2::/64"))
+    watcher = NodeConfigWatcher(StoreSource(store, NODECONFIGS, f"metadata.name={NODE}"), NODE, SETTINGS)
+    with trio.fail_after(30):
+        async with serving(watcher) as nursery:
+            assert watcher.current is None
+
+            async def operator() -> None:
+                await trio.sleep(2)
+                store.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+
+            nursery.start_soon(operator)
+            first = await watcher.wait_changed()
+            assert str(first.cidr6) == "2001:db8:0:1::/64" and trio.current_time() == 2.0
+
+            bad = store.get(NODECONFIGS, NODE)
+            bad["spec"]["cidr6"] = "not-a-cidr"
+            with caplog.at_level(logging.ERROR, logger="flock.watchers"):
+                store.update(NODECONFIGS, bad)
+                await trio.sleep(1)
+            assert watcher.current == first
+            assert watcher.invalid is not None and watcher.invalid.field == "spec.cidr6"
+            record = next(r for r in caplog.records if r.levelno == logging.ERROR)
+            assert record.field == "spec.cidr6" and record.value == "'not-a-cidr'"  # type: ignore[attr-defined]
+
+            good = store.get(NODECONFIGS, NODE)
+            good["spec"]["cidr6"] = "2001:db8:0:9::/64"
+            store.update(NODECONFIGS, good)
+            second = await watcher.wait_changed(first)
+            assert str(second.cidr6) == "2001:db8:0:9::/64" and watcher.invalid is None
+
+            values = watcher.values()
+            assert await values.__anext__() == second
+            await values.aclose()
