@@ -15,7 +15,7 @@ import attrs
 
 from flock import errors
 from flock.ipam._errors import AddressExhausted, AnnotationError
-from flock.ipam._fnv import fnv1a_64
+from flock.fnv import fnv1a_64
 from flock.ipam._identity import PodIdentity
 from flock.ipam._layout import COUNTER, RANDOM, Layout
 from flock.ipam._request import ADDRESSES, ANYCAST, PodRequest
