@@ -18,7 +18,6 @@ from flock.ipam._request import (
     effective_cidr,
     parse_request,
 )
-from flock.ipam._v4pool import LowestFreePool
 
 __all__ = [
     "ADDRESSES",
@@ -38,7 +37,6 @@ __all__ = [
     "Layout",
     "LayoutError",
     "LayoutField",
-    "LowestFreePool",
     "PodIdentity",
     "PodRequest",
     "app_name",
