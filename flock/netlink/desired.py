@@ -172,6 +172,24 @@ class PodPlan:
         return tuple(s for s in self.sysctls if s.side is side)
 
 
+@attrs.frozen
+class Attachment:
+    """What setup made: the plan, and the MAC addresses the kernel gave the
+    veth ends (for the CNI result's ``interfaces``)."""
+
+    plan: PodPlan
+    host_mac: str
+    pod_mac: str
+
+    @property
+    def host_ifname(self) -> str:
+        return self.plan.veth.host
+
+    @property
+    def pod_ifname(self) -> str:
+        return self.plan.veth.pod
+
+
 def _host_net(addr: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(f"{addr}/{addr.max_prefixlen}")
 
