@@ -36,6 +36,16 @@ def test_add_check_del_gc_through_the_real_plugin(lab):
     agent = lab.agent()
     agent.wait_ready()
 
+    # Bad input first: a clear error naming the annotation and its value, and nothing left behind.
+    lab.api.create(PODS, pod_object("shop", "bad-0", "host001", annotations={A + "cidr6": "2001:db8:9::/64"}))
+    bad_add = lab.cni("ADD", "c0ffee00", pod_ns, "bad-0", namespace="shop")
+    assert (bad_add.status, bad_add.code) == (1, 7), bad_add
+    assert bad_add.json["details"].startswith(f"{A}cidr6='2001:db8:9::/64'")
+    bad_args = lab.cni("ADD", "c0ffee00", pod_ns, "Bad_Name", namespace="shop")
+    assert bad_args.code == 4 and "K8S_POD_NAME='Bad_Name'" in bad_args.json["details"]
+    assert lab.rows() == {} and lab.flock_links() == set() and lab.flock_routes() == []
+    assert "eth0" not in pod_ns.ip("-o", "link")
+
     add = lab.cni("ADD", "c0ffee01", pod_ns, "web-0", namespace="shop")
     assert add.status == 0, add
     result = add.json
@@ -90,6 +100,10 @@ def test_add_check_del_gc_through_the_real_plugin(lab):
         pods[name] = lab.pool.create(f"pod{name}")
         lab.api.create(PODS, pod_object("default", name, "host001"))
         assert lab.cni("ADD", f"c0ffee0{name}", pods[name], name).status == 0
+    # DEL after the sandbox's namespace is gone: success, and the node's routes to it go too.
+    lab.pool.delete(pods["c"])
+    assert lab.cni("DEL", "c0ffee0c", None, "c").status == 0
+    assert set(lab.rows()) == {"c0ffee0a", "c0ffee0b"} and len(lab.flock_routes()) == 2
     keep = [{"containerID": "c0ffee0b", "ifname": "eth0"}]
     gc = lab.cni("GC", **{"cni.dev/valid-attachments": keep})
     assert (gc.status, gc.stdout) == (0, ""), gc
@@ -101,6 +115,7 @@ def test_add_check_del_gc_through_the_real_plugin(lab):
     # Metrics count what happened.
     status, text = agent.get("/metrics")
     assert status == 200 and 'flock_cni_requests_total{op="ADD",code="0"} 4' in text
+    assert 'flock_cni_requests_total{op="ADD",code="7"} 1' in text
     assert 'flock_allocations{state="committed"} 1' in text
     assert agent.get("/healthz") == (200, "ok\n")
     assert agent.stop() == 0
