@@ -1,7 +1,7 @@
 """flock-agent: composes the supervision tree (DESIGN: "Supervision tree"); its CLI.
 
 :class:`Agent` is the root supervisor: the signal watcher, then the services
-(the RPC server first).  :func:`compose` adds the node's services
+(the RPC server first).  :func:`flock.node.compose` adds the node's services
 (:mod:`flock.node`): the allocation store before the RPC server, then the
 health server, then the node subtree (watchers → pod start-up → BIRD
 reloader), so DEL and CHECK are served as soon as the store is open and ADD
