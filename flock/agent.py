@@ -1,8 +1,11 @@
 """flock-agent: composes the supervision tree (DESIGN: "Supervision tree"); its CLI.
 
-The root supervisor runs, in order: the signal watcher, then the services
-(the RPC server first; later issues add the store, watchers, netlink worker,
-BIRD reloader and health server with :meth:`Agent.add_child`).
+:class:`Agent` is the root supervisor: the signal watcher, then the services
+(the RPC server first).  :func:`flock.node.compose` adds the node's services
+(:mod:`flock.node`): the allocation store before the RPC server, then the
+health server, then the node subtree (watchers → pod start-up → BIRD
+reloader), so DEL and CHECK are served as soon as the store is open and ADD
+once start-up has finished.
 
 SIGTERM/SIGINT: drain (the RPC server stops accepting, requests in flight
 get a bounded time, the socket file goes), then cancel the tree → exit 0.
@@ -40,12 +43,24 @@ EXIT_OK = 0
 EXIT_ESCALATED = 1
 
 
+DEFAULT_HEALTH_ADDRESS = ("127.0.0.1", 9464)
+DEFAULT_BIRD_CONFIG = Path("/etc/flock/bird/bird.conf")
+DEFAULT_BIRD_SOCKET = Path("/run/flock/bird.ctl")
+
+
 @attrs.frozen
 class AgentSettings:
     node: str
     socket: Path = DEFAULT_SOCKET
     state_dir: Path = DEFAULT_STATE_DIR
     kubeconfig: Path | None = None  # None: in-cluster config (used by the watchers)
+    health_address: tuple[str, int] = DEFAULT_HEALTH_ADDRESS
+    bird: bool = True  # False: no BIRD on this node (nothing is rendered or reloaded)
+    bird_config: Path = DEFAULT_BIRD_CONFIG
+    bird_socket: Path = DEFAULT_BIRD_SOCKET
+    bgp_lab_timers: bool = False  # short BGP timers (labs, tests)
+    host_netns: str | None = None  # the node's network namespace (None: the agent's own)
+    uplink: str | None = None  # interface for the pod gateway's route if the node has none
 
 
 @attrs.define(eq=False)
@@ -108,12 +123,30 @@ class Agent:
                         nursery.start_soon(self.shutdown)
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464")
+    return host, int(port)
+
+
 def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="flock-agent", description="flock's node agent")
     parser.add_argument("--node", default=environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     parser.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help="CNI RPC socket (default: %(default)s)")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="allocation store directory (default: %(default)s)")
     parser.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig file (default: in-cluster)")
+    parser.add_argument("--health-address", type=_host_port, default=DEFAULT_HEALTH_ADDRESS, metavar="HOST:PORT",
+                        help="/healthz, /readyz and /metrics (default: 127.0.0.1:9464)")
+    parser.add_argument("--bird-config", type=Path, default=DEFAULT_BIRD_CONFIG, help="rendered BIRD config (default: %(default)s)")
+    parser.add_argument("--bird-socket", type=Path, default=DEFAULT_BIRD_SOCKET, help="BIRD control socket (default: %(default)s)")
+    parser.add_argument("--no-bird", action="store_true", help="no BIRD on this node: render and reload nothing")
+    parser.add_argument("--bgp-lab-timers", action="store_true", help="short BGP timers (labs and tests, not production)")
+    parser.add_argument("--host-netns", default=None, metavar="PATH",
+                        help="network namespace holding the node's interfaces and routes (default: the agent's own)")
+    parser.add_argument("--uplink", default=None, metavar="IFACE",
+                        help="interface for a route to the pod gateway 169.254.1.1 when the node has none")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -123,7 +156,16 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         parser.error(f"--socket {args.socket}: expected an absolute path")
     if args.kubeconfig is not None and not os.access(args.kubeconfig, os.R_OK):
         parser.error(f"--kubeconfig {args.kubeconfig}: not a readable file")
-    settings = AgentSettings(node=args.node, socket=args.socket, state_dir=args.state_dir, kubeconfig=args.kubeconfig)
+    if args.host_netns is not None and not os.path.exists(args.host_netns):
+        parser.error(f"--host-netns {args.host_netns}: no such namespace file")
+    for flag, path in (("--bird-config", args.bird_config), ("--bird-socket", args.bird_socket)):
+        if not path.is_absolute():
+            parser.error(f"{flag} {path}: expected an absolute path")
+    settings = AgentSettings(
+        node=args.node, socket=args.socket, state_dir=args.state_dir, kubeconfig=args.kubeconfig,
+        health_address=args.health_address, bird=not args.no_bird, bird_config=args.bird_config,
+        bird_socket=args.bird_socket, bgp_lab_timers=args.bgp_lab_timers, host_netns=args.host_netns, uplink=args.uplink,
+    )
     return settings, args
 
 
@@ -138,6 +180,13 @@ def serve(agent: Agent, clock: trio.abc.Clock | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from flock.node import compose  # the node's services import the whole stack
+    from flock.pods import CrashPoint
+
     settings, args = parse_args(argv, os.environ)
+    try:
+        crash = CrashPoint.from_environ(os.environ)
+    except ValueError as exc:
+        sys.exit(f"flock-agent: {exc}")
     logs.configure(level=args.log_level, fmt=args.log_format)
-    sys.exit(serve(Agent(settings)))
+    sys.exit(serve(compose(settings, crash=crash)))

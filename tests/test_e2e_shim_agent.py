@@ -23,7 +23,8 @@ class AgentProcess:
         self.log = tmp / "agent.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [str(BIN / "flock-agent"), "--node", "host001", "--socket", str(self.socket), "--state-dir", str(tmp / "state")],
+                [str(BIN / "flock-agent"), "--node", "host001", "--socket", str(self.socket), "--state-dir", str(tmp / "state"),
+                 "--health-address", "127.0.0.1:0", "--no-bird"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -72,9 +73,12 @@ def test_every_op_against_a_running_agent(agent, plugin, tmp_path):
     add = run("ADD", **pod_env())
     assert (add.status, add.code, add.json["msg"]) == (1, 11, "agent not ready")
     assert add.json["cniVersion"] == "1.1.0"
-    for command in ("DEL", "CHECK", "GC"):
+    out = run("DEL", version="1.0.0", **pod_env())
+    assert (out.status, out.stdout) == (0, ""), out
+    # CHECK needs prevResult and GC its valid-attachments (flock.pods); without them: code 7 naming the field.
+    for command, field in (("CHECK", "prevResult"), ("GC", "cni.dev/valid-attachments")):
         out = run(command, version="1.0.0" if command != "GC" else "1.1.0", **pod_env())
-        assert (out.status, out.stdout) == (0, ""), (command, out)
+        assert (out.status, out.code) == (1, 7) and field in out.json["details"], (command, out)
     status = run("STATUS")
     assert (status.status, status.code, status.json["msg"]) == (1, 50, "agent not ready")
     version = run("VERSION", version="0.3.1")

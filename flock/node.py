@@ -1,0 +1,222 @@
+"""The node's services under flock-agent's root supervisor (DESIGN: "Supervision tree").
+
+:func:`compose` builds the tree::
+
+    flock-agent
+    ├── signals
+    ├── store      allocation store open → the RPC server gets the pod handler
+    ├── rpc        DEL, CHECK, GC served from here; ADD answers 11 until start-up is done
+    ├── health     /healthz /readyz /metrics
+    └── node       API client, then a nested supervisor:
+        ├── nodeconfig-watcher
+        ├── pod-watcher
+        ├── pods   start-up (flock.pods.PodService), then NodeConfig changes
+        └── bird   debounced render + birdc configure (unless --no-bird)
+
+The node subtree restarts as one: a new API client means new watchers and a
+fresh start-up (idempotent).  A missing API configuration (not in a cluster,
+no --kubeconfig) is logged and retried with backoff rather than ending the
+agent, so DEL keeps working on a node whose API access is broken.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+import trio
+
+from flock import errors
+from flock.agent import Agent, AgentSettings
+from flock.bird import BgpTimers, BirdInputs, BirdReloader, RenderSettings
+from flock.health import HealthServer, Metrics
+from flock.model import Allocation, AllocationState
+from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
+from flock.nursery import ChildSpec, Supervisor
+from flock.pods import PENDING_DELETES, CrashPoint, PodHandler, PodService
+from flock.rpc.server import NotReadyHandler
+from flock.store import Store, open_store
+from flock.watchers import ClientConfigError, KubeClient, NodeConfigWatcher, PodWatcher, open_kube_client
+
+log = logging.getLogger("flock.agent")
+
+# Retrying a missing API configuration (a token file not mounted yet).
+CONFIG_RETRY_INITIAL_S = 1.0
+CONFIG_RETRY_MAX_S = 30.0
+
+
+@attrs.define(eq=False)
+class StoreSlot:
+    """The allocation store while it is open (an AllocationStore that delegates);
+    calls while it is closed are code 11."""
+
+    store: Store | None = None
+
+    def _open(self) -> Store:
+        if self.store is None:
+            raise errors.CniError(errors.TRY_AGAIN_LATER, "agent not ready", "the allocation store is not open")
+        return self.store
+
+    async def get(self, container_id: str) -> Allocation | None:
+        return await self._open().get(container_id)
+
+    async def put(self, allocation: Allocation) -> None:
+        await self._open().put(allocation)
+
+    async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
+        return await self._open().commit(container_id, now=now)
+
+    async def delete(self, container_id: str) -> bool:
+        return await self._open().delete(container_id)
+
+    async def list(self, state: AllocationState | None = None) -> list[Allocation]:
+        return await self._open().list(state)
+
+
+@attrs.define(eq=False)
+class NodeServices:
+    """The node's shared state and the supervised functions that run it."""
+
+    agent: Agent
+    settings: AgentSettings
+    handler: PodHandler
+    worker: NetlinkWorker
+    slot: StoreSlot
+    metrics: Metrics
+    reloader: BirdReloader | None
+    nodeconfigs: NodeConfigWatcher | None = None
+    pod_watcher: PodWatcher | None = None
+    pod_service: PodService | None = None
+    kube_problem: str = "not connected to the API server yet"
+    health: HealthServer | None = None
+
+    # -- children ------------------------------------------------------------
+
+    async def run_store(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with open_store(self.settings.state_dir) as store:
+            log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
+            self.slot.store = store
+            self.agent.server.handler = self.handler
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self.agent.server.handler = NotReadyHandler("the allocation store is closed")
+                self.slot.store = None
+
+    async def run_node(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect to the API server (retrying a missing configuration), then run the subtree."""
+        delay = CONFIG_RETRY_INITIAL_S
+        while True:
+            try:
+                client_cm = open_kube_client(self.settings.kubeconfig)
+                async with client_cm as client:
+                    self.kube_problem = ""
+                    await self._run_subtree(client, task_status)
+                return
+            except ClientConfigError as exc:
+                self.kube_problem = f"no API server configuration: {exc}"
+                log.error("cannot configure the API client; retrying", extra={"error": str(exc), "retry_in": delay})
+            await trio.sleep(delay)
+            delay = min(CONFIG_RETRY_MAX_S, delay * 2)
+
+    async def _run_subtree(self, client: KubeClient, task_status: Any) -> None:
+        node = self.settings.node
+        self.nodeconfigs = NodeConfigWatcher(client.nodeconfig(node), node)
+        self.pod_watcher = PodWatcher(client.pods_on_node(node), node)
+        self.pod_service = PodService(
+            handler=self.handler, store=self.slot, dataplane=self.worker, nodeconfigs=self.nodeconfigs, node_name=node,
+            pending_deletes=self.settings.socket.parent / PENDING_DELETES, prepare=self._prepare_node,
+        )
+        self.handler.pods = self.pod_watcher
+        children = [
+            ChildSpec("nodeconfig-watcher", self.nodeconfigs.run),
+            ChildSpec("pod-watcher", self.pod_watcher.run),
+            ChildSpec("pods", self.pod_service.run),
+        ]
+        if self.reloader is not None:
+            children.append(ChildSpec("bird", self._run_reloader))
+        try:
+            await Supervisor("node", children).run(task_status=task_status)
+        finally:
+            self.handler.pods = None
+            self.handler.disable_add("the node's services are restarting")
+
+    async def _run_reloader(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.reloader is not None
+        self.reloader.config_path.parent.mkdir(parents=True, exist_ok=True)
+        await self.reloader.run(task_status=task_status)
+
+    async def _prepare_node(self) -> None:
+        await self.worker.prepare_node(self.settings.uplink)
+
+    # -- what health and BIRD read -------------------------------------------
+
+    def bird_inputs(self) -> BirdInputs | None:
+        node = self.pod_service.node if self.pod_service is not None else None
+        if node is None:
+            return None
+        return BirdInputs.collect(node, self.handler.allocations.values())
+
+    def readiness(self) -> list[str]:
+        """What keeps /readyz from 200: NodeConfig loaded, informers synced, ADD served."""
+        missing = []
+        if self.slot.store is None:
+            missing.append("allocation store not open")
+        if self.kube_problem:
+            missing.append(self.kube_problem)
+        if self.nodeconfigs is None or not self.nodeconfigs.informer.ready:
+            missing.append("NodeConfig informer not synced")
+        if self.nodeconfigs is None or self.nodeconfigs.current is None:
+            invalid = self.nodeconfigs.invalid if self.nodeconfigs is not None else None
+            missing.append(f"NodeConfig {self.settings.node} not loaded" + (f" ({invalid})" if invalid else ""))
+        if self.pod_watcher is None or not self.pod_watcher.ready:
+            missing.append("pod informer not synced")
+        if not self.handler.add_ready:
+            missing.append(f"ADD not served: {self.handler.not_ready_reason}")
+        return missing
+
+    def _allocation_counts(self) -> dict[str, float]:
+        counts = {f'state="{s.value}"': 0.0 for s in AllocationState}
+        for alloc in self.handler.allocations.values():
+            counts[f'state="{alloc.state.value}"'] += 1
+        return counts
+
+    def register_metrics(self) -> None:
+        m = self.metrics
+        m.gauge("flock_allocations", "Pod allocations this agent holds, by state.", "gauge", self._allocation_counts)
+        m.gauge("flock_ready", "1 when /readyz passes.", "gauge", lambda: {"": 0.0 if self.readiness() else 1.0})
+        if self.reloader is not None:
+            r = self.reloader
+            m.gauge("flock_bird_reloads_total", "Successful birdc configure calls.", "counter", lambda: {"": float(r.reloads)})
+            m.gauge("flock_bird_reload_failures_total", "Failed BIRD check/configure attempts.", "counter", lambda: {"": float(r.failures)})
+
+
+def compose(settings: AgentSettings, *, crash: CrashPoint = CrashPoint()) -> Agent:
+    """The full flock-agent for *settings*: :class:`Agent` plus the node's services."""
+    return compose_services(settings, crash=crash).agent
+
+
+def compose_services(settings: AgentSettings, *, crash: CrashPoint = CrashPoint()) -> NodeServices:
+    """Like :func:`compose`, returning the node's services (their ``agent`` is the root)."""
+    agent = Agent(settings)
+    worker = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
+    slot = StoreSlot()
+    metrics = Metrics()
+    handler = PodHandler(store=slot, dataplane=worker, settings=worker.settings, observe=metrics.observe, crash=crash)
+    services = NodeServices(agent=agent, settings=settings, handler=handler, worker=worker, slot=slot, metrics=metrics, reloader=None)
+    if settings.bird:
+        services.reloader = BirdReloader(
+            config_path=settings.bird_config, control_socket=settings.bird_socket,
+            settings=RenderSettings(route_protocol=ROUTE_PROTOCOL, bgp_timers=BgpTimers() if settings.bgp_lab_timers else None),
+            inputs=services.bird_inputs,
+        )
+        handler.on_change = services.reloader.poke
+    services.register_metrics()
+    host, port = settings.health_address
+    services.health = HealthServer(host, port, services.readiness, metrics.render)
+    agent.add_child(ChildSpec("store", services.run_store), before="rpc")
+    agent.add_child(ChildSpec("health", services.health.run))
+    agent.add_child(ChildSpec("node", services.run_node))
+    return services
