@@ -1,7 +1,7 @@
 """flock-agent: composes the supervision tree (DESIGN: "Supervision tree"); its CLI.
 
 :class:`Agent` is the root supervisor: the signal watcher, then the services
-(the RPC server first).  :func:`compose` adds the node's services
+(the RPC server first).  :func:`flock.node.compose` adds the node's services
 (:mod:`flock.node`): the allocation store before the RPC server, then the
 health server, then the node subtree (watchers → pod start-up → BIRD
 reloader), so DEL and CHECK are served as soon as the store is open and ADD
@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -131,7 +131,7 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_args(argv: Sequence[str] | None, environ: dict[str, str] | os._Environ[str]) -> tuple[AgentSettings, argparse.Namespace]:
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="flock-agent", description="flock's node agent")
     parser.add_argument("--node", default=environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     parser.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help="CNI RPC socket (default: %(default)s)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from types import MappingProxyType
 
 from flock.errors import (
     DECODE_ERROR,
@@ -48,7 +49,7 @@ PENDING_DELETES = "pending-deletes"
 RPC_TIMEOUT_S = 30.0
 
 # The variable behind each request field the wire requires per op.
-_ENV_OF_FIELD = {"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"}
+_ENV_OF_FIELD = MappingProxyType({"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"})
 
 
 class AgentUnreachable(Exception):

@@ -148,15 +148,16 @@ class SyncStore:
 
     def settings(self) -> dict[str, Any]:
         """What this connection runs with (for start-up logs and tests)."""
-        row = lambda pragma: self._run(f"PRAGMA {pragma}", ()).fetchone()[0]  # noqa: E731
         return {
-            "journal_mode": row("journal_mode"),
-            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[row("synchronous")],
-            "schema_version": row("user_version"),
+            "journal_mode": self._pragma("journal_mode"),
+            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[self._pragma("synchronous")],
+            "schema_version": self._pragma("user_version"),
         }
 
     def put(self, allocation: Allocation) -> None:
-        """Insert or replace the row for ``allocation.container_id``."""
+        """Insert or replace the row for ``allocation.container_id``, exactly
+        as given (state included): the caller owns the pending → committed
+        order, and :meth:`commit` is the usual way to advance it."""
         cols = ", ".join(_COLUMNS)
         marks = ", ".join("?" * len(_COLUMNS))
         updates = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[1:])
@@ -168,14 +169,13 @@ class SyncStore:
     def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         """Move a row from pending to committed (a committed row stays so).
         A missing row raises :class:`StoreError`."""
-        self._run(
-            "UPDATE allocations SET state = 'committed', updated = ? WHERE container_id = ?",
+        rows = self._run(
+            "UPDATE allocations SET state = 'committed', updated = ? WHERE container_id = ? RETURNING *",
             (time.time() if now is None else now, container_id),
-        )
-        row = self.get(container_id)
-        if row is None:
+        ).fetchall()
+        if not rows:
             raise StoreError(self.path, "no allocation to commit", f"container {container_id!r}")
-        return row
+        return _decode(self.path, rows[0])
 
     def get(self, container_id: str) -> Allocation | None:
         rows = self._run("SELECT * FROM allocations WHERE container_id = ?", (container_id,)).fetchall()
@@ -193,6 +193,9 @@ class SyncStore:
                 "SELECT * FROM allocations WHERE state = ? ORDER BY created, container_id", (state.value,)
             ).fetchall()
         return [_decode(self.path, r) for r in rows]
+
+    def _pragma(self, name: str) -> Any:
+        return self._run(f"PRAGMA {name}", ()).fetchone()[0]
 
     def _run(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
         try:

@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import PODS, ApiServer, nodeconfig_object, pod_object
 from flock.watchers import KubeClient, open_kube_client
 
 
@@ -67,6 +67,15 @@ async def test_crud_and_status_objects(tmp_path: Path) -> None:
         status = status_of(exc.value)
         assert exc.value.status == 422 and status["kind"] == "Status" and status["reason"] == "Invalid"
         assert status["details"]["causes"][0]["field"] == "spec.containers"
+
+        patched = await core.patch_namespaced_pod(
+            "web-0", "web", {"metadata": {"annotations": {"a": None, "flock.fritzlab.net/ipv4": "true"}}}
+        )
+        assert patched.metadata.annotations == {"flock.fritzlab.net/ipv4": "true"}
+        assert patched.spec.containers[0].name == "app"  # untouched by the patch
+        with pytest.raises(ApiException) as exc:
+            await core.patch_namespaced_pod("web-0", "web", [{"op": "remove", "path": "/metadata/labels"}])
+        assert exc.value.status == 415
 
         await core.delete_namespaced_pod("web-0", "web")
         with pytest.raises(ApiException) as exc:

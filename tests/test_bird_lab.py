@@ -89,25 +89,6 @@ def next_hops(ns: Netns, dst: str) -> list[set[str]]:
     return out
 
 
-def mark_anycast6_onlink(node: Netns) -> None:
-    """Re-add flock's IPv6 anycast routes with the ``onlink`` flag.
-
-    flock.netlink routes IPv6 anycast via the pod's /128 as gateway (Linux has
-    no device-only IPv6 multipath), but without RTNH_F_ONLINK; BIRD then
-    ignores the route ("KRT: Received route ... with strange next-hop"), so the
-    address would never be announced. Until flock.netlink sets the flag itself,
-    the test does, and only where it is missing.
-    """
-    for route in json.loads(node.ip("-j", "-6", "route", "show", "proto", str(ROUTE_PROTOCOL)) or "[]"):
-        hops = route.get("nexthops") or [route]
-        if not all(h.get("gateway") for h in hops) or all("onlink" in h.get("flags", []) for h in hops):
-            continue
-        spec = [w for h in hops for w in ("nexthop", "via", h["gateway"], "dev", h["dev"], "onlink")]
-        if len(hops) == 1:
-            spec = spec[1:]
-        node.ip("-6", "route", "replace", route["dst"], "proto", str(ROUTE_PROTOCOL), "metric", str(route["metric"]), *spec)
-
-
 def allocation(cid: str, pod: Netns, ip6: str, ip4: str) -> Allocation:
     return Allocation(
         container_id=cid, namespace="default", pod=cid, pod_uid="uid-" + cid, if_name="eth0", netns=pod.path,
@@ -173,8 +154,6 @@ async def test_pods_reach_each_other_and_anycast_across_nodes(require_root: None
             await workers["a"].setup(pa)
             await workers["a"].setup(pa2)
             await workers["b"].setup(pb)
-            for name in ("a", "b"):
-                await trio.to_thread.run_sync(mark_anycast6_onlink, ns[name])
             configs = {
                 "a": render(NODE_A, settings=SETTINGS),  # the reloader adds the anycast set below
                 "b": render(NODE_B, anycast=ANYCAST, settings=SETTINGS),
@@ -219,7 +198,6 @@ async def test_pods_reach_each_other_and_anycast_across_nodes(require_root: None
 
                 # One of a's two anycast pods leaving changes nothing outside node a.
                 await workers["a"].teardown("pa", pa.netns, pa.if_name)
-                await trio.to_thread.run_sync(mark_anycast6_onlink, ns["a"])
 
                 async def a_learned_only_pa2() -> bool:
                     return await bird_next_hops(workdir / "a.ctl", ANYCAST6) == {str(pa2.ip6)} and await bird_next_hops(

@@ -143,7 +143,7 @@ def with_peers(*peers: BgpPeer) -> NodeConfig:
         (lambda: render(host001(), anycast=[ipaddress.ip_address("2001:db8::1%] then accept; if net ~ [ ::1")], settings=SETTINGS), "anycast"),
         (lambda: render(host001(), addresses=[ipaddress.ip_address("2001:db8::1%x")], settings=SETTINGS), "addresses"),
         (lambda: render(with_peers(peer(address=ipaddress.ip_address("2001:db8::1%x as 1; import all; #"))), settings=SETTINGS), "node.bgp.peers[0].address"),
-        (lambda: render(NodeConfig.from_object({"metadata": {"name": "n"}, "spec": {"cidr6": "2001:db8::%x blackhole; } #/64"}}), settings=SETTINGS), "node.cidr6"),
+        (lambda: render(attrs.evolve(host001(), cidr6=ipaddress.IPv6Network("2001:db8::%x blackhole; } #/64")), settings=SETTINGS), "node.cidr6"),
         (lambda: render(host001(), anycast="2001:db8::1", settings=SETTINGS), "anycast"),
         (lambda: render(host001(), anycast=[ipaddress.ip_network("::/0")], settings=SETTINGS), "anycast"),
         (lambda: render(host001(), addresses=[b"\x00"], settings=SETTINGS), "addresses"),
@@ -215,3 +215,12 @@ def test_inputs_collect_anycast_and_extra_addresses_of_every_allocation() -> Non
         ],
     )
     assert inputs == BirdInputs(host001(), {ip("2001:db8:aaaa::1"), ip("203.0.113.53")}, {ip("198.51.100.200")})
+
+
+def test_inputs_announce_pods_left_outside_a_changed_node_block() -> None:
+    ip = ipaddress.ip_address
+    old = Allocation("old", "default", "old", "uid", "eth0", "/run/netns/x", ip("2001:db8:0:9::5"), ip("203.0.113.9"))
+    inside = Allocation("in", "default", "in", "uid", "eth0", "/run/netns/y", ip("2001:db8:0:1::5"))
+    inputs = BirdInputs.collect(host001(), [old, inside])
+    assert inputs.addresses == {ip("2001:db8:0:9::5"), ip("203.0.113.9")}
+    assert "2001:db8:0:9::5/128" in render(inputs.node, anycast=inputs.anycast, addresses=inputs.addresses, settings=SETTINGS)

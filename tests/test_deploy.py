@@ -515,3 +515,16 @@ def test_dockerfile_builds_from_bookworm_with_bird_and_the_package():
     for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
         for source in sources.split():
             assert (root / source).exists(), f"COPY {source}: not in the repository"
+
+
+def test_bootstrap_bird_device_protocol_has_the_rendered_name():
+    """birdc configure keeps a protocol of the same name and type; a renamed one
+    is replaced, dropping kernel routes learned meanwhile until the next scan."""
+    from flock.bird import RenderSettings, render
+    from flock.model import NodeConfig
+    from flock.netlink import ROUTE_PROTOCOL
+
+    node = NodeConfig.from_object({"metadata": {"name": "n1"}, "spec": {"cidr6": "2001:db8:0:1::/64"}})
+    rendered = render(node, settings=RenderSettings(route_protocol=ROUTE_PROTOCOL))
+    device = re.compile(r"^\s*protocol device (\w+)", re.M)
+    assert device.findall(one("ConfigMap")["data"]["bird.conf"]) == device.findall(rendered) == ["flock_device"]

@@ -1,5 +1,6 @@
 """End to end: the real `flock` plugin executable against a real `flock-agent` process."""
 
+import glob
 import json
 import os
 import signal
@@ -173,3 +174,29 @@ def test_sigterm_under_load_exits_0_and_removes_the_socket(tmp_path):
     assert status == 0, a.log.read_text()
     assert not a.socket.exists()
     assert "drained" in a.log.read_text()
+
+
+def host_pythons() -> list[str]:
+    """Every CPython 3.8+ on this machine (at least the one running the tests)."""
+    found = {os.path.realpath(sys.executable)}
+    for pattern in ("/usr/bin/python3.*", "/usr/local/bin/python3.*", "/root/.pyenv/versions/3.*/bin/python3"):
+        for path in glob.glob(pattern):
+            if os.access(path, os.X_OK) and not path.endswith("-config"):
+                found.add(os.path.realpath(path))
+    usable = []
+    for path in sorted(found):
+        probe = subprocess.run([path, "-I", "-S", "-c", "import sys; print(sys.version_info >= (3, 8))"], capture_output=True, text=True)
+        if probe.stdout.strip() == "True":
+            usable.append(path)
+    return usable
+
+
+def test_bundle_talks_to_the_agent_under_every_host_python(agent, tmp_path):
+    bundle = build(tmp_path)[0]
+    pythons = host_pythons()
+    assert pythons
+    for python in pythons:
+        status = run_plugin([python, "-I", "-S", bundle], "STATUS", cfg(agent.socket), tmp_path)
+        assert (status.code, status.json["msg"]) == (50, "agent not ready"), (python, status)
+        dele = run_plugin([python, "-I", "-S", bundle], "DEL", cfg(agent.socket, "0.3.0"), tmp_path, **pod_env())
+        assert (dele.status, dele.stdout, dele.stderr) == (0, "", ""), (python, dele)

@@ -228,3 +228,24 @@ def test_set_node_with_a_new_block_keeps_holdings():
     im.set_node(node(cidr4="198.51.100.0/24"))
     assert im.allocator.holder(kept.ip4) == "c1"
     assert im.allocate("c2", pod("b")).ip4 == A("198.51.100.3")
+
+
+def test_layout_places_each_named_field_from_the_top_down():
+    im = ipam(ip_algo="image:8,node:8,pod:8,n:8")
+    got = im.allocate("c1", pod("web-0", annotations={"cidr6": "2001:db8:0:1::/96"}, image="nginx:1")).ip6
+    low = lambda s: fnv1a_64(s) & 0xFF  # noqa: E731
+    assert ident(got, 96) == (low("nginx:1") << 24) | (low("host001") << 16) | (low("web-0") << 8) | 0
+
+
+def test_full_blocks_reports_exhausted_default_families():
+    im = ipam(cidr6="2001:db8:0:1::/120", cidr4="198.51.100.0/29")
+    assert im.full_blocks() == ()
+    for i in range(5):  # .2 … .6
+        im.allocate(f"c{i}", pod(f"p{i}"))
+    assert im.full_blocks() == (ipaddress.ip_network("198.51.100.0/29"),)
+    im.release("c2")
+    assert im.full_blocks() == ()
+    assert im.allocate("again", pod("again")).ip4 == A("198.51.100.4")  # peeking took nothing
+    for i in range(5, 255):
+        im.allocate(f"v6-{i}", pod(f"q{i}", annotations={"ipv4": "false"}))
+    assert im.full_blocks() == (ipaddress.ip_network("2001:db8:0:1::/120"), ipaddress.ip_network("198.51.100.0/29"))

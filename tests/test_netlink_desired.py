@@ -40,9 +40,9 @@ def alloc(cid="c0ffee", ip6="2001:db8::5", ip4="198.51.100.5", anycast=(), addre
 
 def test_fnv1a_32_reference_vectors():
     # Published FNV-1a 32-bit test vectors.
-    assert fnv1a_32(b"") == 0x811C9DC5
-    assert fnv1a_32(b"a") == 0xE40C292C
-    assert fnv1a_32(b"foobar") == 0xBF9CF968
+    assert fnv1a_32("") == 0x811C9DC5
+    assert fnv1a_32("a") == 0xE40C292C
+    assert fnv1a_32("foobar") == 0xBF9CF968
 
 
 def test_host_ifname_is_flock_plus_8_hex_and_fits_ifnamsiz():
@@ -153,3 +153,18 @@ def test_any_container_id_gives_a_valid_unique_looking_name(cid):
     name = host_ifname(cid)
     assert is_host_ifname(name) and len(name) == 13
     assert name == host_ifname(cid)
+
+
+def test_anycast_via_a_pod_address_is_onlink_so_bird_accepts_it():
+    from flock.netlink._conn import RTNH_F_ONLINK, route_kwargs
+    from flock.netlink.desired import Nexthop, anycast_route
+
+    anycast = ipaddress.ip_address("2001:db8:ffff::80")
+    one = anycast_route(anycast, [Nexthop("flock0001", ipaddress.ip_address("2001:db8:0:1::a"))])
+    two = anycast_route(anycast, [Nexthop("flock0001", ipaddress.ip_address("2001:db8:0:1::a")),
+                                  Nexthop("flock0002", ipaddress.ip_address("2001:db8:0:1::b"))])
+    index = {"flock0001": 11, "flock0002": 12}
+    assert route_kwargs(one, index)["flags"] == RTNH_F_ONLINK
+    assert [hop["flags"] for hop in route_kwargs(two, index)["multipath"]] == [RTNH_F_ONLINK] * 2
+    link_local = anycast_route(anycast, [Nexthop("flock0001", ipaddress.ip_address("fe80::1"))])
+    assert "flags" not in route_kwargs(link_local, index)

@@ -77,7 +77,10 @@ async def test_pod_reaches_node_over_fe80_1_and_169_254_1_1(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
         w = await worker_for(node)
-        await w.setup(alloc("c1", pod))
+        attachment = await w.setup(alloc("c1", pod))
+        assert attachment.host_ifname == host_ifname("c1") and attachment.pod_ifname == "eth0"
+        assert attachment.pod_mac and attachment.pod_mac in pod.ip("link", "show", "eth0")
+        assert attachment.host_mac in node.ip("link", "show", host_ifname("c1"))
         assert await w.check(alloc("c1", pod)) == []
         ping6 = await run(pod, "ping", "-6", "-c1", "-W1", "fe80::1%eth0")
         assert ping6.returncode == 0, ping6.stdout + ping6.stderr
@@ -139,6 +142,17 @@ async def test_setup_replaces_a_stale_host_veth_whose_peer_is_elsewhere(pool, no
         await w.setup(a)
         assert await w.check(a) == []
         assert "eth0" not in elsewhere.ip("link")
+
+
+async def test_setup_converges_from_dual_stack_to_v6_only(pool, node):
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        w = await worker_for(node)
+        await w.setup(alloc("c1", pod))
+        v6_only = alloc("c1", pod, ip4=None)
+        await w.setup(v6_only)
+        assert await w.check(v6_only) == []
+        assert pod.ip("-4", "route").strip() == "" and "198.51.100.5" not in node.ip("route")
 
 
 async def test_teardown_twice_succeeds_and_leaves_nothing(pool, node):

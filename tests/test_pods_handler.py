@@ -13,7 +13,7 @@ import trio
 from flock import errors
 from flock.ipam import ADDRESS_EXHAUSTED, Ipam
 from flock.model import AllocationState, NodeConfig
-from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, PodHandler
+from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
 from flock.watchers import PodWatcher
 from pods_helpers import MemoryAllocations, MemoryKernel, request
@@ -281,3 +281,23 @@ async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refus
             assert ipaddress.ip_interface(first["ips"][0]["address"]).ip in NODE_CONFIG.cidr6
             assert first["ips"][0]["gateway"] == "fe80::1" and first["ips"][1]["gateway"] == "169.254.1.1"
             assert first["interfaces"][1] == {"name": "eth0", "sandbox": "/run/netns/c0ffee01"}
+
+
+async def test_keyed_locks_wait_idle(autojump_clock):
+    locks = KeyedLocks()
+    with trio.fail_after(10):
+        await locks.wait_idle()  # nothing held: at once
+        assert trio.current_time() == 0
+
+        async def hold(key, seconds):
+            async with locks.hold(key):
+                await trio.sleep(seconds)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold, "a", 2)
+            nursery.start_soon(hold, "a", 1)
+            nursery.start_soon(hold, "b", 5)
+            await trio.sleep(0.5)
+            assert len(locks) == 2 and locks.busy("a")
+            await locks.wait_idle()
+            assert trio.current_time() == 5 and len(locks) == 0

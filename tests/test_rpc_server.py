@@ -107,6 +107,8 @@ async def test_handler_is_swappable_and_its_bugs_stay_in_the_request(sock_path):
     async def ready(request):
         if request.op == "CHECK":
             raise KeyError("oops")
+        if request.op == "GC":
+            return ["not", "an", "object"]
         return {"cniVersion": "1.1.0", "ips": [{"address": "2001:db8::5/128"}], "seen": request.pod}
 
     with trio.fail_after(10):
@@ -116,6 +118,7 @@ async def test_handler_is_swappable_and_its_bugs_stay_in_the_request(sock_path):
             server.handler = ready
             assert (await call(sock_path, req()))["seen"] == "prod/web-0"
             assert await code_of(sock_path, req("CHECK").encode()) == 100
+            assert await code_of(sock_path, req("GC").encode()) == 100
             assert (await call(sock_path, req()))["ips"][0]["address"] == "2001:db8::5/128"
             nursery.cancel_scope.cancel()
 

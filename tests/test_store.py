@@ -205,3 +205,12 @@ async def test_use_after_close_is_an_error_not_a_hang(tmp_path):
             pass
         with pytest.raises(RuntimeError, match="closed"):
             await store.get("c1")
+
+
+async def test_concurrent_calls_are_serialized_on_the_store_thread(tmp_path):
+    with trio.fail_after(10):
+        async with open_store(tmp_path) as store:
+            async with trio.open_nursery() as nursery:
+                for i in range(50):
+                    nursery.start_soon(store.put, alloc(f"c{i:02d}", created=float(i)))
+            assert [a.container_id for a in await store.list()] == [f"c{i:02d}" for i in range(50)]

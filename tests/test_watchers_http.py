@@ -19,7 +19,7 @@ import trio
 from kubernetes_asyncio.client import Configuration
 
 from flock.model import PodInfo
-from flock.testing import serving, NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object, serving
 from flock.watchers import (
     Backoff,
     ClientConfigError,
@@ -250,6 +250,15 @@ def test_in_cluster_configuration_strips_token_and_leaves_global_default(tmp_pat
     assert conf.ssl_ca_cert == str(tmp_path / "ca.crt")
     assert conf.api_key["BearerToken"] == "Bearer s3cret-token"
     assert Configuration.get_default_copy().host == before
+
+    rotating = in_cluster_configuration(env, tmp_path, token_reread_seconds=0)
+    (tmp_path / "token").write_text("rotated\n")
+    rotating.refresh_api_key_hook(rotating)
+    assert rotating.api_key["BearerToken"] == "Bearer rotated"
+    (tmp_path / "token").unlink()
+    rotating.refresh_api_key_hook(rotating)  # a failed re-read keeps the token it has
+    assert rotating.api_key["BearerToken"] == "Bearer rotated"
+    (tmp_path / "token").write_text("s3cret-token\n")
 
     with pytest.raises(ClientConfigError, match="KUBERNETES_SERVICE_HOST"):
         in_cluster_configuration({}, tmp_path)

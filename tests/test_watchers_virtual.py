@@ -13,7 +13,7 @@ import random
 import pytest
 import trio
 
-from flock.testing import serving, NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object, serving
 from flock.watchers import Backoff, ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"

@@ -68,7 +68,7 @@ def test_request_round_trips(op, cid, args, config):
     assert Request.decode(raw) == req
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", True, None])
+@pytest.mark.parametrize("version", [2, 0, "1", True, None, 1.0])
 def test_unknown_protocol_version_is_202_listing_spoken_versions(version):
     err = decode_error(line(request_obj(version=version)))
     assert err.code == 202

@@ -24,10 +24,19 @@ class BirdInputs:
         A pending pod's address in the config is harmless (BIRD announces it
         only once the kernel route exists) and means the route is announced
         the moment setup installs it, without waiting for another render.
+
+        A pod whose own address lies outside the node's current blocks (the
+        NodeConfig's block changed under running pods, which keep their
+        addresses) is announced on its own, so it stays reachable until it goes.
         """
+        blocks = [b for b in (node.cidr6, node.cidr4) if b is not None]
         anycast: set[IPAddress] = set()
         addresses: set[IPAddress] = set()
         for alloc in allocations:
             anycast.update(alloc.anycast)
             addresses.update(alloc.addresses)
+            addresses.update(
+                ip for ip in (alloc.ip6, alloc.ip4)
+                if ip is not None and not any(ip.version == b.version and ip in b for b in blocks)
+            )
         return cls(node, frozenset(anycast), frozenset(addresses))

@@ -2,7 +2,7 @@
 
 from flock.ipam._allocator import AddressConflict, Addresses, Allocator
 from flock.ipam._errors import ADDRESS_EXHAUSTED, AddressExhausted, AnnotationError
-from flock.ipam._fnv import fnv1a_32, fnv1a_64
+from flock.fnv import fnv1a_32, fnv1a_64
 from flock.ipam._identity import PodIdentity, app_name, image_name, pod_identity
 from flock.ipam._ipam import Ipam, node_layout
 from flock.ipam._layout import Layout, LayoutError, LayoutField, parse_layout
@@ -18,7 +18,6 @@ from flock.ipam._request import (
     effective_cidr,
     parse_request,
 )
-from flock.ipam._v4pool import LowestFreePool
 
 __all__ = [
     "ADDRESSES",
@@ -38,7 +37,6 @@ __all__ = [
     "Layout",
     "LayoutError",
     "LayoutField",
-    "LowestFreePool",
     "PodIdentity",
     "PodRequest",
     "app_name",

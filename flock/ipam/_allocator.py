@@ -1,8 +1,8 @@
 """The allocator: who holds which address, and how new ones are chosen.
 
 Pure and synchronous: no I/O, no clock, randomness from the injected
-``random.Random``.  The agent owns one per NodeConfig and serializes calls
-(DESIGN: operations run on the Trio thread, never concurrently).
+``random.Random``.  Not thread-safe: the agent calls it from the Trio
+thread only, where each call runs to completion without a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import attrs
 
 from flock import errors
 from flock.ipam._errors import AddressExhausted, AnnotationError
-from flock.ipam._fnv import fnv1a_64
+from flock.fnv import fnv1a_64
 from flock.ipam._identity import PodIdentity
 from flock.ipam._layout import COUNTER, RANDOM, Layout
 from flock.ipam._request import ADDRESSES, ANYCAST, PodRequest
@@ -90,6 +90,20 @@ class Allocator:
     def in_use(self) -> int:
         """How many addresses are held exclusively."""
         return len(self._owner)
+
+    def has_free(self, cidr: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+        """Whether :meth:`allocate` could still find an address in *cidr*
+        (for STATUS).  IPv6 counts holders in the range: O(addresses held)."""
+        if cidr.version == 4:
+            pool = self._pool4(cidr)
+            value = pool.take(self._taken4)
+            if value is None:
+                return False
+            pool.give_back(value)
+            return True
+        base, size = int(cidr.network_address), cidr.num_addresses
+        held = sum(1 for k in (*self._owner, *self._shared) if k[0] == 6 and base < k[1] < base + size)
+        return held < size - 1  # the all-zero identifier is never handed out
 
     # -- changes -----------------------------------------------------------
 
@@ -201,12 +215,17 @@ class Allocator:
                 if addr in pool.cidr:
                     pool.give_back(int(addr))
 
-    def _pick4(self, cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Address:
+    def _pool4(self, cidr: ipaddress.IPv4Network) -> LowestFreePool:
         pool = self._pools4.get(cidr)
         if pool is None:
             pool = self._pools4[cidr] = LowestFreePool(cidr)
-        owner, shared = self._owner, self._shared
-        value = pool.take(lambda v: (4, v) in owner or (4, v) in shared)
+        return pool
+
+    def _taken4(self, value: int) -> bool:
+        return (4, value) in self._owner or (4, value) in self._shared
+
+    def _pick4(self, cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Address:
+        value = self._pool4(cidr).take(self._taken4)
         if value is None:
             raise AddressExhausted(cidr, f"all {cidr.num_addresses - 3} usable addresses of {cidr} are in use")
         return ipaddress.IPv4Address(value)

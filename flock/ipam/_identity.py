@@ -6,7 +6,7 @@ import re
 
 import attrs
 
-from flock.ipam._fnv import fnv1a_64
+from flock.fnv import fnv1a_64
 from flock.model import PodInfo
 
 TEMPLATE_HASH_LABEL = "pod-template-hash"

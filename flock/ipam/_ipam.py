@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 
@@ -66,6 +67,14 @@ class Ipam:
                 fresh.mark_in_use(container_id, self._allocator.held(container_id))
             self._allocator = fresh
         self._resolve_layout()
+
+    def full_blocks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """The node blocks of the default families with no free address left:
+        non-empty means STATUS should report the pool exhausted."""
+        blocks = [self.node.cidr6] if self.node.families.ipv6 else []
+        if self.node.families.ipv4 and self.node.cidr4 is not None:
+            blocks.append(self.node.cidr4)
+        return tuple(b for b in blocks if not self._allocator.has_free(b))
 
     def request(self, pod: PodInfo) -> PodRequest:
         return parse_request(pod.annotations, self.node, self._layout)

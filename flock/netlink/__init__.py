@@ -9,6 +9,7 @@ from flock.netlink.desired import (
     ROUTE_PROTOCOL,
     Address,
     AnycastMember,
+    Attachment,
     DataplaneSettings,
     Nexthop,
     PodPlan,
@@ -28,6 +29,6 @@ from flock.netlink.worker import NetlinkWorker
 
 __all__ = [
     "STEPS", "CleanupReport", "GATEWAY4", "GATEWAY6", "HOST_IFACE_PREFIX", "ROUTE_PROTOCOL", "Address",
-    "AnycastMember", "DataplaneSettings", "Nexthop", "PodPlan", "Route", "Scope", "Side", "Sysctl", "VethPair",
+    "AnycastMember", "Attachment", "DataplaneSettings", "Nexthop", "PodPlan", "Route", "Scope", "Side", "Sysctl", "VethPair",
     "anycast_routes", "blackhole_routes", "fnv1a_32", "host_ifname", "is_host_ifname", "pod_plan", "NetlinkWorker",
 ]

@@ -1,9 +1,9 @@
-"""Blocking kernel changes: pod setup and teardown, anycast membership,
-blackholes and the node's proxy-ARP prerequisites.
+"""Kernel changes: pod setup and teardown, anycast membership, blackholes and
+the node's proxy-ARP prerequisites (coroutines for ``_conn.run_blocking``).
 
 Every function here is idempotent — create, accept "exists", re-read and
 verify; delete, accept "not found" — so re-running one converges whatever an
-earlier, interrupted run left behind.  Run them on worker threads only.
+earlier, interrupted run left behind.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import os
 import threading
 from collections.abc import Callable
 
-from pyroute2 import IPRoute
+from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from flock import errors
 from flock.netlink import _conn, _nsenter
 from flock.netlink.desired import (
+    Attachment,
     DataplaneSettings,
     PodPlan,
     Route,
@@ -78,21 +79,21 @@ def peers_match(host_msg, pod_msg) -> bool:
     )
 
 
-def _ensure_veth(host: IPRoute, pod: IPRoute, plan: PodPlan, pod_fd: int):
+async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int):
     """Host link message, pod link message for a verified pair, and whether
     this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod
     created = False
     for _attempt in range(2):
-        h = _conn.link_by_name(host, h_name)
-        p = _conn.link_by_name(pod, p_name)
+        h = await _conn.link_by_name(host, h_name)
+        p = await _conn.link_by_name(pod, p_name)
         if h is not None:
             if peers_match(h, p):
                 return h, p, False
             # A stale pair from an earlier attempt whose peer is not this
             # pod's ifName (other netns, other name): rebuild it.
             try:
-                host.link("del", index=h["index"])
+                await host.link("del", index=h["index"])
             except NetlinkError as exc:
                 ignore_codes(exc, errno.ENODEV)
             continue
@@ -104,33 +105,33 @@ def _ensure_veth(host: IPRoute, pod: IPRoute, plan: PodPlan, pod_fd: int):
             )
         created = True
         try:
-            host.link("add", ifname=h_name, kind="veth", peer={"ifname": p_name, "net_ns_fd": pod_fd})
+            await host.link("add", ifname=h_name, kind="veth", peer={"ifname": p_name, "net_ns_fd": pod_fd})
         except NetlinkError as exc:
             ignore_codes(exc, errno.EEXIST)  # a concurrent attempt won; verified below
             created = False
         break
-    h = _conn.link_by_name(host, h_name)
-    p = _conn.link_by_name(pod, p_name)
+    h = await _conn.link_by_name(host, h_name)
+    p = await _conn.link_by_name(pod, p_name)
     if h is None or not peers_match(h, p):
         raise errors.CniError(errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
     return h, p, created
 
 
-def _ensure_addresses(ipr: IPRoute, index: int, wanted, *, fresh: bool) -> None:
+async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted, *, fresh: bool) -> None:
     """Add *wanted* (with their nodad flag) and drop other global addresses;
     a *fresh* link has none yet, so it is not read first."""
-    live = {} if fresh else {(a.address, a.prefixlen): a for a in _conn.addresses(ipr, index)}
+    live = {} if fresh else {(a.address, a.prefixlen): a for a in await _conn.addresses(ipr, index)}
     for addr in wanted:
         have = live.get((addr.address, addr.prefixlen))
         if have is not None and have.nodad == addr.nodad:
             continue
         if have is not None:  # right address, wrong flags (DAD would delay traffic): re-add
             try:
-                ipr.addr("del", index=index, address=str(addr.address), prefixlen=addr.prefixlen)
+                await ipr.addr("del", index=index, address=str(addr.address), prefixlen=addr.prefixlen)
             except NetlinkError as exc:
                 ignore_codes(exc, errno.EADDRNOTAVAIL)
         try:
-            ipr.addr("add", index=index, address=str(addr.address), prefixlen=addr.prefixlen,
+            await ipr.addr("add", index=index, address=str(addr.address), prefixlen=addr.prefixlen,
                      flags=_conn.IFA_F_NODAD if addr.nodad else 0)
         except NetlinkError as exc:
             ignore_codes(exc, errno.EEXIST)
@@ -139,35 +140,35 @@ def _ensure_addresses(ipr: IPRoute, index: int, wanted, *, fresh: bool) -> None:
         for key, have in live.items():
             if key not in keep and not have.address.is_link_local:
                 try:
-                    ipr.addr("del", index=index, address=str(have.address), prefixlen=have.prefixlen)
+                    await ipr.addr("del", index=index, address=str(have.address), prefixlen=have.prefixlen)
                 except NetlinkError as exc:
                     ignore_codes(exc, errno.EADDRNOTAVAIL)
 
 
-def _replace_route(ipr: IPRoute, route: Route, index_of: dict[str, int]) -> None:
-    ipr.route("replace", **_conn.route_kwargs(route, index_of))
+async def _replace_route(ipr: AsyncIPRoute, route: Route, index_of: dict[str, int]) -> None:
+    await ipr.route("replace", **_conn.route_kwargs(route, index_of))
 
 
-def delete_route(ipr: IPRoute, live: "_conn.LiveRoute") -> None:
+async def delete_route(ipr: AsyncIPRoute, live: "_conn.LiveRoute") -> None:
     kw = {"dst": str(live.route.dst), "table": _conn.MAIN_TABLE, "proto": live.route.protocol}
     if live.route.blackhole:
         kw["type"] = "blackhole"
     elif live.route.family == 4:
         kw["scope"] = int(live.route.scope)  # IPv4 delete matches on scope; pyroute2's default misses link routes
     try:
-        ipr.route("del", **kw)
+        await ipr.route("del", **kw)
     except NetlinkError as exc:
         ignore_codes(exc, errno.ESRCH, errno.ENOENT)
 
 
-def setup_pod(
+async def setup_pod(
     plan: PodPlan,
     *,
     host_netns: str | None,
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
-) -> None:
+) -> Attachment:
     """Make the kernel match *plan*.  CniError on failure; safe to re-run."""
     step = STEPS[0]
 
@@ -179,55 +180,61 @@ def setup_pod(
 
     pod_fd = _pod_netns_fd(plan)
     try:
-        with _conn.rtnl(host_netns) as host, _conn.rtnl(plan.netns) as pod:
-            h, p, fresh = _ensure_veth(host, pod, plan, pod_fd)
+        async with _conn.rtnl(host_netns) as host, _conn.rtnl(plan.netns) as pod:
+            h, p, fresh = await _ensure_veth(host, pod, plan, pod_fd)
             hi, pi = h["index"], p["index"]
             done("veth")
 
             # addrgenmode none before the link first goes up, so the kernel never
             # adds its own link-local next to fe80::1.
-            host.link("set", index=hi, IFLA_AF_SPEC={"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]})]})
+            await host.link("set", index=hi, IFLA_AF_SPEC={"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]})]})
             if plan.mtu:
-                host.link("set", index=hi, mtu=plan.mtu)
+                await host.link("set", index=hi, mtu=plan.mtu)
             done("host-link")
 
             _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)])
             done("host-sysctls")
 
-            _ensure_addresses(host, hi, plan.addresses_on(Side.HOST), fresh=fresh)
+            await _ensure_addresses(host, hi, plan.addresses_on(Side.HOST), fresh=fresh)
             done("host-address")
 
-            host.link("set", index=hi, state="up")
+            await host.link("set", index=hi, state="up")
             done("host-up")
 
             if plan.mtu:
-                pod.link("set", index=pi, mtu=plan.mtu)
-            pod.link("set", index=pi, state="up")
+                await pod.link("set", index=pi, mtu=plan.mtu)
+            await pod.link("set", index=pi, state="up")
             done("pod-link")
 
-            _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), fresh=fresh)
+            await _ensure_addresses(pod, pi, plan.addresses_on(Side.POD), fresh=fresh)
             done("pod-addresses")
 
-            for route in plan.routes_on(Side.POD):
-                _replace_route(pod, route, {plan.veth.pod: pi})
+            wanted = plan.routes_on(Side.POD)
+            for route in wanted:
+                await _replace_route(pod, route, {plan.veth.pod: pi})
+            # A default route of a family the pod no longer has would blackhole it.
+            for live in [] if fresh else await _conn.routes(pod, Side.POD, protocol=settings.protocol, oif=pi):
+                if live.route not in wanted:
+                    await delete_route(pod, live)
             done("pod-routes")
 
             wanted = plan.routes_on(Side.HOST)
             for route in wanted:
-                _replace_route(host, route, {plan.veth.host: hi})
+                await _replace_route(host, route, {plan.veth.host: hi})
             # Routes to addresses this pod no longer has (an earlier attempt
             # with other addresses) would misdirect traffic: drop them.
             wanted_dsts = {r.dst for r in wanted} | {
                 ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}") for m in plan.anycast
             }
-            for live in [] if fresh else _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=hi):
+            for live in [] if fresh else await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=hi):
                 if live.oifs == (hi,) and live.route.dst not in wanted_dsts and not live.route.blackhole:
-                    delete_route(host, live)
+                    await delete_route(host, live)
             done("host-routes")
 
             with anycast_lock:
-                _join_anycast(host, plan, hi, fresh, settings)
+                await _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
+            return Attachment(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
     except _nsenter.NetnsMissing as exc:
         raise _netns_error(plan, exc.strerror) from exc
     except (NetlinkError, OSError) as exc:
@@ -236,70 +243,73 @@ def setup_pod(
         os.close(pod_fd)
 
 
-def _join_anycast(host: IPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings) -> None:
+async def _join_anycast(host: AsyncIPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings) -> None:
     """Add this pod's nexthop to each of its anycast routes, and take it out
     of multipath routes for anycast addresses the pod no longer has."""
-    index_of = _conn.Indexes(host)
+    links = _conn.Links(host)
     dsts = {ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}"): m for m in plan.anycast}
     if not fresh:
-        for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=host_index):
+        for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=host_index):
             if len(live.oifs) > 1 and live.route.dst not in dsts:
-                _drop_nexthops(host, live, {plan.veth.host}, index_of, settings)
+                await _drop_nexthops(host, live, {plan.veth.host}, links, settings)
     if not dsts:
         return
-    live_by_dst = {r.route.dst: r for r in _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))}
+    live_by_dst = {r.route.dst: r for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))}
     for dst, member in dsts.items():
         current = live_by_dst.get(dst)
-        hops = [h for h in current.route.nexthops if h.ifname in index_of] if current and not current.route.blackhole else []
+        hops = await links.exist(current.route.nexthops) if current and not current.route.blackhole else []
         hops = [h for h in hops if h.ifname != member.nexthop.ifname] + [member.nexthop]
         route = anycast_route(member.address, hops, settings)
         if current is None or current.route != route:
-            _replace_route(host, route, index_of)
+            await _replace_route(host, route, await links.for_route(route))
 
 
-def _drop_nexthops(host: IPRoute, live: "_conn.LiveRoute", ifnames: set[str], index_of, settings: DataplaneSettings) -> None:
-    rest = [h for h in live.route.nexthops if h.ifname not in ifnames and h.ifname in index_of]
+async def _drop_nexthops(
+    host: AsyncIPRoute, live: "_conn.LiveRoute", ifnames: set[str], links: "_conn.Links", settings: DataplaneSettings
+) -> None:
+    rest = await links.exist([h for h in live.route.nexthops if h.ifname not in ifnames])
     if rest:
-        _replace_route(host, anycast_route(live.route.dst.network_address, rest, settings), index_of)
+        route = anycast_route(live.route.dst.network_address, rest, settings)
+        await _replace_route(host, route, await links.for_route(route))
     else:
-        delete_route(host, live)
+        await delete_route(host, live)
 
 
-def leave_routes(host: IPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None) -> list[str]:
+async def leave_routes(host: AsyncIPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None) -> list[str]:
     """Remove *ifnames* from every flock route: shrink multipath routes to
     the remaining nexthops, delete routes left with none.  Must run before the
     interfaces go: deleting one device kills a whole IPv4 multipath route.
     *oif* (the index of the one name) lets the kernel filter the dump."""
     changed = []
-    index_of = _conn.Indexes(host)
-    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None):
+    links = _conn.Links(host)
+    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None):
         r = live.route
         if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
             continue
-        _drop_nexthops(host, live, ifnames, index_of, settings)
+        await _drop_nexthops(host, live, ifnames, links, settings)
         changed.append(str(r))
     return changed
 
 
-def ensure_anycast(host: IPRoute, plans: "list[PodPlan]", settings: DataplaneSettings) -> list[str]:
+async def ensure_anycast(host: AsyncIPRoute, plans: "list[PodPlan]", settings: DataplaneSettings) -> list[str]:
     """Install the multipath route of every anycast address over the local
     pods (of *plans*) whose host veth exists; returns the routes rewritten.
 
     Repairs what the kernel does on its own when a pod's veth vanishes with
     its namespace: an IPv4 multipath route dies whole with any one device.
     """
-    index_of = _conn.Indexes(host)
-    wanted = anycast_routes([p for p in plans if p.anycast and p.veth.host in index_of], settings)
-    live = {r.route.dst: r.route for r in _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})}
+    links = _conn.Links(host)
+    wanted = anycast_routes([p for p in plans if p.anycast and await links.index(p.veth.host) is not None], settings)
+    live = {r.route.dst: r.route for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})}
     changed = []
     for route in wanted:
         if live.get(route.dst) != route:
-            _replace_route(host, route, index_of)
+            await _replace_route(host, route, await links.for_route(route))
             changed.append(str(route))
     return changed
 
 
-def teardown_pod(
+async def teardown_pod(
     container_id: str,
     netns: str | None,
     if_name: str | None,
@@ -312,13 +322,13 @@ def teardown_pod(
     gone (netns, interface, route) counts as removed."""
     name = host_ifname(container_id, settings.host_prefix)
     try:
-        with _conn.rtnl(host_netns) as host:
-            link = _conn.link_by_name(host, name)
+        async with _conn.rtnl(host_netns) as host:
+            link = await _conn.link_by_name(host, name)
             if link is not None:
                 with anycast_lock:
-                    leave_routes(host, {name}, settings, oif=link["index"])
+                    await leave_routes(host, {name}, settings, oif=link["index"])
                 try:
-                    host.link("del", index=link["index"])
+                    await host.link("del", index=link["index"])
                 except NetlinkError as exc:
                     ignore_codes(exc, errno.ENODEV)
                 return
@@ -326,11 +336,11 @@ def teardown_pod(
         # veth remains there (its peer lives under another name).
         if netns and if_name:
             try:
-                with _conn.rtnl(netns) as pod:
-                    p = _conn.link_by_name(pod, if_name)
+                async with _conn.rtnl(netns) as pod:
+                    p = await _conn.link_by_name(pod, if_name)
                     if p is not None and p.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth":
                         try:
-                            pod.link("del", index=p["index"])
+                            await pod.link("del", index=p["index"])
                         except NetlinkError as exc:
                             ignore_codes(exc, errno.ENODEV)
             except _nsenter.NetnsMissing:
@@ -339,18 +349,18 @@ def teardown_pod(
         raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
 
 
-def ensure_blackholes(host: IPRoute, cidrs, settings: DataplaneSettings) -> None:
+async def ensure_blackholes(host: AsyncIPRoute, cidrs, settings: DataplaneSettings) -> None:
     wanted = {r.dst: r for r in blackhole_routes(cidrs, settings)}
-    for live in _conn.routes(host, Side.HOST, protocol=settings.protocol):
+    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol):
         if live.route.blackhole and live.route.dst not in wanted:
-            delete_route(host, live)
+            await delete_route(host, live)
         elif live.route.blackhole:
             wanted.pop(live.route.dst)
     for route in wanted.values():
-        _replace_route(host, route, {})
+        await _replace_route(host, route, {})
 
 
-def prepare_node(host: IPRoute, host_netns: str | None, uplink: str | None, settings: DataplaneSettings) -> None:
+async def prepare_node(host: AsyncIPRoute, host_netns: str | None, uplink: str | None, settings: DataplaneSettings) -> None:
     """Node prerequisites for proxy ARP on 169.254.1.1 and for routing pods:
     ip_forward=1, IPv6 forwarding on, and a unicast route to 169.254.1.1 out
     of a non-flock interface (proxy ARP answers only for a destination the
@@ -364,8 +374,8 @@ def prepare_node(host: IPRoute, host_netns: str | None, uplink: str | None, sett
     ])
     gw = str(settings.gateway4)
     try:
-        (msg,) = host.route("get", dst=gw)
-        dev = _conn.Names(host)[msg.get("RTA_OIF")] if msg.get("RTA_OIF") else ""
+        (msg,) = await host.route("get", dst=gw)
+        dev = await _conn.Links(host).name(msg.get("RTA_OIF")) if msg.get("RTA_OIF") else ""
         if msg["type"] == _conn.RTN_UNICAST and not dev.startswith(settings.host_prefix):
             return
     except NetlinkError as exc:
@@ -376,7 +386,7 @@ def prepare_node(host: IPRoute, host_netns: str | None, uplink: str | None, sett
             "node has no route for the pod gateway",
             f"proxy ARP for {gw} needs a unicast route to it out of a non-flock interface; set an uplink",
         )
-    link = _conn.link_by_name(host, uplink)
+    link = await _conn.link_by_name(host, uplink)
     if link is None:
         raise errors.CniError(errors.INVALID_CONFIG, "uplink interface not found", f"uplink={uplink!r}")
-    host.route("replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE)
+    await host.route("replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE)

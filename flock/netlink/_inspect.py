@@ -1,5 +1,5 @@
-"""Blocking reads that compare the kernel with the desired state: ``check``
-for one pod, and the orphan scan behind ``cleanup``."""
+"""Reads that compare the kernel with the desired state: ``check`` for one
+pod, and the orphan scan behind ``cleanup`` (coroutines for ``_conn.run_blocking``)."""
 
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ def _compare_routes(label: str, live: list[Route], wanted: tuple[Route, ...]) ->
     return out
 
 
-def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSettings) -> list[str]:
+async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSettings) -> list[str]:
     """Every difference between *plan* and the kernel, one sentence each
     (empty list: in sync).  Raises CniError only when the kernel cannot be read."""
     diffs: list[str] = []
     h_name, p_name = plan.veth.host, plan.veth.pod
     try:
-        with _conn.rtnl(host_netns) as host:
-            h = _conn.link_by_name(host, h_name)
+        async with _conn.rtnl(host_netns) as host:
+            h = await _conn.link_by_name(host, h_name)
             if h is None:
                 diffs.append(f"host {h_name}: interface missing")
             else:
@@ -73,13 +73,13 @@ def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSetti
                     diffs.append(f"{hl}: interface down")
                 if _addrgenmode(h) != _conn.ADDRGENMODE_NONE:
                     diffs.append(f"{hl}: addrgenmode is {_addrgenmode(h)}, expected none")
-                diffs += _compare_addresses(hl, _conn.addresses(host, h["index"]), plan.addresses_on(Side.HOST))
+                diffs += _compare_addresses(hl, await _conn.addresses(host, h["index"]), plan.addresses_on(Side.HOST))
                 wanted_sysctls = plan.sysctls_on(Side.HOST)
                 live_sysctls = _conn.read_sysctls(host_netns, [s.key for s in wanted_sysctls])
                 for s in wanted_sysctls:
                     if live_sysctls[s.key] != s.value:
                         diffs.append(f"{hl}: sysctl {s.key} is {live_sysctls[s.key]}, expected {s.value}")
-                live_routes = [lr.route for lr in _conn.routes(host, Side.HOST, oif=h["index"])]
+                live_routes = [lr.route for lr in await _conn.routes(host, Side.HOST, oif=h["index"])]
                 diffs += _compare_routes("host", live_routes, plan.routes_on(Side.HOST))
                 by_dst = {r.dst: r for r in live_routes}
                 for m in plan.anycast:
@@ -88,8 +88,8 @@ def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSetti
                     if r is None or m.nexthop not in r.nexthops or r.protocol != settings.protocol:
                         diffs.append(f"host: anycast route {dst} lacks nexthop {m.nexthop}" + (f" (have {r})" if r else ""))
         try:
-            with _conn.rtnl(plan.netns) as pod:
-                p = _conn.link_by_name(pod, p_name)
+            async with _conn.rtnl(plan.netns) as pod:
+                p = await _conn.link_by_name(pod, p_name)
                 pl = f"pod {p_name}"
                 if p is None:
                     diffs.append(f"{pl}: interface missing in {plan.netns}")
@@ -98,8 +98,8 @@ def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSetti
                     diffs.append(f"{pl}: not the peer of host {h_name}")
                 if not _is_up(p):
                     diffs.append(f"{pl}: interface down")
-                diffs += _compare_addresses(pl, _conn.addresses(pod, p["index"]), plan.addresses_on(Side.POD))
-                diffs += _compare_routes(pl, [lr.route for lr in _conn.routes(pod, Side.POD)], plan.routes_on(Side.POD))
+                diffs += _compare_addresses(pl, await _conn.addresses(pod, p["index"]), plan.addresses_on(Side.POD))
+                diffs += _compare_routes(pl, [lr.route for lr in await _conn.routes(pod, Side.POD)], plan.routes_on(Side.POD))
         except _nsenter.NetnsMissing:
             diffs.append(f"pod: network namespace {plan.netns} missing")
     except (NetlinkError, OSError) as exc:
@@ -115,29 +115,29 @@ class CleanupReport:
     routes: tuple[str, ...] = ()
 
 
-def cleanup(
+async def cleanup(
     explained_ifnames: set[str], *, host_netns: str | None, anycast_lock: threading.Lock, settings: DataplaneSettings
 ) -> CleanupReport:
     """Remove flock-named host veths outside *explained_ifnames*, their share
     of multipath routes, and flock unicast routes through no explained veth.
     Blackholes are left to ensure_blackholes."""
     try:
-        with _conn.rtnl(host_netns) as host:
-            names = set(_conn.link_names(host).values())
+        async with _conn.rtnl(host_netns) as host:
+            names = set((await _conn.link_names(host)).values())
             orphans = {n for n in names if is_host_ifname(n, settings.host_prefix) and n not in explained_ifnames}
             with anycast_lock:
-                routes = _apply.leave_routes(host, orphans, settings)
-                for live in _conn.routes(host, Side.HOST, protocol=settings.protocol, all_links=True):
+                routes = await _apply.leave_routes(host, orphans, settings)
+                for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, all_links=True):
                     r = live.route
                     if r.blackhole or any(h.ifname in explained_ifnames for h in r.nexthops):
                         continue
-                    _apply.delete_route(host, live)
+                    await _apply.delete_route(host, live)
                     routes.append(str(r))
             for name in sorted(orphans):
-                link = _conn.link_by_name(host, name)
+                link = await _conn.link_by_name(host, name)
                 if link is not None:
                     try:
-                        host.link("del", index=link["index"])
+                        await host.link("del", index=link["index"])
                     except NetlinkError as exc:
                         _apply.ignore_codes(exc, errno.ENODEV)
     except (NetlinkError, OSError) as exc:

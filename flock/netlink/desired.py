@@ -22,6 +22,7 @@ import ipaddress
 import attrs
 
 from flock import errors
+from flock.fnv import fnv1a_32
 from flock.model import Allocation, IPAddress
 
 ROUTE_PROTOCOL = 70
@@ -29,21 +30,12 @@ HOST_IFACE_PREFIX = "flock"
 GATEWAY6 = ipaddress.IPv6Address("fe80::1")
 GATEWAY4 = ipaddress.IPv4Address("169.254.1.1")
 
-_FNV32_OFFSET = 0x811C9DC5
-_FNV32_PRIME = 0x01000193
 _IFNAMSIZ = 15  # usable characters of a Linux interface name
-
-
-def fnv1a_32(data: bytes) -> int:
-    h = _FNV32_OFFSET
-    for byte in data:
-        h = ((h ^ byte) * _FNV32_PRIME) & 0xFFFFFFFF
-    return h
 
 
 def host_ifname(container_id: str, prefix: str = HOST_IFACE_PREFIX) -> str:
     """``flock`` + 8 hex digits of FNV-1a-32(container ID), e.g. ``flock1a2b3c4d``."""
-    return f"{prefix}{fnv1a_32(container_id.encode()):08x}"
+    return f"{prefix}{fnv1a_32(container_id):08x}"
 
 
 def is_host_ifname(name: str, prefix: str = HOST_IFACE_PREFIX) -> bool:
@@ -170,6 +162,24 @@ class PodPlan:
 
     def sysctls_on(self, side: Side) -> tuple[Sysctl, ...]:
         return tuple(s for s in self.sysctls if s.side is side)
+
+
+@attrs.frozen
+class Attachment:
+    """What setup made: the plan, and the MAC addresses the kernel gave the
+    veth ends (for the CNI result's ``interfaces``)."""
+
+    plan: PodPlan
+    host_mac: str
+    pod_mac: str
+
+    @property
+    def host_ifname(self) -> str:
+        return self.plan.veth.host
+
+    @property
+    def pod_ifname(self) -> str:
+        return self.plan.veth.pod
 
 
 def _host_net(addr: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

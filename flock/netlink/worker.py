@@ -1,17 +1,20 @@
 """The netlink worker: the one owner of kernel changes on the node.
 
-Every operation runs its blocking pyroute2 calls on a Trio worker thread
-(``trio.to_thread.run_sync``); a :class:`trio.CapacityLimiter` bounds how many
-run at once.  Those threads never change namespace: sockets and sysctl writes
-for another namespace are opened on a dedicated short-lived thread (see
-``_nsenter``), so a reused worker thread is always in the agent's namespace.
+Every operation runs its pyroute2 calls on a Trio worker thread
+(``trio.to_thread.run_sync``), in a private asyncio loop there (pyroute2's
+``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call); a
+:class:`trio.CapacityLimiter` bounds how many run at once.  Those threads
+never change namespace: sockets and sysctl writes for another namespace are
+opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
+worker thread is always in the agent's namespace.
 
-Error handling: nothing is retried here.  Kernel refusals and a missing pod
-namespace propagate as :class:`~flock.errors.CniError` (code 5 / 4) to the
+Error handling: nothing is retried here.  Kernel refusals propagate as
+:class:`~flock.errors.CniError` code 5 (IO_ERROR), a missing or invalid pod
+namespace as code 4 (INVALID_ENV), an unusable allocation as code 7, to the
 caller (the ADD/DEL orchestration), which owns retries and deadlines.  Every
 operation is idempotent, so retrying means calling it again.  Cancellation
-abandons the thread's result (the thread finishes its current step); re-running
-the operation converges.
+takes effect when the running thread returns (threads are not abandoned), so
+a retry never races an earlier attempt on the same kernel objects.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import trio
 
 from flock.model import Allocation
 from flock.netlink import _apply, _conn, _inspect
-from flock.netlink.desired import DataplaneSettings, PodPlan, host_ifname, pod_plan
+from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
 
@@ -56,21 +59,24 @@ class NetlinkWorker:
         self._limiter = trio.CapacityLimiter(self.max_parallel)
 
     async def _run(self, fn, *args, **kwargs):
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
+        """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
+        return await trio.to_thread.run_sync(
+            functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
+        )
 
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation) -> PodPlan:
+    async def setup(self, alloc: Allocation) -> Attachment:
         """Create or converge the pod's veth, addresses, sysctls and routes,
         and add it to the multipath route of each of its anycast addresses."""
         plan = self.plan(alloc)
-        await self._run(
+        attachment = await self._run(
             _apply.setup_pod, plan, host_netns=self.host_netns, anycast_lock=self._anycast_lock,
             settings=self.settings, fault=self.fault,
         )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
-        return plan
+        return attachment
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything
@@ -104,9 +110,10 @@ class NetlinkWorker:
         the kernel drops a whole IPv4 multipath route when one veth vanishes."""
         plans = [self.plan(a) for a in allocations]
 
-        def apply() -> list[str]:
-            with self._anycast_lock, _conn.rtnl(self.host_netns) as host:
-                return _apply.ensure_anycast(host, plans, self.settings)
+        async def apply() -> list[str]:
+            with self._anycast_lock:
+                async with _conn.rtnl(self.host_netns) as host:
+                    return await _apply.ensure_anycast(host, plans, self.settings)
 
         return await self._run(apply)
 
@@ -114,9 +121,9 @@ class NetlinkWorker:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""
         nets = tuple(c for c in cidrs if c is not None)
 
-        def apply() -> None:
-            with _conn.rtnl(self.host_netns) as host:
-                _apply.ensure_blackholes(host, nets, self.settings)
+        async def apply() -> None:
+            async with _conn.rtnl(self.host_netns) as host:
+                await _apply.ensure_blackholes(host, nets, self.settings)
 
         await self._run(apply)
 
@@ -125,8 +132,8 @@ class NetlinkWorker:
         non-flock interface (added via *uplink* if missing) — what proxy ARP
         needs.  CniError(INVALID_CONFIG) when neither exists."""
 
-        def apply() -> None:
-            with _conn.rtnl(self.host_netns) as host:
-                _apply.prepare_node(host, self.host_netns, uplink, self.settings)
+        async def apply() -> None:
+            async with _conn.rtnl(self.host_netns) as host:
+                await _apply.prepare_node(host, self.host_netns, uplink, self.settings)
 
         await self._run(apply)

@@ -105,6 +105,11 @@ class PodHandler:
     def locks_in_use(self) -> int:
         return len(self._locks)
 
+    async def quiesce(self) -> None:
+        """Wait until no operation holds a container (call with ADD disabled,
+        so an ADD already under way cannot allocate from an IPAM being replaced)."""
+        await self._locks.wait_idle()
+
     def adopt(self, ipam: Ipam, rows: Iterable[Allocation]) -> None:
         """Take the IPAM rebuilt at start-up and the rows it was built from."""
         self._ipam = ipam

@@ -24,12 +24,21 @@ class KeyedLocks:
     """
 
     _entries: dict[str, _Entry] = attrs.field(init=False, factory=dict)
+    _idle: trio.Event | None = attrs.field(init=False, default=None)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def busy(self, key: str) -> bool:
         return key in self._entries
+
+    async def wait_idle(self) -> None:
+        """Return once no key is held or waited for (at once if none is)."""
+        while self._entries:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+        await trio.lowlevel.checkpoint()
 
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
@@ -44,3 +53,6 @@ class KeyedLocks:
             entry.users -= 1
             if entry.users == 0:
                 del self._entries[key]
+                if not self._entries and self._idle is not None:
+                    self._idle.set()
+                    self._idle = None

@@ -103,6 +103,7 @@ class PodService:
                       extra={"node": self.node_name})
 
     async def _rebuild(self, node: NodeConfig) -> None:
+        await self.handler.quiesce()
         rows = await self.store.list()
         ipam = Ipam(node, rng=self.rng)
         kept: list[Allocation] = []

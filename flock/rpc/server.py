@@ -204,6 +204,9 @@ class RpcServer:
         except Exception as exc:  # a handler bug fails this request, never the server
             log.exception("handler crashed")
             return encode_error(CniError(INTERNAL, "internal error in flock-agent", repr(exc)))
+        if not isinstance(result, dict):
+            log.error("handler returned a non-object result", extra={"result": repr(result)})
+            return encode_error(CniError(INTERNAL, "internal error in flock-agent", f"handler returned {type(result).__name__}, not an object"))
         log.info("request served", extra={"code": 0, "ms": _ms_since(began)})
         return encode_result(result)
 

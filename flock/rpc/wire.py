@@ -13,6 +13,7 @@ agent does not speak is code 202 listing the versions it does.
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError
 
@@ -33,13 +34,15 @@ OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 
 # Which request strings must be non-empty, per op (CNI spec 1.1, "Parameters").
 # DEL may come without a netns (the sandbox is already gone).
-REQUIRED_FIELDS = {
-    "ADD": ("containerID", "netns", "ifName"),
-    "CHECK": ("containerID", "netns", "ifName"),
-    "DEL": ("containerID", "ifName"),
-    "STATUS": (),
-    "GC": (),
-}
+REQUIRED_FIELDS = MappingProxyType(
+    {
+        "ADD": ("containerID", "netns", "ifName"),
+        "CHECK": ("containerID", "netns", "ifName"),
+        "DEL": ("containerID", "ifName"),
+        "STATUS": (),
+        "GC": (),
+    }
+)
 
 _STRING_FIELDS = ("containerID", "netns", "ifName", "args", "path")
 _CONTAINER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -143,7 +146,7 @@ class Request:
         if "version" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'version' is required")
         version = obj["version"]
-        if isinstance(version, bool) or version not in SPOKEN_VERSIONS:
+        if isinstance(version, bool) or not isinstance(version, int) or version not in SPOKEN_VERSIONS:
             raise CniError(
                 INCOMPATIBLE_PROTOCOL,
                 "incompatible flock protocol version",

@@ -1,11 +1,26 @@
-"""Test doubles that behave like the real thing, shipped like ``trio.testing``."""
+"""Test doubles and harnesses that behave like the real thing (real HTTP, real
+namespaces), shipped like ``trio.testing``: the fake API server here, network
+namespace helpers in ``flock.testing.netns``."""
 
 from ._objects import nodeconfig_object, pod_object
 from ._resources import NODECONFIGS, PODS, Resource
-from ._status import StatusError
-from ._source import StoreSource
-from ._store import Store
-from ._service import serving
 from ._server import ApiServer, kubeconfig, write_kubeconfig
+from ._service import serving
+from ._source import StoreSource
+from ._status import StatusError
+from ._store import Store
 
-__all__ = ["ApiServer", "NODECONFIGS", "PODS", "Resource", "Store", "StoreSource", "StatusError", "kubeconfig", "nodeconfig_object", "pod_object", "serving", "write_kubeconfig"]
+__all__ = [
+    "NODECONFIGS",
+    "PODS",
+    "ApiServer",
+    "Resource",
+    "StatusError",
+    "Store",
+    "StoreSource",
+    "kubeconfig",
+    "nodeconfig_object",
+    "pod_object",
+    "serving",
+    "write_kubeconfig",
+]

@@ -28,6 +28,9 @@ log = logging.getLogger("flock.testing.apiserver")
 # kube-apiserver's --min-request-timeout: a watch without timeoutSeconds ends after about this long.
 DEFAULT_WATCH_SECONDS = 1800.0
 _TRUE = ("true", "True", "1")
+# A strategic merge patch is applied as a JSON merge patch: the same for maps
+# (annotations, labels, spec fields); lists are replaced rather than merged by key.
+_MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -186,6 +189,12 @@ class HttpFrontend:
                 if (body.get("metadata") or {}).get("name") != name:
                     raise StatusError(400, "the name of the object does not match the name on the URL")
                 return _json(self.store.update(res, body, ns))
+            if request.method == "PATCH":
+                if request.content_type not in _MERGE_PATCH_TYPES:
+                    raise StatusError(
+                        415, f"flock.testing applies merge patches only ({', '.join(_MERGE_PATCH_TYPES)}), got {request.content_type}"
+                    )
+                return _json(self.store.patch(res, name, await _body(request), ns))
             return _json(self.store.delete(res, name, ns))
 
         if res.namespaced:
@@ -195,7 +204,7 @@ class HttpFrontend:
             base = f"{res.prefix}/{res.plural}"
         app.router.add_route("GET", base, collection)
         app.router.add_route("POST", base, collection)
-        for method in ("GET", "PUT", "DELETE"):
+        for method in ("GET", "PUT", "PATCH", "DELETE"):
             app.router.add_route(method, base + "/{name}", item)
 
     async def _list_or_watch(self, request: web.Request, res: Resource, ns: str | None) -> web.StreamResponse:

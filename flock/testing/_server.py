@@ -138,6 +138,10 @@ class ApiServer:
     def update(self, resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
         return self.store.update(resource, obj)
 
+    def patch(self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """JSON merge patch, e.g. ``{"metadata": {"annotations": {"k": "v"}}}``."""
+        return self.store.patch(resource, name, patch, namespace)
+
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         return self.store.delete(resource, name, namespace)
 

@@ -10,6 +10,7 @@ _REASONS = {
     405: "MethodNotAllowed",
     409: "Conflict",
     410: "Expired",
+    415: "UnsupportedMediaType",
     422: "Invalid",
     429: "TooManyRequests",
     500: "InternalError",

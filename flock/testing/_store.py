@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from ._resources import NODECONFIGS, PODS, Resource
+from ._resources import PODS, Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, expired
 
@@ -160,23 +160,41 @@ class Store:
     def update(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Replace an object; a stale ``metadata.resourceVersion`` → 409 Conflict."""
         new = self._validated(resource, obj, namespace)
-        meta = new["metadata"]
         with self._lock:
-            key = (resource, meta.get("namespace", ""), meta["name"])
-            old = self._objects.get(key)
+            return self._replace_locked(resource, new)
+
+    def patch(self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Apply a JSON merge patch (RFC 7386: maps merge, null deletes, lists are replaced).
+
+        A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale).
+        """
+        if not isinstance(patch, Mapping):
+            raise StatusError(400, f"a merge patch must be an object, got {type(patch).__name__}")
+        with self._lock:
+            old = self._objects.get((resource, self._ns(resource, namespace), name))
             if old is None:
-                raise _not_found(resource, meta["name"])
-            wanted = meta.get("resourceVersion")
-            if wanted and wanted != old["metadata"]["resourceVersion"]:
-                raise StatusError(
-                    409,
-                    f'Operation cannot be fulfilled on {resource.plural} "{meta["name"]}": '
-                    "the object has been modified; please apply your changes to the latest version and try again",
-                    details={"name": meta["name"], "kind": resource.plural},
-                )
-            meta["uid"] = old["metadata"]["uid"]
-            meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
-            return self._commit(resource, key, "MODIFIED", old, new)
+                raise _not_found(resource, name)
+            merged = _merge_patch(copy.deepcopy(dict(old)), patch)
+            merged.setdefault("metadata", {})["name"] = name
+            return self._replace_locked(resource, self._validated(resource, merged, namespace))
+
+    def _replace_locked(self, resource: Resource, new: dict[str, Any]) -> dict[str, Any]:
+        meta = new["metadata"]
+        key = (resource, meta.get("namespace", ""), meta["name"])
+        old = self._objects.get(key)
+        if old is None:
+            raise _not_found(resource, meta["name"])
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != old["metadata"]["resourceVersion"]:
+            raise StatusError(
+                409,
+                f'Operation cannot be fulfilled on {resource.plural} "{meta["name"]}": '
+                "the object has been modified; please apply your changes to the latest version and try again",
+                details={"name": meta["name"], "kind": resource.plural},
+            )
+        meta["uid"] = old["metadata"]["uid"]
+        meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        return self._commit(resource, key, "MODIFIED", old, new)
 
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         with self._lock:
@@ -295,6 +313,18 @@ class Store:
         return new
 
 
+def _merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -312,4 +342,4 @@ def _invalid(resource: Resource, name: str, field: str, value: Any, why: str) ->
     )
 
 
-__all__ = ["Store", "Subscription", "PODS", "NODECONFIGS"]
+__all__ = ["Store", "Subscription"]

@@ -6,6 +6,7 @@ global default, so several clients (tests, the lab) can coexist.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import load_kube_config
+
+log = logging.getLogger("flock.watchers")
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Projected service-account tokens rotate; re-read the file this often.
@@ -24,7 +27,9 @@ class ClientConfigError(Exception):
 
 
 def in_cluster_configuration(
-    environ: Mapping[str, str] = os.environ, account_dir: Path = SERVICE_ACCOUNT_DIR
+    environ: Mapping[str, str] = os.environ,
+    account_dir: Path = SERVICE_ACCOUNT_DIR,
+    token_reread_seconds: float = TOKEN_REREAD_SECONDS,
 ) -> Configuration:
     """Configuration from the pod's service account (KUBERNETES_SERVICE_HOST/PORT,
     token, ca.crt).  The token's trailing newline is stripped (the library's own
@@ -51,12 +56,16 @@ def in_cluster_configuration(
     conf.host = "https://" + (f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     conf.ssl_ca_cert = str(ca_file)
     conf.api_key["BearerToken"] = read_token()
-    reread_at = [time.monotonic() + TOKEN_REREAD_SECONDS]
+    reread_at = [time.monotonic() + token_reread_seconds]
 
     def refresh(c: Configuration) -> None:
+        # Called by the client before each request; a failed re-read keeps the old token.
         if time.monotonic() >= reread_at[0]:
-            c.api_key["BearerToken"] = read_token()
-            reread_at[0] = time.monotonic() + TOKEN_REREAD_SECONDS
+            reread_at[0] = time.monotonic() + token_reread_seconds
+            try:
+                c.api_key["BearerToken"] = read_token()
+            except ClientConfigError as exc:
+                log.warning("keeping the previous service account token: %s", exc)
 
     conf.refresh_api_key_hook = refresh
     return conf

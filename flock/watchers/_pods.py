@@ -101,7 +101,12 @@ class PodWatcher:
 
     async def lookup(self, namespace: str, name: str) -> PodInfo | None:
         """The pod for an ADD: from the cache, waiting up to ``cache_wait_seconds``
-        for the watch, then one direct GET.  None when the server has no such pod."""
+        for the watch, then one direct GET.  None when the server has no such pod.
+
+        The GET's answer is returned as it is (even when bound to another node)
+        and is not put in the cache, which only the watch fills.  Errors of the
+        GET propagate (KubeError family); the caller's deadline bounds it.
+        """
         with trio.move_on_after(self.cache_wait_seconds):
             return await self.wait_for_pod(namespace, name)
         log.info("pod %s/%s not in the cache after %.1fs; asking the API server", namespace, name,

@@ -1,4 +1,4 @@
-"""FNV-1a hashes: the stable, dependency-free hashes DESIGN.md names for ip-algo fields."""
+"""FNV-1a hashes: stable, dependency-free; ip-algo fields (64-bit) and host veth names (32-bit)."""
 
 from __future__ import annotations
 
