@@ -109,6 +109,14 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
             await pod_del(plan, "dns/r-2")
             with pytest.raises(LabError, match="no pod dns/r-2"):
                 await pod_check(plan, "dns/r-2")
+            # node2 has no member of the anycast service now: it reaches node1's over BGP.
+            pods = load_pods(plan)
+            await wait_anycast_routes(plan, pods)
+            probes = await reachability(plan, pods)
+            assert summary(probes)["ok"], matrix_text(pods, probes)
+            assert {(p.source, p.address) for p in probes if p.target == "anycast"} == {
+                (node, addr) for node in ("node1", "node2") for addr in ANYCAST.split(",")
+            }
 
             # A crashed lab (keeper killed, its children left running) is cleaned by the next up.
             os.kill(state.keeper.pid, signal.SIGKILL)
