@@ -158,7 +158,7 @@ async def pod_add(
     plan: LabPlan,
     node_name: str,
     key: str,
-    annotations: Mapping[str, str] = {},
+    annotations: Mapping[str, str] | None = None,
     image: str = "registry.example/app:1",
     owner: str | None = None,
 ) -> LabPod:
@@ -173,6 +173,7 @@ async def pod_add(
         raise LabError(f"no node {node_name!r} in this lab: {', '.join(n.name for n in plan.nodes)}") from None
     if _cache_path(plan, namespace, name).exists():
         raise LabError(f"pod {key} exists already (flock-lab pod del {key} first)")
+    annotations = dict(annotations or {})
     obj = pod_object(namespace, name, node.name, annotations=annotations, image=image, labels={"app": name})
     if owner is not None:
         kind, sep, owner_name = owner.partition("/")
@@ -184,7 +185,7 @@ async def pod_add(
     api = api_client(plan)
     created = await api.create(PODS, obj)
     netns = _pod_netns(plan, namespace, name)
-    pod = LabPod(namespace, name, node.name, created["metadata"]["uid"], secrets.token_hex(32), netns, dict(annotations), {})
+    pod = LabPod(namespace, name, node.name, created["metadata"]["uid"], secrets.token_hex(32), netns, annotations, {})
     try:
         await trio.to_thread.run_sync(_make_netns, netns)
         outcome = await _call(plan, node, "ADD", pod.attachment, None)

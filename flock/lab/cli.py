@@ -73,7 +73,7 @@ def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
     print(json.dumps(doc, indent=2) if args.json else text, flush=True)
 
 
-def _reporter(args: argparse.Namespace):
+def _reporter():
     # Progress goes to stderr, so --json output stays one document on stdout.
     return lambda line: print(f"flock-lab: {line}", file=sys.stderr, flush=True)
 
@@ -96,7 +96,7 @@ async def _check(args: argparse.Namespace, plan: LabPlan) -> int:
 
 async def _demo(args: argparse.Namespace) -> int:
     say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
-    report = _reporter(args)
+    report = _reporter()
     plan = LabPlan.make(args.dir, 2)
     doc: dict[str, Any] = {"pods": []}
     try:
@@ -138,7 +138,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 async def run(args: argparse.Namespace) -> int:
-    report = _reporter(args)
+    report = _reporter()
     if args.command == "up":
         state = await up(LabPlan.make(args.dir, args.nodes), report)
         doc = await status(state)
