@@ -6,6 +6,7 @@ the one lifecycle test does it all in order); the pure helpers are tested alone.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -169,3 +170,29 @@ async def test_keeper_restarts_what_exits_and_stops_everything(tmp_path: Path) -
     for pid in pids.values():  # reaped: not even a zombie is left
         assert proc_ref(pid) is None
     assert (tmp_path / "crashes.log").read_text().count("crash") >= 2
+
+
+async def test_demo_command_passes_and_leaves_nothing(require_root: None, require_bird: None) -> None:
+    """README's first command (after bootstrap): `flock-lab demo`, here with --json."""
+    directory = Path(tempfile.mkdtemp(prefix="flab-d-"))
+    try:
+        with trio.fail_after(50):
+            proc = await trio.run_process(
+                [sys.executable, "-m", "flock.lab.cli", "demo", "--json", "--dir", str(directory)],
+                capture_stdout=True, capture_stderr=True, check=False,
+            )
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        doc = json.loads(proc.stdout)
+        assert doc["check"]["ok"] and doc["check"]["failed"] == []
+        results = {p["pod"]: p["result"] for p in doc["pods"]}
+        v4 = [k for k, r in results.items() if any(":" not in ip["address"] for ip in r["ips"])]
+        assert sorted(v4) == ["default/dual-1", "default/dual-2", "dns/resolver-1", "dns/resolver-2"]
+        assert results["batch/job-1"]["ips"][0]["address"].startswith("2001:db8:0:2:ba7c:")
+        carts = [ipaddress.IPv6Interface(r["ips"][0]["address"]).ip for k, r in results.items() if k.startswith("shop/")]
+        # ip-algo namespace:16,app:16: both replicas share the top 32 bits of the interface identifier.
+        assert len(carts) == 2 and len({(int(a) >> 32) & 0xFFFFFFFF for a in carts}) == 1
+        assert doc["down"]["namespaces"] and _leftovers(directory, LabPlan.make(directory, 2).id, []) == []
+    finally:
+        with trio.move_on_after(30, shield=True):
+            await down(directory)
+        subprocess.run(["rm", "-rf", "--", str(directory)], check=False)
