@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 import attrs
 
 from flock import logs
+from flock.rpc.cniresult import SUPPORTED_VERSIONS
 from flock.shim_bundle import shim_archive
 
 log = logging.getLogger("flock.installer")
@@ -88,8 +89,17 @@ class InstallConfig:
     host_root: Path = Path("/")
     host_python: str | None = None  # None: search HOST_PYTHON_CANDIDATES
     network_name: str = DEFAULT_NETWORK_NAME
+    # The conflist's cniVersion. 1.1.0 (STATUS, GC) by default; runtimes built on
+    # libcni < 1.2 (containerd 1.7, Debian's golang-github-appc-cni-dev 1.1.2)
+    # refuse a 1.1.0 result, and need 1.0.0 here.
+    cni_version: str = CNI_VERSION
 
     def __attrs_post_init__(self) -> None:
+        if self.cni_version not in SUPPORTED_VERSIONS:
+            raise InstallError(
+                f"--cni-version {self.cni_version!r} is not a CNI version flock speaks",
+                "Use one of " + ", ".join(SUPPORTED_VERSIONS) + " (1.0.0 for runtimes on libcni older than 1.2).",
+            )
         if not PurePosixPath(self.socket).is_absolute():
             raise InstallError(f"--socket {self.socket!r} is not an absolute path", "Pass the agent socket's host path, e.g. /run/flock/flock.sock.")
         if not _NETWORK_NAME.fullmatch(self.network_name):
@@ -115,10 +125,10 @@ class InstallResult:
     shadowed_by: tuple[str, ...] = ()  # other configs the runtime would pick instead
 
 
-def conflist_bytes(network_name: str, socket: str) -> bytes:
+def conflist_bytes(network_name: str, socket: str, cni_version: str = CNI_VERSION) -> bytes:
     """The network configuration list, byte-stable so a re-run can compare it."""
     doc = {
-        "cniVersion": CNI_VERSION,
+        "cniVersion": cni_version,
         "name": network_name,
         "plugins": [{"type": PLUGIN_TYPE, "socket": socket}],
     }
@@ -261,7 +271,7 @@ def install(config: InstallConfig) -> InstallResult:
     shim = config.bin_dir / PLUGIN_TYPE
     shim_changed = write_atomic(shim, shim_bytes(python.path), 0o755)
     conflist = config.conf_dir / CONFLIST_NAME
-    conflist_changed = write_atomic(conflist, conflist_bytes(config.network_name, config.socket), 0o644)
+    conflist_changed = write_atomic(conflist, conflist_bytes(config.network_name, config.socket, config.cni_version), 0o644)
     shadowing = configs_loaded_before(config.conf_dir, CONFLIST_NAME)
     if shadowing:
         log.warning(
@@ -291,6 +301,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host-root", type=Path, default=Path("/"), help="where the host's / is mounted, to find its python3 (default %(default)s)")
     p.add_argument("--host-python", default=None, help="the host's python3 as the host sees it (default: search " + ", ".join(HOST_PYTHON_CANDIDATES) + ")")
     p.add_argument("--network-name", default=DEFAULT_NETWORK_NAME, help="the CNI network name (default %(default)s)")
+    p.add_argument(
+        "--cni-version",
+        default=CNI_VERSION,
+        help="the conflist's cniVersion (default %(default)s; 1.0.0 for runtimes on libcni older than 1.2, e.g. containerd 1.7)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     return p.parse_args(argv)
@@ -308,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 host_root=args.host_root,
                 host_python=args.host_python,
                 network_name=args.network_name,
+                cni_version=args.cni_version,
             )
         )
     except InstallError as e:

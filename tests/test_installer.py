@@ -300,3 +300,11 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch
         installer.write_atomic(target, b"new\n", 0o644)
     assert target.read_bytes() == b"old\n"
     assert [p.name for p in tmp_path.iterdir()] == [installer.CONFLIST_NAME]
+
+
+def test_cni_version_is_chosen_and_checked(tmp_path):
+    assert json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock", "1.0.0"))["cniVersion"] == "1.0.0"
+    assert json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock"))["cniVersion"] == "1.1.0"
+    with pytest.raises(installer.InstallError) as info:
+        installer.InstallConfig(cni_version="0.2.0")
+    assert "0.2.0" in str(info.value) and "1.0.0" in info.value.remedy

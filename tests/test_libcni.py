@@ -8,8 +8,8 @@ result (in a temporary directory here, not /var/lib/cni) and hands it to CHECK
 and DEL as prevResult, exactly as a runtime does.
 
 libcni 1.1.2 speaks CNI up to 1.0.0 and refuses to parse a 1.1.0 result, so
-the test uses the installed conflist with its cniVersion set to what this
-libcni speaks (1.0.0 and 0.4.0), as an operator with such a runtime must.
+the test installs the conflist with `flock-install-cni --cni-version` set to
+what this libcni speaks (1.0.0 and 0.4.0), as an operator with such a runtime must.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import trio
+
+from flock import installer
 
 from flock.lab import LabPlan, down, up
 from flock.lab._lifecycle import api_client
@@ -75,7 +77,12 @@ async def test_add_check_del_del_through_libcni(driver: Path, lab_dir: Path, tmp
             for version in ("1.0.0", "0.4.0"):
                 conf_dir = tmp_path / f"net.d-{version}"
                 conf_dir.mkdir()
-                (conf_dir / "01-flock.conflist").write_text(json.dumps({**installed, "cniVersion": version}))
+                # What an operator on such a runtime runs: the installer, told the version.
+                assert installer.main([
+                    f"--cni-bin-dir={node.cni_bin}", f"--cni-conf-dir={conf_dir}",
+                    f"--socket={installed['plugins'][0]['socket']}", f"--cni-version={version}", "--log-format=text",
+                ]) == 0
+                assert json.loads((conf_dir / "01-flock.conflist").read_text()) == {**installed, "cniVersion": version}
                 name = f"libcni-{version.replace('.', '')}"
                 await api_client(plan).create(PODS, pod_object("conformance", name, node.name, annotations={"flock.fritzlab.net/ipv4": "true"}))
                 cache = tmp_path / f"cache-{version}"
