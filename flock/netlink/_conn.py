@@ -236,13 +236,15 @@ async def routes(
     oif: int | None = None,
     dsts: "set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None" = None,
     all_links: bool = False,
+    names: "dict[int, str] | None" = None,
 ) -> list[LiveRoute]:
     """Unicast and blackhole routes of the main table (both families),
     optionally only *protocol*'s and only those with a nexthop via *oif*
     (filtered by the kernel), only those to *dsts* (filtered here, before
-    decoding).  Interface names come from one link dump when *all_links*
-    (many routes), else from a lookup per interface seen."""
-    links = Links(ipr)
+    decoding).  Interface names come from *names* (index → name the caller
+    already knows), then from one link dump when *all_links* (many routes),
+    else from a lookup per interface seen."""
+    links = Links(ipr, names=dict(names or {}))
     if all_links:
         links.names.update(await link_names(ipr))
     msgs = []
