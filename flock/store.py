@@ -315,9 +315,8 @@ class _DbThread:
     _jobs: queue.SimpleQueue = attrs.field(init=False, factory=queue.SimpleQueue)
     _thread: threading.Thread = attrs.field(init=False)
     _stopped: bool = attrs.field(init=False, default=False)
-    # Calls that ran in a group of more than one (tests and metrics read it).
+    # Calls that ran in a group of more than one (for tests and benchmarks).
     grouped_calls: int = attrs.field(init=False, default=0)
-    largest_group: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self._thread = threading.Thread(target=self._serve, name="flock-store", daemon=True)
@@ -345,7 +344,6 @@ class _DbThread:
             results = job.group([j.fn for j in batch])
             if len(batch) > 1:
                 self.grouped_calls += len(batch)
-                self.largest_group = max(self.largest_group, len(batch))
             for j, result in zip(batch, results):
                 j.deliver(result)
 
