@@ -113,7 +113,7 @@ class Flock:
     def ready(self) -> None:
         self.port = wait_ready(self.agent, self.log_path)
         self.rss_idle_mib = rss_mib(self.agent.pid)
-        self.cpu_start = cpu_seconds(self.agent.pid)
+        self.mark = (agent_totals(self.port), cpu_seconds(self.agent.pid))
 
     def stop(self) -> None:
         if self.agent is not None:
@@ -125,11 +125,20 @@ class Flock:
         config = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock", "socket": str(self.socket)}
         return run(self.plugin, command, cid, netns, config, f"K8S_POD_NAMESPACE=bench;K8S_POD_NAME={cid}")
 
-    def figures(self, pods: int) -> dict:
-        out = agent_seconds(self.port)
-        out["agent_cpu_ms_per_pod"] = round((cpu_seconds(self.agent.pid) - self.cpu_start) / pods * 1000, 2)
-        out["agent_rss_idle_mib"] = {"at_start": self.rss_idle_mib, "after": rss_mib(self.agent.pid)}
+    def phase(self, pods: int) -> dict:
+        """The agent's own mean time per ADD and DEL, and its CPU per pod,
+        since the last call (or since ready)."""
+        (before, cpu_before), now = self.mark, (agent_totals(self.port), cpu_seconds(self.agent.pid))
+        self.mark = now
+        out = {}
+        for op in ("ADD", "DEL"):
+            seconds, count = now[0][op][0] - before[op][0], now[0][op][1] - before[op][1]
+            out[f"agent_{op.lower()}_mean_ms"] = round(seconds / count * 1000, 2)
+        out["agent_cpu_ms_per_pod"] = round((now[1] - cpu_before) / pods * 1000, 2)
         return out
+
+    def rss(self) -> dict:
+        return {"at_start": self.rss_idle_mib, "after": rss_mib(self.agent.pid)}
 
 
 class Ptp:
@@ -168,14 +177,15 @@ def measure(impls: list, pool, api: ApiServer, n: int, rounds: int, seq: list[in
     return {name: {"add_ms": summary(s["add"]), "del_ms": summary(s["del"])} for name, s in samples.items()}
 
 
-def agent_seconds(port: int) -> dict:
+def agent_totals(port: int) -> dict[str, tuple[float, float]]:
+    """op → (seconds, requests) the agent's /metrics has counted so far."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     out = {}
     for op in ("ADD", "DEL"):
-        total = float(re.search(rf'flock_cni_request_duration_seconds_sum{{op="{op}"}} (\S+)', text).group(1))
-        count = float(re.search(rf'flock_cni_request_duration_seconds_count{{op="{op}"}} (\S+)', text).group(1))
-        out[f"agent_{op.lower()}_mean_ms"] = round(total / count * 1000, 2)
+        total = re.search(rf'flock_cni_request_duration_seconds_sum{{op="{op}"}} (\S+)', text)
+        count = re.search(rf'flock_cni_request_duration_seconds_count{{op="{op}"}} (\S+)', text)
+        out[op] = (float(total.group(1)), float(count.group(1))) if total and count else (0.0, 0.0)
     return out
 
 
@@ -214,19 +224,20 @@ def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
             impls = [*flocks, Ptp(str(work / "host-local"))]
             for n, r in zip(parallel, rounds):
                 figures = measure(impls, pool, api, n, r, seq)
+                for f in flocks:
+                    figures[f.name].update(f.phase(n * r))
                 for impl in impls:
                     fig = figures[impl.name]
                     results.setdefault(impl.name, {})[f"N={n}"] = fig
                     print(f"{impl.name:12} N={n:<3} ADD median {fig['add_ms']['median']:8.2f} ms  p99 {fig['add_ms']['p99']:8.2f} ms | "
                           f"DEL median {fig['del_ms']['median']:7.2f} ms  p99 {fig['del_ms']['p99']:7.2f} ms  ({fig['add_ms']['n']} pods)",
                           flush=True)
-            pods = sum(n * r for n, r in zip(parallel, rounds))
+                    if "agent_cpu_ms_per_pod" in fig:
+                        print(f"{'':12} agent's own time per request (mean): ADD {fig['agent_add_mean_ms']} ms, DEL "
+                              f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL)", flush=True)
             for f in flocks:
-                results[f.name].update(f.figures(pods))
-                fig = results[f.name]
-                print(f"{f.name}-agent, all N: own time per request {fig['agent_add_mean_ms']} ms ADD, {fig['agent_del_mean_ms']} ms DEL "
-                      f"(mean); CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL); RSS idle "
-                      f"{fig['agent_rss_idle_mib']['at_start']} MiB at start, {fig['agent_rss_idle_mib']['after']} MiB after", flush=True)
+                results[f.name]["agent_rss_idle_mib"] = rss = f.rss()
+                print(f"{f.name}-agent RSS when idle: {rss['at_start']} MiB at start, {rss['after']} MiB after the run", flush=True)
         finally:
             for f in flocks:
                 f.stop()
