@@ -7,11 +7,17 @@ re-executes itself there), with one fresh namespace per pod.  flock-agent runs
 as a real process against the flock/testing API server (no BIRD).  For each
 parallelism N, every round creates N pod namespaces, ADDs all N concurrently
 (one plugin exec each), then DELs all N; each exec's wall time is one sample.
-The agent's own time per request (from its /metrics) is reported beside it.
+The agent's own time per request (from its /metrics), its CPU time per pod
+(ADD + DEL, from /proc) and its resident memory when idle are reported beside it.
+
+``--before DIR`` also runs the flock-agent of another checkout of flock (e.g.
+``git archive <old commit> | tar -x -C DIR``) side by side, on its own node
+and pod block, with the same plugin; the implementations take turns round by
+round, so load from elsewhere on the machine hits them alike.
 
 Prints a human summary, then the figures as a final JSON line.
 
-    python bench/pods.py [--parallel 1,10] [--rounds 20,5]
+    python bench/pods.py [--parallel 1,10] [--rounds 20,5] [--before DIR]
 """
 
 from __future__ import annotations
@@ -36,8 +42,7 @@ from flock.testing.netns import netns_pool
 
 PLUGIN_DIR = "/usr/lib/cni"
 BIN = Path(sys.executable).parent
-NODE = "bench"
-V4_NET, V6_NET = "198.51.100.0/24", "2001:db8:1::/64"
+PTP_NET = "2001:db8:3::/64"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -60,54 +65,127 @@ def run(argv: list[str], command: str, cid: str, netns: str, config: dict, args:
     return elapsed
 
 
-class Flock:
-    name = "flock"
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of *pid* (all its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, plugin: list[str], socket: Path) -> None:
-        self.plugin, self.socket = plugin, socket
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Flock:
+    """One flock-agent process (from *source*: a checkout, None = this one) and the plugin."""
+
+    def __init__(self, name: str, node: str, cidr6: str, source: str | None, plugin: list[str], work: Path) -> None:
+        self.name, self.node, self.cidr6, self.source, self.plugin = name, node, cidr6, source, plugin
+        self.work = work / f"agent-{name}"
+        self.socket = self.work / "run" / "flock.sock"
+        self.agent: subprocess.Popen | None = None
+        self.port = 0
+
+    def agent_argv(self) -> list[str]:
+        if self.source is None:
+            return [str(BIN / "flock-agent")]
+        # sys.path[0] beats the venv's editable install of this checkout.
+        boot = f"import sys; sys.path.insert(0, {self.source!r}); from flock.agent import main; sys.exit(main())"
+        check = subprocess.run([sys.executable, "-c", boot.split("; from")[0] + "; import flock; print(flock.__file__)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        if not check.startswith(os.path.abspath(self.source)):
+            raise RuntimeError(f"--before {self.source}: imported flock from {check}")
+        return [sys.executable, "-c", boot]
+
+    def start(self, api: ApiServer, kubeconfig: Path) -> None:
+        self.work.mkdir(parents=True)
+        api.create(NODECONFIGS, nodeconfig_object(self.node, self.cidr6))
+        self.log_path = self.work / "agent.log"
+        self.log = open(self.log_path, "wb")
+        self.agent = subprocess.Popen(
+            self.agent_argv() + ["--node", self.node, "--socket", str(self.socket), "--state-dir", str(self.work / "state"),
+                                 "--kubeconfig", str(kubeconfig), "--health-address", "127.0.0.1:0", "--no-bird", "--uplink", "uplink"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def ready(self) -> None:
+        self.port = wait_ready(self.agent, self.log_path)
+        self.rss_idle_mib = rss_mib(self.agent.pid)
+        self.mark = (agent_totals(self.port), cpu_seconds(self.agent.pid))
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.terminate()
+            self.agent.wait(timeout=10)
+            self.log.close()
 
     def op(self, command: str, cid: str, netns: str) -> float:
         config = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock", "socket": str(self.socket)}
         return run(self.plugin, command, cid, netns, config, f"K8S_POD_NAMESPACE=bench;K8S_POD_NAME={cid}")
 
+    def phase(self, pods: int) -> dict:
+        """The agent's own mean time per ADD and DEL, and its CPU per pod,
+        since the last call (or since ready)."""
+        (before, cpu_before), now = self.mark, (agent_totals(self.port), cpu_seconds(self.agent.pid))
+        self.mark = now
+        out = {}
+        for op in ("ADD", "DEL"):
+            seconds, count = now[0][op][0] - before[op][0], now[0][op][1] - before[op][1]
+            out[f"agent_{op.lower()}_mean_ms"] = round(seconds / count * 1000, 2)
+        out["agent_cpu_ms_per_pod"] = round((now[1] - cpu_before) / pods * 1000, 2)
+        return out
+
+    def rss(self) -> dict:
+        return {"at_start": self.rss_idle_mib, "after": rss_mib(self.agent.pid)}
+
 
 class Ptp:
     name = "ptp"
+    node = "ptp"
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = data_dir
 
     def op(self, command: str, cid: str, netns: str) -> float:
         config = {"cniVersion": "1.0.0", "name": "bench", "type": "ptp", "ipMasq": False,
-                  "ipam": {"type": "host-local", "dataDir": self.data_dir, "ranges": [[{"subnet": V6_NET}]]}}
+                  "ipam": {"type": "host-local", "dataDir": self.data_dir, "ranges": [[{"subnet": PTP_NET}]]}}
         return run([f"{PLUGIN_DIR}/ptp"], command, cid, netns, config)
 
 
-def measure(impl, pool, api: ApiServer, n: int, rounds: int, seq: list[int]) -> dict:
-    add, delete = [], []
+def one_round(impl, pool, api: ApiServer, threads, n: int, seq: list[int], samples: dict) -> None:
+    pods = []
+    for _ in range(n):
+        seq[0] += 1
+        cid = f"{impl.name}-{seq[0]}"
+        api.create(PODS, pod_object("bench", cid, impl.node))
+        pods.append((cid, pool.create("pod")))
+    samples["add"] += threads.map(lambda p: impl.op("ADD", p[0], p[1].path), pods)
+    samples["del"] += threads.map(lambda p: impl.op("DEL", p[0], p[1].path), pods)
+    for _cid, ns in pods:
+        pool.delete(ns)
+
+
+def measure(impls: list, pool, api: ApiServer, n: int, rounds: int, seq: list[int]) -> dict:
+    """Each implementation runs one round in turn, *rounds* times."""
+    samples = {impl.name: {"add": [], "del": []} for impl in impls}
     with concurrent.futures.ThreadPoolExecutor(max_workers=n) as threads:
         for _ in range(rounds):
-            pods = []
-            for _ in range(n):
-                seq[0] += 1
-                cid = f"{impl.name}-{seq[0]}"
-                api.create(PODS, pod_object("bench", cid, NODE))
-                pods.append((cid, pool.create("pod")))
-            add += threads.map(lambda p: impl.op("ADD", p[0], p[1].path), pods)
-            delete += threads.map(lambda p: impl.op("DEL", p[0], p[1].path), pods)
-            for _cid, ns in pods:
-                pool.delete(ns)
-    return {"add_ms": summary(add), "del_ms": summary(delete)}
+            for impl in impls:
+                one_round(impl, pool, api, threads, n, seq, samples[impl.name])
+    return {name: {"add_ms": summary(s["add"]), "del_ms": summary(s["del"])} for name, s in samples.items()}
 
 
-def agent_seconds(port: int) -> dict:
+def agent_totals(port: int) -> dict[str, tuple[float, float]]:
+    """op → (seconds, requests) the agent's /metrics has counted so far."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     out = {}
     for op in ("ADD", "DEL"):
-        total = float(re.search(rf'flock_cni_request_duration_seconds_sum{{op="{op}"}} (\S+)', text).group(1))
-        count = float(re.search(rf'flock_cni_request_duration_seconds_count{{op="{op}"}} (\S+)', text).group(1))
-        out[f"agent_{op.lower()}_mean_ms"] = round(total / count * 1000, 2)
+        total = re.search(rf'flock_cni_request_duration_seconds_sum{{op="{op}"}} (\S+)', text)
+        count = re.search(rf'flock_cni_request_duration_seconds_count{{op="{op}"}} (\S+)', text)
+        out[op] = (float(total.group(1)), float(count.group(1))) if total and count else (0.0, 0.0)
     return out
 
 
@@ -127,39 +205,42 @@ def wait_ready(agent: subprocess.Popen, log: Path) -> int:
     raise RuntimeError("flock-agent did not become ready:\n" + log.read_text()[-2000:])
 
 
-def inside(parallel: list[int], rounds: list[int]) -> dict:
+def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
     results: dict = {}
     seq = [0]
     with tempfile.TemporaryDirectory(prefix="fl-bench-pods-") as tmp, netns_pool("fl-bench-") as pool, ApiServer() as api:
         work = Path(tmp)
-        api.create(NODECONFIGS, nodeconfig_object(NODE, V6_NET))
         api.write_kubeconfig(work / "kubeconfig")
         plugin = [str(work / "flock")]
         build_shim(work / "flock")
-        socket = work / "run" / "flock.sock"
-        log = open(work / "agent.log", "wb")
-        agent = subprocess.Popen(
-            [str(BIN / "flock-agent"), "--node", NODE, "--socket", str(socket), "--state-dir", str(work / "state"),
-             "--kubeconfig", str(work / "kubeconfig"), "--health-address", "127.0.0.1:0", "--no-bird", "--uplink", "uplink"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        flocks = [Flock("flock", "bench", "2001:db8:1::/64", None, plugin, work)]
+        if before is not None:
+            flocks.append(Flock("flock-before", "bench-before", "2001:db8:2::/64", before, plugin, work))
         try:
-            port = wait_ready(agent, work / "agent.log")
-            impls = [Flock(plugin, socket), Ptp(str(work / "host-local"))]
+            for f in flocks:
+                f.start(api, work / "kubeconfig")
+            for f in flocks:
+                f.ready()
+            impls = [*flocks, Ptp(str(work / "host-local"))]
             for n, r in zip(parallel, rounds):
+                figures = measure(impls, pool, api, n, r, seq)
+                for f in flocks:
+                    figures[f.name].update(f.phase(n * r))
                 for impl in impls:
-                    fig = measure(impl, pool, api, n, r, seq)
+                    fig = figures[impl.name]
                     results.setdefault(impl.name, {})[f"N={n}"] = fig
-                    print(f"{impl.name:5} N={n:<3} ADD median {fig['add_ms']['median']:8.2f} ms  p99 {fig['add_ms']['p99']:8.2f} ms | "
+                    print(f"{impl.name:12} N={n:<3} ADD median {fig['add_ms']['median']:8.2f} ms  p99 {fig['add_ms']['p99']:8.2f} ms | "
                           f"DEL median {fig['del_ms']['median']:7.2f} ms  p99 {fig['del_ms']['p99']:7.2f} ms  ({fig['add_ms']['n']} pods)",
                           flush=True)
-            results["flock"].update(agent_seconds(port))
-            print(f"flock-agent's own time per request (all N): {results['flock']['agent_add_mean_ms']} ms ADD, "
-                  f"{results['flock']['agent_del_mean_ms']} ms DEL (mean)", flush=True)
+                    if "agent_cpu_ms_per_pod" in fig:
+                        print(f"{'':12} agent's own time per request (mean): ADD {fig['agent_add_mean_ms']} ms, DEL "
+                              f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL)", flush=True)
+            for f in flocks:
+                results[f.name]["agent_rss_idle_mib"] = rss = f.rss()
+                print(f"{f.name}-agent RSS when idle: {rss['at_start']} MiB at start, {rss['after']} MiB after the run", flush=True)
         finally:
-            agent.terminate()
-            agent.wait(timeout=10)
-            log.close()
+            for f in flocks:
+                f.stop()
     return results
 
 
@@ -167,6 +248,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", default="1,10", help="comma-separated pod counts ADDed concurrently")
     ap.add_argument("--rounds", default="20,5", help="rounds per parallelism, same order")
+    ap.add_argument("--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parallel = [int(x) for x in args.parallel.split(",")]
@@ -174,8 +256,8 @@ def main() -> None:
     if len(parallel) != len(rounds):
         ap.error("--parallel and --rounds need the same number of entries")
     if args.inside:
-        results = inside(parallel, rounds)
-        print(json.dumps({"bench": "pods", "parallel": parallel, "rounds": rounds, "results": results}))
+        results = inside(parallel, rounds, args.before)
+        print(json.dumps({"bench": "pods", "parallel": parallel, "rounds": rounds, "before": args.before, "results": results}))
         return
     with netns_pool("fl-bench-") as pool:
         node, up = pool.create("node"), pool.create("up")
@@ -183,6 +265,8 @@ def main() -> None:
         node.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
         cmd = ["ip", "netns", "exec", node.name, sys.executable, os.path.abspath(__file__), "--inside",
                "--parallel", args.parallel, "--rounds", args.rounds]
+        if args.before:
+            cmd += ["--before", os.path.abspath(args.before)]
         proc = subprocess.run(cmd)
     sys.exit(proc.returncode)
 

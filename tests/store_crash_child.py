@@ -2,9 +2,13 @@
 stdout before it starts and acknowledging it when it is done, until the test
 SIGKILLs it.
 
-Run as ``python store_crash_child.py STATE_DIR``: a zygote that imports flock
-once, then for each number FIRST read from stdin forks a writer starting at
-row FIRST, says ``pid <pid>``, waits for it and says ``dead <signal>``.
+Run as ``python store_crash_child.py STATE_DIR [WRITERS]``: a zygote that
+imports flock once, then for each number FIRST read from stdin forks a writer
+starting at row FIRST, says ``pid <pid>``, waits for it and says
+``dead <signal>``.  Without WRITERS the writer drives :class:`SyncStore`
+directly, one write at a time; with WRITERS it drives the Trio store with
+that many concurrent tasks, so writes are group-committed (each
+acknowledgement then also says how many calls have shared a transaction).
 Forking from a zygote keeps each of the many kills cheap (no interpreter
 start-up), and the writer is a real process that dies with SIGKILL.
 """
@@ -15,8 +19,10 @@ import ipaddress
 import os
 import sys
 
+import trio
+
 from flock.model import Allocation, AllocationState
-from flock.store import SyncStore
+from flock.store import SyncStore, open_store
 
 
 def expected(n: int) -> Allocation:
@@ -52,6 +58,37 @@ def main(state_dir: str, first: int) -> None:
         n += 1
 
 
+def main_grouped(state_dir: str, first: int, writers: int) -> None:
+    """Like :func:`main`, with *writers* tasks; task t writes rows
+    first + t, first + t + writers, … and deletes its own earlier rows."""
+
+    async def writer(store, t: int) -> None:
+        n = first + t
+        while True:
+            cid = expected(n).container_id
+            await astep("p", cid, store, lambda: store.put(expected(n)))
+            await astep("c", cid, store, lambda: store.commit(cid, now=float(n) + 0.5))
+            if (n - first) // writers % 3 == 2:
+                old = expected(n - writers).container_id
+                await astep("d", old, store, lambda: store.delete(old))
+            n += writers
+
+    async def run() -> None:
+        async with open_store(state_dir) as store:
+            say("ready")
+            async with trio.open_nursery() as nursery:
+                for t in range(writers):
+                    nursery.start_soon(writer, store, t)
+
+    trio.run(run)
+
+
+async def astep(op: str, cid: str, store, write) -> None:
+    say(f"{op} {cid}")
+    await write()
+    say(f"{op.upper()} {cid} {store.grouped_calls}")
+
+
 def step(op: str, cid: str, write) -> None:
     """Announce a write (lower-case op), do it, acknowledge it (upper-case)."""
     say(f"{op} {cid}")
@@ -65,12 +102,15 @@ def say(line: str) -> None:
     os.write(1, (line + "\n").encode())
 
 
-def zygote(state_dir: str) -> None:
+def zygote(state_dir: str, writers: int) -> None:
     for line in sys.stdin:
         pid = os.fork()
         if pid == 0:
             try:
-                main(state_dir, int(line))
+                if writers:
+                    main_grouped(state_dir, int(line), writers)
+                else:
+                    main(state_dir, int(line))
             finally:
                 os._exit(1)
         say(f"pid {pid}")
@@ -80,4 +120,4 @@ def zygote(state_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    zygote(sys.argv[1])
+    zygote(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 
 from flock.model import Allocation, AllocationState
 from flock.store import FILENAME, MIGRATIONS, StoreError, SyncStore, open_store
@@ -214,3 +215,94 @@ async def test_concurrent_calls_are_serialized_on_the_store_thread(tmp_path):
                 for i in range(50):
                     nursery.start_soon(store.put, alloc(f"c{i:02d}", created=float(i)))
             assert [a.container_id for a in await store.list()] == [f"c{i:02d}" for i in range(50)]
+
+
+# -- group commit ------------------------------------------------------------
+
+
+def _refuse_container(path, cid):
+    """A real SQL failure for one row: a trigger that aborts its insert."""
+    conn = sqlite3.connect(path / FILENAME)
+    conn.execute(
+        f"CREATE TRIGGER refuse BEFORE INSERT ON allocations WHEN NEW.container_id = '{cid}' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
+    )
+    conn.commit()
+    conn.close()
+
+
+def test_a_failing_call_in_a_group_fails_alone(tmp_path):
+    SyncStore.open(tmp_path).close()
+    _refuse_container(tmp_path, "bad")
+    store = SyncStore.open(tmp_path)
+    store.put(alloc("old"))
+    results = store.run_group([
+        lambda: store.put(alloc("a")),
+        lambda: store.put(alloc("bad")),
+        lambda: store.commit("missing"),
+        lambda: store.commit("a", now=5.0),
+        lambda: store.delete("old"),
+        lambda: store.get("a"),
+    ])
+    store.close()
+    assert results[0].unwrap() is None
+    with pytest.raises(StoreError, match="refused by test"):
+        results[1].unwrap()
+    with pytest.raises(StoreError, match="no allocation to commit"):
+        results[2].unwrap()
+    assert results[3].unwrap().state is COMMITTED
+    assert results[4].unwrap() is True
+    assert results[5].unwrap() == alloc("a", state=COMMITTED, updated=5.0)
+    reopened = SyncStore.open(tmp_path)
+    assert [(a.container_id, a.state) for a in reopened.list()] == [("a", COMMITTED)]
+    reopened.close()
+
+
+def test_a_lost_group_transaction_reruns_each_call_alone(tmp_path):
+    store = SyncStore.open(tmp_path)
+
+    def end_the_transaction():
+        # What SQLite does on some I/O errors: the whole transaction is gone.
+        store._conn.execute("ROLLBACK")
+
+    results = store.run_group([
+        lambda: store.put(alloc("a")),
+        end_the_transaction,
+        lambda: store.put(alloc("b")),
+    ])
+    store.close()
+    assert results[0].unwrap() is None and results[2].unwrap() is None
+    with pytest.raises(sqlite3.OperationalError, match="no transaction"):
+        results[1].unwrap()  # run again alone, outside any transaction
+    reopened = SyncStore.open(tmp_path)
+    assert [a.container_id for a in reopened.list()] == ["a", "b"]
+    reopened.close()
+
+
+async def test_calls_queued_together_share_one_transaction(tmp_path):
+    SyncStore.open(tmp_path).close()
+    _refuse_container(tmp_path, "bad")
+    release = threading.Event()
+    with trio.fail_after(10):
+        async with open_store(tmp_path) as store:
+            outcomes = {}
+
+            async def put(cid):
+                try:
+                    await store.put(alloc(cid))
+                    outcomes[cid] = "ok"
+                except StoreError as exc:
+                    outcomes[cid] = exc.msg
+
+            async with trio.open_nursery() as nursery:
+                # Hold the store thread so the puts queue up behind it.
+                nursery.start_soon(store._thread.call, release.wait)
+                await trio.testing.wait_all_tasks_blocked()
+                for cid in ["c0", "c1", "bad", "c2", "c3"]:
+                    nursery.start_soon(put, cid)
+                await trio.testing.wait_all_tasks_blocked()
+                assert outcomes == {}
+                release.set()
+            assert store.grouped_calls == 5
+            assert outcomes == {"c0": "ok", "c1": "ok", "bad": "allocation database failed", "c2": "ok", "c3": "ok"}
+            assert [a.container_id for a in await store.list()] == ["c0", "c1", "c2", "c3"]

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import attrs
+import pytest
 
 from flock.model import AllocationState
 from flock.store import SyncStore
@@ -20,11 +21,15 @@ CHILD = Path(__file__).with_name("store_crash_child.py")
 KILLS = 50
 
 
-def test_sigkill_at_random_points_never_leaves_a_half_written_row(tmp_path):
+@pytest.mark.parametrize("writers", [0, 8], ids=["one-writer", "group-commit"])
+def test_sigkill_at_random_points_never_leaves_a_half_written_row(tmp_path, writers):
+    """writers=0: SyncStore, one write at a time.  writers=8: the Trio store
+    with eight concurrent writers, so kills land inside group commits."""
     rng = random.Random(20261121)
     acked: dict[str, str] = {}  # container ID → last acknowledged op (P, C, D; ? if unknown)
+    grouped = 0  # calls that shared a transaction, summed over the writers
     zygote = subprocess.Popen(
-        [sys.executable, str(CHILD), str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(CHILD), str(tmp_path), str(writers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     # A stuck child must fail the test, not hang it: killing the zygote ends its output.
     watchdog = threading.Timer(60, zygote.kill)
@@ -46,7 +51,7 @@ def test_sigkill_at_random_points_never_leaves_a_half_written_row(tmp_path):
                 assert line, "the zygote died"
                 lines.append(line)
             assert line == f"dead {int(signal.SIGKILL)}\n"
-            check_after_kill(tmp_path, run, lines, acked)
+            grouped += check_after_kill(tmp_path, run, lines, acked)
     finally:
         watchdog.cancel()
         zygote.kill()
@@ -54,20 +59,26 @@ def test_sigkill_at_random_points_never_leaves_a_half_written_row(tmp_path):
         zygote.stdin.close()
         zygote.stdout.close()
     assert sum(op == "C" for op in acked.values()) > KILLS  # the test really wrote
+    if writers:
+        assert grouped > KILLS  # the writes really went through group commits
 
 
-def check_after_kill(state_dir, run, lines, acked):
-    in_flight = None  # announced, not acknowledged
+def check_after_kill(state_dir, run, lines, acked) -> int:
+    """Check the store after one kill; returns the writer's last grouped-calls count."""
+    in_flight = set()  # announced, not acknowledged
+    grouped = 0
     for line in lines:
         if line == "ready\n":
             continue
-        op, cid = line.split()
+        op, cid, *count = line.split()
         if op.islower():
-            in_flight = cid
+            in_flight.add(cid)
         else:
-            acked[cid], in_flight = op, None
-    if in_flight is not None:
-        acked[in_flight] = "?"  # the kill landed in this write: either outcome is right
+            acked[cid] = op
+            in_flight.discard(cid)
+            grouped = int(count[0]) if count else grouped
+    for cid in in_flight:
+        acked[cid] = "?"  # the kill landed in this write: either outcome is right
 
     store = SyncStore.open(state_dir)
     rows = {a.container_id: a for a in store.list()}
@@ -86,3 +97,4 @@ def check_after_kill(state_dir, run, lines, acked):
             assert cid in rows, f"run {run}: acknowledged {cid} is missing"
             if op == "C":
                 assert rows[cid].state is AllocationState.COMMITTED
+    return grouped

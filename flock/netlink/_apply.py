@@ -83,8 +83,17 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
     """Host link message, pod link message for a verified pair, and whether
     this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod
-    created = False
-    for _attempt in range(2):
+    # A new pod has neither end yet: create the pair first and look only
+    # afterwards (saves two link reads on the common path).  EEXIST — an
+    # earlier attempt's pair, or a foreign ifName in the pod — goes to the
+    # checks below, which decide as they would have without this try.
+    try:
+        await host.link("add", ifname=h_name, kind="veth", peer={"ifname": p_name, "net_ns_fd": pod_fd})
+        created = True
+    except NetlinkError as exc:
+        ignore_codes(exc, errno.EEXIST)
+        created = False
+    for _attempt in range(0 if created else 2):
         h = await _conn.link_by_name(host, h_name)
         p = await _conn.link_by_name(pod, p_name)
         if h is not None:
@@ -279,10 +288,13 @@ async def leave_routes(host: AsyncIPRoute, ifnames: set[str], settings: Dataplan
     """Remove *ifnames* from every flock route: shrink multipath routes to
     the remaining nexthops, delete routes left with none.  Must run before the
     interfaces go: deleting one device kills a whole IPv4 multipath route.
-    *oif* (the index of the one name) lets the kernel filter the dump."""
+    *oif* (the index of the one name) lets the kernel filter the dump and
+    spares reading that name back."""
     changed = []
     links = _conn.Links(host)
-    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None):
+    # The one interface's index is known: no need to read its name back.
+    known = {oif: next(iter(ifnames))} if oif is not None and len(ifnames) == 1 else {}
+    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None, names=known):
         r = live.route
         if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
             continue
