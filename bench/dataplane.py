@@ -22,15 +22,15 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 import trio
+
+from stats import summary  # bench/stats.py
 
 from flock.model import Allocation
 from flock.netlink import NetlinkWorker
@@ -39,15 +39,6 @@ from flock.testing.netns import netns_pool
 PLUGIN_DIR = "/usr/lib/cni"
 V4_NET = ipaddress.ip_network("198.51.100.0/24")
 V6_NET = ipaddress.ip_network("2001:db8:1::/64")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def summary(samples: list[float]) -> dict:
-    return {"median": round(statistics.median(samples), 2), "p99": round(percentile(samples, 0.99), 2), "n": len(samples)}
 
 
 class Flock:

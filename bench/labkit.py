@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import secrets
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -18,6 +16,8 @@ from typing import Any
 
 import trio
 
+from stats import summary  # bench/stats.py
+
 from flock.lab import LabPlan, down, up
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import netns_path
@@ -25,14 +25,8 @@ from flock.lab._runtime import Attachment, PluginOutcome, exec_conflist, load_co
 from flock.testing import PODS, pod_object
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def stats_ms(samples: list[float]) -> dict[str, Any]:
-    ms = [s * 1000 for s in samples]
-    return {"median": round(statistics.median(ms), 1), "p99": round(percentile(ms, 0.99), 1), "n": len(ms)}
+    return summary(samples, scale=1000, digits=1)
 
 
 @contextlib.asynccontextmanager

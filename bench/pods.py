@@ -25,16 +25,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from stats import summary  # bench/stats.py
 
 from flock.shim_bundle import build_shim
 from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
@@ -43,15 +43,6 @@ from flock.testing.netns import netns_pool
 PLUGIN_DIR = "/usr/lib/cni"
 BIN = Path(sys.executable).parent
 PTP_NET = "2001:db8:3::/64"
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def summary(samples: list[float]) -> dict:
-    return {"median": round(statistics.median(samples), 2), "p99": round(percentile(samples, 0.99), 2), "n": len(samples)}
 
 
 def run(argv: list[str], command: str, cid: str, netns: str, config: dict, args: str = "") -> float:

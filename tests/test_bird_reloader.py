@@ -193,7 +193,7 @@ async def test_wedged_birdc_is_abandoned_at_the_deadline_and_retried(autojump_cl
 
 async def test_backoff_is_capped(autojump_clock, tmp_path: pathlib.Path) -> None:
     runner = RecordingRunner(failures={"birdc": 8})
-    reloader = await serve_quietly(tmp_path, runner, 300)
+    await serve_quietly(tmp_path, runner, 300)
     gaps = [round(b - a, 6) for a, b in zip(runner.times("birdc"), runner.times("birdc")[1:])]
     assert gaps == [1, 2, 4, 8, 16, 30, 30, 30]
 

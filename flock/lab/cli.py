@@ -105,11 +105,11 @@ async def _demo(args: argparse.Namespace) -> int:
         say("== every agent is ready, every BGP session Established")
         say("")
         say("== adding pods through the installed CNI plugin (as containerd would)")
-        for node, key, annotations, owner in DEMO_PODS:
-            notes = parse_annotations([f"{k}={v}" for k, v in annotations.items()])
+        for node, key, wanted, owner in DEMO_PODS:
+            notes = parse_annotations([f"{k}={v}" for k, v in wanted.items()])
             pod = await pod_add(plan, node, key, notes, owner=owner)
             doc["pods"].append({"pod": pod.key, "node": pod.node, "annotations": notes, "result": dict(pod.result)})
-            what = ", ".join(f"{k}={v}" for k, v in annotations.items()) or "defaults (IPv6 only)"
+            what = ", ".join(f"{k}={v}" for k, v in wanted.items()) or "defaults (IPv6 only)"
             say(f"   {_pod_line(pod)}   [{what}]")
         say("")
         say("== status")

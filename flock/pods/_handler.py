@@ -155,7 +155,7 @@ class PodHandler:
         ref = pod_ref(request.args)
         if not self.add_ready:
             raise errors.CniError(errors.TRY_AGAIN_LATER, "agent not ready", self.not_ready_reason)
-        with trio.move_on_after(self.add_deadline) as deadline:
+        with trio.move_on_after(self.add_deadline):
             async with self._locks.hold(request.container_id):
                 alloc = await self._add_locked(request, ref)
             return convert_result(cni_result(alloc, self.settings), version)
