@@ -186,7 +186,9 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
         await run_scenario(api, tmp_path, scenario)
 
         async def expire_soon() -> None:
-            await trio.sleep(0.3)
+            # Once the watch is open on the server (no guessing with a sleep).
+            while not await trio.to_thread.run_sync(lambda: api.open_requests):
+                await trio.sleep(0.01)
             await trio.to_thread.run_sync(lambda: api.compact(expire_watches=True))
 
         async def mid_stream(kube: KubeClient) -> tuple[int, list[dict[str, Any]]]:
