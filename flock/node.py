@@ -36,7 +36,7 @@ from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec, Supervisor
 from flock.pods import PENDING_DELETES, CrashPoint, PodHandler, PodService
 from flock.rpc.server import NotReadyHandler
-from flock.store import Store, open_store
+from flock.store import Store, StoreError, open_store
 from flock.watchers import ClientConfigError, KubeClient, NodeConfigWatcher, PodWatcher, open_kube_client
 
 log = logging.getLogger("flock.agent")
@@ -44,6 +44,10 @@ log = logging.getLogger("flock.agent")
 # Retrying a missing API configuration (a token file not mounted yet).
 CONFIG_RETRY_INITIAL_S = 1.0
 CONFIG_RETRY_MAX_S = 30.0
+STORE_REMEDY = (
+    "Restore the file from a backup, or move it (with its -wal and -shm files) aside to start empty: "
+    "the pods running on this node then lose their network and must be recreated"
+)
 
 
 @attrs.define(eq=False)
@@ -94,16 +98,24 @@ class NodeServices:
     # -- children ------------------------------------------------------------
 
     async def run_store(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with open_store(self.settings.state_dir) as store:
-            log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
-            self.slot.store = store
-            self.agent.server.handler = self.handler
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self.agent.server.handler = NotReadyHandler("the allocation store is closed")
-                self.slot.store = None
+        """Open the store and hand the RPC server the pod handler.
+
+        A :class:`StoreError` (unreadable or corrupt database) propagates with
+        what the operator can do appended; the agent exits on it (fatal)."""
+        try:
+            async with open_store(self.settings.state_dir) as store:
+                log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
+                self.slot.store = store
+                self.agent.server.handler = self.handler
+                try:
+                    task_status.started()
+                    await trio.sleep_forever()
+                finally:
+                    self.agent.server.handler = NotReadyHandler("the allocation store is closed")
+                    self.slot.store = None
+        except StoreError as exc:
+            exc.details = f"{exc.details}. {STORE_REMEDY}"
+            raise
 
     async def run_node(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect to the API server (retrying a missing configuration), then run the subtree."""
@@ -216,7 +228,8 @@ def compose_services(settings: AgentSettings, *, crash: CrashPoint = CrashPoint(
     services.register_metrics()
     host, port = settings.health_address
     services.health = HealthServer(host, port, services.readiness, metrics.render)
-    agent.add_child(ChildSpec("store", services.run_store), before="rpc")
+    # A corrupt or unreadable database stays so across restarts: exit at once, naming it.
+    agent.add_child(ChildSpec("store", services.run_store, fatal=(StoreError,)), before="rpc")
     agent.add_child(ChildSpec("health", services.health.run))
     agent.add_child(ChildSpec("node", services.run_node))
     return services
