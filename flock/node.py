@@ -189,6 +189,22 @@ class NodeServices:
             missing.append(f"ADD not served: {self.handler.not_ready_reason}")
         return missing
 
+    def notes(self) -> list[str]:
+        """Degraded states that do not stop ADD: shown by /readyz, also as metrics."""
+        out = []
+        nc = self.nodeconfigs
+        if nc is not None and nc.current is not None:
+            if nc.deleted:
+                out.append(f"NodeConfig {self.settings.node} was deleted; serving with the last one seen "
+                           f"(cidr6 {nc.current.cidr6}); recreate it, or drain the node before removing flock")
+            if nc.invalid is not None:
+                out.append(f"NodeConfig {self.settings.node} update refused ({nc.invalid}); serving with the previous one")
+        if self.reloader is not None and self.reloader.last_error is not None:
+            # BIRD runs beside the agent: pods get addresses and local routes
+            # without it; only announcing them waits, and the reloader retries.
+            out.append(f"BIRD not configured yet (retrying): {self.reloader.last_error}")
+        return out
+
     def _allocation_counts(self) -> dict[str, float]:
         counts = {f'state="{s.value}"': 0.0 for s in AllocationState}
         for alloc in self.handler.allocations.values():
@@ -199,9 +215,15 @@ class NodeServices:
         m = self.metrics
         m.gauge("flock_allocations", "Pod allocations this agent holds, by state.", "gauge", self._allocation_counts)
         m.gauge("flock_ready", "1 when /readyz passes.", "gauge", lambda: {"": 0.0 if self.readiness() else 1.0})
+        m.gauge("flock_nodeconfig_deleted", "1 while this node's NodeConfig is deleted and the last one is in force.", "gauge",
+                lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.deleted)})
+        m.gauge("flock_nodeconfig_refused", "1 while the newest NodeConfig is invalid and the previous one is in force.", "gauge",
+                lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.invalid is not None)})
         if self.reloader is not None:
             r = self.reloader
             m.gauge("flock_bird_reloads_total", "Successful birdc configure calls.", "counter", lambda: {"": float(r.reloads)})
+            m.gauge("flock_bird_pending", "1 while BIRD has not taken the newest config (reloader retrying).", "gauge",
+                    lambda: {"": float(r.last_error is not None)})
             m.gauge("flock_bird_reload_failures_total", "Failed BIRD check/configure attempts.", "counter", lambda: {"": float(r.failures)})
 
 
@@ -227,7 +249,7 @@ def compose_services(settings: AgentSettings, *, crash: CrashPoint = CrashPoint(
         handler.on_change = services.reloader.poke
     services.register_metrics()
     host, port = settings.health_address
-    services.health = HealthServer(host, port, services.readiness, metrics.render)
+    services.health = HealthServer(host, port, services.readiness, metrics.render, services.notes)
     # A corrupt or unreadable database stays so across restarts: exit at once, naming it.
     agent.add_child(ChildSpec("store", services.run_store, fatal=(StoreError,)), before="rpc")
     agent.add_child(ChildSpec("health", services.health.run))

@@ -131,14 +131,25 @@ class Lab:
         if self.bird:
             self.bird_config.parent.mkdir(parents=True, exist_ok=True)
             self.bird_config.write_text(BOOTSTRAP_BIRD)
-            log = open(self.tmp / "bird.log", "ab")
-            # `ip netns exec` execs bird in place, so the pid we kill is bird's.
-            self._bird_proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.node.name, "bird", "-f", "-c", str(self.bird_config), "-s", str(self.bird_socket)],
-                stdout=log, stderr=log,
-            )
-            log.close()
-            wait_for("bird's control socket", self.bird_socket.exists)
+            self.start_bird()
+
+    def start_bird(self) -> None:
+        """Run bird2 in the node netns on whatever config is on disk."""
+        log = open(self.tmp / "bird.log", "ab")
+        # `ip netns exec` execs bird in place, so the pid we kill is bird's.
+        self._bird_proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.node.name, "bird", "-f", "-c", str(self.bird_config), "-s", str(self.bird_socket)],
+            stdout=log, stderr=log,
+        )
+        log.close()
+        wait_for("bird's control socket", self.bird_socket.exists)
+
+    def stop_bird(self) -> None:
+        assert self._bird_proc is not None
+        self._bird_proc.kill()
+        self._bird_proc.wait(timeout=10)
+        self._bird_proc = None
+        self.bird_socket.unlink(missing_ok=True)
 
     @property
     def socket(self) -> Path:
@@ -202,5 +213,4 @@ class Lab:
             if agent.proc is not None and agent.proc.poll() is None:
                 agent.kill()
         if self._bird_proc is not None:
-            self._bird_proc.kill()
-            self._bird_proc.wait(timeout=10)
+            self.stop_bird()

@@ -4,12 +4,13 @@ missing, signals) and what the agent must do about it."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
 
 import pytest
 
-from agent_lab import Lab
-from flock.testing import ApiServer
+from agent_lab import CIDR4, CIDR6, NODE, Lab, wait_for
+from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.testing.netns import netns_pool
 
 pytestmark = pytest.mark.usefixtures("require_root")
@@ -63,3 +64,46 @@ def test_second_agent_on_the_socket_exits_at_once_and_the_first_keeps_serving(la
     assert line == f"flock-agent: fatal: another flock-agent answers on {lab.socket}"
     assert first.proc.poll() is None and lab.socket.exists()
     assert lab.cni("STATUS").status == 0
+
+
+def _metric(agent, name: str) -> float:
+    lines = [line for line in agent.get("/metrics")[1].splitlines() if line.startswith(name + " ")]
+    assert len(lines) == 1, name
+    return float(lines[0].split()[1])
+
+
+def _add(lab, cid: str, pod: str):
+    lab.api.create(PODS, pod_object("default", pod, NODE))
+    out = lab.cni("ADD", cid, lab.pool.create(pod), pod)
+    assert out.status == 0, out
+    return ipaddress.ip_interface(out.json["ips"][0]["address"]).ip
+
+
+def test_nodeconfig_refused_then_deleted_keeps_serving_with_the_last_good_one(lab):
+    agent = lab.agent()
+    agent.wait_ready()
+    first = _add(lab, "c0ffee01", "web-0")
+    routes = lab.flock_routes()
+
+    lab.api.patch(NODECONFIGS, NODE, {"spec": {"cidr6": "2001:db8:0:1::/200"}})
+    wait_for("the refusal", lambda: any(r.get("msg", "").startswith("NodeConfig host001 refused") for r in agent.records()))
+    refusal = next(r for r in agent.records() if r.get("msg", "").startswith("NodeConfig host001 refused"))
+    assert (refusal["field"], refusal["value"]) == ("spec.cidr6", "'2001:db8:0:1::/200'")
+    status, body = agent.get("/readyz")
+    assert status == 200 and "update refused" in body and "serving with the previous one" in body, body
+    assert _metric(agent, "flock_nodeconfig_refused") == 1.0
+    assert _add(lab, "c0ffee02", "web-1") in ipaddress.ip_network(CIDR6)
+
+    lab.api.delete(NODECONFIGS, NODE)
+    wait_for("the deletion", lambda: _metric(agent, "flock_nodeconfig_deleted") == 1.0)
+    status, body = agent.get("/readyz")
+    assert status == 200 and f"NodeConfig {NODE} was deleted; serving with the last one seen (cidr6 {CIDR6})" in body, body
+    assert set(routes) <= set(lab.flock_routes())  # no route dropped
+    assert _add(lab, "c0ffee03", "web-2") in ipaddress.ip_network(CIDR6)
+    assert lab.cni("STATUS").status == 0
+    assert {a.ip6 for a in lab.rows().values()} >= {first}
+
+    lab.api.create(NODECONFIGS, nodeconfig_object(NODE, CIDR6, cidr4=CIDR4))
+    wait_for("the recreation", lambda: _metric(agent, "flock_nodeconfig_deleted") == 0.0)
+    assert agent.get("/readyz") == (200, "ready\n")
+    assert _metric(agent, "flock_nodeconfig_refused") == 0.0
