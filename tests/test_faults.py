@@ -107,3 +107,31 @@ def test_nodeconfig_refused_then_deleted_keeps_serving_with_the_last_good_one(la
     wait_for("the recreation", lambda: _metric(agent, "flock_nodeconfig_deleted") == 0.0)
     assert agent.get("/readyz") == (200, "ready\n")
     assert _metric(agent, "flock_nodeconfig_refused") == 0.0
+
+
+@pytest.fixture
+def bird_lab(tmp_path, require_bird):
+    with netns_pool("fl-fault-") as pool, ApiServer() as api:
+        lab = Lab(tmp_path, pool, api, bird=True)
+        try:
+            yield lab
+        finally:
+            lab.close()
+
+
+def test_without_bird_add_is_served_and_the_config_is_applied_once_bird_comes_up(bird_lab):
+    lab = bird_lab
+    lab.stop_bird()  # no BIRD and no control socket when the agent starts
+    agent = lab.agent()
+    agent.wait_ready()
+    _add(lab, "c0ffee01", "web-0")
+    wait_for("the BIRD note", lambda: _metric(agent, "flock_bird_pending") == 1.0)
+    status, body = agent.get("/readyz")
+    assert status == 200 and f"BIRD not configured yet (retrying): configure: birdc -s {lab.bird_socket} configure" in body, body
+    assert _metric(agent, "flock_bird_reloads_total") == 0.0
+
+    lab.start_bird()  # on the config the agent rendered and checked meanwhile
+    wait_for("the retried configure", lambda: _metric(agent, "flock_bird_pending") == 0.0, 40)
+    assert _metric(agent, "flock_bird_reloads_total") == 1.0
+    assert agent.get("/readyz") == (200, "ready\n")
+    assert "tor1" in lab.birdc("show", "protocols")
