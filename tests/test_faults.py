@@ -4,12 +4,15 @@ missing, signals) and what the agent must do about it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
+import signal
 import time
 
 import pytest
 
 from agent_lab import CIDR4, CIDR6, NODE, Lab, wait_for
+from flock.model import AllocationState
 from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.testing.netns import netns_pool
 
@@ -135,3 +138,68 @@ def test_without_bird_add_is_served_and_the_config_is_applied_once_bird_comes_up
     assert _metric(agent, "flock_bird_reloads_total") == 1.0
     assert agent.get("/readyz") == (200, "ready\n")
     assert "tor1" in lab.birdc("show", "protocols")
+
+
+def _ips(outcome) -> list[str]:
+    return [i["address"] for i in outcome.json["ips"]]
+
+
+def test_sigterm_with_adds_in_flight_loses_and_duplicates_nothing(lab):
+    pods = [f"web-{i}" for i in range(6)]
+    for i, pod in enumerate(pods):  # the lab's IPv4 block has 5 addresses
+        lab.api.create(PODS, pod_object("default", pod, NODE, annotations={"flock.fritzlab.net/ipv4": str(i < 4).lower()}))
+    netns = {pod: lab.pool.create(pod) for pod in [*pods, "late-0"]}
+    cids = {pod: f"c0ffee{i:02x}" for i, pod in enumerate(netns)}
+    agent = lab.agent()
+    agent.wait_ready()
+
+    with concurrent.futures.ThreadPoolExecutor(len(netns)) as pool:
+        # late-0 is not on the API server yet: its ADD is still waiting when the drain ends.
+        futures = {pod: pool.submit(lab.cni, "ADD", cids[pod], netns[pod], pod) for pod in netns}
+        wait_for("ADDs in flight", lambda: sum(r.get("op") == "ADD" for r in agent.records()) >= 3)
+        agent.proc.send_signal(signal.SIGTERM)
+        first = {pod: f.result() for pod, f in futures.items()}
+    assert agent.wait_exit() == 0
+    for pod, out in first.items():
+        assert out.status == 0 or out.code == 11, (pod, out)
+    assert first["late-0"].json["msg"] == "flock-agent is shutting down", first["late-0"]  # not "unreachable"
+    before = {cid: a for cid, a in lab.rows().items()}
+
+    lab.api.create(PODS, pod_object("default", "late-0", NODE))
+    agent = lab.agent()
+    agent.wait_ready()
+    retried = {pod: lab.cni("ADD", cids[pod], netns[pod], pod) for pod in netns}
+    for pod, out in retried.items():
+        assert out.status == 0, (pod, out)
+        if first[pod].status == 0:
+            assert _ips(out) == _ips(first[pod]), pod  # committed before the signal: the same
+        if cids[pod] in before:
+            assert {ipaddress.ip_interface(a).ip for a in _ips(out)} >= {before[cids[pod]].ip6}, pod  # pending: reused
+    every = [a for out in retried.values() for a in _ips(out)]
+    assert len(every) == len(set(every))
+    assert {a.state for a in lab.rows().values()} == {AllocationState.COMMITTED} and len(lab.rows()) == len(netns)
+    assert len(lab.flock_links()) == len(netns)
+
+
+def test_three_sigkill_restarts_in_a_row_keep_every_pod_and_address(lab):
+    pods = [f"web-{i}" for i in range(4)]
+    for pod in pods:
+        lab.api.create(PODS, pod_object("default", pod, NODE, annotations={"flock.fritzlab.net/ipv4": "true"}))
+    netns = {pod: lab.pool.create(pod) for pod in pods}
+    agent = lab.agent()
+    agent.wait_ready()
+    first = {pod: _ips(lab.cni("ADD", f"c0ffee{i:02x}", netns[pod], pod)) for i, pod in enumerate(pods)}
+    links, routes = lab.flock_links(), lab.flock_routes()
+    for _ in range(3):
+        agent.kill()
+        agent = lab.agent()
+        # Killed again as soon as it answers: no time to settle.
+        wait_for("the socket", lambda: lab.cni("STATUS").status in (0, 1) and lab.socket.exists())
+    agent.wait_ready()
+    assert {pod: _ips(lab.cni("ADD", f"c0ffee{i:02x}", netns[pod], pod)) for i, pod in enumerate(pods)} == first
+    assert lab.flock_links() == links and lab.flock_routes() == routes
+    assert len(lab.rows()) == len(pods)
+    fresh = lab.pool.create("web-9")
+    lab.api.create(PODS, pod_object("default", "web-9", NODE, annotations={"flock.fritzlab.net/ipv4": "true"}))
+    extra = _ips(lab.cni("ADD", "c0ffee99", fresh, "web-9"))
+    assert not set(extra) & {a for ips in first.values() for a in ips}  # nothing handed out twice
