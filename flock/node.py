@@ -17,6 +17,14 @@ The node subtree restarts as one: a new API client means new watchers and a
 fresh start-up (idempotent).  A missing API configuration (not in a cluster,
 no --kubeconfig) is logged and retried with backoff rather than ending the
 agent, so DEL keeps working on a node whose API access is broken.
+
+Degraded but serving (``/readyz`` stays 200 and lists them as notes, each
+with a gauge): the NodeConfig deleted (the last one stays in force — routes
+and BGP announcements are kept; a restarted agent waits for a new one), a
+NodeConfig update refused as invalid (the previous one stays), BIRD not
+configured yet (pods get addresses and local routes without it; the reloader
+retries).  Fatal at start (exit 1 at once, one ``flock-agent: fatal:`` line on
+stderr): an unusable state directory or database, another agent on the socket.
 """
 
 from __future__ import annotations

@@ -203,3 +203,17 @@ def test_three_sigkill_restarts_in_a_row_keep_every_pod_and_address(lab):
     lab.api.create(PODS, pod_object("default", "web-9", NODE, annotations={"flock.fritzlab.net/ipv4": "true"}))
     extra = _ips(lab.cni("ADD", "c0ffee99", fresh, "web-9"))
     assert not set(extra) & {a for ips in first.values() for a in ips}  # nothing handed out twice
+
+
+def test_every_request_log_line_names_container_pod_and_op(lab):
+    agent = lab.agent()
+    agent.wait_ready()
+    served_from = len(agent.records())
+    _add(lab, "c0ffee01", "web-0")
+    assert lab.cni("ADD", "c0ffee01", lab.pool.create("again"), "web-1").status == 1  # same container, other pod
+    assert lab.cni("ADD", "c0ffee02", lab.pool.create("bad"), "Bad_Name").code == 4
+    assert lab.cni("DEL", "c0ffee01", pod="web-0").status == 0
+    lines = [r for r in agent.records()[served_from:] if r["logger"] in ("flock.pods", "flock.rpc", "flock.netlink")]
+    assert {r["msg"] for r in lines} >= {"pod network ready", "pod network removed", "request served", "request failed"}
+    for r in lines:
+        assert r.get("op") in ("ADD", "DEL") and r.get("container_id", "").startswith("c0ffee") and r.get("pod", "").startswith("default/"), r
