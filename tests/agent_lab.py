@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +167,9 @@ class Lab:
     def bird_socket(self) -> Path:
         return self.tmp / "bird.ctl"
 
-    def agent(self, **env: str) -> AgentProcess:
-        argv = [
+    def agent(self, *, prefix: Sequence[str] = (), **env: str) -> AgentProcess:
+        """Start flock-agent (run by *prefix*, e.g. ``unshare -m sh -c '…; exec "$@"' sh``)."""
+        argv = [*prefix,
             str(BIN / "flock-agent"), "--node", NODE, "--socket", str(self.socket), "--state-dir", str(self.state_dir),
             "--kubeconfig", str(self.tmp / "kubeconfig"), "--health-address", "127.0.0.1:0",
             "--host-netns", self.node.path, "--uplink", "uplink", "--bgp-lab-timers",

@@ -217,3 +217,13 @@ def test_every_request_log_line_names_container_pod_and_op(lab):
     assert {r["msg"] for r in lines} >= {"pod network ready", "pod network removed", "request served", "request failed"}
     for r in lines:
         assert r.get("op") in ("ADD", "DEL") and r.get("container_id", "").startswith("c0ffee") and r.get("pod", "").startswith("default/"), r
+
+
+def test_read_only_state_dir_exits_at_once(lab):
+    lab.state_dir.mkdir(mode=0o700)
+    # A read-only bind mount in a private mount namespace: the host's mounts are untouched.
+    ro = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+          f'mount --bind "{lab.state_dir}" "{lab.state_dir}" && mount -o remount,bind,ro "{lab.state_dir}" && exec "$@"', "sh"]
+    line = _fatal_exit(lab.agent(prefix=ro))
+    assert line == f"flock-agent: fatal: state directory {lab.state_dir}: not writable (read-only mount?); " \
+                   "mount a writable directory there or pass --state-dir"
