@@ -28,7 +28,7 @@ import trio
 
 from flock import logs
 from flock.nursery import ChildSpec, RestartIntensity, Supervisor, SupervisorEscalation
-from flock.rpc.server import RpcServer
+from flock.rpc.server import RpcServer, SocketInUse
 
 log = logging.getLogger("flock.agent")
 
@@ -41,6 +41,10 @@ ROOT_INTENSITY = RestartIntensity(max_restarts=5, period=60.0)
 
 EXIT_OK = 0
 EXIT_ESCALATED = 1
+
+
+class StateDirError(Exception):
+    """The state directory cannot be created or written; the message names it and what to do."""
 
 
 DEFAULT_HEALTH_ADDRESS = ("127.0.0.1", 9464)
@@ -76,7 +80,8 @@ class Agent:
 
     def __attrs_post_init__(self) -> None:
         self.server = RpcServer(self.settings.socket)
-        self.add_child(ChildSpec("rpc", self.server.run), drain=self.server.drain)
+        # Another agent on the socket does not go away by restarting: exit at once.
+        self.add_child(ChildSpec("rpc", self.server.run, fatal=(SocketInUse,)), drain=self.server.drain)
 
     def add_child(self, spec: ChildSpec, *, before: str | None = None, drain: Callable[[], Awaitable[None]] | None = None) -> None:
         """Supervise *spec* (after the existing services, or just before the one named
@@ -94,7 +99,7 @@ class Agent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until a signal (returns) or until the tree escalates (SupervisorEscalation)."""
-        self.settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_state_dir(self.settings.state_dir)
         log.info("starting", extra={"node": self.settings.node, "socket": str(self.settings.socket)})
         with self._root:
             await Supervisor("flock-agent", self.children, intensity=self.intensity).run(task_status=task_status)
@@ -121,6 +126,19 @@ class Agent:
                     else:
                         log.info("signal: shutting down", extra={"signal": name})
                         nursery.start_soon(self.shutdown)
+
+
+def _check_state_dir(path: Path) -> None:
+    """Create *path* if needed; raise :class:`StateDirError` unless it is a writable directory."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        what = "exists and is not a directory" if path.exists() and not path.is_dir() else f"cannot create it ({exc.strerror})"
+        raise StateDirError(f"state directory {path}: {what}; "
+                            "mount a writable directory there or pass --state-dir") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StateDirError(f"state directory {path}: not writable (read-only mount?); "
+                            "mount a writable directory there or pass --state-dir")
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -173,10 +191,22 @@ def serve(agent: Agent, clock: trio.abc.Clock | None = None) -> int:
     """Run *agent* to completion; the process exit status."""
     try:
         trio.run(agent.run, clock=clock)
-    except SupervisorEscalation:
+    except StateDirError as exc:
+        log.critical("cannot start", extra={"error": str(exc)})
+        _tell_operator(str(exc))
+        return EXIT_ESCALATED
+    except SupervisorEscalation as exc:
         log.critical("supervision tree gave up", exc_info=True)
+        if exc.fatal:
+            _tell_operator(f"{exc.__cause__}")
         return EXIT_ESCALATED
     return EXIT_OK
+
+
+def _tell_operator(message: str) -> None:
+    # One plain last line on stderr: what `kubectl logs --previous` shows first
+    # when the container exits at once instead of restarting for minutes.
+    print(f"flock-agent: fatal: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -17,6 +17,14 @@ The node subtree restarts as one: a new API client means new watchers and a
 fresh start-up (idempotent).  A missing API configuration (not in a cluster,
 no --kubeconfig) is logged and retried with backoff rather than ending the
 agent, so DEL keeps working on a node whose API access is broken.
+
+Degraded but serving (``/readyz`` stays 200 and lists them as notes, each
+with a gauge): the NodeConfig deleted (the last one stays in force — routes
+and BGP announcements are kept; a restarted agent waits for a new one), a
+NodeConfig update refused as invalid (the previous one stays), BIRD not
+configured yet (pods get addresses and local routes without it; the reloader
+retries).  Fatal at start (exit 1 at once, one ``flock-agent: fatal:`` line on
+stderr): an unusable state directory or database, another agent on the socket.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec, Supervisor
 from flock.pods import PENDING_DELETES, CrashPoint, PodHandler, PodService
 from flock.rpc.server import NotReadyHandler
-from flock.store import Store, open_store
+from flock.store import Store, StoreError, open_store
 from flock.watchers import ClientConfigError, KubeClient, NodeConfigWatcher, PodWatcher, open_kube_client
 
 log = logging.getLogger("flock.agent")
@@ -44,6 +52,10 @@ log = logging.getLogger("flock.agent")
 # Retrying a missing API configuration (a token file not mounted yet).
 CONFIG_RETRY_INITIAL_S = 1.0
 CONFIG_RETRY_MAX_S = 30.0
+STORE_REMEDY = (
+    "Restore the file from a backup, or move it (with its -wal and -shm files) aside to start empty: "
+    "the pods running on this node then lose their network and must be recreated"
+)
 
 
 @attrs.define(eq=False)
@@ -94,16 +106,24 @@ class NodeServices:
     # -- children ------------------------------------------------------------
 
     async def run_store(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with open_store(self.settings.state_dir) as store:
-            log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
-            self.slot.store = store
-            self.agent.server.handler = self.handler
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self.agent.server.handler = NotReadyHandler("the allocation store is closed")
-                self.slot.store = None
+        """Open the store and hand the RPC server the pod handler.
+
+        A :class:`StoreError` (unreadable or corrupt database) propagates with
+        what the operator can do appended; the agent exits on it (fatal)."""
+        try:
+            async with open_store(self.settings.state_dir) as store:
+                log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
+                self.slot.store = store
+                self.agent.server.handler = self.handler
+                try:
+                    task_status.started()
+                    await trio.sleep_forever()
+                finally:
+                    self.agent.server.handler = NotReadyHandler("the allocation store is closed")
+                    self.slot.store = None
+        except StoreError as exc:
+            exc.details = f"{exc.details}. {STORE_REMEDY}"
+            raise
 
     async def run_node(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect to the API server (retrying a missing configuration), then run the subtree."""
@@ -177,6 +197,22 @@ class NodeServices:
             missing.append(f"ADD not served: {self.handler.not_ready_reason}")
         return missing
 
+    def notes(self) -> list[str]:
+        """Degraded states that do not stop ADD: shown by /readyz, also as metrics."""
+        out = []
+        nc = self.nodeconfigs
+        if nc is not None and nc.current is not None:
+            if nc.deleted:
+                out.append(f"NodeConfig {self.settings.node} was deleted; serving with the last one seen "
+                           f"(cidr6 {nc.current.cidr6}); recreate it, or drain the node before removing flock")
+            if nc.invalid is not None:
+                out.append(f"NodeConfig {self.settings.node} update refused ({nc.invalid}); serving with the previous one")
+        if self.reloader is not None and self.reloader.last_error is not None:
+            # BIRD runs beside the agent: pods get addresses and local routes
+            # without it; only announcing them waits, and the reloader retries.
+            out.append(f"BIRD not configured yet (retrying): {self.reloader.last_error}")
+        return out
+
     def _allocation_counts(self) -> dict[str, float]:
         counts = {f'state="{s.value}"': 0.0 for s in AllocationState}
         for alloc in self.handler.allocations.values():
@@ -187,9 +223,15 @@ class NodeServices:
         m = self.metrics
         m.gauge("flock_allocations", "Pod allocations this agent holds, by state.", "gauge", self._allocation_counts)
         m.gauge("flock_ready", "1 when /readyz passes.", "gauge", lambda: {"": 0.0 if self.readiness() else 1.0})
+        m.gauge("flock_nodeconfig_deleted", "1 while this node's NodeConfig is deleted and the last one is in force.", "gauge",
+                lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.deleted)})
+        m.gauge("flock_nodeconfig_refused", "1 while the newest NodeConfig is invalid and the previous one is in force.", "gauge",
+                lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.invalid is not None)})
         if self.reloader is not None:
             r = self.reloader
             m.gauge("flock_bird_reloads_total", "Successful birdc configure calls.", "counter", lambda: {"": float(r.reloads)})
+            m.gauge("flock_bird_pending", "1 while BIRD has not taken the newest config (reloader retrying).", "gauge",
+                    lambda: {"": float(r.last_error is not None)})
             m.gauge("flock_bird_reload_failures_total", "Failed BIRD check/configure attempts.", "counter", lambda: {"": float(r.failures)})
 
 
@@ -215,8 +257,9 @@ def compose_services(settings: AgentSettings, *, crash: CrashPoint = CrashPoint(
         handler.on_change = services.reloader.poke
     services.register_metrics()
     host, port = settings.health_address
-    services.health = HealthServer(host, port, services.readiness, metrics.render)
-    agent.add_child(ChildSpec("store", services.run_store), before="rpc")
+    services.health = HealthServer(host, port, services.readiness, metrics.render, services.notes)
+    # A corrupt or unreadable database stays so across restarts: exit at once, naming it.
+    agent.add_child(ChildSpec("store", services.run_store, fatal=(StoreError,)), before="rpc")
     agent.add_child(ChildSpec("health", services.health.run))
     agent.add_child(ChildSpec("node", services.run_node))
     return services

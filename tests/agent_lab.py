@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,14 +131,25 @@ class Lab:
         if self.bird:
             self.bird_config.parent.mkdir(parents=True, exist_ok=True)
             self.bird_config.write_text(BOOTSTRAP_BIRD)
-            log = open(self.tmp / "bird.log", "ab")
-            # `ip netns exec` execs bird in place, so the pid we kill is bird's.
-            self._bird_proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.node.name, "bird", "-f", "-c", str(self.bird_config), "-s", str(self.bird_socket)],
-                stdout=log, stderr=log,
-            )
-            log.close()
-            wait_for("bird's control socket", self.bird_socket.exists)
+            self.start_bird()
+
+    def start_bird(self) -> None:
+        """Run bird2 in the node netns on whatever config is on disk."""
+        log = open(self.tmp / "bird.log", "ab")
+        # `ip netns exec` execs bird in place, so the pid we kill is bird's.
+        self._bird_proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.node.name, "bird", "-f", "-c", str(self.bird_config), "-s", str(self.bird_socket)],
+            stdout=log, stderr=log,
+        )
+        log.close()
+        wait_for("bird's control socket", self.bird_socket.exists)
+
+    def stop_bird(self) -> None:
+        assert self._bird_proc is not None
+        self._bird_proc.kill()
+        self._bird_proc.wait(timeout=10)
+        self._bird_proc = None
+        self.bird_socket.unlink(missing_ok=True)
 
     @property
     def socket(self) -> Path:
@@ -156,8 +167,9 @@ class Lab:
     def bird_socket(self) -> Path:
         return self.tmp / "bird.ctl"
 
-    def agent(self, **env: str) -> AgentProcess:
-        argv = [
+    def agent(self, *, prefix: Sequence[str] = (), **env: str) -> AgentProcess:
+        """Start flock-agent (run by *prefix*, e.g. ``unshare -m sh -c '…; exec "$@"' sh``)."""
+        argv = [*prefix,
             str(BIN / "flock-agent"), "--node", NODE, "--socket", str(self.socket), "--state-dir", str(self.state_dir),
             "--kubeconfig", str(self.tmp / "kubeconfig"), "--health-address", "127.0.0.1:0",
             "--host-netns", self.node.path, "--uplink", "uplink", "--bgp-lab-timers",
@@ -202,5 +214,4 @@ class Lab:
             if agent.proc is not None and agent.proc.poll() is None:
                 agent.kill()
         if self._bird_proc is not None:
-            self._bird_proc.kill()
-            self._bird_proc.wait(timeout=10)
+            self.stop_bird()

@@ -258,3 +258,26 @@ async def test_real_runner_checks_with_bird_and_reports_bird_down(require_bird: 
     assert "bird.ctl" in info.value.output
     assert (tmp_path / "bird.conf").read_text() == render(NODE, settings=SETTINGS)
 
+
+
+async def test_a_missing_birdc_binary_is_retried_and_reported_until_it_works(autojump_clock, tmp_path: pathlib.Path) -> None:
+    runner = RecordingRunner()
+    missing = {"left": 2}
+
+    async def not_installed_yet(argv: Sequence[str]) -> subprocess.CompletedProcess:
+        if argv[0] == "birdc" and missing["left"] > 0:
+            missing["left"] -= 1
+            raise FileNotFoundError(2, "No such file or directory")
+        return await runner(argv)
+
+    reloader = make(tmp_path, runner)
+    reloader.runner = not_installed_yet
+    with trio.fail_after(60):
+        async with serving(reloader):
+            await trio.sleep(1)
+            assert reloader.last_error == "configure: birdc -s {} configure exited 127: cannot run birdc: No such file or directory".format(
+                tmp_path / "bird.ctl")
+            await trio.sleep(10)
+    # 0.5 debounce, then 1 and 2 s of backoff: the third attempt finds birdc.
+    assert runner.times("birdc") == [3.5]
+    assert reloader.reloads == 1 and reloader.failures == 2 and reloader.last_error is None

@@ -256,3 +256,21 @@ async def test_nested_supervisor_escalation_is_a_crash_of_the_parents_child(auto
     assert inner_starts == [0.0, 1.0, 11.0, 12.0]
     assert info.value.supervisor == "outer" and info.value.child == "inner"
     assert isinstance(info.value.__cause__, SupervisorEscalation)
+
+
+async def test_a_fatal_failure_escalates_at_once_other_failures_restart(autojump_clock):
+    runs = []
+
+    async def child(*, task_status):
+        runs.append(trio.current_time())
+        await trio.sleep(1)
+        raise (Boom if len(runs) < 2 else KeyError)("broken for good")
+
+    sup = Supervisor("root", [ChildSpec("db", child, backoff=FAST, fatal=(KeyError,))], intensity=RestartIntensity(5, 60.0))
+    with trio.fail_after(60):
+        with pytest.raises(SupervisorEscalation) as info:
+            await sup.run()
+    # Boom at 1 → restarted at 2; KeyError at 3 → no restart, no backoff.
+    assert runs == [0.0, 2.0] and trio.current_time() == 3.0
+    assert info.value.fatal and isinstance(info.value.__cause__, KeyError)
+    assert "a restart cannot fix" in str(info.value)

@@ -92,7 +92,8 @@ class BirdReloader:
 
     Error handling: a failed check (``bird -p``) or ``birdc configure`` (BIRD
     down, config rejected) is logged and retried locally with :attr:`backoff`
-    until it succeeds, re-rendering each time so the latest inputs win. A
+    until it succeeds, re-rendering each time so the latest inputs win; so is
+    a ``bird``/``birdc`` that cannot be run at all. A
     :class:`RenderError` (inputs that cannot be rendered) is logged and not
     retried: the same inputs would fail again, and the next change pokes.
     ``OSError`` writing the config file and anything unexpected propagate to
@@ -115,6 +116,8 @@ class BirdReloader:
     #: Completed ``birdc configure`` calls and failed attempts, for metrics.
     reloads: int = attrs.field(default=0, init=False)
     failures: int = attrs.field(default=0, init=False)
+    #: Why the newest inputs are not applied yet (None once BIRD took them).
+    last_error: str | None = attrs.field(default=None, init=False)
     _poked: trio.Event = attrs.field(factory=trio.Event, init=False)
     _first_poke: float = attrs.field(default=0.0, init=False)
     _last_poke: float = attrs.field(default=0.0, init=False)
@@ -156,10 +159,12 @@ class BirdReloader:
         while True:
             try:
                 await self.reconcile()
+                self.last_error = None
                 return
             except ReloadError as exc:
                 attempt += 1
                 self.failures += 1
+                self.last_error = str(exc)
                 delay = self.backoff.delay(attempt)
                 log.warning(
                     "BIRD reload failed, retrying",
@@ -191,7 +196,11 @@ class BirdReloader:
 
     async def _run(self, step: str, argv: list[str]) -> subprocess.CompletedProcess:
         with trio.move_on_after(self.command_deadline):
-            result = await self.runner(argv)
+            try:
+                result = await self.runner(argv)
+            except OSError as exc:
+                # No bird/birdc binary (yet): as retryable as a BIRD that is down.
+                raise ReloadError(step, argv, 127, f"cannot run {argv[0]}: {exc.strerror or exc}") from None
             if result.returncode != 0:
                 raise ReloadError(step, argv, result.returncode, _text(result.stdout) + _text(result.stderr))
             return result

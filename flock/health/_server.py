@@ -32,7 +32,8 @@ class HealthServer:
     """Serves on *host*:*port* (port 0: any; see :attr:`port` once started).
 
     ``/healthz``: 200 while the tree runs (the server is part of it).
-    ``/readyz``: 200 when ``readiness()`` lists nothing, else 503 with the list.
+    ``/readyz``: 200 when ``readiness()`` lists nothing, else 503 with the list;
+    either way followed by ``notes()``: degraded states that do not stop ADD.
     ``/metrics``: ``metrics()``, the Prometheus text format.
     Error handling: a bad or slow client only loses its own connection;
     failing to bind propagates to the supervisor.
@@ -42,6 +43,7 @@ class HealthServer:
     port: int
     readiness: Readiness
     metrics: Callable[[], str]
+    notes: Callable[[], list[str]] = list
     bound_port: int | None = attrs.field(init=False, default=None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -84,10 +86,11 @@ class HealthServer:
         if target == "/healthz":
             return _Reply("200 OK", "ok\n"), head
         if target == "/readyz":
-            missing = self.readiness()
+            missing, notes = self.readiness(), self.notes()
+            noted = "notes:\n" + "".join(f"- {n}\n" for n in notes) if notes else ""
             if missing:
-                return _Reply("503 Service Unavailable", "not ready:\n" + "".join(f"- {m}\n" for m in missing)), head
-            return _Reply("200 OK", "ready\n"), head
+                return _Reply("503 Service Unavailable", "not ready:\n" + "".join(f"- {m}\n" for m in missing) + noted), head
+            return _Reply("200 OK", "ready\n" + noted), head
         if target == "/metrics":
             return _Reply("200 OK", self.metrics(), "text/plain; version=0.0.4; charset=utf-8"), head
         return _Reply("404 Not Found", f"no such path {target}; try /healthz, /readyz or /metrics\n"), head

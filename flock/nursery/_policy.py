@@ -66,3 +66,6 @@ class ChildSpec:
     fn: Callable[..., Awaitable[Any]]
     restart: Restart = Restart.PERMANENT
     backoff: Backoff = Backoff()
+    # Failures a restart cannot fix (a corrupt database, another agent on the
+    # socket): escalate at once instead of hiding them behind restarts.
+    fatal: tuple[type[Exception], ...] = ()

@@ -24,9 +24,10 @@ class SupervisorEscalation(Exception):
     the process with a non-zero status.
     """
 
-    def __init__(self, supervisor: str, child: str, intensity: RestartIntensity) -> None:
-        self.supervisor, self.child, self.intensity = supervisor, child, intensity
+    def __init__(self, supervisor: str, child: str, intensity: RestartIntensity, *, fatal: bool = False) -> None:
+        self.supervisor, self.child, self.intensity, self.fatal = supervisor, child, intensity, fatal
         super().__init__(
+            f"supervisor {supervisor!r}: child {child!r} failed with an error a restart cannot fix" if fatal else
             f"supervisor {supervisor!r}: child {child!r} needed more than "
             f"{intensity.max_restarts} restarts in {intensity.period:g} s"
         )
@@ -63,7 +64,8 @@ class Supervisor:
     :class:`RestartIntensity`; one too many raises
     :class:`SupervisorEscalation` out of :meth:`run`, cancelling all siblings.
     A temporary child that fails before it was ready escalates at once (the
-    supervisor cannot become ready without it).  ``trio.Cancelled`` and other
+    supervisor cannot become ready without it), and so does a failure listed
+    in the child's ``fatal`` types.  ``trio.Cancelled`` and other
     ``BaseException`` pass straight through and are never counted.
     """
 
@@ -116,6 +118,8 @@ class Supervisor:
             done = spec.restart is Restart.TEMPORARY or (crash is None and spec.restart is Restart.TRANSIENT)
             if crash is not None:
                 log.error("child %s failed", spec.name, exc_info=crash, extra={"supervisor": self.name, "child": spec.name})
+                if isinstance(crash, spec.fatal):
+                    raise SupervisorEscalation(self.name, spec.name, self.intensity, fatal=True) from crash
             if done and (crash is None or status.forwarded):
                 status.release()  # a child that finished its job is no reason to wait
                 return

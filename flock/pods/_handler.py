@@ -42,6 +42,10 @@ log = logging.getLogger("flock.pods")
 # DESIGN: the whole ADD runs under this deadline (kubelet's CRI timeout is
 # longer, so the runtime hears "try again" rather than a dead call).
 ADD_DEADLINE_S = 25.0
+# Finding the pod (informer wait, then the direct GET): an API server that
+# accepts connections but never answers is then named as the cause, instead
+# of the whole ADD running into its deadline as "did not finish in time".
+POD_LOOKUP_DEADLINE_S = 10.0
 # Undoing a failed ADD's kernel changes must not hang the reply either.
 ROLLBACK_DEADLINE_S = 5.0
 # flock's own code: CHECK found the pod's network differs from what ADD made.
@@ -221,13 +225,19 @@ class PodHandler:
     async def _find_pod(self, ref: PodRef) -> PodInfo:
         if self.pods is None:
             raise errors.CniError(errors.TRY_AGAIN_LATER, "agent not ready", "the pod watcher is not running")
-        try:
-            pod = await self.pods.lookup(ref.namespace, ref.name)
-            if pod is not None and ref.uid and pod.uid and pod.uid != ref.uid:
-                # The cache may still hold the previous pod of that name (a StatefulSet replica).
-                pod = await self.pods.fetch_pod(ref.namespace, ref.name)
-        except KubeError as exc:
-            raise errors.CniError(errors.TRY_AGAIN_LATER, "cannot read the pod from the API server", f"pod {ref.key}: {exc}") from None
+        with trio.move_on_after(POD_LOOKUP_DEADLINE_S) as lookup:
+            try:
+                pod = await self.pods.lookup(ref.namespace, ref.name)
+                if pod is not None and ref.uid and pod.uid and pod.uid != ref.uid:
+                    # The cache may still hold the previous pod of that name (a StatefulSet replica).
+                    pod = await self.pods.fetch_pod(ref.namespace, ref.name)
+            except KubeError as exc:
+                raise errors.CniError(errors.TRY_AGAIN_LATER, "cannot read the pod from the API server", f"pod {ref.key}: {exc}") from None
+        if lookup.cancelled_caught:
+            raise errors.CniError(
+                errors.TRY_AGAIN_LATER, "the API server did not answer",
+                f"pod {ref.key}: not in the informer cache and no answer to a direct GET within {POD_LOOKUP_DEADLINE_S:g} s",
+            )
         if pod is None:
             raise errors.CniError(errors.TRY_AGAIN_LATER, "pod not found", f"pod {ref.key} does not exist on the API server")
         if ref.uid and pod.uid and pod.uid != ref.uid:

@@ -74,7 +74,8 @@ class RpcServer:
 
     Error handling: every per-connection failure — garbage, a half line, a
     line over 1 MiB, a client that says nothing for ``read_deadline`` or
-    hangs up, a handler that raises or overruns ``request_deadline`` — is
+    hangs up, a handler that raises or overruns ``request_deadline`` or the
+    drain's ``drain_deadline`` (code 11, "shutting down") — is
     answered with a CniError where the client can still hear it, logged,
     and confined to that connection.  accept() running out of file
     descriptors is retried locally.  Failing to bind, or finding a live agent
@@ -88,6 +89,7 @@ class RpcServer:
     drain_deadline: float = DRAIN_DEADLINE_S
     _accepting: trio.CancelScope | None = attrs.field(init=False, default=None)
     _reading: set[trio.CancelScope] = attrs.field(init=False, factory=set)
+    _handling: set[trio.CancelScope] = attrs.field(init=False, factory=set)  # requests in the handler
     _draining: bool = attrs.field(init=False, default=False)
     _drained: trio.Event = attrs.field(init=False, factory=trio.Event)
     _inode: tuple[int, int] | None = attrs.field(init=False, default=None)
@@ -109,7 +111,11 @@ class RpcServer:
                 # Draining: no new connections from here; in-flight ones get a deadline.
                 listener.close()
                 self._remove_socket()
-                connections.cancel_scope.deadline = trio.current_time() + self.drain_deadline
+                cutoff = trio.current_time() + self.drain_deadline
+                for handling in self._handling:
+                    handling.deadline = min(handling.deadline, cutoff)
+                # Backstop: a request cut off at the cutoff still gets its short "shutting down" reply.
+                connections.cancel_scope.deadline = cutoff + LATE_REPLY_DEADLINE_S
             log.info("drained", extra={"socket": str(self.path)})
             self._drained.set()
             await trio.sleep_forever()
@@ -144,9 +150,10 @@ class RpcServer:
 
     async def _serve(self, sock: trio.socket.SocketType) -> None:
         began = trio.current_time()
+        fields: dict[str, str] = {}  # the request's log context, for the late reply's log line too
         async with trio.SocketStream(sock) as stream:
             try:
-                with trio.move_on_after(self.request_deadline):
+                with trio.move_on_after(self.request_deadline) as handling:
                     line = await self._receive_request(stream)
                     if line is None:
                         return
@@ -156,16 +163,26 @@ class RpcServer:
                         log.warning("bad request", extra={"code": err.code, "error": str(err)})
                         await stream.send_all(encode_error(err))
                         return
-                    context = {"container_id": request.container_id, "pod": request.pod}
-                    with logs.bound(op=request.op, **{k: v for k, v in context.items() if v}):
-                        reply = await self._answer(request, began)
+                    context = {"op": request.op, "container_id": request.container_id, "pod": request.pod}
+                    fields = {k: v for k, v in context.items() if v}
+                    with logs.bound(**fields):
+                        self._handling.add(handling)
+                        try:
+                            reply = await self._answer(request, began)
+                        finally:
+                            self._handling.discard(handling)
                         await stream.send_all(reply)
                         return
-                # The request deadline passed while the handler ran.
+                # The request deadline passed, or the drain cut the handler off.
+                if self._draining:
+                    late = CniError(TRY_AGAIN_LATER, "flock-agent is shutting down",
+                                    f"the request was still running after the {self.drain_deadline:g} s drain; retry it")
+                else:
+                    late = CniError(TRY_AGAIN_LATER, "request timed out", f"no answer within {self.request_deadline:g} s")
+                with logs.bound(**fields):
+                    log.warning("request cut off", extra={"code": late.code, "error": str(late)})
                 with trio.move_on_after(LATE_REPLY_DEADLINE_S):
-                    await stream.send_all(
-                        encode_error(CniError(TRY_AGAIN_LATER, "request timed out", f"no answer within {self.request_deadline:g} s"))
-                    )
+                    await stream.send_all(encode_error(late))
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 log.debug("client went away", extra={"error": str(exc)})
 

@@ -35,6 +35,7 @@ class NodeConfigWatcher:
     _current: NodeConfig | None = attrs.field(init=False, default=None)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _invalid: InvalidObject | None = attrs.field(init=False, default=None)
+    _deleted: bool = attrs.field(init=False, default=False)
     _informer: Informer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -53,6 +54,11 @@ class NodeConfigWatcher:
     def invalid(self) -> InvalidObject | None:
         """Why the newest NodeConfig on the server was refused (None when it was accepted)."""
         return self._invalid
+
+    @property
+    def deleted(self) -> bool:
+        """True while the NodeConfig is gone from the server (:attr:`current` is the last one seen)."""
+        return self._deleted
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; started() once the first list is done (there
@@ -80,8 +86,12 @@ class NodeConfigWatcher:
         if change.key != self.node:
             return
         if change.type is ChangeType.DELETED:
+            self._deleted = True
             log.warning("NodeConfig %s was deleted; keeping the last one", self.node, extra={"node": self.node})
             return
+        if self._deleted:
+            self._deleted = False
+            log.info("NodeConfig %s exists again", self.node, extra={"node": self.node})
         try:
             value = NodeConfig.from_object(change.object)
         except InvalidObject as exc:
