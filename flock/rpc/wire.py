@@ -275,6 +275,10 @@ def _decode_line(line: bytes, what: str) -> dict[str, Any]:
         raise CniError(DECODE_ERROR, "{} is not UTF-8".format(what), str(exc)) from None
     except ValueError as exc:
         raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), str(exc)) from None
+    except RecursionError:
+        # json raises this, not ValueError, for nesting deeper than the
+        # interpreter's recursion limit ("[" * 100000 fits in one line).
+        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested too deeply") from None
     if not isinstance(obj, dict):
         raise CniError(DECODE_ERROR, "{} is not a JSON object".format(what), "got {}".format(type(obj).__name__))
     return obj
