@@ -179,3 +179,21 @@ def test_convert_result_to_an_unsupported_version_is_code_1(version):
     with pytest.raises(CniError) as info:
         cniresult.convert_result({"cniVersion": "1.1.0"}, version)
     assert info.value.code == 1 and "cniVersion=" in info.value.details
+
+
+@FUZZ
+@given(st.sampled_from(("interfaces", "ips", "routes")), json_values, st.sampled_from(cniresult.SUPPORTED_VERSIONS))
+def test_convert_result_of_a_malformed_result_is_code_6(key, value, version):
+    # Regression: {"ips": 5} from a broken agent was a TypeError (code 100 in the shim).
+    try:
+        out = cniresult.convert_result({key: value}, version)
+    except CniError as err:
+        assert err.code == DECODE_ERROR and f"field '{key}'=" in err.details
+    else:
+        assert isinstance(value, list) and all(isinstance(v, dict) for v in value) and len(out[key]) == len(value)
+
+
+def test_convert_result_names_the_malformed_field():
+    with pytest.raises(CniError) as info:
+        cniresult.convert_result({"ips": 5}, "0.4.0")
+    assert (info.value.code, info.value.details) == (DECODE_ERROR, "field 'ips'=5: expected a list of objects")
