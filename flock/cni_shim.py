@@ -34,7 +34,7 @@ from flock.errors import (
     CniError,
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
-from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, valid_container_id
+from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, valid_container_id, valid_if_name, valid_netns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -125,11 +125,21 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
             "invalid container ID",
             "CNI_CONTAINERID={!r}: expected letters, digits, '_', '.', '-', starting with a letter or digit".format(container_id),
         )
+    if_name = env.get("CNI_IFNAME", "")
+    if if_name and not valid_if_name(if_name):
+        raise CniError(
+            INVALID_ENV,
+            "invalid interface name",
+            "CNI_IFNAME={!r}: expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'".format(if_name),
+        )
+    netns = env.get("CNI_NETNS", "")
+    if netns and not valid_netns(netns):
+        raise CniError(INVALID_ENV, "invalid network namespace path", "CNI_NETNS={!r}: expected an absolute path".format(netns))
     return Request(
         op=command,
         container_id=container_id,
-        netns=env.get("CNI_NETNS", ""),
-        if_name=env.get("CNI_IFNAME", ""),
+        netns=netns,
+        if_name=if_name,
         args=env.get("CNI_ARGS", ""),
         path=env.get("CNI_PATH", ""),
         config=config,

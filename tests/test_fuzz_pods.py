@@ -303,3 +303,19 @@ def test_random_interleavings_keep_store_handler_and_ipam_in_agreement(ann_by_na
 
     run(scenario)
 
+
+
+def test_non_ascii_pod_uid_is_code_4_not_try_again():
+    # Regression: str.isalnum() let 'é' through, so the ADD failed with code 11
+    # ("pod UID differs") and the runtime retried it forever.
+    async def scenario():
+        handler, rows, kernel = new_handler(make_pods({"web-0": {}}))
+        try:
+            await handler(request("ADD", "c0ffee01", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=é"))
+        except errors.CniError as err:
+            return err, dict(rows.rows)
+        raise AssertionError("ADD succeeded")
+
+    err, stored = run(scenario)
+    assert (err.code, err.details) == (errors.INVALID_ENV, "K8S_POD_UID='é': expected a UID such as 6f1c2a9e-0d4b-4f6e-9a51-3c2d1e0f9b8a")
+    assert stored == {}

@@ -220,3 +220,11 @@ def test_any_agent_reply_becomes_a_result_or_a_cni_error(reply, command, version
             status, obj = run_shim(env, json.dumps({"cniVersion": version, "socket": sock, "rpcTimeout": 5}).encode())
         if status == 0 and command == "ADD":
             assert obj["cniVersion"] == version
+
+
+@pytest.mark.parametrize("name, value", [("CNI_NETNS", "/run/netns/x\x00"), ("CNI_NETNS", "netns"), ("CNI_IFNAME", "../eth0"), ("CNI_IFNAME", "e" * 16)])
+def test_bad_netns_or_if_name_is_code_4_before_dialling(tmp_path, name, value):
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c0ffee01", "CNI_IFNAME": "eth0", name: value}
+    status, obj = run_shim(env, json.dumps({"cniVersion": "1.1.0", "socket": str(tmp_path / "flock.sock")}).encode())
+    assert status == 1 and obj["code"] == 4 and obj["details"].startswith(f"{name}={value!r}")
+    assert files_under(str(tmp_path)) == set()  # not recorded as a pending delete either

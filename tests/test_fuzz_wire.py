@@ -197,3 +197,30 @@ def test_convert_result_names_the_malformed_field():
     with pytest.raises(CniError) as info:
         cniresult.convert_result({"ips": 5}, "0.4.0")
     assert (info.value.code, info.value.details) == (DECODE_ERROR, "field 'ips'=5: expected a list of objects")
+
+
+@FUZZ
+@given(st.text(max_size=20) | st.sampled_from([".", "..", "eth0", "a/b", "a:1", "a b", "x\x00", "é" * 8, "e" * 15, "e" * 16]))
+def test_if_name_is_accepted_only_when_the_kernel_would_take_it(if_name):
+    line = json.dumps({"version": 1, "op": "ADD", "containerID": "c1", "netns": "/run/netns/x", "ifName": if_name, "config": {}}).encode()
+    try:
+        req = Request.decode(line)
+    except CniError as err:
+        assert err.code == INVALID_ENV and err.details.startswith("field 'ifName'")
+        return
+    raw = req.if_name.encode("utf-8")
+    assert 0 < len(raw) <= 15 and req.if_name not in (".", "..")
+    assert not any(c in "/:\x00" or c.isspace() for c in req.if_name)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("netns", "/run/netns/x\x00y"), ("netns", "run/netns/x"), ("ifName", "a/b"), ("ifName", "e" * 16), ("ifName", ".."), ("ifName", "x\udcff")],
+)
+def test_bad_netns_and_if_name_are_code_4_naming_the_field(field, value):
+    # Regression: a NUL in netns reached os.open (ValueError → code 100); a bad
+    # ifName allocated addresses and failed later inside netlink.
+    obj = {"version": 1, "op": "ADD", "containerID": "c1", "netns": "/run/netns/x", "ifName": "eth0", "config": {}, field: value}
+    with pytest.raises(CniError) as info:
+        Request.decode(json.dumps(obj).encode())
+    assert info.value.code == INVALID_ENV and info.value.details.startswith(f"field {field!r}={value!r}")

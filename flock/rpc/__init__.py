@@ -17,6 +17,8 @@ from flock.rpc.wire import (
     encode_result,
     parse_cni_args,
     valid_container_id,
+    valid_if_name,
+    valid_netns,
 )
 
 __all__ = [
@@ -35,5 +37,7 @@ __all__ = [
     "encode_result",
     "parse_cni_args",
     "valid_container_id",
+    "valid_if_name",
+    "valid_netns",
     "version_reply",
 ]

@@ -57,6 +57,26 @@ def valid_container_id(value: str) -> bool:
     return bool(value) and value[0].isascii() and value[0].isalnum() and _CONTAINER_ID_CHARS.issuperset(value)
 
 
+def valid_if_name(value: str) -> bool:
+    """What the kernel accepts as an interface name (``dev_valid_name``): 1 to
+    15 bytes, not ``.`` or ``..``, no ``/``, ``:``, NUL or whitespace."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeError:
+        return False
+    return (
+        0 < size <= 15
+        and value not in (".", "..")
+        and not any(c in "/:\0" or c.isspace() for c in value)
+    )
+
+
+def valid_netns(value: str) -> bool:
+    """An absolute path the agent can open (a NUL would make ``os.open`` raise
+    ValueError; a relative path would be resolved against the agent's cwd)."""
+    return value.startswith("/") and "\0" not in value
+
+
 def parse_cni_args(args: str) -> dict[str, str]:
     """``K=V;K=V`` (CNI_ARGS) → dict.  Items without ``=`` are ignored."""
     out = {}
@@ -175,6 +195,14 @@ class Request:
                 "invalid container ID",
                 "field 'containerID'={!r}: expected letters, digits, '_', '.', '-', starting with a letter or digit".format(cid),
             )
+        if fields["ifName"] and not valid_if_name(fields["ifName"]):
+            raise CniError(
+                INVALID_ENV,
+                "invalid interface name",
+                "field 'ifName'={!r}: expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'".format(fields["ifName"]),
+            )
+        if fields["netns"] and not valid_netns(fields["netns"]):
+            raise CniError(INVALID_ENV, "invalid network namespace path", "field 'netns'={!r}: expected an absolute path".format(fields["netns"]))
         if "config" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'config' is required")
         config = obj["config"]
