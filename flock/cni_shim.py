@@ -34,7 +34,7 @@ from flock.errors import (
     CniError,
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
-from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, valid_container_id, valid_if_name, valid_netns
+from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, field_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -118,28 +118,16 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
         name = _ENV_OF_FIELD[field]
         if not env.get(name):
             raise CniError(INVALID_ENV, "missing environment variable", "{} is required for {}".format(name, command))
-    container_id = env.get("CNI_CONTAINERID", "")
-    if container_id and not valid_container_id(container_id):
-        raise CniError(
-            INVALID_ENV,
-            "invalid container ID",
-            "CNI_CONTAINERID={!r}: expected letters, digits, '_', '.', '-', starting with a letter or digit".format(container_id),
-        )
-    if_name = env.get("CNI_IFNAME", "")
-    if if_name and not valid_if_name(if_name):
-        raise CniError(
-            INVALID_ENV,
-            "invalid interface name",
-            "CNI_IFNAME={!r}: expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'".format(if_name),
-        )
-    netns = env.get("CNI_NETNS", "")
-    if netns and not valid_netns(netns):
-        raise CniError(INVALID_ENV, "invalid network namespace path", "CNI_NETNS={!r}: expected an absolute path".format(netns))
+    for field, name in _ENV_OF_FIELD.items():
+        invalid = field_error(field, env.get(name, ""))
+        if invalid is not None:
+            msg, expected = invalid
+            raise CniError(INVALID_ENV, msg, "{}={!r}: {}".format(name, env[name], expected))
     return Request(
         op=command,
-        container_id=container_id,
-        netns=netns,
-        if_name=if_name,
+        container_id=env.get("CNI_CONTAINERID", ""),
+        netns=env.get("CNI_NETNS", ""),
+        if_name=env.get("CNI_IFNAME", ""),
         args=env.get("CNI_ARGS", ""),
         path=env.get("CNI_PATH", ""),
         config=config,

@@ -77,6 +77,24 @@ def valid_netns(value: str) -> bool:
     return value.startswith("/") and "\0" not in value
 
 
+def field_error(name: str, value: str) -> tuple[str, str] | None:
+    """``(msg, what was expected)`` when a non-empty request string *value* of
+    field *name* is malformed, else None (shared by the shim's env checks)."""
+    check = _FIELD_CHECKS.get(name)
+    if check is None or not value or check[0](value):
+        return None
+    return check[1], check[2]
+
+
+_FIELD_CHECKS = MappingProxyType(
+    {
+        "containerID": (valid_container_id, "invalid container ID", "expected letters, digits, '_', '.', '-', starting with a letter or digit"),
+        "ifName": (valid_if_name, "invalid interface name", "expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'"),
+        "netns": (valid_netns, "invalid network namespace path", "expected an absolute path"),
+    }
+)
+
+
 def parse_cni_args(args: str) -> dict[str, str]:
     """``K=V;K=V`` (CNI_ARGS) → dict.  Items without ``=`` are ignored."""
     out = {}
@@ -188,21 +206,12 @@ class Request:
         for name in REQUIRED_FIELDS[op]:
             if not fields[name]:
                 raise CniError(INVALID_ENV, "request is missing a field", "field {!r} is required for {}".format(name, op))
+        for name, value in fields.items():
+            invalid = field_error(name, value)
+            if invalid is not None:
+                msg, expected = invalid
+                raise CniError(INVALID_ENV, msg, "field {!r}={!r}: {}".format(name, value, expected))
         cid = fields["containerID"]
-        if cid and not valid_container_id(cid):
-            raise CniError(
-                INVALID_ENV,
-                "invalid container ID",
-                "field 'containerID'={!r}: expected letters, digits, '_', '.', '-', starting with a letter or digit".format(cid),
-            )
-        if fields["ifName"] and not valid_if_name(fields["ifName"]):
-            raise CniError(
-                INVALID_ENV,
-                "invalid interface name",
-                "field 'ifName'={!r}: expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'".format(fields["ifName"]),
-            )
-        if fields["netns"] and not valid_netns(fields["netns"]):
-            raise CniError(INVALID_ENV, "invalid network namespace path", "field 'netns'={!r}: expected an absolute path".format(fields["netns"]))
         if "config" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'config' is required")
         config = obj["config"]
