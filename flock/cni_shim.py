@@ -34,7 +34,7 @@ from flock.errors import (
     CniError,
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
-from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, field_error
+from flock.rpc.wire import MAX_JSON_DEPTH, OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, field_error, json_too_deep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,6 +106,10 @@ def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
         if lenient:
             return {}
         raise CniError(DECODE_ERROR, "network configuration is not valid JSON", "stdin: {}".format(exc)) from None
+    if json_too_deep(config):
+        if lenient:
+            return {}
+        raise CniError(DECODE_ERROR, "network configuration is not valid JSON", "stdin: nested more than {} levels deep".format(MAX_JSON_DEPTH))
     if not isinstance(config, dict):
         if lenient:
             return {}

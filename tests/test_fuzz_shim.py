@@ -137,6 +137,7 @@ def test_del_container_id_cannot_escape_the_pending_deletes_directory(tmp_path, 
         ({"rpcTimeout": 1e300}, 7, "rpcTimeout=1e+300"),
         ({"rpcTimeout": 10**400}, 7, "rpcTimeout="),
         ({"deep": [[[[]]]], "cniVersion": "1.1.0"}, 6, "stdin"),
+        ({"deep900": [[[[]]]], "cniVersion": "1.1.0"}, 6, "stdin: nested more than 64 levels deep"),
     ],
 )
 def test_regressions_that_used_to_be_code_100(tmp_path, config, code, named):
@@ -148,6 +149,8 @@ def test_regressions_that_used_to_be_code_100(tmp_path, config, code, named):
     raw = json.dumps({"cniVersion": "1.1.0", "socket": str(tmp_path / "flock.sock"), **config})
     if "deep" in config:
         raw = raw.replace("[[[[]]]]", "[" * 100_000 + "]" * 100_000)
+    if "deep900" in config:  # decodes, but json.dumps of the request recursed too deep
+        raw = raw.replace("[[[[]]]]", "[" * 900 + "]" * 900)
     status, obj = run_shim(env, raw.encode())
     assert status == 1 and obj["code"] == code and named in obj["details"]
     assert files_under(str(tmp_path)) == set()

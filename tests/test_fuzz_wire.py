@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError
 from flock.rpc import cniresult
-from flock.rpc.wire import OPS, Request, decode_response
+from flock.rpc.wire import MAX_JSON_DEPTH, OPS, Request, decode_response
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -94,10 +94,12 @@ def _utf8(b: bytes) -> bool:
         return False
 
 
-@pytest.mark.parametrize("depth", [2_000, 100_000])
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 900, 2_000, 100_000])
 @pytest.mark.parametrize("where", ["top", "config", "error"])
 def test_deeply_nested_json_is_code_6(depth, where):
-    # Regression: json raised RecursionError (not ValueError) past the recursion limit.
+    # Regression: json raised RecursionError (not ValueError) past the recursion
+    # limit; below it, a 900-deep config decoded but repr()/json.dumps of it a
+    # few frames deeper (error details, the reply) raised RecursionError.
     line = {
         "top": deep(depth),
         "config": '{"version":1,"op":"ADD","config":' + deep(depth) + "}",
@@ -106,7 +108,17 @@ def test_deeply_nested_json_is_code_6(depth, where):
     decode = decode_response if where == "error" else Request.decode
     with pytest.raises(CniError) as info:
         decode(line)
-    assert info.value.code == DECODE_ERROR and info.value.details == "nested too deeply"
+    assert info.value.code == DECODE_ERROR
+    assert info.value.details == ("nested too deeply" if depth > 1000 else f"nested more than {MAX_JSON_DEPTH} levels deep")
+
+
+def test_json_nested_exactly_to_the_limit_decodes():
+    # request object, config object, then MAX_JSON_DEPTH - 3 lists around an object: MAX_JSON_DEPTH levels
+    value = json.loads(deep(MAX_JSON_DEPTH - 3, "{}"))
+    req = Request.decode(json.dumps({"version": 1, "op": "STATUS", "config": {"x": value}}).encode())
+    assert req.config == {"x": value}
+    with pytest.raises(CniError):
+        Request.decode(json.dumps({"version": 1, "op": "STATUS", "config": {"x": [value]}}).encode())
 
 
 @FUZZ

@@ -32,6 +32,11 @@ MAX_LINE_BYTES = 1 << 20
 
 OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 
+# Deepest JSON nesting accepted (a network configuration nests a handful of
+# levels).  json.loads manages ~1000, but repr() and json.dumps of such a
+# value a few frames deeper then raise RecursionError far from the input.
+MAX_JSON_DEPTH = 64
+
 # Which request strings must be non-empty, per op (CNI spec 1.1, "Parameters").
 # DEL may come without a netns (the sandbox is already gone).
 REQUIRED_FIELDS = MappingProxyType(
@@ -296,6 +301,21 @@ class LineReader:
         return CniError(DECODE_ERROR, "message too long", "line exceeds {} bytes".format(self._limit))
 
 
+def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON *value* nests lists/objects more than *limit* deep
+    (iterative: this must not recurse itself)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
 def _encode_line(obj: dict[str, Any]) -> bytes:
     # ensure_ascii keeps the line free of raw newlines and encoding surprises.
     return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
@@ -316,6 +336,8 @@ def _decode_line(line: bytes, what: str) -> dict[str, Any]:
         # json raises this, not ValueError, for nesting deeper than the
         # interpreter's recursion limit ("[" * 100000 fits in one line).
         raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested too deeply") from None
+    if json_too_deep(obj):
+        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested more than {} levels deep".format(MAX_JSON_DEPTH))
     if not isinstance(obj, dict):
         raise CniError(DECODE_ERROR, "{} is not a JSON object".format(what), "got {}".format(type(obj).__name__))
     return obj
