@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError
 from flock.rpc import cniresult
-from flock.rpc.wire import MAX_JSON_DEPTH, OPS, Request, decode_response
+from flock.rpc.wire import MAX_JSON_DEPTH, OPS, Request, decode_response, encode_error
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -236,3 +236,17 @@ def test_bad_netns_and_if_name_are_code_4_naming_the_field(field, value):
     with pytest.raises(CniError) as info:
         Request.decode(json.dumps(obj).encode())
     assert info.value.code == INVALID_ENV and info.value.details.startswith(f"field {field!r}={value!r}")
+
+
+def test_error_reply_about_a_huge_field_fits_on_the_wire():
+    # Regression: an 800 KB `op` list made a 1.2 MB error reply, which the shim
+    # refused as "message too long" instead of showing which field was wrong.
+    line = json.dumps({"version": 1, "op": [0] * 400_000}, separators=(",", ":")).encode()
+    with pytest.raises(CniError) as info:
+        Request.decode(line)
+    reply = encode_error(info.value)
+    assert len(reply) < 64 * 1024
+    with pytest.raises(CniError) as relayed:
+        decode_response(reply)
+    assert relayed.value.code == INVALID_ENV and relayed.value.details.startswith("field 'op'=[0, 0")
+    assert "characters cut" in relayed.value.details and relayed.value.details.endswith("expected one of ADD, DEL, CHECK, STATUS, GC")
