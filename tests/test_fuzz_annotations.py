@@ -95,7 +95,7 @@ def check_verdict(annotations: dict[str, str]) -> None:
     except AnnotationError as err:
         assert err.code == INVALID_CONFIG
         assert err.annotation in annotations or err.annotation in (IPV6, IPV4, CIDR4)
-        assert err.details.startswith(f"{err.annotation}={err.value!r}: ")
+        assert err.details.startswith(f"{err.annotation}={err.value!r}"[:1000])  # long details are cut in the middle
         if err.annotation in annotations:
             assert err.value == annotations[err.annotation]
         return
