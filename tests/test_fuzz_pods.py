@@ -149,18 +149,23 @@ def run(fn, *args):
     return trio.run(main)
 
 
+KERNEL_FAILURE = errors.CniError(errors.IO_ERROR, "netlink veth failed", "injected by the test")
+
+
 @FUZZ
-@given(annotations(), cni_args)
-def test_add_succeeds_inside_the_effective_cidrs_or_fails_cleanly(ann, args):
+@given(annotations(), cni_args, st.integers(0, 5).map(lambda i: i == 0))
+def test_add_succeeds_inside_the_effective_cidrs_or_fails_cleanly(ann, args, kernel_fails):
     async def scenario():
         handler, rows, kernel = new_handler(make_pods({"web-0": ann, "web-1": {}}))
         await handler(request("ADD", "keep0001", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-1"))
         before = snapshot(handler, rows, kernel)
+        kernel.fail_with = KERNEL_FAILURE if kernel_fails else None
         try:
             result = await handler(request("ADD", "c0ffee01", args))
         except errors.CniError as err:
             event(f"ADD failed with code {err.code}")
-            assert_named(err, ann, args)
+            if err is not KERNEL_FAILURE:
+                assert_named(err, ann, args)
             assert snapshot(handler, rows, kernel) == before
             return
         event("ADD succeeded")
@@ -266,7 +271,10 @@ op_step = st.tuples(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(NAMES), annotations(), max_size=3), st.lists(st.lists(op_step, min_size=1, max_size=3), max_size=8))
+@given(
+    st.dictionaries(st.sampled_from(NAMES), annotations(), max_size=3),
+    st.lists(st.tuples(st.lists(op_step, min_size=1, max_size=3), st.integers(0, 4).map(lambda i: i == 0)), max_size=8),
+)
 def test_random_interleavings_keep_store_handler_and_ipam_in_agreement(ann_by_name, batches):
     async def scenario():
         pods = make_pods({name: ann_by_name.get(name, {}) for name in NAMES})
@@ -289,15 +297,17 @@ def test_random_interleavings_keep_store_handler_and_ipam_in_agreement(ann_by_na
             except errors.CniError as err:
                 event(f"{op} code {err.code}")
                 assert err.code != errors.INTERNAL, err
-                if op == "ADD":
+                if op == "ADD" and err is not KERNEL_FAILURE:
                     assert_named(err, pods.pods[("default", name)].annotations, r.args)
 
-        for batch in batches:
+        for batch, kernel_fails in batches:
+            kernel.fail_with = KERNEL_FAILURE if kernel_fails else None
             async with trio.open_nursery() as nursery:
                 for step in batch:
                     nursery.start_soon(one, *step)
             assert_consistent(handler, rows, kernel)
             assert all(a.state is AllocationState.COMMITTED for a in rows.rows.values())
+        kernel.fail_with = None
         for cid in CIDS:
             alloc = rows.rows.get(cid)
             await handler(Request("DEL", container_id=cid, if_name=alloc.if_name if alloc else "eth0", config=dict(CONFIG)))
