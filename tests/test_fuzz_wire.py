@@ -109,7 +109,8 @@ def test_deeply_nested_json_is_code_6(depth, where):
     with pytest.raises(CniError) as info:
         decode(line)
     assert info.value.code == DECODE_ERROR
-    assert info.value.details == ("nested too deeply" if depth > 1000 else f"nested more than {MAX_JSON_DEPTH} levels deep")
+    # Which check catches it depends on the interpreter's recursion limit (other code may raise it).
+    assert info.value.details in ("nested too deeply", f"nested more than {MAX_JSON_DEPTH} levels deep")
 
 
 def test_json_nested_exactly_to_the_limit_decodes():
