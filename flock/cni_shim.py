@@ -34,7 +34,7 @@ from flock.errors import (
     CniError,
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
-from flock.rpc.wire import OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, valid_container_id
+from flock.rpc.wire import MAX_JSON_DEPTH, OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, field_error, json_too_deep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,6 +47,10 @@ PENDING_DELETES = "pending-deletes"
 # own 25 s ADD deadline, so the agent's answer (code 11) normally wins; the
 # configuration key ``rpcTimeout`` (seconds) overrides it.
 RPC_TIMEOUT_S = 30.0
+# Upper bound on ``rpcTimeout``: anything longer is a typo (and inf overflows settimeout).
+RPC_TIMEOUT_MAX_S = 3600.0
+# sun_path is 108 bytes on Linux, the terminating NUL included.
+_MAX_SOCKET_PATH_BYTES = 107
 
 # The variable behind each request field the wire requires per op.
 _ENV_OF_FIELD = MappingProxyType({"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"})
@@ -98,10 +102,14 @@ def main() -> None:
 def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
     try:
         config = json.loads(stdin.decode("utf-8"))
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting a RecursionError
         if lenient:
             return {}
         raise CniError(DECODE_ERROR, "network configuration is not valid JSON", "stdin: {}".format(exc)) from None
+    if json_too_deep(config):
+        if lenient:
+            return {}
+        raise CniError(DECODE_ERROR, "network configuration is not valid JSON", "stdin: nested more than {} levels deep".format(MAX_JSON_DEPTH))
     if not isinstance(config, dict):
         if lenient:
             return {}
@@ -114,16 +122,14 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
         name = _ENV_OF_FIELD[field]
         if not env.get(name):
             raise CniError(INVALID_ENV, "missing environment variable", "{} is required for {}".format(name, command))
-    container_id = env.get("CNI_CONTAINERID", "")
-    if container_id and not valid_container_id(container_id):
-        raise CniError(
-            INVALID_ENV,
-            "invalid container ID",
-            "CNI_CONTAINERID={!r}: expected letters, digits, '_', '.', '-', starting with a letter or digit".format(container_id),
-        )
+    for field, name in _ENV_OF_FIELD.items():
+        invalid = field_error(field, env.get(name, ""))
+        if invalid is not None:
+            msg, expected = invalid
+            raise CniError(INVALID_ENV, msg, "{}={!r}: {}".format(name, env[name], expected))
     return Request(
         op=command,
-        container_id=container_id,
+        container_id=env.get("CNI_CONTAINERID", ""),
         netns=env.get("CNI_NETNS", ""),
         if_name=env.get("CNI_IFNAME", ""),
         args=env.get("CNI_ARGS", ""),
@@ -134,12 +140,34 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
 
 def _settings(config: dict[str, Any]) -> tuple[str, float]:
     socket_path = config.get("socket", DEFAULT_SOCKET)
-    if not isinstance(socket_path, str) or not socket_path.startswith("/"):
-        raise CniError(INVALID_CONFIG, "invalid network configuration", "socket={!r}: expected an absolute path".format(socket_path))
+    if not _is_socket_path(socket_path):
+        raise CniError(
+            INVALID_CONFIG,
+            "invalid network configuration",
+            "socket={!r}: expected an absolute path of at most {} bytes without NUL".format(socket_path, _MAX_SOCKET_PATH_BYTES),
+        )
     timeout = config.get("rpcTimeout", RPC_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise CniError(INVALID_CONFIG, "invalid network configuration", "rpcTimeout={!r}: expected a positive number of seconds".format(timeout))
+    # Compared before float(): an integer too large for a float must not escape as OverflowError,
+    # and inf / 1e300 overflow socket.settimeout.
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= RPC_TIMEOUT_MAX_S:
+        raise CniError(
+            INVALID_CONFIG,
+            "invalid network configuration",
+            "rpcTimeout={!r}: expected a number of seconds in (0, {:g}]".format(timeout, RPC_TIMEOUT_MAX_S),
+        )
     return socket_path, float(timeout)
+
+
+def _is_socket_path(value: object) -> bool:
+    """An absolute path the kernel can take as an AF_UNIX address.  A NUL would
+    silently cut the path short (the kernel reads up to the first NUL) and
+    misplace the pending-deletes directory beside it."""
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        return False
+    try:
+        return len(os.fsencode(value)) <= _MAX_SOCKET_PATH_BYTES
+    except UnicodeError:
+        return False
 
 
 def _exchange(request: Request, socket_path: str, timeout: float) -> dict[str, Any]:

@@ -20,6 +20,11 @@ LIMITED_CONNECTIVITY = 51
 INTERNAL = 100
 INCOMPATIBLE_PROTOCOL = 202
 
+# Longest ``details`` kept.  Details quote the offending value; a value near
+# the 1 MiB request limit would otherwise make an error reply over that limit,
+# which the shim refuses ("message too long") instead of showing the error.
+MAX_DETAILS_CHARS = 4096
+
 
 class CniError(Exception):
     """A failure the runtime sees as a CNI error object.
@@ -29,6 +34,11 @@ class CniError(Exception):
     """
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:
+        if len(details) > MAX_DETAILS_CHARS:
+            # Keep the head (the field and the start of its value) and the tail
+            # (what was expected); the middle is the value's bulk.
+            half = MAX_DETAILS_CHARS // 2
+            details = "{} …({} characters cut)… {}".format(details[:half], len(details) - 2 * half, details[-half:])
         super().__init__(code, msg, details)
         self.code = int(code)
         self.msg = msg

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,10 @@ IP_ALGO_ANNOTATION = ANNOTATION_PREFIX + "ip-algo"
 IPv6Network = ipaddress.IPv6Network
 IPv4Network = ipaddress.IPv4Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# BGP peer names become BIRD protocol symbols: the renderer's rule (flock.bird.render),
+# checked here so a bad name fails the NodeConfig, naming the field, not every render.
+_PEER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,59}\Z")
 
 
 class InvalidObject(ValueError):
@@ -60,10 +65,13 @@ class Families:
     ipv4: bool = False
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any) -> str:
     """Refuse IPv6 scope IDs: ``ipaddress`` accepts any text after ``%``, which
-    would let a NodeConfig carry arbitrary text into rendered configs."""
-    if isinstance(value, str) and "%" in value:
+    would let a NodeConfig carry arbitrary text into rendered configs.  Refuse
+    non-strings too: ``ipaddress`` reads an int (or a bool) as an address."""
+    if not isinstance(value, str):
+        raise TypeError("expected a string")
+    if "%" in value:
         raise ValueError("scope IDs are not allowed")
     return value
 
@@ -108,7 +116,7 @@ class NodeConfig:
         cidr4 = None
         if raw4 is not None:
             try:
-                cidr4 = ipaddress.IPv4Network(raw4, strict=True)
+                cidr4 = ipaddress.IPv4Network(_plain(raw4), strict=True)
             except (TypeError, ValueError):
                 raise InvalidObject(kind, name, "spec.cidr4", raw4, "an IPv4 CIDR such as 198.51.100.0/24") from None
             if cidr4.prefixlen > 30:
@@ -148,8 +156,10 @@ class NodeConfig:
                 if not isinstance(p, Mapping):
                     raise InvalidObject(kind, name, field, p, "an object {name, address, asn}")
                 pname = p.get("name")
-                if not isinstance(pname, str) or not pname.replace("_", "").replace("-", "").isalnum() or not pname[:1].isalpha():
-                    raise InvalidObject(kind, name, field + ".name", pname, "a name of letters, digits, '-' and '_' starting with a letter")
+                if not isinstance(pname, str) or not _PEER_NAME.match(pname):
+                    raise InvalidObject(
+                        kind, name, field + ".name", pname, "a name of at most 60 ASCII letters, digits, '-' and '_' starting with a letter"
+                    )
                 if pname in seen:
                     raise InvalidObject(kind, name, field + ".name", pname, "a name unique among peers")
                 seen.add(pname)
@@ -161,13 +171,18 @@ class NodeConfig:
             bgp = BgpConfig(asn, router_id, tuple(peers))
 
         annotations = _get(obj, "metadata.annotations") or {}
+        if not isinstance(annotations, Mapping):
+            raise InvalidObject(kind, name, "metadata.annotations", annotations, "an object of strings")
+        ip_algo = annotations.get(IP_ALGO_ANNOTATION)
+        if ip_algo is not None and not isinstance(ip_algo, str):
+            raise InvalidObject(kind, name, f"metadata.annotations[{IP_ALGO_ANNOTATION}]", ip_algo, "a string")
         return cls(
             name=name,
             cidr6=cidr6,
             cidr4=cidr4,
             families=families,
             bgp=bgp,
-            ip_algo=annotations.get(IP_ALGO_ANNOTATION),
+            ip_algo=ip_algo,
             resource_version=str(_get(obj, "metadata.resourceVersion", "")),
         )
 

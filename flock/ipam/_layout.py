@@ -60,7 +60,9 @@ def parse_layout(text: str) -> Layout:
         if name in seen:
             raise LayoutError(text, f"field {name!r} appears twice")
         seen.add(name)
-        if not raw_bits.isdigit():
+        # ASCII only and short: str.isdigit() also admits '²' and '١', which
+        # int() refuses or reads, and a 5000-digit number overflows int().
+        if not (raw_bits.isascii() and raw_bits.isdigit() and len(raw_bits) <= 3):
             raise LayoutError(text, f"{name}: bits {raw_bits!r} is not a positive integer")
         bits = int(raw_bits)
         limit = MAX_NAMED_BITS if name in NAMED_FIELDS else MAX_BITS

@@ -137,7 +137,7 @@ def _cidrs(annotations: Mapping[str, str], key: str, version: int) -> tuple[Netw
     out: list[Network] = []
     for item in _items(annotations, key):
         try:
-            cidr = ipaddress.ip_network(item, strict=True)
+            cidr = ipaddress.ip_network(_plain(item), strict=True)
         except ValueError:
             raise AnnotationError(key, raw, f"{item!r} is not a CIDR with zero host bits, e.g. 2001:db8::/64 or 198.51.100.0/24") from None
         if cidr.version != version:
@@ -152,14 +152,25 @@ def _cidrs(annotations: Mapping[str, str], key: str, version: int) -> tuple[Netw
     return tuple(out)
 
 
+def _plain(item: str) -> str:
+    """Refuse IPv6 scope IDs: ``ipaddress`` takes any text after ``%`` and keeps
+    it in the value (and its str), so it would reach the kernel and BIRD."""
+    if "%" in item:
+        raise ValueError(item)
+    return item
+
+
 def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tuple[IPAddress, ...]:
     raw = annotations.get(key, "")
     out: list[IPAddress] = []
     for item in _items(annotations, key):
         try:
-            addr = ipaddress.ip_address(item)
+            addr = ipaddress.ip_address(_plain(item))
         except ValueError:
-            raise AnnotationError(key, raw, f"{item!r} is not an IP address") from None
+            raise AnnotationError(key, raw, f"{item!r} is not an IP address without a scope ID") from None
+        if getattr(addr, "ipv4_mapped", None) is not None:
+            # ::ffff:a.b.c.d is the IPv4 address in IPv6 sockets, never a route of its own.
+            raise AnnotationError(key, raw, f"{item!r} is an IPv4-mapped IPv6 address; write the IPv4 address")
         if addr.is_unspecified or addr.is_multicast or addr.is_loopback or addr.is_link_local:
             raise AnnotationError(key, raw, f"{item!r} is not a unicast address a pod can own")
         if addr in out:

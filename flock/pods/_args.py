@@ -11,6 +11,8 @@ NAMESPACE, NAME, UID = "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_UID"
 # DNS-1123 label (namespace) / subdomain (pod name) characters; anything else
 # cannot be a Kubernetes name and must not reach an API path.
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.")
+# str.isalnum() would also admit 'é' or '١', which no Kubernetes UID holds.
+_UID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 
 
 @attrs.frozen
@@ -40,6 +42,6 @@ def pod_ref(args: str) -> PodRef:
             raise _bad(key, value, f"a Kubernetes name (lower-case letters, digits, '-', '.'; at most {limit} characters)")
         out[key] = value
     uid = parsed.get(UID, "")
-    if uid and (len(uid) > 64 or not all(c.isalnum() or c == "-" for c in uid)):
+    if uid and (len(uid) > 64 or not _UID_CHARS.issuperset(uid)):
         raise _bad(UID, uid, "a UID such as 6f1c2a9e-0d4b-4f6e-9a51-3c2d1e0f9b8a")
     return PodRef(out[NAMESPACE], out[NAME], uid)

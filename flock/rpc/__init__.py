@@ -15,8 +15,11 @@ from flock.rpc.wire import (
     decode_response,
     encode_error,
     encode_result,
+    field_error,
     parse_cni_args,
     valid_container_id,
+    valid_if_name,
+    valid_netns,
 )
 
 __all__ = [
@@ -33,7 +36,10 @@ __all__ = [
     "decode_response",
     "encode_error",
     "encode_result",
+    "field_error",
     "parse_cni_args",
     "valid_container_id",
+    "valid_if_name",
+    "valid_netns",
     "version_reply",
 ]

@@ -15,7 +15,7 @@ Python 3.8 syntax (bundled into the shim).
 
 from __future__ import annotations
 
-from flock.errors import INCOMPATIBLE_CNI_VERSION, CniError
+from flock.errors import DECODE_ERROR, INCOMPATIBLE_CNI_VERSION, CniError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ def version_reply(requested: object) -> dict[str, Any]:
 def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
     """A 1.1.0-form ADD result rewritten for *to_version* (one of SUPPORTED_VERSIONS).
 
-    Raises CniError code 1 for a version flock does not support.
+    Raises CniError code 1 for a version flock does not support, code 6 when
+    ``interfaces``, ``ips`` or ``routes`` is not a list of objects.
     """
     if to_version not in SUPPORTED_VERSIONS:
         check_cni_version({"cniVersion": to_version})
@@ -64,10 +65,10 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
     out = {"cniVersion": to_version}  # type: dict[str, Any]
     if "interfaces" in result:
         keep = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
-        out["interfaces"] = [_pick(iface, keep) for iface in result["interfaces"]]
+        out["interfaces"] = [_pick(iface, keep) for iface in _objects(result, "interfaces")]
     if "ips" in result:
         ips = []
-        for ip in result["ips"]:
+        for ip in _objects(result, "ips"):
             item = _pick(ip, _IP_FIELDS)
             if legacy:
                 item["version"] = "6" if ":" in str(ip.get("address", "")) else "4"
@@ -75,10 +76,19 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
         out["ips"] = ips
     if "routes" in result:
         keep = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
-        out["routes"] = [_pick(route, keep) for route in result["routes"]]
+        out["routes"] = [_pick(route, keep) for route in _objects(result, "routes")]
     if "dns" in result:
         out["dns"] = result["dns"]
     return out
+
+
+def _objects(result: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """``result[key]`` if it is a list of objects, else CniError code 6 naming it
+    (the result crossed the wire: a broken agent must not crash the shim)."""
+    items = result[key]
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise CniError(DECODE_ERROR, "malformed result", "field {!r}={!r}: expected a list of objects".format(key, items))
+    return items
 
 
 def _pick(obj: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

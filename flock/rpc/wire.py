@@ -32,6 +32,11 @@ MAX_LINE_BYTES = 1 << 20
 
 OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 
+# Deepest JSON nesting accepted (a network configuration nests a handful of
+# levels).  json.loads manages ~1000, but repr() and json.dumps of such a
+# value a few frames deeper then raise RecursionError far from the input.
+MAX_JSON_DEPTH = 64
+
 # Which request strings must be non-empty, per op (CNI spec 1.1, "Parameters").
 # DEL may come without a netns (the sandbox is already gone).
 REQUIRED_FIELDS = MappingProxyType(
@@ -55,6 +60,44 @@ def valid_container_id(value: str) -> bool:
     anything else is refused before it can name a path.
     """
     return bool(value) and value[0].isascii() and value[0].isalnum() and _CONTAINER_ID_CHARS.issuperset(value)
+
+
+def valid_if_name(value: str) -> bool:
+    """What the kernel accepts as an interface name (``dev_valid_name``): 1 to
+    15 bytes, not ``.`` or ``..``, no ``/``, ``:``, NUL or whitespace."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeError:
+        return False
+    return (
+        0 < size <= 15
+        and value not in (".", "..")
+        and not any(c in "/:\0" or c.isspace() for c in value)
+    )
+
+
+def valid_netns(value: str) -> bool:
+    """An absolute path the agent can open (a NUL would make ``os.open`` raise
+    ValueError; a relative path would be resolved against the agent's cwd)."""
+    return value.startswith("/") and "\0" not in value
+
+
+def field_error(name: str, value: str) -> tuple[str, str] | None:
+    """``(msg, what was expected)`` when a non-empty request string *value* of
+    field *name* is malformed, else None (shared by the shim's env checks)."""
+    check = _FIELD_CHECKS.get(name)
+    if check is None or not value or check[0](value):
+        return None
+    return check[1], check[2]
+
+
+_FIELD_CHECKS = MappingProxyType(
+    {
+        "containerID": (valid_container_id, "invalid container ID", "expected letters, digits, '_', '.', '-', starting with a letter or digit"),
+        "ifName": (valid_if_name, "invalid interface name", "expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'"),
+        "netns": (valid_netns, "invalid network namespace path", "expected an absolute path"),
+    }
+)
 
 
 def parse_cni_args(args: str) -> dict[str, str]:
@@ -168,13 +211,12 @@ class Request:
         for name in REQUIRED_FIELDS[op]:
             if not fields[name]:
                 raise CniError(INVALID_ENV, "request is missing a field", "field {!r} is required for {}".format(name, op))
+        for name, value in fields.items():
+            invalid = field_error(name, value)
+            if invalid is not None:
+                msg, expected = invalid
+                raise CniError(INVALID_ENV, msg, "field {!r}={!r}: {}".format(name, value, expected))
         cid = fields["containerID"]
-        if cid and not valid_container_id(cid):
-            raise CniError(
-                INVALID_ENV,
-                "invalid container ID",
-                "field 'containerID'={!r}: expected letters, digits, '_', '.', '-', starting with a letter or digit".format(cid),
-            )
         if "config" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'config' is required")
         config = obj["config"]
@@ -259,6 +301,21 @@ class LineReader:
         return CniError(DECODE_ERROR, "message too long", "line exceeds {} bytes".format(self._limit))
 
 
+def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON *value* nests lists/objects more than *limit* deep
+    (iterative: this must not recurse itself)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
 def _encode_line(obj: dict[str, Any]) -> bytes:
     # ensure_ascii keeps the line free of raw newlines and encoding surprises.
     return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
@@ -275,6 +332,12 @@ def _decode_line(line: bytes, what: str) -> dict[str, Any]:
         raise CniError(DECODE_ERROR, "{} is not UTF-8".format(what), str(exc)) from None
     except ValueError as exc:
         raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), str(exc)) from None
+    except RecursionError:
+        # json raises this, not ValueError, for nesting deeper than the
+        # interpreter's recursion limit ("[" * 100000 fits in one line).
+        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested too deeply") from None
+    if json_too_deep(obj):
+        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested more than {} levels deep".format(MAX_JSON_DEPTH))
     if not isinstance(obj, dict):
         raise CniError(DECODE_ERROR, "{} is not a JSON object".format(what), "got {}".format(type(obj).__name__))
     return obj
