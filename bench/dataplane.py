@@ -30,7 +30,7 @@ import time
 
 import trio
 
-from stats import summary  # bench/stats.py
+from stats import parallel_rounds, summary  # bench/stats.py
 
 from flock.model import Allocation
 from flock.netlink import NetlinkWorker
@@ -141,10 +141,7 @@ def main() -> None:
     ap.add_argument("--rounds", default="20,5", help="rounds per parallelism, same order")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    parallel = [int(x) for x in args.parallel.split(",")]
-    rounds = [int(x) for x in args.rounds.split(",")]
-    if len(parallel) != len(rounds):
-        ap.error("--parallel and --rounds need the same number of entries")
+    parallel, rounds = parallel_rounds(ap, args)
     if args.inside:
         results = trio.run(inside, parallel, rounds)
         print(json.dumps({"bench": "dataplane", "parallel": parallel, "rounds": rounds, "results": results}))

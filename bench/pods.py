@@ -34,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stats import summary  # bench/stats.py
+from stats import parallel_rounds, summary  # bench/stats.py
 
 from flock.shim_bundle import build_shim
 from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
@@ -242,10 +242,7 @@ def main() -> None:
     ap.add_argument("--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    parallel = [int(x) for x in args.parallel.split(",")]
-    rounds = [int(x) for x in args.rounds.split(",")]
-    if len(parallel) != len(rounds):
-        ap.error("--parallel and --rounds need the same number of entries")
+    parallel, rounds = parallel_rounds(ap, args)
     if args.inside:
         results = inside(parallel, rounds, args.before)
         print(json.dumps({"bench": "pods", "parallel": parallel, "rounds": rounds, "before": args.before, "results": results}))

@@ -9,6 +9,7 @@ Wall-clock waits poll a condition under one bounded deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 
 from flock.store import SyncStore
 from flock.testing import NODECONFIGS, ApiServer, nodeconfig_object
-from flock.testing.netns import Netns, NetnsPool
+from flock.testing.netns import Netns, NetnsPool, netns_pool
 from shimrun import Outcome, build, run_plugin
 
 BIN = Path(sys.executable).parent
@@ -215,3 +216,14 @@ class Lab:
                 agent.kill()
         if self._bird_proc is not None:
             self.stop_bird()
+
+
+@contextlib.contextmanager
+def open_lab(tmp_path: Path, prefix: str, *, bird: bool = True) -> Iterator[Lab]:
+    """A node namespace pool, a fake API server and a :class:`Lab` on them, all closed after."""
+    with netns_pool(prefix) as pool, ApiServer() as api:
+        lab = Lab(tmp_path, pool, api, bird=bird)
+        try:
+            yield lab
+        finally:
+            lab.close()

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-from agent_lab import CIDR4, CIDR6, NODE, Lab, wait_for
+from agent_lab import CIDR4, CIDR6, NODE, open_lab, wait_for
 from flock.model import AllocationState
-from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
-from flock.testing.netns import netns_pool
+from flock.testing import NODECONFIGS, PODS, nodeconfig_object, pod_object
 
 pytestmark = pytest.mark.usefixtures("require_root")
 # Fatal start-up problems must end the process well before restart intensity
@@ -24,12 +23,8 @@ FAST_EXIT_S = 10
 
 @pytest.fixture
 def lab(tmp_path):
-    with netns_pool("fl-fault-") as pool, ApiServer() as api:
-        lab = Lab(tmp_path, pool, api, bird=False)
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with open_lab(tmp_path, "fl-fault-", bird=False) as lab:
+        yield lab
 
 
 def _fatal_exit(agent) -> str:
@@ -114,12 +109,8 @@ def test_nodeconfig_refused_then_deleted_keeps_serving_with_the_last_good_one(la
 
 @pytest.fixture
 def bird_lab(tmp_path, require_bird):
-    with netns_pool("fl-fault-") as pool, ApiServer() as api:
-        lab = Lab(tmp_path, pool, api, bird=True)
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with open_lab(tmp_path, "fl-fault-", bird=True) as lab:
+        yield lab
 
 
 def test_without_bird_add_is_served_and_the_config_is_applied_once_bird_comes_up(bird_lab):

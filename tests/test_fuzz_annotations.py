@@ -8,7 +8,6 @@ leading zeros, host bits, huge prefix lengths, non-ASCII digits."""
 
 from __future__ import annotations
 
-import ipaddress
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -9,10 +9,9 @@ import signal
 
 import pytest
 
-from agent_lab import Lab
+from agent_lab import open_lab
 from flock.model import AllocationState
-from flock.testing import PODS, ApiServer, pod_object
-from flock.testing.netns import netns_pool
+from flock.testing import PODS, pod_object
 
 pytestmark = pytest.mark.usefixtures("require_root")
 V4 = {"flock.fritzlab.net/ipv4": "true"}
@@ -20,12 +19,8 @@ V4 = {"flock.fritzlab.net/ipv4": "true"}
 
 @pytest.fixture
 def lab(tmp_path):
-    with netns_pool("fl-crash-") as pool, ApiServer() as api:
-        lab = Lab(tmp_path, pool, api, bird=False)
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with open_lab(tmp_path, "fl-crash-", bird=False) as lab:
+        yield lab
 
 
 def addresses(result: dict) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:

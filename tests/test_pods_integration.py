@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from agent_lab import CIDR6, Lab, wait_for
+from agent_lab import CIDR6, open_lab, wait_for
 from flock.ipam import fnv1a_64
-from flock.testing import PODS, ApiServer, pod_object
-from flock.testing.netns import netns_pool
+from flock.testing import PODS, pod_object
 
 pytestmark = pytest.mark.usefixtures("require_root", "require_bird")
 A = "flock.fritzlab.net/"
@@ -19,12 +18,8 @@ A = "flock.fritzlab.net/"
 
 @pytest.fixture
 def lab(tmp_path):
-    with netns_pool("fl-pods-") as pool, ApiServer() as api:
-        lab = Lab(tmp_path, pool, api)
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with open_lab(tmp_path, "fl-pods-") as lab:
+        yield lab
 
 
 def test_add_check_del_gc_through_the_real_plugin(lab):
