@@ -19,7 +19,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from flock import errors
+from flock import errors, logs
 from flock.ipam import AddressConflict, Addresses, Ipam
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.rpc import Request
@@ -144,14 +144,15 @@ class PodService:
                 log.error("dropping an unreadable pending delete", extra={"file": str(path), "error": str(exc)})
                 path.unlink(missing_ok=True)
                 continue
-            try:
-                await self.handler.delete(request)
-            except errors.CniError as exc:
-                log.error("pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)})
-                continue
-            path.unlink(missing_ok=True)
-            applied += 1
-            log.info("applied a pending delete", extra={"container_id": request.container_id})
+            with logs.bound(container_id=request.container_id, pod=request.pod, op="DEL"):
+                try:
+                    await self.handler.delete(request)
+                except errors.CniError as exc:
+                    log.error("pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)})
+                    continue
+                path.unlink(missing_ok=True)
+                applied += 1
+                log.info("applied a pending delete")
         return applied
 
     async def _apply(self, node: NodeConfig) -> None:
