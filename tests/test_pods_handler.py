@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from flock import errors
+from flock.rpc import Request
 from flock.ipam import ADDRESS_EXHAUSTED, Ipam
 from flock.model import AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, KeyedLocks, PodHandler
@@ -281,6 +282,12 @@ async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refus
             assert ipaddress.ip_interface(first["ips"][0]["address"]).ip in NODE_CONFIG.cidr6
             assert first["ips"][0]["gateway"] == "fe80::1" and first["ips"][1]["gateway"] == "169.254.1.1"
             assert first["interfaces"][1] == {"name": "eth0", "sandbox": "/run/netns/c0ffee01"}
+            same = request("ADD", pod="a")
+            moved = Request("ADD", container_id=same.container_id, netns="/run/netns/elsewhere",
+                            if_name=same.if_name, args=same.args, config=same.config)
+            with pytest.raises(errors.CniError) as info:
+                await handler(moved)
+            assert info.value.code == errors.INVALID_ENV and "/run/netns/elsewhere" in info.value.details
 
 
 async def test_keyed_locks_wait_idle(autojump_clock):

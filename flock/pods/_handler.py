@@ -358,6 +358,13 @@ def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
             errors.INVALID_ENV, "container ID already in use",
             f"ifName={request.if_name!r}: container {request.container_id} already has {alloc.if_name!r}",
         )
+    if alloc.netns != request.netns:
+        # Answering with the stored result would report a network the pod's
+        # namespace does not have; the runtime must DEL the old attachment first.
+        raise errors.CniError(
+            errors.INVALID_ENV, "container ID already in use",
+            f"netns={request.netns!r}: container {request.container_id} is attached in {alloc.netns!r}",
+        )
 
 
 def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
