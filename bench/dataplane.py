@@ -23,14 +23,13 @@ import argparse
 import ipaddress
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import trio
 
-from stats import parallel_rounds, summary  # bench/stats.py
+from stats import parallel_rounds, rerun_in_node_namespace, summary  # bench/stats.py
 
 from flock.model import Allocation
 from flock.netlink import NetlinkWorker
@@ -146,14 +145,7 @@ def main() -> None:
         results = trio.run(inside, parallel, rounds)
         print(json.dumps({"bench": "dataplane", "parallel": parallel, "rounds": rounds, "results": results}))
         return
-    with netns_pool("fl-bench-") as pool:
-        node, up = pool.create("node"), pool.create("up")
-        pool.veth(node, "uplink", up, "eth0")
-        node.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
-        cmd = ["ip", "netns", "exec", node.name, sys.executable, os.path.abspath(__file__), "--inside",
-               "--parallel", args.parallel, "--rounds", args.rounds]
-        proc = subprocess.run(cmd)
-    sys.exit(proc.returncode)
+    sys.exit(rerun_in_node_namespace(__file__, ["--parallel", args.parallel, "--rounds", args.rounds]))
 
 
 if __name__ == "__main__":

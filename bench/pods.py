@@ -34,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stats import parallel_rounds, summary  # bench/stats.py
+from stats import parallel_rounds, rerun_in_node_namespace, summary  # bench/stats.py
 
 from flock.shim_bundle import build_shim
 from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
@@ -247,16 +247,11 @@ def main() -> None:
         results = inside(parallel, rounds, args.before)
         print(json.dumps({"bench": "pods", "parallel": parallel, "rounds": rounds, "before": args.before, "results": results}))
         return
-    with netns_pool("fl-bench-") as pool:
-        node, up = pool.create("node"), pool.create("up")
-        pool.veth(node, "uplink", up, "eth0")
-        node.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
-        cmd = ["ip", "netns", "exec", node.name, sys.executable, os.path.abspath(__file__), "--inside",
-               "--parallel", args.parallel, "--rounds", args.rounds]
-        if args.before:
-            cmd += ["--before", os.path.abspath(args.before)]
-        proc = subprocess.run(cmd)
-    sys.exit(proc.returncode)
+    extra = ["--parallel", args.parallel, "--rounds", args.rounds]
+    if args.before:
+        extra += ["--before", os.path.abspath(args.before)]
+    returncode = rerun_in_node_namespace(__file__, extra)
+    sys.exit(returncode)
 
 
 if __name__ == "__main__":

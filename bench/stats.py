@@ -1,9 +1,13 @@
-"""Summaries every bench reports: median and p99 (nearest rank) of samples."""
+"""What the dataplane benches share: median/p99 summaries, --parallel/--rounds
+parsing, and re-running a bench inside a fresh "node" namespace."""
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import subprocess
+import sys
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -24,3 +28,16 @@ def parallel_rounds(ap, args) -> tuple[list[int], list[int]]:
     if len(parallel) != len(rounds):
         ap.error("--parallel and --rounds need the same number of entries")
     return parallel, rounds
+
+
+def rerun_in_node_namespace(script: str, extra_args: list[str]) -> int:
+    """Run *script* ``--inside`` a fresh node namespace with an uplink (so
+    prepare_node finds a route to 169.254.1.1); the host is never touched."""
+    from flock.testing.netns import netns_pool
+
+    with netns_pool("fl-bench-") as pool:
+        node, up = pool.create("node"), pool.create("up")
+        pool.veth(node, "uplink", up, "eth0")
+        node.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
+        cmd = ["ip", "netns", "exec", node.name, sys.executable, os.path.abspath(script), "--inside", *extra_args]
+        return subprocess.run(cmd).returncode

@@ -76,6 +76,18 @@ def _plain(value: Any) -> str:
     return value
 
 
+def _block(kind: str, name: str, field: str, raw: Any, network: type, max_prefix: int, example: str) -> Any:
+    """A node pod block: a CIDR of *network*'s family, no host bits, at most /max_prefix."""
+    try:
+        block = network(_plain(raw), strict=True)
+    except (TypeError, ValueError):
+        family = "IPv6" if network is ipaddress.IPv6Network else "IPv4"
+        raise InvalidObject(kind, name, field, raw, f"an {family} CIDR such as {example}") from None
+    if block.prefixlen > max_prefix:
+        raise InvalidObject(kind, name, field, raw, f"a prefix of /{max_prefix} or shorter")
+    return block
+
+
 def _asn(kind: str, name: str, field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4294967295:
         raise InvalidObject(kind, name, field, value, "an AS number 1..4294967295")
@@ -104,23 +116,9 @@ class NodeConfig:
         if not isinstance(spec, Mapping):
             raise InvalidObject(kind, name, "spec", spec, "an object")
 
-        raw6 = spec.get("cidr6")
-        try:
-            cidr6 = ipaddress.IPv6Network(_plain(raw6), strict=True)
-        except (TypeError, ValueError):
-            raise InvalidObject(kind, name, "spec.cidr6", raw6, "an IPv6 CIDR such as 2001:db8:0:1::/64") from None
-        if cidr6.prefixlen > 120:
-            raise InvalidObject(kind, name, "spec.cidr6", raw6, "a prefix of /120 or shorter")
-
+        cidr6 = _block(kind, name, "spec.cidr6", spec.get("cidr6"), ipaddress.IPv6Network, 120, "2001:db8:0:1::/64")
         raw4 = spec.get("cidr4")
-        cidr4 = None
-        if raw4 is not None:
-            try:
-                cidr4 = ipaddress.IPv4Network(_plain(raw4), strict=True)
-            except (TypeError, ValueError):
-                raise InvalidObject(kind, name, "spec.cidr4", raw4, "an IPv4 CIDR such as 198.51.100.0/24") from None
-            if cidr4.prefixlen > 30:
-                raise InvalidObject(kind, name, "spec.cidr4", raw4, "a prefix of /30 or shorter")
+        cidr4 = None if raw4 is None else _block(kind, name, "spec.cidr4", raw4, ipaddress.IPv4Network, 30, "198.51.100.0/24")
 
         fam = spec.get("families") or {}
         if not isinstance(fam, Mapping):
