@@ -28,7 +28,6 @@ import tempfile
 import time
 
 import trio
-
 from stats import parallel_rounds, rerun_in_node_namespace, summary  # bench/stats.py
 
 from flock.model import Allocation
@@ -65,7 +64,10 @@ class Ptp:
     def config(self, dual: bool, prev: dict | None = None) -> bytes:
         ranges = [[{"subnet": str(V4_NET)}]] + ([[{"subnet": str(V6_NET)}]] if dual else [])
         conf = {
-            "cniVersion": "1.0.0", "name": "bench", "type": "ptp", "ipMasq": False,
+            "cniVersion": "1.0.0",
+            "name": "bench",
+            "type": "ptp",
+            "ipMasq": False,
             "ipam": {"type": "host-local", "dataDir": self.data_dir, "ranges": ranges},
         }
         if prev is not None:
@@ -74,8 +76,13 @@ class Ptp:
 
     async def _exec(self, command: str, cid: str, netns: str, stdin: bytes) -> bytes:
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
-            "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": PLUGIN_DIR, "CNI_ARGS": "",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": cid,
+            "CNI_NETNS": netns,
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": PLUGIN_DIR,
+            "CNI_ARGS": "",
         }
         proc = await trio.run_process([f"{PLUGIN_DIR}/ptp"], stdin=stdin, env=env, capture_stdout=True, check=False)
         if proc.returncode != 0:
@@ -128,9 +135,12 @@ async def inside(parallel: list[int], rounds: list[int]) -> dict:
                 for impl in impls:
                     fig = await measure(impl, pool, n, r, dual, seq)
                     results.setdefault(impl.name, {}).setdefault(family, {})[f"N={n}"] = fig
-                    print(f"{impl.name:5} {family:4} N={n:<3} setup median {fig['setup_ms']['median']:8.2f} ms  "
-                          f"p99 {fig['setup_ms']['p99']:8.2f} ms | teardown median {fig['teardown_ms']['median']:7.2f} ms  "
-                          f"p99 {fig['teardown_ms']['p99']:7.2f} ms  ({fig['setup_ms']['n']} pods)", flush=True)
+                    print(
+                        f"{impl.name:5} {family:4} N={n:<3} setup median {fig['setup_ms']['median']:8.2f} ms  "
+                        f"p99 {fig['setup_ms']['p99']:8.2f} ms | teardown median {fig['teardown_ms']['median']:7.2f} ms  "
+                        f"p99 {fig['teardown_ms']['p99']:7.2f} ms  ({fig['setup_ms']['n']} pods)",
+                        flush=True,
+                    )
     return results
 
 

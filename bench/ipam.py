@@ -115,8 +115,16 @@ def bench_store(count: int) -> float:
         for i in range(count):
             cid = f"c{i:08d}"
             store.put(
-                Allocation(cid, "prod", f"pod-{i}", f"uid-{i}", "eth0", f"/var/run/netns/{cid}",
-                           ip6=ipaddress.IPv6Address(int(NODE.cidr6.network_address) + i + 1), created=float(i))
+                Allocation(
+                    cid,
+                    "prod",
+                    f"pod-{i}",
+                    f"uid-{i}",
+                    "eth0",
+                    f"/var/run/netns/{cid}",
+                    ip6=ipaddress.IPv6Address(int(NODE.cidr6.network_address) + i + 1),
+                    created=float(i),
+                )
             )
             store.commit(cid, now=float(i))
         seconds = time.perf_counter() - start
@@ -148,7 +156,9 @@ def main() -> None:
     print(f"IPv6 /64 random      {out['v6_random_64_per_s']:>12,.0f} allocations/s")
     print(f"IPv6 /64 ip-algo     {out['v6_ip_algo_64_per_s']:>12,.0f} allocations/s")
     print(f"IPv4 /16 first 1%    {v4['first_1pct_per_s']:>12,.0f} allocations/s")
-    print(f"IPv4 /16 last 1%     {v4['last_1pct_per_s']:>12,.0f} allocations/s  (naive rescan: {out['v4_16_naive_rescan_last_1pct_per_s']:,.0f})")
+    print(
+        f"IPv4 /16 last 1%     {v4['last_1pct_per_s']:>12,.0f} allocations/s  (naive rescan: {out['v4_16_naive_rescan_last_1pct_per_s']:,.0f})"
+    )
     print(f"IPv4 /16 churn @99%  {v4['churn_at_99pct_per_s']:>12,.0f} release+allocate/s")
     print(f"store put+commit     {out['store_put_commit_per_s']:>12,.0f} rows/s")
     print(json.dumps(out, separators=(",", ":")))

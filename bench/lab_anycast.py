@@ -23,16 +23,18 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labkit import FlockRuntime, emit, ip, lab, stats_ms  # noqa: E402
+from labkit import FlockRuntime, emit, ip, lab, stats_ms
 
-from flock.lab._nsio import in_netns  # noqa: E402
+from flock.lab._nsio import in_netns
 
 WAIT_S = 10.0
 
 
 async def watch_for(netns: str, address: str, deleted: bool, started: trio.Event, seen: list[float]) -> None:
     """Record the time ``ip monitor`` in *netns* reports a route to *address* (or its deletion)."""
-    proc = await trio.lowlevel.open_process(in_netns(netns, ["ip", "monitor", "route"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = await trio.lowlevel.open_process(
+        in_netns(netns, ["ip", "monitor", "route"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     try:
         started.set()
         buf = b""
@@ -50,7 +52,9 @@ async def watch_for(netns: str, address: str, deleted: bool, started: trio.Event
 
 
 async def sample(rt: FlockRuntime, node2: str, i: int, address: str) -> tuple[float | None, float | None]:
-    att = await rt.prepare("anycast", f"a{i}", {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/anycast": address})
+    att = await rt.prepare(
+        "anycast", f"a{i}", {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/anycast": address}
+    )
     name = att.netns.rsplit("/", 1)[1]
     await ip("netns", "add", name)
     times: list[float | None] = []
@@ -101,7 +105,10 @@ async def main(args: argparse.Namespace) -> dict:
         "withdraw_ms": stats_ms(withdraw) if withdraw else None,
         "not_seen_within_s": {"wait": WAIT_S, "count": missed},
     }
-    print(f"IPv{args.family} anycast: ADD → route on the other node {doc['announce_ms']} ms; DEL called → withdrawn {doc['withdraw_ms']} ms; not seen {missed}", flush=True)
+    print(
+        f"IPv{args.family} anycast: ADD → route on the other node {doc['announce_ms']} ms; DEL called → withdrawn {doc['withdraw_ms']} ms; not seen {missed}",
+        flush=True,
+    )
     return doc
 
 

@@ -20,13 +20,15 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).parent))
-import tempfile  # noqa: E402
+import tempfile
 
-from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed  # noqa: E402
+from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
 
 async def churn(rt, args: argparse.Namespace) -> dict:
-    atts = [await rt.prepare("churn", f"{rt.name[0]}{i}", {"flock.fritzlab.net/ipv4": "true"}) for i in range(args.pods)]
+    atts = [
+        await rt.prepare("churn", f"{rt.name[0]}{i}", {"flock.fritzlab.net/ipv4": "true"}) for i in range(args.pods)
+    ]
     queue = list(reversed(atts))
     adds: list[float] = []
     dels: list[float] = []
@@ -56,7 +58,10 @@ async def churn(rt, args: argparse.Namespace) -> dict:
         "failures": len(failures),
         "first_failure": failures[0] if failures else None,
     }
-    print(f"{rt.name:<15} {args.pods} pods ADD+DEL, {args.parallel} at a time: {doc['pods_per_s']} pods/s; ADD {doc['add_ms']}, DEL {doc['del_ms']} ms; failures {len(failures)}", flush=True)
+    print(
+        f"{rt.name:<15} {args.pods} pods ADD+DEL, {args.parallel} at a time: {doc['pods_per_s']} pods/s; ADD {doc['add_ms']}, DEL {doc['del_ms']} ms; failures {len(failures)}",
+        flush=True,
+    )
     return doc
 
 

@@ -24,9 +24,12 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed  # noqa: E402
+from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
-STACKS = {"v4": {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/ipv6": "false"}, "dual": {"flock.fritzlab.net/ipv4": "true"}}
+STACKS = {
+    "v4": {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/ipv6": "false"},
+    "dual": {"flock.fritzlab.net/ipv4": "true"},
+}
 
 
 async def one_at_a_time(rt, stack: str, count: int, tag: str) -> tuple[list[float], list[float]]:
@@ -82,11 +85,17 @@ async def main(args: argparse.Namespace) -> dict:
                     seq_add, seq_del = await one_at_a_time(rt, stack, args.sequential, tag)
                     burst_add, burst_del = await at_once(rt, stack, args.burst, tag)
                     row = {
-                        "add_1": stats_ms(seq_add), "del_1": stats_ms(seq_del),
-                        f"add_{args.burst}": stats_ms(burst_add), f"del_{args.burst}": stats_ms(burst_del),
+                        "add_1": stats_ms(seq_add),
+                        "del_1": stats_ms(seq_del),
+                        f"add_{args.burst}": stats_ms(burst_add),
+                        f"del_{args.burst}": stats_ms(burst_del),
                     }
                     figures.setdefault(stack, {})[rt.name] = row
-                    print(f"{stack:<5} {rt.name:<15} " + "  ".join(f"{k} {v['median']}/{v['p99']} ms" for k, v in row.items()), flush=True)
+                    print(
+                        f"{stack:<5} {rt.name:<15} "
+                        + "  ".join(f"{k} {v['median']}/{v['p99']} ms" for k, v in row.items()),
+                        flush=True,
+                    )
     return figures
 
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labkit import FlockRuntime, emit, ip, lab  # noqa: E402
+from labkit import FlockRuntime, emit, ip, lab
 
-from flock.lab._lifecycle import agent_ready  # noqa: E402
-from flock.lab._nsio import in_netns  # noqa: E402
-from flock.lab._runtime import exec_conflist  # noqa: E402
-from flock.lab._state import load_procs  # noqa: E402
+from flock.lab._lifecycle import agent_ready
+from flock.lab._nsio import in_netns
+from flock.lab._runtime import exec_conflist
+from flock.lab._state import load_procs
 
 DUAL = {"flock.fritzlab.net/ipv4": "true"}
 
@@ -79,7 +79,9 @@ async def main(args: argparse.Namespace) -> dict:
         targets = [rt1.results[a.container_id]["ips"][0]["address"].split("/")[0] for a in picks]
         targets.append(rt1.results[atts[0].container_id]["ips"][1]["address"].split("/")[0])
         pings = [
-            await trio.lowlevel.open_process(in_netns(prober.netns.rsplit("/", 1)[1], ["ping", "-n", "-q", "-i", "0.01", t]), stdout=-1, stderr=-1)
+            await trio.lowlevel.open_process(
+                in_netns(prober.netns.rsplit("/", 1)[1], ["ping", "-n", "-q", "-i", "0.01", t]), stdout=-1, stderr=-1
+            )
             for t in targets
         ]
         await trio.sleep(1)  # pings flowing before the restart
@@ -108,7 +110,9 @@ async def main(args: argparse.Namespace) -> dict:
         rss_after = rss_kib(agent_pid(plan, "node1"))
         check_failures = 0
         for att in atts:
-            out = await exec_conflist(node1.netns, str(node1.cni_bin), rt1.conflist, "CHECK", att, rt1.results[att.container_id])
+            out = await exec_conflist(
+                node1.netns, str(node1.cni_bin), rt1.conflist, "CHECK", att, rt1.results[att.container_id]
+            )
             check_failures += not out.ok
         for att in atts + [prober]:
             await ip("netns", "del", att.netns.rsplit("/", 1)[1])

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
 from stats import summary  # bench/stats.py
 
 from flock.lab import LabPlan, down, up
@@ -73,9 +72,13 @@ class FlockRuntime:
 
     async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Attachment:
         """The Pod object and what the runtime would pass (untimed)."""
-        obj = await api_client(self.plan).create(PODS, pod_object(namespace, name, self.node.name, annotations=annotations))
+        obj = await api_client(self.plan).create(
+            PODS, pod_object(namespace, name, self.node.name, annotations=annotations)
+        )
         cid = secrets.token_hex(32)
-        return Attachment.for_pod(cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, obj["metadata"]["uid"])
+        return Attachment.for_pod(
+            cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, obj["metadata"]["uid"]
+        )
 
     async def add(self, att: Attachment) -> PluginOutcome:
         out = await exec_conflist(self.node.netns, str(self.node.cni_bin), self.conflist, "ADD", att)
@@ -84,7 +87,9 @@ class FlockRuntime:
         return out
 
     async def delete(self, att: Attachment) -> PluginOutcome:
-        return await exec_conflist(self.node.netns, str(self.node.cni_bin), self.conflist, "DEL", att, self.results.pop(att.container_id, None))
+        return await exec_conflist(
+            self.node.netns, str(self.node.cni_bin), self.conflist, "DEL", att, self.results.pop(att.container_id, None)
+        )
 
 
 class PtpRuntime:
@@ -98,13 +103,21 @@ class PtpRuntime:
         self.conflist = {
             "cniVersion": "1.0.0",
             "name": "ptp-bench",
-            "plugins": [{"type": "ptp", "ipMasq": False, "ipam": {"type": "host-local", "ranges": ranges, "dataDir": str(data_dir)}}],
+            "plugins": [
+                {
+                    "type": "ptp",
+                    "ipMasq": False,
+                    "ipam": {"type": "host-local", "ranges": ranges, "dataDir": str(data_dir)},
+                }
+            ],
         }
         self.results: dict[str, dict[str, Any]] = {}
 
     async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Attachment:
         cid = secrets.token_hex(32)
-        return Attachment.for_pod(cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8])
+        return Attachment.for_pod(
+            cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8]
+        )
 
     async def add(self, att: Attachment) -> PluginOutcome:
         out = await exec_conflist(self.node.netns, "/usr/lib/cni", self.conflist, "ADD", att)
@@ -113,7 +126,9 @@ class PtpRuntime:
         return out
 
     async def delete(self, att: Attachment) -> PluginOutcome:
-        return await exec_conflist(self.node.netns, "/usr/lib/cni", self.conflist, "DEL", att, self.results.pop(att.container_id, None))
+        return await exec_conflist(
+            self.node.netns, "/usr/lib/cni", self.conflist, "DEL", att, self.results.pop(att.container_id, None)
+        )
 
 
 def emit(doc: dict[str, Any]) -> None:

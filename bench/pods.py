@@ -46,8 +46,15 @@ PTP_NET = "2001:db8:3::/64"
 
 
 def run(argv: list[str], command: str, cid: str, netns: str, config: dict, args: str = "") -> float:
-    env = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns,
-           "CNI_IFNAME": "eth0", "CNI_PATH": PLUGIN_DIR, "CNI_ARGS": args}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": PLUGIN_DIR,
+        "CNI_ARGS": args,
+    }
     t0 = time.perf_counter()
     proc = subprocess.run(argv, input=json.dumps(config).encode(), env=env, capture_output=True)
     elapsed = (time.perf_counter() - t0) * 1000
@@ -84,8 +91,12 @@ class Flock:
             return [str(BIN / "flock-agent")]
         # sys.path[0] beats the venv's editable install of this checkout.
         boot = f"import sys; sys.path.insert(0, {self.source!r}); from flock.agent import main; sys.exit(main())"
-        check = subprocess.run([sys.executable, "-c", boot.split("; from")[0] + "; import flock; print(flock.__file__)"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        check = subprocess.run(
+            [sys.executable, "-c", boot.split("; from")[0] + "; import flock; print(flock.__file__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         if not check.startswith(os.path.abspath(self.source)):
             raise RuntimeError(f"--before {self.source}: imported flock from {check}")
         return [sys.executable, "-c", boot]
@@ -96,9 +107,24 @@ class Flock:
         self.log_path = self.work / "agent.log"
         self.log = open(self.log_path, "wb")
         self.agent = subprocess.Popen(
-            self.agent_argv() + ["--node", self.node, "--socket", str(self.socket), "--state-dir", str(self.work / "state"),
-                                 "--kubeconfig", str(kubeconfig), "--health-address", "127.0.0.1:0", "--no-bird", "--uplink", "uplink"],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            self.agent_argv()
+            + [
+                "--node",
+                self.node,
+                "--socket",
+                str(self.socket),
+                "--state-dir",
+                str(self.work / "state"),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--health-address",
+                "127.0.0.1:0",
+                "--no-bird",
+                "--uplink",
+                "uplink",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def ready(self) -> None:
@@ -140,8 +166,13 @@ class Ptp:
         self.data_dir = data_dir
 
     def op(self, command: str, cid: str, netns: str) -> float:
-        config = {"cniVersion": "1.0.0", "name": "bench", "type": "ptp", "ipMasq": False,
-                  "ipam": {"type": "host-local", "dataDir": self.data_dir, "ranges": [[{"subnet": PTP_NET}]]}}
+        config = {
+            "cniVersion": "1.0.0",
+            "name": "bench",
+            "type": "ptp",
+            "ipMasq": False,
+            "ipam": {"type": "host-local", "dataDir": self.data_dir, "ranges": [[{"subnet": PTP_NET}]]},
+        }
         return run([f"{PLUGIN_DIR}/ptp"], command, cid, netns, config)
 
 
@@ -184,8 +215,11 @@ def wait_ready(agent: subprocess.Popen, log: Path) -> int:
     """The agent's health port once /readyz answers 200."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and agent.poll() is None:
-        ports = [int(json.loads(line)["address"].rsplit(":", 1)[1])
-                 for line in log.read_text().splitlines() if '"health server listening"' in line]
+        ports = [
+            int(json.loads(line)["address"].rsplit(":", 1)[1])
+            for line in log.read_text().splitlines()
+            if '"health server listening"' in line
+        ]
         if ports:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/readyz", timeout=5):
@@ -199,7 +233,11 @@ def wait_ready(agent: subprocess.Popen, log: Path) -> int:
 def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
     results: dict = {}
     seq = [0]
-    with tempfile.TemporaryDirectory(prefix="fl-bench-pods-") as tmp, netns_pool("fl-bench-") as pool, ApiServer() as api:
+    with (
+        tempfile.TemporaryDirectory(prefix="fl-bench-pods-") as tmp,
+        netns_pool("fl-bench-") as pool,
+        ApiServer() as api,
+    ):
         work = Path(tmp)
         api.write_kubeconfig(work / "kubeconfig")
         plugin = [str(work / "flock")]
@@ -220,15 +258,23 @@ def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
                 for impl in impls:
                     fig = figures[impl.name]
                     results.setdefault(impl.name, {})[f"N={n}"] = fig
-                    print(f"{impl.name:12} N={n:<3} ADD median {fig['add_ms']['median']:8.2f} ms  p99 {fig['add_ms']['p99']:8.2f} ms | "
-                          f"DEL median {fig['del_ms']['median']:7.2f} ms  p99 {fig['del_ms']['p99']:7.2f} ms  ({fig['add_ms']['n']} pods)",
-                          flush=True)
+                    print(
+                        f"{impl.name:12} N={n:<3} ADD median {fig['add_ms']['median']:8.2f} ms  p99 {fig['add_ms']['p99']:8.2f} ms | "
+                        f"DEL median {fig['del_ms']['median']:7.2f} ms  p99 {fig['del_ms']['p99']:7.2f} ms  ({fig['add_ms']['n']} pods)",
+                        flush=True,
+                    )
                     if "agent_cpu_ms_per_pod" in fig:
-                        print(f"{'':12} agent's own time per request (mean): ADD {fig['agent_add_mean_ms']} ms, DEL "
-                              f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL)", flush=True)
+                        print(
+                            f"{'':12} agent's own time per request (mean): ADD {fig['agent_add_mean_ms']} ms, DEL "
+                            f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL)",
+                            flush=True,
+                        )
             for f in flocks:
                 results[f.name]["agent_rss_idle_mib"] = rss = f.rss()
-                print(f"{f.name}-agent RSS when idle: {rss['at_start']} MiB at start, {rss['after']} MiB after the run", flush=True)
+                print(
+                    f"{f.name}-agent RSS when idle: {rss['at_start']} MiB at start, {rss['after']} MiB after the run",
+                    flush=True,
+                )
         finally:
             for f in flocks:
                 f.stop()
@@ -239,13 +285,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", default="1,10", help="comma-separated pod counts ADDed concurrently")
     ap.add_argument("--rounds", default="20,5", help="rounds per parallelism, same order")
-    ap.add_argument("--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side")
+    ap.add_argument(
+        "--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side"
+    )
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parallel, rounds = parallel_rounds(ap, args)
     if args.inside:
         results = inside(parallel, rounds, args.before)
-        print(json.dumps({"bench": "pods", "parallel": parallel, "rounds": rounds, "before": args.before, "results": results}))
+        print(
+            json.dumps(
+                {"bench": "pods", "parallel": parallel, "rounds": rounds, "before": args.before, "results": results}
+            )
+        )
         return
     extra = ["--parallel", args.parallel, "--rounds", args.rounds]
     if args.before:

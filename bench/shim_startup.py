@@ -59,7 +59,9 @@ def summary(samples: list[tuple[float, float]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=300)
-    parser.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
+    parser.add_argument(
+        "--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    )
     opts = parser.parse_args()
 
     python = opts.python
@@ -90,9 +92,21 @@ def main() -> None:
             f"{name:15} wall median {r['median_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  (+{r['over_baseline_ms']:.2f})"
             f"   cpu median {r['cpu_median_ms']:6.2f} ms (+{r['cpu_over_baseline_ms']:.2f})"
         )
-    version = subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"bench": "shim_startup", "iterations": opts.iterations, "python": python, "python_version": version,
-                      "builder_version": sys.version.split()[0], "results": results}))
+    version = subprocess.run(
+        [python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "bench": "shim_startup",
+                "iterations": opts.iterations,
+                "python": python,
+                "python_version": version,
+                "builder_version": sys.version.split()[0],
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,11 @@ def percentile(samples: list[float], q: float) -> float:
 def summary(samples: list[float], *, scale: float = 1.0, digits: int = 2) -> dict:
     """``{"median", "p99", "n"}`` of *samples* multiplied by *scale* (1000: s → ms)."""
     values = [s * scale for s in samples]
-    return {"median": round(statistics.median(values), digits), "p99": round(percentile(values, 0.99), digits), "n": len(values)}
+    return {
+        "median": round(statistics.median(values), digits),
+        "p99": round(percentile(values, 0.99), digits),
+        "n": len(values),
+    }
 
 
 def parallel_rounds(ap, args) -> tuple[list[int], list[int]]:

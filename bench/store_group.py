@@ -39,9 +39,19 @@ def child(state_dir: str, writers: int, pods: int) -> dict:
         for i in range(pods // writers):
             n = w * 1_000_000 + i
             alloc = Allocation(
-                container_id=f"c{n:08d}", namespace="bench", pod=f"p{n}", pod_uid=f"u{n}", if_name="eth0",
-                netns=f"/var/run/netns/{n}", ip6=ipaddress.IPv6Address(0x20010DB8 << 96 | n), ip4=None,
-                anycast=(), addresses=(), state=AllocationState.PENDING, created=float(n), updated=float(n),
+                container_id=f"c{n:08d}",
+                namespace="bench",
+                pod=f"p{n}",
+                pod_uid=f"u{n}",
+                if_name="eth0",
+                netns=f"/var/run/netns/{n}",
+                ip6=ipaddress.IPv6Address(0x20010DB8 << 96 | n),
+                ip4=None,
+                anycast=(),
+                addresses=(),
+                state=AllocationState.PENDING,
+                created=float(n),
+                updated=float(n),
             )
             t0 = time.perf_counter()
             await store.put(alloc)
@@ -58,14 +68,19 @@ def child(state_dir: str, writers: int, pods: int) -> dict:
             return time.perf_counter() - t0
 
     wall = trio.run(main)
-    return {"pods_per_s": round(len(latencies) / wall, 1), "pod_ms_median": round(statistics.median(latencies), 3),
-            "pod_ms_p99": round(sorted(latencies)[int(0.99 * (len(latencies) - 1))], 3)}
+    return {
+        "pods_per_s": round(len(latencies) / wall, 1),
+        "pod_ms_median": round(statistics.median(latencies), 3),
+        "pod_ms_p99": round(sorted(latencies)[int(0.99 * (len(latencies) - 1))], 3),
+    }
 
 
 def run_variant(source: str, state_dir: str, writers: int, pods: int) -> dict:
-    boot = (f"import sys, json; sys.path.insert(0, {source!r}); sys.path.insert(1, {os.path.join(HERE, 'bench')!r}); "
-            f"import flock, store_group; assert flock.__file__.startswith({source!r}), flock.__file__; "
-            f"print(json.dumps(store_group.child({state_dir!r}, {writers}, {pods})))")
+    boot = (
+        f"import sys, json; sys.path.insert(0, {source!r}); sys.path.insert(1, {os.path.join(HERE, 'bench')!r}); "
+        f"import flock, store_group; assert flock.__file__.startswith({source!r}), flock.__file__; "
+        f"print(json.dumps(store_group.child({state_dir!r}, {writers}, {pods})))"
+    )
     out = subprocess.run([sys.executable, "-c", boot], capture_output=True, text=True, check=True, cwd="/")
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -87,13 +102,28 @@ def main() -> None:
             runs: dict[str, list[dict]] = {name: [] for name in variants}
             for r in range(args.rounds):
                 for name, source in variants.items():
-                    runs[name].append(run_variant(source, os.path.join(tmp, f"{name}-{writers}-{r}"), writers, args.pods))
+                    runs[name].append(
+                        run_variant(source, os.path.join(tmp, f"{name}-{writers}-{r}"), writers, args.pods)
+                    )
             for name, figs in runs.items():
                 best = sorted(figs, key=lambda f: f["pods_per_s"])[len(figs) // 2]  # the median run
                 results.setdefault(name, {})[f"W={writers}"] = best
-                print(f"{name:12} W={writers:<3} {best['pods_per_s']:8.1f} pods/s  per pod (put+commit+delete) median "
-                      f"{best['pod_ms_median']:7.3f} ms  p99 {best['pod_ms_p99']:7.3f} ms", flush=True)
-    print(json.dumps({"bench": "store_group", "pods": args.pods, "rounds": args.rounds, "before": args.before, "results": results}))
+                print(
+                    f"{name:12} W={writers:<3} {best['pods_per_s']:8.1f} pods/s  per pod (put+commit+delete) median "
+                    f"{best['pod_ms_median']:7.3f} ms  p99 {best['pod_ms_p99']:7.3f} ms",
+                    flush=True,
+                )
+    print(
+        json.dumps(
+            {
+                "bench": "store_group",
+                "pods": args.pods,
+                "rounds": args.rounds,
+                "before": args.before,
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

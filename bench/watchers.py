@@ -45,15 +45,23 @@ def realistic_pod(namespace: str, name: str, node: str) -> dict:
             "labels": {"app": name.rsplit("-", 1)[0], "pod-template-hash": "5d8f7c9b4"},
             "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x" * 1500},
             "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "app-5d8f7c9b4", "uid": "0" * 36, "controller": True}
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "app-5d8f7c9b4",
+                    "uid": "0" * 36,
+                    "controller": True,
+                }
             ],
         },
         "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.example/app:1"}]},
     }
     pod["status"] = {
         "phase": "Running",
-        "conditions": [{"type": t, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
-                       for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+        ],
         "podIPs": [{"ip": "2001:db8::1"}],
     }
     return pod
@@ -75,8 +83,9 @@ def main() -> None:
         f.write("[")
         for i in range(args.local + args.others):
             on_node = i < args.local
-            pod = realistic_pod(f"ns{i % 20}", f"{'local' if on_node else 'other'}-{i}",
-                                node if on_node else f"node{i % 50}")
+            pod = realistic_pod(
+                f"ns{i % 20}", f"{'local' if on_node else 'other'}-{i}", node if on_node else f"node{i % 50}"
+            )
             f.write(("," if i else "") + json.dumps(pod))
         f.write("]")
 
@@ -89,8 +98,17 @@ def main() -> None:
     import_seconds = time.perf_counter() - t
     import_rss = rss_mib() - rss_before
     server = subprocess.Popen(
-        [sys.executable, "-m", "flock.testing.apiserver", "--port", "0", "--load", str(tmp / "pods.json"),
-         "--kubeconfig-out", str(tmp / "kubeconfig")],
+        [
+            sys.executable,
+            "-m",
+            "flock.testing.apiserver",
+            "--port",
+            "0",
+            "--load",
+            str(tmp / "pods.json"),
+            "--kubeconfig-out",
+            str(tmp / "kubeconfig"),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -112,7 +130,7 @@ def main() -> None:
     print(json.dumps(result))
 
 
-async def measure(watchers, CoreV1Api, kubeconfig: Path, node: str, url: str, local: int) -> dict:  # noqa: N803
+async def measure(watchers, CoreV1Api, kubeconfig: Path, node: str, url: str, local: int) -> dict:
     import trio
 
     rss_start = rss_mib()
@@ -128,8 +146,10 @@ async def measure(watchers, CoreV1Api, kubeconfig: Path, node: str, url: str, lo
 
             # One more pod: time from the API's answer to the cache holding it.
             body = json.dumps(
-                {"metadata": {"name": "late", "namespace": "ns0"},
-                 "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}}
+                {
+                    "metadata": {"name": "late", "namespace": "ns0"},
+                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+                }
             ).encode()
             request = urllib.request.Request(
                 f"{url}/api/v1/namespaces/ns0/pods", body, {"Content-Type": "application/json"}

@@ -83,7 +83,9 @@ class Agent:
         # Another agent on the socket does not go away by restarting: exit at once.
         self.add_child(ChildSpec("rpc", self.server.run, fatal=(SocketInUse,)), drain=self.server.drain)
 
-    def add_child(self, spec: ChildSpec, *, before: str | None = None, drain: Callable[[], Awaitable[None]] | None = None) -> None:
+    def add_child(
+        self, spec: ChildSpec, *, before: str | None = None, drain: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """Supervise *spec* (after the existing services, or just before the one named
         *before*); *drain*, if given, is awaited at shutdown before the tree is cancelled."""
         names = [s.name for s in self._services]
@@ -133,12 +135,19 @@ def _check_state_dir(path: Path) -> None:
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        what = "exists and is not a directory" if path.exists() and not path.is_dir() else f"cannot create it ({exc.strerror})"
-        raise StateDirError(f"state directory {path}: {what}; "
-                            "mount a writable directory there or pass --state-dir") from None
+        what = (
+            "exists and is not a directory"
+            if path.exists() and not path.is_dir()
+            else f"cannot create it ({exc.strerror})"
+        )
+        raise StateDirError(
+            f"state directory {path}: {what}; mount a writable directory there or pass --state-dir"
+        ) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise StateDirError(f"state directory {path}: not writable (read-only mount?); "
-                            "mount a writable directory there or pass --state-dir")
+        raise StateDirError(
+            f"state directory {path}: not writable (read-only mount?); "
+            "mount a writable directory there or pass --state-dir"
+        )
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -153,18 +162,39 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
     parser = argparse.ArgumentParser(prog="flock-agent", description="flock's node agent")
     parser.add_argument("--node", default=environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     parser.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help="CNI RPC socket (default: %(default)s)")
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="allocation store directory (default: %(default)s)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="allocation store directory (default: %(default)s)"
+    )
     parser.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig file (default: in-cluster)")
-    parser.add_argument("--health-address", type=_host_port, default=DEFAULT_HEALTH_ADDRESS, metavar="HOST:PORT",
-                        help="/healthz, /readyz and /metrics (default: 127.0.0.1:9464)")
-    parser.add_argument("--bird-config", type=Path, default=DEFAULT_BIRD_CONFIG, help="rendered BIRD config (default: %(default)s)")
-    parser.add_argument("--bird-socket", type=Path, default=DEFAULT_BIRD_SOCKET, help="BIRD control socket (default: %(default)s)")
+    parser.add_argument(
+        "--health-address",
+        type=_host_port,
+        default=DEFAULT_HEALTH_ADDRESS,
+        metavar="HOST:PORT",
+        help="/healthz, /readyz and /metrics (default: 127.0.0.1:9464)",
+    )
+    parser.add_argument(
+        "--bird-config", type=Path, default=DEFAULT_BIRD_CONFIG, help="rendered BIRD config (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--bird-socket", type=Path, default=DEFAULT_BIRD_SOCKET, help="BIRD control socket (default: %(default)s)"
+    )
     parser.add_argument("--no-bird", action="store_true", help="no BIRD on this node: render and reload nothing")
-    parser.add_argument("--bgp-lab-timers", action="store_true", help="short BGP timers (labs and tests, not production)")
-    parser.add_argument("--host-netns", default=None, metavar="PATH",
-                        help="network namespace holding the node's interfaces and routes (default: the agent's own)")
-    parser.add_argument("--uplink", default=None, metavar="IFACE",
-                        help="interface for a route to the pod gateway 169.254.1.1 when the node has none")
+    parser.add_argument(
+        "--bgp-lab-timers", action="store_true", help="short BGP timers (labs and tests, not production)"
+    )
+    parser.add_argument(
+        "--host-netns",
+        default=None,
+        metavar="PATH",
+        help="network namespace holding the node's interfaces and routes (default: the agent's own)",
+    )
+    parser.add_argument(
+        "--uplink",
+        default=None,
+        metavar="IFACE",
+        help="interface for a route to the pod gateway 169.254.1.1 when the node has none",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -180,9 +210,17 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         if not path.is_absolute():
             parser.error(f"{flag} {path}: expected an absolute path")
     settings = AgentSettings(
-        node=args.node, socket=args.socket, state_dir=args.state_dir, kubeconfig=args.kubeconfig,
-        health_address=args.health_address, bird=not args.no_bird, bird_config=args.bird_config,
-        bird_socket=args.bird_socket, bgp_lab_timers=args.bgp_lab_timers, host_netns=args.host_netns, uplink=args.uplink,
+        node=args.node,
+        socket=args.socket,
+        state_dir=args.state_dir,
+        kubeconfig=args.kubeconfig,
+        health_address=args.health_address,
+        bird=not args.no_bird,
+        bird_config=args.bird_config,
+        bird_socket=args.bird_socket,
+        bgp_lab_timers=args.bgp_lab_timers,
+        host_netns=args.host_netns,
+        uplink=args.uplink,
     )
     return settings, args
 

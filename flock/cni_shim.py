@@ -34,7 +34,16 @@ from flock.errors import (
     CniError,
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
-from flock.rpc.wire import MAX_JSON_DEPTH, OPS, REQUIRED_FIELDS, LineReader, Request, decode_response, field_error, json_too_deep
+from flock.rpc.wire import (
+    MAX_JSON_DEPTH,
+    OPS,
+    REQUIRED_FIELDS,
+    LineReader,
+    Request,
+    decode_response,
+    field_error,
+    json_too_deep,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,7 +79,11 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
             _print(stdout, version_reply(config.get("cniVersion")))
             return 0
         if command not in OPS:
-            raise CniError(INVALID_ENV, "invalid CNI_COMMAND", "CNI_COMMAND={!r}; expected one of VERSION, {}".format(command, ", ".join(OPS)))
+            raise CniError(
+                INVALID_ENV,
+                "invalid CNI_COMMAND",
+                "CNI_COMMAND={!r}; expected one of VERSION, {}".format(command, ", ".join(OPS)),
+            )
         config = _parse_config(stdin, lenient=False)
         cni_version = check_cni_version(config)
         request = _build_request(command, env, config)
@@ -105,15 +118,21 @@ def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting a RecursionError
         if lenient:
             return {}
-        raise CniError(DECODE_ERROR, "network configuration is not valid JSON", "stdin: {}".format(exc)) from None
+        raise CniError(DECODE_ERROR, "network configuration is not valid JSON", f"stdin: {exc}") from None
     if json_too_deep(config):
         if lenient:
             return {}
-        raise CniError(DECODE_ERROR, "network configuration is not valid JSON", "stdin: nested more than {} levels deep".format(MAX_JSON_DEPTH))
+        raise CniError(
+            DECODE_ERROR,
+            "network configuration is not valid JSON",
+            f"stdin: nested more than {MAX_JSON_DEPTH} levels deep",
+        )
     if not isinstance(config, dict):
         if lenient:
             return {}
-        raise CniError(DECODE_ERROR, "network configuration is not a JSON object", "stdin holds a {}".format(type(config).__name__))
+        raise CniError(
+            DECODE_ERROR, "network configuration is not a JSON object", f"stdin holds a {type(config).__name__}"
+        )
     return config
 
 
@@ -121,12 +140,12 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
     for field in REQUIRED_FIELDS[command]:
         name = _ENV_OF_FIELD[field]
         if not env.get(name):
-            raise CniError(INVALID_ENV, "missing environment variable", "{} is required for {}".format(name, command))
+            raise CniError(INVALID_ENV, "missing environment variable", f"{name} is required for {command}")
     for field, name in _ENV_OF_FIELD.items():
         invalid = field_error(field, env.get(name, ""))
         if invalid is not None:
             msg, expected = invalid
-            raise CniError(INVALID_ENV, msg, "{}={!r}: {}".format(name, env[name], expected))
+            raise CniError(INVALID_ENV, msg, f"{name}={env[name]!r}: {expected}")
     return Request(
         op=command,
         container_id=env.get("CNI_CONTAINERID", ""),
@@ -144,7 +163,7 @@ def _settings(config: dict[str, Any]) -> tuple[str, float]:
         raise CniError(
             INVALID_CONFIG,
             "invalid network configuration",
-            "socket={!r}: expected an absolute path of at most {} bytes without NUL".format(socket_path, _MAX_SOCKET_PATH_BYTES),
+            f"socket={socket_path!r}: expected an absolute path of at most {_MAX_SOCKET_PATH_BYTES} bytes without NUL",
         )
     timeout = config.get("rpcTimeout", RPC_TIMEOUT_S)
     # Compared before float(): an integer too large for a float must not escape as OverflowError,
@@ -153,7 +172,7 @@ def _settings(config: dict[str, Any]) -> tuple[str, float]:
         raise CniError(
             INVALID_CONFIG,
             "invalid network configuration",
-            "rpcTimeout={!r}: expected a number of seconds in (0, {:g}]".format(timeout, RPC_TIMEOUT_MAX_S),
+            f"rpcTimeout={timeout!r}: expected a number of seconds in (0, {RPC_TIMEOUT_MAX_S:g}]",
         )
     return socket_path, float(timeout)
 
@@ -180,7 +199,7 @@ def _exchange(request: Request, socket_path: str, timeout: float) -> dict[str, A
             _record_pending_delete(socket_path, request)
             return {}
         code = NOT_AVAILABLE if request.op == "STATUS" else TRY_AGAIN_LATER
-        raise CniError(code, "flock-agent is not reachable", "{}: {}".format(socket_path, exc)) from None
+        raise CniError(code, "flock-agent is not reachable", f"{socket_path}: {exc}") from None
 
 
 def _call(socket_path: str, line: bytes, timeout: float) -> bytes:
@@ -195,18 +214,18 @@ def _call(socket_path: str, line: bytes, timeout: float) -> bytes:
         try:
             sock.connect(socket_path)
         except OSError as exc:
-            raise AgentUnreachable("connect: {}".format(exc)) from None
+            raise AgentUnreachable(f"connect: {exc}") from None
         reader = LineReader()
         try:
             sock.sendall(line)
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise socket.timeout("no reply within {:g} s".format(timeout))
+                    raise socket.timeout(f"no reply within {timeout:g} s")
                 sock.settimeout(remaining)
                 chunk = sock.recv(65536)
                 if not chunk:
-                    raise AgentUnreachable("connection closed after {} bytes of reply".format(reader.pending))
+                    raise AgentUnreachable(f"connection closed after {reader.pending} bytes of reply")
                 reply = reader.feed(chunk)
                 if reply is not None:
                     return reply
@@ -220,7 +239,7 @@ def _record_pending_delete(socket_path: str, request: Request) -> None:
     """Write the request as ``pending-deletes/<containerID>.json``, atomically and durably."""
     directory = os.path.join(os.path.dirname(socket_path), PENDING_DELETES)
     final = os.path.join(directory, request.container_id + ".json")
-    tmp = os.path.join(directory, ".{}.{}.tmp".format(request.container_id, os.getpid()))
+    tmp = os.path.join(directory, f".{request.container_id}.{os.getpid()}.tmp")
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
@@ -238,7 +257,9 @@ def _record_pending_delete(socket_path: str, request: Request) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise CniError(IO_ERROR, "flock-agent is not reachable and the DEL could not be recorded", "{}: {}".format(final, exc)) from None
+        raise CniError(
+            IO_ERROR, "flock-agent is not reachable and the DEL could not be recorded", f"{final}: {exc}"
+        ) from None
 
 
 def _print(stdout: TextIO, obj: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ class CniError(Exception):
             # Keep the head (the field and the start of its value) and the tail
             # (what was expected); the middle is the value's bulk.
             half = MAX_DETAILS_CHARS // 2
-            details = "{} …({} characters cut)… {}".format(details[:half], len(details) - 2 * half, details[-half:])
+            details = f"{details[:half]} …({len(details) - 2 * half} characters cut)… {details[-half:]}"
         super().__init__(code, msg, details)
         self.code = int(code)
         self.msg = msg
@@ -54,5 +54,5 @@ class CniError(Exception):
         return out
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "CniError":
+    def from_dict(cls, obj: dict) -> CniError:
         return cls(int(obj.get("code", INTERNAL)), str(obj.get("msg", "")), str(obj.get("details", "")))

@@ -101,13 +101,18 @@ class InstallConfig:
                 "Use one of " + ", ".join(SUPPORTED_VERSIONS) + " (1.0.0 for runtimes on libcni older than 1.2).",
             )
         if not PurePosixPath(self.socket).is_absolute():
-            raise InstallError(f"--socket {self.socket!r} is not an absolute path", "Pass the agent socket's host path, e.g. /run/flock/flock.sock.")
+            raise InstallError(
+                f"--socket {self.socket!r} is not an absolute path",
+                "Pass the agent socket's host path, e.g. /run/flock/flock.sock.",
+            )
         if not _NETWORK_NAME.fullmatch(self.network_name):
             raise InstallError(
                 f"--network-name {self.network_name!r} is not a valid CNI network name",
                 "Use letters, digits, '_', '.' and '-', starting with a letter or digit.",
             )
-        if self.host_python is not None and (not PurePosixPath(self.host_python).is_absolute() or any(c.isspace() for c in self.host_python)):
+        if self.host_python is not None and (
+            not PurePosixPath(self.host_python).is_absolute() or any(c.isspace() for c in self.host_python)
+        ):
             # It becomes the shebang, which the kernel splits at the first blank.
             raise InstallError(
                 f"--host-python {self.host_python!r} is not an absolute path without blanks",
@@ -264,14 +269,19 @@ def install(config: InstallConfig) -> InstallResult:
     """Install the shim, then the conflist (see the module docstring)."""
     python = find_host_python(config.host_root, (config.host_python,) if config.host_python else HOST_PYTHON_CANDIDATES)
     if python.version is None:
-        log.warning("could not tell the host python's version from its file name; it must be 3.8 or newer", extra={"python": python.path})
+        log.warning(
+            "could not tell the host python's version from its file name; it must be 3.8 or newer",
+            extra={"python": python.path},
+        )
     config.bin_dir.mkdir(parents=True, exist_ok=True)
     config.conf_dir.mkdir(parents=True, exist_ok=True)
 
     shim = config.bin_dir / PLUGIN_TYPE
     shim_changed = write_atomic(shim, shim_bytes(python.path), 0o755)
     conflist = config.conf_dir / CONFLIST_NAME
-    conflist_changed = write_atomic(conflist, conflist_bytes(config.network_name, config.socket, config.cni_version), 0o644)
+    conflist_changed = write_atomic(
+        conflist, conflist_bytes(config.network_name, config.socket, config.cni_version), 0o644
+    )
     shadowing = configs_loaded_before(config.conf_dir, CONFLIST_NAME)
     if shadowing:
         log.warning(
@@ -294,12 +304,35 @@ def install(config: InstallConfig) -> InstallResult:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="flock-install-cni", description="Install the flock CNI plugin and its network configuration on this node.")
-    p.add_argument("--cni-bin-dir", type=Path, default=DEFAULT_BIN_DIR, help="where the runtime looks for plugins (default %(default)s)")
-    p.add_argument("--cni-conf-dir", type=Path, default=DEFAULT_CONF_DIR, help="where the runtime reads network configurations (default %(default)s)")
-    p.add_argument("--socket", default=DEFAULT_SOCKET, help="the agent's socket, as the host sees it (default %(default)s)")
-    p.add_argument("--host-root", type=Path, default=Path("/"), help="where the host's / is mounted, to find its python3 (default %(default)s)")
-    p.add_argument("--host-python", default=None, help="the host's python3 as the host sees it (default: search " + ", ".join(HOST_PYTHON_CANDIDATES) + ")")
+    p = argparse.ArgumentParser(
+        prog="flock-install-cni", description="Install the flock CNI plugin and its network configuration on this node."
+    )
+    p.add_argument(
+        "--cni-bin-dir",
+        type=Path,
+        default=DEFAULT_BIN_DIR,
+        help="where the runtime looks for plugins (default %(default)s)",
+    )
+    p.add_argument(
+        "--cni-conf-dir",
+        type=Path,
+        default=DEFAULT_CONF_DIR,
+        help="where the runtime reads network configurations (default %(default)s)",
+    )
+    p.add_argument(
+        "--socket", default=DEFAULT_SOCKET, help="the agent's socket, as the host sees it (default %(default)s)"
+    )
+    p.add_argument(
+        "--host-root",
+        type=Path,
+        default=Path("/"),
+        help="where the host's / is mounted, to find its python3 (default %(default)s)",
+    )
+    p.add_argument(
+        "--host-python",
+        default=None,
+        help="the host's python3 as the host sees it (default: search " + ", ".join(HOST_PYTHON_CANDIDATES) + ")",
+    )
     p.add_argument("--network-name", default=DEFAULT_NETWORK_NAME, help="the CNI network name (default %(default)s)")
     p.add_argument(
         "--cni-version",

@@ -16,14 +16,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar(
-    "flock_log_context", default={}
-)
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("flock_log_context", default={})
 
 # Attributes every LogRecord has; anything else came from ``extra=``.
-_STANDARD_ATTRS = frozenset(
-    vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))
-) | {"message", "asctime", "taskName"}
+_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 
 @contextlib.contextmanager
@@ -44,8 +44,7 @@ def current() -> dict[str, Any]:
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

@@ -107,7 +107,7 @@ class NodeConfig:
     resource_version: str = ""
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> "NodeConfig":
+    def from_object(cls, obj: Mapping[str, Any]) -> NodeConfig:
         kind = "NodeConfig"
         name = _get(obj, "metadata.name")
         if not isinstance(name, str) or not name:
@@ -118,7 +118,11 @@ class NodeConfig:
 
         cidr6 = _block(kind, name, "spec.cidr6", spec.get("cidr6"), ipaddress.IPv6Network, 120, "2001:db8:0:1::/64")
         raw4 = spec.get("cidr4")
-        cidr4 = None if raw4 is None else _block(kind, name, "spec.cidr4", raw4, ipaddress.IPv4Network, 30, "198.51.100.0/24")
+        cidr4 = (
+            None
+            if raw4 is None
+            else _block(kind, name, "spec.cidr4", raw4, ipaddress.IPv4Network, 30, "198.51.100.0/24")
+        )
 
         fam = spec.get("families") or {}
         if not isinstance(fam, Mapping):
@@ -131,7 +135,9 @@ class NodeConfig:
             flags[key] = value
         families = Families(**flags)
         if families.ipv4 and cidr4 is None:
-            raise InvalidObject(kind, name, "spec.families.ipv4", True, "spec.cidr4 to be set when ipv4 is on by default")
+            raise InvalidObject(
+                kind, name, "spec.families.ipv4", True, "spec.cidr4 to be set when ipv4 is on by default"
+            )
 
         bgp = None
         raw_bgp = spec.get("bgp")
@@ -156,7 +162,11 @@ class NodeConfig:
                 pname = p.get("name")
                 if not isinstance(pname, str) or not _PEER_NAME.match(pname):
                     raise InvalidObject(
-                        kind, name, field + ".name", pname, "a name of at most 60 ASCII letters, digits, '-' and '_' starting with a letter"
+                        kind,
+                        name,
+                        field + ".name",
+                        pname,
+                        "a name of at most 60 ASCII letters, digits, '-' and '_' starting with a letter",
                     )
                 if pname in seen:
                     raise InvalidObject(kind, name, field + ".name", pname, "a name unique among peers")
@@ -211,7 +221,7 @@ class PodInfo:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> "PodInfo":
+    def from_object(cls, obj: Mapping[str, Any]) -> PodInfo:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         containers = spec.get("containers") or []

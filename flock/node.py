@@ -146,8 +146,13 @@ class NodeServices:
         self.nodeconfigs = NodeConfigWatcher(client.nodeconfig(node), node)
         self.pod_watcher = PodWatcher(client.pods_on_node(node), node)
         self.pod_service = PodService(
-            handler=self.handler, store=self.slot, dataplane=self.worker, nodeconfigs=self.nodeconfigs, node_name=node,
-            pending_deletes=self.settings.socket.parent / PENDING_DELETES, prepare=self._prepare_node,
+            handler=self.handler,
+            store=self.slot,
+            dataplane=self.worker,
+            nodeconfigs=self.nodeconfigs,
+            node_name=node,
+            pending_deletes=self.settings.socket.parent / PENDING_DELETES,
+            prepare=self._prepare_node,
         )
         self.handler.pods = self.pod_watcher
         children = [
@@ -203,10 +208,14 @@ class NodeServices:
         nc = self.nodeconfigs
         if nc is not None and nc.current is not None:
             if nc.deleted:
-                out.append(f"NodeConfig {self.settings.node} was deleted; serving with the last one seen "
-                           f"(cidr6 {nc.current.cidr6}); recreate it, or drain the node before removing flock")
+                out.append(
+                    f"NodeConfig {self.settings.node} was deleted; serving with the last one seen "
+                    f"(cidr6 {nc.current.cidr6}); recreate it, or drain the node before removing flock"
+                )
             if nc.invalid is not None:
-                out.append(f"NodeConfig {self.settings.node} update refused ({nc.invalid}); serving with the previous one")
+                out.append(
+                    f"NodeConfig {self.settings.node} update refused ({nc.invalid}); serving with the previous one"
+                )
         if self.reloader is not None and self.reloader.last_error is not None:
             # BIRD runs beside the agent: pods get addresses and local routes
             # without it; only announcing them waits, and the reloader retries.
@@ -223,16 +232,38 @@ class NodeServices:
         m = self.metrics
         m.gauge("flock_allocations", "Pod allocations this agent holds, by state.", "gauge", self._allocation_counts)
         m.gauge("flock_ready", "1 when /readyz passes.", "gauge", lambda: {"": 0.0 if self.readiness() else 1.0})
-        m.gauge("flock_nodeconfig_deleted", "1 while this node's NodeConfig is deleted and the last one is in force.", "gauge",
-                lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.deleted)})
-        m.gauge("flock_nodeconfig_refused", "1 while the newest NodeConfig is invalid and the previous one is in force.", "gauge",
-                lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.invalid is not None)})
+        m.gauge(
+            "flock_nodeconfig_deleted",
+            "1 while this node's NodeConfig is deleted and the last one is in force.",
+            "gauge",
+            lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.deleted)},
+        )
+        m.gauge(
+            "flock_nodeconfig_refused",
+            "1 while the newest NodeConfig is invalid and the previous one is in force.",
+            "gauge",
+            lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.invalid is not None)},
+        )
         if self.reloader is not None:
             r = self.reloader
-            m.gauge("flock_bird_reloads_total", "Successful birdc configure calls.", "counter", lambda: {"": float(r.reloads)})
-            m.gauge("flock_bird_pending", "1 while BIRD has not taken the newest config (reloader retrying).", "gauge",
-                    lambda: {"": float(r.last_error is not None)})
-            m.gauge("flock_bird_reload_failures_total", "Failed BIRD check/configure attempts.", "counter", lambda: {"": float(r.failures)})
+            m.gauge(
+                "flock_bird_reloads_total",
+                "Successful birdc configure calls.",
+                "counter",
+                lambda: {"": float(r.reloads)},
+            )
+            m.gauge(
+                "flock_bird_pending",
+                "1 while BIRD has not taken the newest config (reloader retrying).",
+                "gauge",
+                lambda: {"": float(r.last_error is not None)},
+            )
+            m.gauge(
+                "flock_bird_reload_failures_total",
+                "Failed BIRD check/configure attempts.",
+                "counter",
+                lambda: {"": float(r.failures)},
+            )
 
 
 def compose(settings: AgentSettings, *, crash: CrashPoint = CrashPoint()) -> Agent:
@@ -247,11 +278,16 @@ def compose_services(settings: AgentSettings, *, crash: CrashPoint = CrashPoint(
     slot = StoreSlot()
     metrics = Metrics()
     handler = PodHandler(store=slot, dataplane=worker, settings=worker.settings, observe=metrics.observe, crash=crash)
-    services = NodeServices(agent=agent, settings=settings, handler=handler, worker=worker, slot=slot, metrics=metrics, reloader=None)
+    services = NodeServices(
+        agent=agent, settings=settings, handler=handler, worker=worker, slot=slot, metrics=metrics, reloader=None
+    )
     if settings.bird:
         services.reloader = BirdReloader(
-            config_path=settings.bird_config, control_socket=settings.bird_socket,
-            settings=RenderSettings(route_protocol=ROUTE_PROTOCOL, bgp_timers=BgpTimers() if settings.bgp_lab_timers else None),
+            config_path=settings.bird_config,
+            control_socket=settings.bird_socket,
+            settings=RenderSettings(
+                route_protocol=ROUTE_PROTOCOL, bgp_timers=BgpTimers() if settings.bgp_lab_timers else None
+            ),
             inputs=services.bird_inputs,
         )
         handler.on_change = services.reloader.poke

@@ -55,7 +55,12 @@ def shim_archive(prefix: bytes = b"") -> bytes:
 def _unchecked_pyc(source: bytes, filename: str) -> bytes:
     code = compile(source, filename, "exec", dont_inherit=True)
     flags = 0b01  # hash-based, source not checked: the archive is immutable
-    return importlib.util.MAGIC_NUMBER + struct.pack("<I", flags) + importlib.util.source_hash(source) + marshal.dumps(code)
+    return (
+        importlib.util.MAGIC_NUMBER
+        + struct.pack("<I", flags)
+        + importlib.util.source_hash(source)
+        + marshal.dumps(code)
+    )
 
 
 def build_shim(dest: Path, python: str = "/usr/bin/env python3") -> None:
@@ -67,7 +72,7 @@ def build_shim(dest: Path, python: str = "/usr/bin/env python3") -> None:
     """
     dest = Path(dest)
     data = shim_archive(prefix=b"#!" + python.encode() + b"\n")
-    tmp = dest.with_name(".{}.tmp-{}".format(dest.name, os.getpid()))
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)

@@ -57,8 +57,19 @@ T = TypeVar("T")
 Migration = Callable[[sqlite3.Connection], None]
 
 _COLUMNS = (
-    "container_id", "namespace", "pod", "pod_uid", "if_name", "netns",
-    "ip6", "ip4", "anycast", "addresses", "state", "created", "updated",
+    "container_id",
+    "namespace",
+    "pod",
+    "pod_uid",
+    "if_name",
+    "netns",
+    "ip6",
+    "ip4",
+    "anycast",
+    "addresses",
+    "state",
+    "created",
+    "updated",
 )
 
 
@@ -99,12 +110,19 @@ MIGRATIONS: tuple[Migration, ...] = (_create_v1,)
 
 def _encode(a: Allocation) -> tuple[Any, ...]:
     return (
-        a.container_id, a.namespace, a.pod, a.pod_uid, a.if_name, a.netns,
+        a.container_id,
+        a.namespace,
+        a.pod,
+        a.pod_uid,
+        a.if_name,
+        a.netns,
         None if a.ip6 is None else str(a.ip6),
         None if a.ip4 is None else str(a.ip4),
         json.dumps([str(x) for x in a.anycast]),
         json.dumps([str(x) for x in a.addresses]),
-        a.state.value, float(a.created), float(a.updated),
+        a.state.value,
+        float(a.created),
+        float(a.updated),
     )
 
 
@@ -142,7 +160,7 @@ class SyncStore:
     _conn: sqlite3.Connection
 
     @classmethod
-    def open(cls, state_dir: os.PathLike | str, *, migrations: Sequence[Migration] = MIGRATIONS) -> "SyncStore":
+    def open(cls, state_dir: os.PathLike | str, *, migrations: Sequence[Migration] = MIGRATIONS) -> SyncStore:
         """Open (creating or migrating) ``<state_dir>/flock.db``; raises :class:`StoreError`."""
         path = Path(state_dir) / FILENAME
         try:
@@ -273,7 +291,8 @@ def _prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migratio
         raise StoreError(path, "the allocation database is corrupt", "; ".join(problems[:5]))
     if version > len(migrations):
         raise StoreError(
-            path, "the allocation database is from a newer flock",
+            path,
+            "the allocation database is from a newer flock",
             f"schema version {version}, this flock knows up to {len(migrations)}",
         )
     for target, migrate in enumerate(migrations[version:], start=version + 1):
@@ -285,7 +304,9 @@ def _prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migratio
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise StoreError(path, "cannot migrate the allocation database", f"to schema version {target}: {exc}") from None
+            raise StoreError(
+                path, "cannot migrate the allocation database", f"to schema version {target}: {exc}"
+            ) from None
     try:
         conn.execute("SELECT container_id FROM allocations LIMIT 0")
     except sqlite3.Error as exc:

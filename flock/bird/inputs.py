@@ -18,7 +18,7 @@ class BirdInputs:
     addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
 
     @classmethod
-    def collect(cls, node: NodeConfig, allocations: Iterable[Allocation]) -> "BirdInputs":
+    def collect(cls, node: NodeConfig, allocations: Iterable[Allocation]) -> BirdInputs:
         """Anycast and extra addresses of every allocation, pending ones included.
 
         A pending pod's address in the config is harmless (BIRD announces it
@@ -36,7 +36,8 @@ class BirdInputs:
             anycast.update(alloc.anycast)
             addresses.update(alloc.addresses)
             addresses.update(
-                ip for ip in (alloc.ip6, alloc.ip4)
+                ip
+                for ip in (alloc.ip6, alloc.ip4)
                 if ip is not None and not any(ip.version == b.version and ip in b for b in blocks)
             )
         return cls(node, frozenset(anycast), frozenset(addresses))

@@ -168,7 +168,13 @@ class BirdReloader:
                 delay = self.backoff.delay(attempt)
                 log.warning(
                     "BIRD reload failed, retrying",
-                    extra={"step": exc.step, "returncode": exc.returncode, "output": exc.output.strip(), "attempt": attempt, "retry_in": delay},
+                    extra={
+                        "step": exc.step,
+                        "returncode": exc.returncode,
+                        "output": exc.output.strip(),
+                        "attempt": attempt,
+                        "retry_in": delay,
+                    },
                 )
                 await trio.sleep(delay)
 
@@ -181,7 +187,10 @@ class BirdReloader:
         try:
             text = render(inputs.node, anycast=inputs.anycast, addresses=inputs.addresses, settings=self.settings)
         except RenderError as exc:
-            log.error("cannot render BIRD config", extra={"field": exc.field, "value": repr(exc.value), "expected": exc.expected})
+            log.error(
+                "cannot render BIRD config",
+                extra={"field": exc.field, "value": repr(exc.value), "expected": exc.expected},
+            )
             return False
         on_disk = _read(self.config_path)
         if text == on_disk and text == self._applied:

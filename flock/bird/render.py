@@ -149,7 +149,9 @@ def _peer_view(i: int, peer: Any, local_asn: int) -> _PeerView:
     if not isinstance(peer, BgpPeer):
         raise RenderError(field, peer, "a BgpPeer")
     if not isinstance(peer.name, str) or not _PEER_NAME.match(peer.name):
-        raise RenderError(field + ".name", peer.name, "letters, digits, '-' and '_', starting with a letter, at most 60")
+        raise RenderError(
+            field + ".name", peer.name, "letters, digits, '-' and '_', starting with a letter, at most 60"
+        )
     address = _check_address(field + ".address", peer.address)
     if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_loopback:
         raise RenderError(field + ".address", address, "a unicast, non-link-local peer address")
@@ -223,13 +225,17 @@ def render(
             addresses=tuple(f"{a}/{host}" for a in extra_addrs if a.version == version),
         )
 
-    return _environment().get_template("bird.conf.j2").render(
-        node_name=node_name,
-        router_id=router_id,
-        local_asn=local_asn,
-        route_protocol=str(settings.route_protocol),
-        kernel_preference=str(KERNEL_PREFERENCE),
-        families=[family(6, (block6,)), family(4, () if block4 is None else (block4,))],
-        peers=peers,
-        timers=settings.bgp_timers,
+    return (
+        _environment()
+        .get_template("bird.conf.j2")
+        .render(
+            node_name=node_name,
+            router_id=router_id,
+            local_asn=local_asn,
+            route_protocol=str(settings.route_protocol),
+            kernel_preference=str(KERNEL_PREFERENCE),
+            families=[family(6, (block6,)), family(4, () if block4 is None else (block4,))],
+            peers=peers,
+            timers=settings.bgp_timers,
+        )
     )

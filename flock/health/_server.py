@@ -89,7 +89,9 @@ class HealthServer:
             missing, notes = self.readiness(), self.notes()
             noted = "notes:\n" + "".join(f"- {n}\n" for n in notes) if notes else ""
             if missing:
-                return _Reply("503 Service Unavailable", "not ready:\n" + "".join(f"- {m}\n" for m in missing) + noted), head
+                return _Reply(
+                    "503 Service Unavailable", "not ready:\n" + "".join(f"- {m}\n" for m in missing) + noted
+                ), head
             return _Reply("200 OK", "ready\n" + noted), head
         if target == "/metrics":
             return _Reply("200 OK", self.metrics(), "text/plain; version=0.0.4; charset=utf-8"), head

@@ -1,8 +1,8 @@
 """IPAM: pod annotations, ip-algo and address allocation (pure, root-free)."""
 
+from flock.fnv import fnv1a_32, fnv1a_64
 from flock.ipam._allocator import AddressConflict, Addresses, Allocator
 from flock.ipam._errors import ADDRESS_EXHAUSTED, AddressExhausted, AnnotationError
-from flock.fnv import fnv1a_32, fnv1a_64
 from flock.ipam._identity import PodIdentity, app_name, image_name, pod_identity
 from flock.ipam._ipam import Ipam, node_layout
 from flock.ipam._layout import Layout, LayoutError, LayoutField, parse_layout
@@ -23,16 +23,16 @@ __all__ = [
     "ADDRESSES",
     "ADDRESS_EXHAUSTED",
     "ANYCAST",
-    "AddressConflict",
-    "AddressExhausted",
-    "Addresses",
-    "Allocator",
-    "AnnotationError",
     "CIDR4",
     "CIDR6",
     "IPV4",
     "IPV6",
     "IP_ALGO",
+    "AddressConflict",
+    "AddressExhausted",
+    "Addresses",
+    "Allocator",
+    "AnnotationError",
     "Ipam",
     "Layout",
     "LayoutError",

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import attrs
 
 from flock import errors
-from flock.ipam._errors import AddressExhausted, AnnotationError
 from flock.fnv import fnv1a_64
+from flock.ipam._errors import AddressExhausted, AnnotationError
 from flock.ipam._identity import PodIdentity
 from flock.ipam._layout import COUNTER, RANDOM, Layout
 from flock.ipam._request import ADDRESSES, ANYCAST, PodRequest
@@ -40,7 +40,9 @@ class AddressConflict(errors.CniError):
 
     def __init__(self, addr: IPAddress, holder: str, claimant: str) -> None:
         self.addr, self.holder, self.claimant = addr, holder, claimant
-        super().__init__(errors.INTERNAL, "stored allocations conflict", f"{addr} is held by {holder} and claimed by {claimant}")
+        super().__init__(
+            errors.INTERNAL, "stored allocations conflict", f"{addr} is held by {holder} and claimed by {claimant}"
+        )
 
 
 @attrs.frozen
@@ -53,7 +55,7 @@ class Addresses:
     addresses: tuple[IPAddress, ...] = ()
 
     @classmethod
-    def of(cls, allocation: Allocation) -> "Addresses":
+    def of(cls, allocation: Allocation) -> Addresses:
         return cls(allocation.ip6, allocation.ip4, tuple(allocation.anycast), tuple(allocation.addresses))
 
 
@@ -230,7 +232,9 @@ class Allocator:
             raise AddressExhausted(cidr, f"all {cidr.num_addresses - 3} usable addresses of {cidr} are in use")
         return ipaddress.IPv4Address(value)
 
-    def _pick6(self, cidr: ipaddress.IPv6Network, layout: Layout | None, identity: PodIdentity) -> ipaddress.IPv6Address:
+    def _pick6(
+        self, cidr: ipaddress.IPv6Network, layout: Layout | None, identity: PodIdentity
+    ) -> ipaddress.IPv6Address:
         host_bits = 128 - cidr.prefixlen
         base = int(cidr.network_address)
         if layout is None:

@@ -44,7 +44,11 @@ def app_name(pod: PodInfo) -> str:
         label = pod.labels.get(TEMPLATE_HASH_LABEL)
         if label:
             suffix = "-" + label
-            return owner.name[: -len(suffix)] if owner.name.endswith(suffix) and len(owner.name) > len(suffix) else owner.name
+            return (
+                owner.name[: -len(suffix)]
+                if owner.name.endswith(suffix) and len(owner.name) > len(suffix)
+                else owner.name
+            )
         return _TRAILING_HASH.sub("", owner.name) or owner.name
     return owner.name
 

@@ -99,5 +99,10 @@ class Ipam:
                 self._warned_algo = self.node.ip_algo
                 log.warning(
                     "ignoring invalid node-level ip-algo",
-                    extra={"node": self.node.name, "annotation": "flock.fritzlab.net/ip-algo", "value": exc.value, "reason": exc.reason},
+                    extra={
+                        "node": self.node.name,
+                        "annotation": "flock.fritzlab.net/ip-algo",
+                        "value": exc.value,
+                        "reason": exc.reason,
+                    },
                 )

@@ -73,12 +73,12 @@ def parse_request(annotations: Mapping[str, str], node: NodeConfig, node_layout:
     cidr6 = cidr4 = None
     cands6 = _cidrs(annotations, CIDR6, 6)
     if cands6 and not want6:
-        raise AnnotationError(CIDR6, annotations[CIDR6], f"no cidr6 when IPv6 is off (set {IPV6}: \"true\")")
+        raise AnnotationError(CIDR6, annotations[CIDR6], f'no cidr6 when IPv6 is off (set {IPV6}: "true")')
     if want6:
         cidr6 = effective_cidr(node.cidr6, cands6, CIDR6, annotations.get(CIDR6, ""))
     cands4 = _cidrs(annotations, CIDR4, 4)
     if cands4 and not want4:
-        raise AnnotationError(CIDR4, annotations[CIDR4], f"no cidr4 when IPv4 is off (set {IPV4}: \"true\")")
+        raise AnnotationError(CIDR4, annotations[CIDR4], f'no cidr4 when IPv4 is off (set {IPV4}: "true")')
     if want4:
         if node.cidr4 is None:
             raise AnnotationError(
@@ -139,7 +139,9 @@ def _cidrs(annotations: Mapping[str, str], key: str, version: int) -> tuple[Netw
         try:
             cidr = ipaddress.ip_network(_plain(item), strict=True)
         except ValueError:
-            raise AnnotationError(key, raw, f"{item!r} is not a CIDR with zero host bits, e.g. 2001:db8::/64 or 198.51.100.0/24") from None
+            raise AnnotationError(
+                key, raw, f"{item!r} is not a CIDR with zero host bits, e.g. 2001:db8::/64 or 198.51.100.0/24"
+            ) from None
         if cidr.version != version:
             raise AnnotationError(key, raw, f"{item!r} is IPv{cidr.version}; {key} takes IPv{version} CIDRs")
         if version == 4 and cidr.prefixlen > 30:
@@ -184,7 +186,9 @@ def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tu
 
 def _special_addresses(node: NodeConfig) -> dict[IPAddress, str]:
     """Addresses of the node blocks no pod may own, with what they are."""
-    out: dict[IPAddress, str] = {node.cidr6.network_address: f"subnet-router anycast address of this node's block {node.cidr6}"}
+    out: dict[IPAddress, str] = {
+        node.cidr6.network_address: f"subnet-router anycast address of this node's block {node.cidr6}"
+    }
     if node.cidr4 is not None:
         out[node.cidr4.network_address] = f"network address of this node's block {node.cidr4}"
         out[node.cidr4.broadcast_address] = f"broadcast address of this node's block {node.cidr4}"

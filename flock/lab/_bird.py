@@ -23,7 +23,8 @@ def fabric_config(plan: LabPlan) -> str:
     """A transparent route server (RFC 7947) for every node: routes pass with the
     originating node's next hop, so traffic goes node to node over the segment."""
     peers = "\n".join(
-        f"protocol bgp {node.name} from node_peer {{\n  neighbor {node.addr6} as {node.asn};\n}}\n" for node in plan.nodes
+        f"protocol bgp {node.name} from node_peer {{\n  neighbor {node.addr6} as {node.asn};\n}}\n"
+        for node in plan.nodes
     )
     return f"""\
 # flock-lab fabric: BGP route server for the lab's nodes (rendered by flock-lab up).
@@ -93,7 +94,9 @@ def parse_protocols(text: str) -> list[BgpSession]:
 
 async def bgp_sessions(ctl: Path) -> list[BgpSession] | None:
     """The BGP sessions of the BIRD behind *ctl*; None when it does not answer."""
-    proc = await trio.run_process(["birdc", "-s", str(ctl), "show", "protocols"], capture_stdout=True, capture_stderr=True, check=False)
+    proc = await trio.run_process(
+        ["birdc", "-s", str(ctl), "show", "protocols"], capture_stdout=True, capture_stderr=True, check=False
+    )
     if proc.returncode != 0:
         return None
     return parse_protocols(proc.stdout.decode(errors="replace"))

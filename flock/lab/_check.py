@@ -9,8 +9,8 @@ import attrs
 import trio
 
 from flock.lab._nsio import run_in
-from flock.lab._pods import LabPod
 from flock.lab._plan import LabPlan
+from flock.lab._pods import LabPod
 
 PING_TRIES = 3  # the first packet to a new neighbour may be lost while it resolves
 PARALLEL_PINGS = 16
@@ -63,7 +63,12 @@ async def reachability(plan: LabPlan, pods: Sequence[LabPod]) -> list[Probe]:
 
 def summary(probes: Sequence[Probe]) -> dict[str, Any]:
     failed = [attrs.asdict(p) for p in probes if not p.ok]
-    return {"probes": len(probes), "passed": len(probes) - len(failed), "failed": failed, "ok": not failed and bool(probes)}
+    return {
+        "probes": len(probes),
+        "passed": len(probes) - len(failed),
+        "failed": failed,
+        "ok": not failed and bool(probes),
+    }
 
 
 def matrix_text(pods: Sequence[LabPod], probes: Sequence[Probe]) -> str:
@@ -73,7 +78,10 @@ def matrix_text(pods: Sequence[LabPod], probes: Sequence[Probe]) -> str:
         by_pair.setdefault((p.source, p.target), []).append(p)
 
     def cell(probes_here: list[Probe]) -> str:
-        return " ".join(f"{p.version}{'ok' if p.ok else 'FAIL'}" for p in sorted(probes_here, key=lambda p: -p.version)) or "."
+        return (
+            " ".join(f"{p.version}{'ok' if p.ok else 'FAIL'}" for p in sorted(probes_here, key=lambda p: -p.version))
+            or "."
+        )
 
     cells = [["-" if dst is src else cell(by_pair.get((src.key, dst.key), [])) for dst in pods] for src in pods]
     labels = [f"{i:>2} {p.key} ({p.node})" for i, p in enumerate(pods, 1)]
@@ -92,7 +100,9 @@ def matrix_text(pods: Sequence[LabPod], probes: Sequence[Probe]) -> str:
         lines.append("anycast: every node pings every anycast address")
         lines.append(" " * (width + 2) + "".join(f"{a:<{col}}" for a in addresses))
         for node in nodes:
-            marks = ["ok" if all(p.ok for p in anycast if p.source == node and p.address == a) else "FAIL" for a in addresses]
+            marks = [
+                "ok" if all(p.ok for p in anycast if p.source == node and p.address == a) else "FAIL" for a in addresses
+            ]
             lines.append(f"{node:<{width}}  " + "".join(f"{m:<{col}}" for m in marks))
     s = summary(probes)
     lines.append("")

@@ -47,7 +47,17 @@ KILL_WAIT_S = 5.0
 SPEC_FILE = "spec.json"
 KEEPER_LOG = "keeper.log"
 # What the lab writes at the top of its directory; down removes exactly these.
-LAB_FILES = (PROCS_FILE, PROCS_FILE + ".tmp", SPEC_FILE, KEEPER_LOG, "apiserver.log", "kubeconfig", "kubeconfig.tmp", "lab.json.tmp", "lab.json")
+LAB_FILES = (
+    PROCS_FILE,
+    PROCS_FILE + ".tmp",
+    SPEC_FILE,
+    KEEPER_LOG,
+    "apiserver.log",
+    "kubeconfig",
+    "kubeconfig.tmp",
+    "lab.json.tmp",
+    "lab.json",
+)
 LAB_DIRS = ("nodes", "fabric", "pods")
 
 Report = Callable[[str], None]
@@ -120,20 +130,57 @@ def process_specs(plan: LabPlan) -> list[ProcessSpec]:
     specs = [
         ProcessSpec(
             "apiserver",
-            ("ip", "netns", "exec", fab, sys.executable, "-m", "flock.testing.apiserver", "--host", str(FABRIC6), "--port", str(APISERVER_PORT)),
+            (
+                "ip",
+                "netns",
+                "exec",
+                fab,
+                sys.executable,
+                "-m",
+                "flock.testing.apiserver",
+                "--host",
+                str(FABRIC6),
+                "--port",
+                str(APISERVER_PORT),
+            ),
             plan.dir / "apiserver.log",
             env,
         ),
         ProcessSpec(
             "bird-fabric",
-            ("ip", "netns", "exec", fab, "bird", "-f", "-c", str(plan.fabric_dir / "bird.conf"), "-s", str(plan.fabric_dir / "bird.ctl")),
+            (
+                "ip",
+                "netns",
+                "exec",
+                fab,
+                "bird",
+                "-f",
+                "-c",
+                str(plan.fabric_dir / "bird.conf"),
+                "-s",
+                str(plan.fabric_dir / "bird.ctl"),
+            ),
             plan.fabric_dir / "bird.log",
             env,
         ),
     ]
     for node in plan.nodes:
-        specs.append(ProcessSpec(f"bird-{node.name}", ("ip", "netns", "exec", node.netns, "bird", "-f", "-c", str(node.bird_conf), "-s", str(node.bird_ctl)), node.dir / "bird.log", env))
-        specs.append(ProcessSpec(f"agent-{node.name}", ("ip", "netns", "exec", node.netns, *agent_argv(node)), node.dir / "agent.log", env))
+        specs.append(
+            ProcessSpec(
+                f"bird-{node.name}",
+                ("ip", "netns", "exec", node.netns, "bird", "-f", "-c", str(node.bird_conf), "-s", str(node.bird_ctl)),
+                node.dir / "bird.log",
+                env,
+            )
+        )
+        specs.append(
+            ProcessSpec(
+                f"agent-{node.name}",
+                ("ip", "netns", "exec", node.netns, *agent_argv(node)),
+                node.dir / "agent.log",
+                env,
+            )
+        )
     return specs
 
 
@@ -149,7 +196,13 @@ def write_files(plan: LabPlan) -> None:
         node.bird_conf.write_text(node_bootstrap_config(node))
         write_kubeconfig(node.kubeconfig, plan.apiserver_url)
         proc = subprocess.run(
-            [_bin("flock-install-cni"), f"--cni-bin-dir={node.cni_bin}", f"--cni-conf-dir={node.cni_conf}", f"--socket={node.socket}", "--log-format=text"],
+            [
+                _bin("flock-install-cni"),
+                f"--cni-bin-dir={node.cni_bin}",
+                f"--cni-conf-dir={node.cni_conf}",
+                f"--socket={node.socket}",
+                "--log-format=text",
+            ],
             capture_output=True,
             text=True,
         )
@@ -161,7 +214,14 @@ def start_keeper(plan: LabPlan) -> ProcRef:
     specs = process_specs(plan)
     (plan.dir / SPEC_FILE).write_text(json.dumps({"processes": [s.to_json() for s in specs]}, indent=1) + "\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "flock.lab.keeper", str(plan.dir / SPEC_FILE), str(plan.dir / PROCS_FILE), str(plan.dir / KEEPER_LOG)],
+        [
+            sys.executable,
+            "-m",
+            "flock.lab.keeper",
+            str(plan.dir / SPEC_FILE),
+            str(plan.dir / PROCS_FILE),
+            str(plan.dir / KEEPER_LOG),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, **_env()},
@@ -193,7 +253,10 @@ async def readiness(plan: LabPlan) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     async def one(node: NodePlan) -> None:
-        out[node.name] = {"agent_ready": await agent_ready(node), "bgp": all_established(await bgp_sessions(node.bird_ctl), 1)}
+        out[node.name] = {
+            "agent_ready": await agent_ready(node),
+            "bgp": all_established(await bgp_sessions(node.bird_ctl), 1),
+        }
 
     async with trio.open_nursery() as nursery:
         for node in plan.nodes:
@@ -215,10 +278,14 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
         raise LabError("flock-lab needs root (network namespaces, veths, routes)")
     for tool in ("bird", "birdc", "ip", "nsenter", "ping"):
         if shutil.which(tool, path=_env()["PATH"]) is None:
-            raise LabError(f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)")
+            raise LabError(
+                f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)"
+            )
     previous = load_state(plan.dir)
     if previous is not None and keeper_running(previous):
-        raise LabError(f"a lab is running in {plan.dir} (keeper pid {previous.keeper.pid}): `flock-lab down` first, or use another --dir")
+        raise LabError(
+            f"a lab is running in {plan.dir} (keeper pid {previous.keeper.pid}): `flock-lab down` first, or use another --dir"
+        )
     if previous is not None or lab_namespaces(plan.id):
         report(f"cleaning up what a previous lab left in {plan.dir}")
         await down(plan.dir)
@@ -226,7 +293,9 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
     plan.dir.mkdir(parents=True, exist_ok=True)
     state = LabState(plan, dir_created)
     state.save()  # first, so a crash from here on is cleaned by down or the next up
-    report(f"network: fabric {plan.fabric_netns} (route server, API server at {plan.apiserver_url}) + {len(plan.nodes)} nodes")
+    report(
+        f"network: fabric {plan.fabric_netns} (route server, API server at {plan.apiserver_url}) + {len(plan.nodes)} nodes"
+    )
     await trio.to_thread.run_sync(build_network, plan)
     report(f"files: BIRD configs, kubeconfigs, flock-install-cni into {plan.dir}/nodes/*/cni")
     await trio.to_thread.run_sync(write_files, plan)
@@ -255,7 +324,9 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
             await trio.sleep(0.1)
     if deadline.cancelled_caught:
         what = ", ".join(_not_ready(ready)) or "the API server"
-        raise LabError(f"not ready after {READY_DEADLINE_S:g} s: {what}. Logs: {plan.dir}/apiserver.log, {plan.dir}/nodes/*/agent.log, */bird.log; `flock-lab down` removes the lab")
+        raise LabError(
+            f"not ready after {READY_DEADLINE_S:g} s: {what}. Logs: {plan.dir}/apiserver.log, {plan.dir}/nodes/*/agent.log, */bird.log; `flock-lab down` removes the lab"
+        )
     state = LabState(plan, dir_created, keeper, "up")
     state.save()
     return state

@@ -34,9 +34,13 @@ def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
     return ["nsenter", f"--net={netns_path(netns)}", "--", *argv]
 
 
-async def run_in(netns: str, argv: Sequence[str], *, stdin: bytes = b"", env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+async def run_in(
+    netns: str, argv: Sequence[str], *, stdin: bytes = b"", env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run *argv* in *netns* to completion; a non-zero exit is returned, not raised."""
-    return await trio.run_process(in_netns(netns, argv), stdin=stdin, env=env, capture_stdout=True, capture_stderr=True, check=False)
+    return await trio.run_process(
+        in_netns(netns, argv), stdin=stdin, env=env, capture_stdout=True, capture_stderr=True, check=False
+    )
 
 
 def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> socket.socket:
@@ -65,14 +69,20 @@ def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> sock
     return outcome[0]
 
 
-def http_in(netns: str, host: str, port: int, method: str, path: str, body: Any = None, io_timeout: float = 5.0) -> tuple[int, bytes]:
+def http_in(
+    netns: str, host: str, port: int, method: str, path: str, body: Any = None, io_timeout: float = 5.0
+) -> tuple[int, bytes]:
     """One HTTP/1.1 request from inside *netns*; (status, body). Blocking."""
     sock = connect_in(netns, host, port, io_timeout)
     conn = http.client.HTTPConnection(host, port, timeout=io_timeout)
     conn.sock = sock
     try:
         payload = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Accept": "application/json"} if payload is not None else {"Accept": "application/json"}
+        headers = (
+            {"Content-Type": "application/json", "Accept": "application/json"}
+            if payload is not None
+            else {"Accept": "application/json"}
+        )
         conn.request(method, path, body=payload, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()

@@ -110,9 +110,11 @@ class LabPlan:
     nodes: tuple[NodePlan, ...]
 
     @classmethod
-    def make(cls, directory: Path, node_count: int) -> "LabPlan":
+    def make(cls, directory: Path, node_count: int) -> LabPlan:
         if not 1 <= node_count <= MAX_NODES:
-            raise ValueError(f"--nodes {node_count}: expected 1..{MAX_NODES} (one /26 of the documentation ranges each)")
+            raise ValueError(
+                f"--nodes {node_count}: expected 1..{MAX_NODES} (one /26 of the documentation ranges each)"
+            )
         directory = Path(os.path.abspath(directory))
         ident = lab_id(directory)
         nodes = []

@@ -48,7 +48,9 @@ class LabPod:
 
     @property
     def attachment(self) -> Attachment:
-        return Attachment.for_pod(self.container_id, netns_path(self.netns), self.namespace, self.name, self.uid, self.if_name)
+        return Attachment.for_pod(
+            self.container_id, netns_path(self.netns), self.namespace, self.name, self.uid, self.if_name
+        )
 
     def addresses(self, version: int) -> list[str]:
         """The pod's own addresses of one IP version, from the CNI result, in order."""
@@ -68,14 +70,16 @@ class LabPod:
         return {**attrs.asdict(self), "annotations": dict(self.annotations), "result": dict(self.result)}
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> "LabPod":
+    def from_json(cls, obj: dict[str, Any]) -> LabPod:
         return cls(**obj)
 
 
 def parse_pod_key(key: str) -> tuple[str, str]:
     namespace, sep, name = key.partition("/")
     if not sep or not _DNS_LABEL.match(namespace) or not _POD_NAME.match(name):
-        raise LabError(f"pod {key!r}: expected NAMESPACE/NAME in lowercase letters, digits and '-' (e.g. default/web-1)")
+        raise LabError(
+            f"pod {key!r}: expected NAMESPACE/NAME in lowercase letters, digits and '-' (e.g. default/web-1)"
+        )
     return namespace, name
 
 
@@ -146,10 +150,14 @@ class CniFailure(LabError):
             self.error = outcome.json
         except ValueError:
             self.error = {"code": None, "msg": "plugin printed no JSON", "details": outcome.stdout + outcome.stderr}
-        super().__init__(f"{op} {key}: CNI error {self.error.get('code')}: {self.error.get('msg')} ({self.error.get('details', '')})")
+        super().__init__(
+            f"{op} {key}: CNI error {self.error.get('code')}: {self.error.get('msg')} ({self.error.get('details', '')})"
+        )
 
 
-async def _call(plan: LabPlan, node: NodePlan, command: str, att: Attachment, prev: Mapping[str, Any] | None) -> PluginOutcome:
+async def _call(
+    plan: LabPlan, node: NodePlan, command: str, att: Attachment, prev: Mapping[str, Any] | None
+) -> PluginOutcome:
     conflist = load_conflist(node.cni_conf)
     return await exec_conflist(node.netns, str(node.cni_bin), conflist, command, att, prev)
 
@@ -180,7 +188,13 @@ async def pod_add(
         if not sep or not kind or not owner_name:
             raise LabError(f"--owner {owner!r}: expected KIND/NAME, e.g. ReplicaSet/web-7d9f8c6b5")
         obj["metadata"]["ownerReferences"] = [
-            {"apiVersion": "apps/v1", "kind": kind, "name": owner_name, "uid": secrets.token_hex(16), "controller": True}
+            {
+                "apiVersion": "apps/v1",
+                "kind": kind,
+                "name": owner_name,
+                "uid": secrets.token_hex(16),
+                "controller": True,
+            }
         ]
     api = api_client(plan)
     created = await api.create(PODS, obj)

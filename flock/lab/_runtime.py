@@ -45,7 +45,9 @@ class Attachment:
     cni_args: str
 
     @classmethod
-    def for_pod(cls, container_id: str, netns: str, namespace: str, name: str, uid: str, if_name: str = "eth0") -> "Attachment":
+    def for_pod(
+        cls, container_id: str, netns: str, namespace: str, name: str, uid: str, if_name: str = "eth0"
+    ) -> Attachment:
         # What containerd's CRI plugin passes (K8S_POD_* plus IgnoreUnknown).
         args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}"
         return cls(container_id, netns, if_name, args)
@@ -59,7 +61,9 @@ def load_conflist(conf_dir: Path) -> dict[str, Any]:
     raise FileNotFoundError(f"no *.conflist in {conf_dir}")
 
 
-def plugin_config(conflist: Mapping[str, Any], plugin: Mapping[str, Any], prev_result: Mapping[str, Any] | None) -> dict[str, Any]:
+def plugin_config(
+    conflist: Mapping[str, Any], plugin: Mapping[str, Any], prev_result: Mapping[str, Any] | None
+) -> dict[str, Any]:
     conf = {**plugin, "name": conflist["name"], "cniVersion": conflist["cniVersion"]}
     if prev_result is not None:
         conf["prevResult"] = dict(prev_result)
@@ -88,12 +92,19 @@ async def exec_plugin(
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
     argv = in_netns(node_netns, [find_plugin(cni_path, conf["type"])])
-    proc = await trio.run_process(argv, stdin=json.dumps(conf).encode(), env=env, capture_stdout=True, capture_stderr=True, check=False)
+    proc = await trio.run_process(
+        argv, stdin=json.dumps(conf).encode(), env=env, capture_stdout=True, capture_stderr=True, check=False
+    )
     return PluginOutcome(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
 
 
 async def exec_conflist(
-    node_netns: str, cni_path: str, conflist: Mapping[str, Any], command: str, att: Attachment, prev_result: Mapping[str, Any] | None = None
+    node_netns: str,
+    cni_path: str,
+    conflist: Mapping[str, Any],
+    command: str,
+    att: Attachment,
+    prev_result: Mapping[str, Any] | None = None,
 ) -> PluginOutcome:
     """Run *command* through every plugin of the list as libcni does: ADD in order,
     each getting the previous result; CHECK in order and DEL in reverse, with

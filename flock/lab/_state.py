@@ -42,10 +42,15 @@ class LabState:
         }
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> "LabState":
+    def from_json(cls, obj: dict[str, Any]) -> LabState:
         plan = LabPlan.make(Path(obj["dir"]), len(obj["nodes"]))
         keeper = obj.get("keeper")
-        return cls(plan, bool(obj.get("dir_created")), None if keeper is None else ProcRef(**keeper), obj.get("phase", "starting"))
+        return cls(
+            plan,
+            bool(obj.get("dir_created")),
+            None if keeper is None else ProcRef(**keeper),
+            obj.get("phase", "starting"),
+        )
 
     def save(self) -> None:
         path = self.plan.dir / STATE_FILE

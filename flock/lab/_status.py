@@ -48,7 +48,15 @@ async def status(state: LabState) -> dict[str, Any]:
             nursery.start_soon(one, node, out)
     fabric_sessions = await bgp_sessions(plan.fabric_dir / "bird.ctl")
     pods = [
-        {"pod": p.key, "node": p.node, "netns": p.netns, "container_id": p.container_id, "ipv6": p.addresses(6), "ipv4": p.addresses(4), "anycast": p.anycast}
+        {
+            "pod": p.key,
+            "node": p.node,
+            "netns": p.netns,
+            "container_id": p.container_id,
+            "ipv6": p.addresses(6),
+            "ipv4": p.addresses(4),
+            "anycast": p.anycast,
+        }
         for p in load_pods(plan)
     ]
     return {
@@ -59,7 +67,9 @@ async def status(state: LabState) -> dict[str, Any]:
         "fabric": {
             "netns": plan.fabric_netns,
             "bird": _proc(procs, "bird-fabric"),
-            "bgp": None if fabric_sessions is None else [attrs.asdict(s) | {"established": s.established} for s in fabric_sessions],
+            "bgp": None
+            if fabric_sessions is None
+            else [attrs.asdict(s) | {"established": s.established} for s in fabric_sessions],
         },
         "nodes": nodes,
         "pods": pods,
@@ -73,7 +83,9 @@ def _sessions_text(sessions: list[dict[str, Any]] | None) -> str:
 
 
 def status_text(doc: dict[str, Any]) -> str:
-    lines = [f"lab {doc['dir']} ({doc['phase']}); API server {doc['apiserver']['url']} {'running' if doc['apiserver']['running'] else 'NOT RUNNING'}"]
+    lines = [
+        f"lab {doc['dir']} ({doc['phase']}); API server {doc['apiserver']['url']} {'running' if doc['apiserver']['running'] else 'NOT RUNNING'}"
+    ]
     lines.append(f"fabric route server: {_sessions_text(doc['fabric']['bgp'])}")
     lines.append("")
     lines.append(f"{'node':<7} {'uplink':<20} {'pod blocks':<40} {'agent':<22} bgp")
@@ -82,7 +94,9 @@ def status_text(doc: dict[str, Any]) -> str:
         state = "ready" if agent["ready"] else ("running, not ready" if agent["running"] else "NOT RUNNING")
         if agent["restarts"]:
             state += f" ({agent['restarts']} restarts)"
-        lines.append(f"{n['name']:<7} {n['address6']:<20} {n['cidr6'] + ' ' + n['cidr4']:<40} {state:<22} {_sessions_text(n['bgp'])}")
+        lines.append(
+            f"{n['name']:<7} {n['address6']:<20} {n['cidr6'] + ' ' + n['cidr4']:<40} {state:<22} {_sessions_text(n['bgp'])}"
+        )
     lines.append("")
     if not doc["pods"]:
         lines.append("no pods (flock-lab pod add NODE NAMESPACE/NAME)")

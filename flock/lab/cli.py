@@ -14,8 +14,8 @@ import trio
 
 from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._lifecycle import down, up
-from flock.lab._pods import LabPod, load_pods, parse_annotations, pod_add, pod_check, pod_del
 from flock.lab._plan import DEFAULT_DIR, LabPlan
+from flock.lab._pods import LabPod, load_pods, parse_annotations, pod_add, pod_check, pod_del
 from flock.lab._state import LabError, require_state
 from flock.lab._status import status, status_text
 
@@ -45,13 +45,22 @@ def _default_dir() -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", type=Path, default=_default_dir(), help="lab directory (default $FLOCK_LAB_DIR or %(default)s)")
+    common.add_argument(
+        "--dir", type=Path, default=_default_dir(), help="lab directory (default $FLOCK_LAB_DIR or %(default)s)"
+    )
     common.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    p = argparse.ArgumentParser(prog="flock-lab", description="A routed multi-node flock cluster in network namespaces on this machine (needs root).")
+    p = argparse.ArgumentParser(
+        prog="flock-lab",
+        description="A routed multi-node flock cluster in network namespaces on this machine (needs root).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("up", parents=[common], help="start a lab; returns when every agent is ready and every BGP session is up")
+    s = sub.add_parser(
+        "up", parents=[common], help="start a lab; returns when every agent is ready and every BGP session is up"
+    )
     s.add_argument("--nodes", type=int, default=2, help="number of nodes, 1-8 (default %(default)s)")
-    sub.add_parser("down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)")
+    sub.add_parser(
+        "down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)"
+    )
     sub.add_parser("status", parents=[common], help="nodes, agents, BGP sessions, pods")
     sub.add_parser("check", parents=[common], help="all-pairs reachability between pods and anycast from every node")
     s = sub.add_parser("demo", parents=[common], help="up with 2 nodes, a handful of pods, status, check, then down")
@@ -60,7 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = pod.add_parser("add", parents=[common], help="create a Pod and attach it through the installed CNI plugin")
     s.add_argument("node")
     s.add_argument("pod", metavar="NAMESPACE/NAME")
-    s.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE", help="pod annotation; a KEY without '/' means flock.fritzlab.net/KEY")
+    s.add_argument(
+        "--annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pod annotation; a KEY without '/' means flock.fritzlab.net/KEY",
+    )
     s.add_argument("--image", default="registry.example/app:1")
     s.add_argument("--owner", metavar="KIND/NAME", help="controller owner reference, e.g. ReplicaSet/web-7d9f8c6b5")
     for name, what in (("del", "CNI DEL, then remove the pod"), ("check", "CNI CHECK with the cached result")):
@@ -146,7 +161,11 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "down":
         doc = await down(args.dir, report)
-        _out(args, doc, f"lab in {doc['dir']} is down: {doc['processes']} processes stopped, {len(doc['namespaces'])} namespaces deleted, files removed: {doc['files_removed']}")
+        _out(
+            args,
+            doc,
+            f"lab in {doc['dir']} is down: {doc['processes']} processes stopped, {len(doc['namespaces'])} namespaces deleted, files removed: {doc['files_removed']}",
+        )
         return 0
     if args.command == "demo":
         return await _demo(args)
@@ -177,7 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return trio.run(run, args)
     except OSError as exc:
         # The lab's API server or an agent did not answer: the lab is down or broken.
-        print(f"flock-lab: {exc}: is the lab up? `flock-lab status` shows what runs; `flock-lab down` then `up` rebuilds it", file=sys.stderr)
+        print(
+            f"flock-lab: {exc}: is the lab up? `flock-lab status` shows what runs; `flock-lab down` then `up` rebuilds it",
+            file=sys.stderr,
+        )
         return 1
     except (LabError, ValueError) as exc:
         if getattr(args, "json", False):

@@ -45,7 +45,7 @@ class ProcessSpec:
     env: dict[str, str] | None = attrs.field(default=None, hash=False)
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> "ProcessSpec":
+    def from_json(cls, obj: dict[str, Any]) -> ProcessSpec:
         return cls(obj["name"], tuple(obj["argv"]), Path(obj["log"]), obj.get("env"))
 
     def to_json(self) -> dict[str, Any]:
@@ -93,7 +93,9 @@ class Keeper:
         self._restarts[spec.name] = 0
         while True:
             with open(spec.log, "ab") as log:
-                proc = await trio.lowlevel.open_process(list(spec.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=spec.env)
+                proc = await trio.lowlevel.open_process(
+                    list(spec.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=spec.env
+                )
             self._procs[spec.name] = proc
             self._write_status()
             task_status.started()

@@ -122,7 +122,9 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
     h = await _conn.link_by_name(host, h_name)
     p = await _conn.link_by_name(pod, p_name)
     if h is None or not peers_match(h, p):
-        raise errors.CniError(errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
+        raise errors.CniError(
+            errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation"
+        )
     return h, p, created
 
 
@@ -140,8 +142,13 @@ async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted, *, fresh: boo
             except NetlinkError as exc:
                 ignore_codes(exc, errno.EADDRNOTAVAIL)
         try:
-            await ipr.addr("add", index=index, address=str(addr.address), prefixlen=addr.prefixlen,
-                     flags=_conn.IFA_F_NODAD if addr.nodad else 0)
+            await ipr.addr(
+                "add",
+                index=index,
+                address=str(addr.address),
+                prefixlen=addr.prefixlen,
+                flags=_conn.IFA_F_NODAD if addr.nodad else 0,
+            )
         except NetlinkError as exc:
             ignore_codes(exc, errno.EEXIST)
     if live:
@@ -158,7 +165,7 @@ async def _replace_route(ipr: AsyncIPRoute, route: Route, index_of: dict[str, in
     await ipr.route("replace", **_conn.route_kwargs(route, index_of))
 
 
-async def delete_route(ipr: AsyncIPRoute, live: "_conn.LiveRoute") -> None:
+async def delete_route(ipr: AsyncIPRoute, live: _conn.LiveRoute) -> None:
     kw = {"dst": str(live.route.dst), "table": _conn.MAIN_TABLE, "proto": live.route.protocol}
     if live.route.blackhole:
         kw["type"] = "blackhole"
@@ -196,7 +203,13 @@ async def setup_pod(
 
             # addrgenmode none before the link first goes up, so the kernel never
             # adds its own link-local next to fe80::1.
-            await host.link("set", index=hi, IFLA_AF_SPEC={"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]})]})
+            await host.link(
+                "set",
+                index=hi,
+                IFLA_AF_SPEC={
+                    "attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]})]
+                },
+            )
             if plan.mtu:
                 await host.link("set", index=hi, mtu=plan.mtu)
             done("host-link")
@@ -247,12 +260,16 @@ async def setup_pod(
     except _nsenter.NetnsMissing as exc:
         raise _netns_error(plan, exc.strerror) from exc
     except (NetlinkError, OSError) as exc:
-        raise _fail(step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc) from exc
+        raise _fail(
+            step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc
+        ) from exc
     finally:
         os.close(pod_fd)
 
 
-async def _join_anycast(host: AsyncIPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings) -> None:
+async def _join_anycast(
+    host: AsyncIPRoute, plan: PodPlan, host_index: int, fresh: bool, settings: DataplaneSettings
+) -> None:
     """Add this pod's nexthop to each of its anycast routes, and take it out
     of multipath routes for anycast addresses the pod no longer has."""
     links = _conn.Links(host)
@@ -263,7 +280,9 @@ async def _join_anycast(host: AsyncIPRoute, plan: PodPlan, host_index: int, fres
                 await _drop_nexthops(host, live, {plan.veth.host}, links, settings)
     if not dsts:
         return
-    live_by_dst = {r.route.dst: r for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))}
+    live_by_dst = {
+        r.route.dst: r for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts=set(dsts))
+    }
     for dst, member in dsts.items():
         current = live_by_dst.get(dst)
         hops = await links.exist(current.route.nexthops) if current and not current.route.blackhole else []
@@ -274,7 +293,7 @@ async def _join_anycast(host: AsyncIPRoute, plan: PodPlan, host_index: int, fres
 
 
 async def _drop_nexthops(
-    host: AsyncIPRoute, live: "_conn.LiveRoute", ifnames: set[str], links: "_conn.Links", settings: DataplaneSettings
+    host: AsyncIPRoute, live: _conn.LiveRoute, ifnames: set[str], links: _conn.Links, settings: DataplaneSettings
 ) -> None:
     rest = await links.exist([h for h in live.route.nexthops if h.ifname not in ifnames])
     if rest:
@@ -284,7 +303,9 @@ async def _drop_nexthops(
         await delete_route(host, live)
 
 
-async def leave_routes(host: AsyncIPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None) -> list[str]:
+async def leave_routes(
+    host: AsyncIPRoute, ifnames: set[str], settings: DataplaneSettings, *, oif: int | None = None
+) -> list[str]:
     """Remove *ifnames* from every flock route: shrink multipath routes to
     the remaining nexthops, delete routes left with none.  Must run before the
     interfaces go: deleting one device kills a whole IPv4 multipath route.
@@ -294,7 +315,9 @@ async def leave_routes(host: AsyncIPRoute, ifnames: set[str], settings: Dataplan
     links = _conn.Links(host)
     # The one interface's index is known: no need to read its name back.
     known = {oif: next(iter(ifnames))} if oif is not None and len(ifnames) == 1 else {}
-    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None, names=known):
+    for live in await _conn.routes(
+        host, Side.HOST, protocol=settings.protocol, oif=oif, all_links=oif is None, names=known
+    ):
         r = live.route
         if r.blackhole or not any(h.ifname in ifnames for h in r.nexthops):
             continue
@@ -303,7 +326,7 @@ async def leave_routes(host: AsyncIPRoute, ifnames: set[str], settings: Dataplan
     return changed
 
 
-async def ensure_anycast(host: AsyncIPRoute, plans: "list[PodPlan]", settings: DataplaneSettings) -> list[str]:
+async def ensure_anycast(host: AsyncIPRoute, plans: list[PodPlan], settings: DataplaneSettings) -> list[str]:
     """Install the multipath route of every anycast address over the local
     pods (of *plans*) whose host veth exists; returns the routes rewritten.
 
@@ -312,7 +335,10 @@ async def ensure_anycast(host: AsyncIPRoute, plans: "list[PodPlan]", settings: D
     """
     links = _conn.Links(host)
     wanted = anycast_routes([p for p in plans if p.anycast and await links.index(p.veth.host) is not None], settings)
-    live = {r.route.dst: r.route for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})}
+    live = {
+        r.route.dst: r.route
+        for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})
+    }
     changed = []
     for route in wanted:
         if live.get(route.dst) != route:
@@ -372,18 +398,23 @@ async def ensure_blackholes(host: AsyncIPRoute, cidrs, settings: DataplaneSettin
         await _replace_route(host, route, {})
 
 
-async def prepare_node(host: AsyncIPRoute, host_netns: str | None, uplink: str | None, settings: DataplaneSettings) -> None:
+async def prepare_node(
+    host: AsyncIPRoute, host_netns: str | None, uplink: str | None, settings: DataplaneSettings
+) -> None:
     """Node prerequisites for proxy ARP on 169.254.1.1 and for routing pods:
     ip_forward=1, IPv6 forwarding on, and a unicast route to 169.254.1.1 out
     of a non-flock interface (proxy ARP answers only for a destination the
     node would forward elsewhere).  The route is added via *uplink* when the
     node has none, with protocol static so cleanup never takes it for a pod's.
     """
-    _conn.write_sysctls(host_netns, [
-        ("net/ipv4/ip_forward", "1"),
-        ("net/ipv6/conf/all/forwarding", "1"),
-        ("net/ipv6/conf/default/forwarding", "1"),
-    ])
+    _conn.write_sysctls(
+        host_netns,
+        [
+            ("net/ipv4/ip_forward", "1"),
+            ("net/ipv6/conf/all/forwarding", "1"),
+            ("net/ipv6/conf/default/forwarding", "1"),
+        ],
+    )
     gw = str(settings.gateway4)
     try:
         (msg,) = await host.route("get", dst=gw)
@@ -401,4 +432,6 @@ async def prepare_node(host: AsyncIPRoute, host_netns: str | None, uplink: str |
     link = await _conn.link_by_name(host, uplink)
     if link is None:
         raise errors.CniError(errors.INVALID_CONFIG, "uplink interface not found", f"uplink={uplink!r}")
-    await host.route("replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE)
+    await host.route(
+        "replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE
+    )

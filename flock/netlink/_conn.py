@@ -77,7 +77,7 @@ async def rtnl(netns: str | None) -> AsyncIterator[AsyncIPRoute]:
         ipr.close()
 
 
-def write_sysctls(netns: str | None, values: "list[tuple[str, str]] | tuple") -> None:
+def write_sysctls(netns: str | None, values: list[tuple[str, str]] | tuple) -> None:
     """Write ``/proc/sys/<key>`` = value for each pair, inside *netns*.
 
     /proc/sys/net resolves against the namespace of the thread that opens the
@@ -92,7 +92,7 @@ def write_sysctls(netns: str | None, values: "list[tuple[str, str]] | tuple") ->
     _nsenter.run_in_netns(netns, write)
 
 
-def read_sysctls(netns: str | None, keys: "list[str] | tuple") -> dict[str, str | None]:
+def read_sysctls(netns: str | None, keys: list[str] | tuple) -> dict[str, str | None]:
     def read() -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         for key in keys:
@@ -202,7 +202,7 @@ class LiveRoute:
     oifs: tuple[int, ...]
 
 
-def _dst_of(msg) -> "ipaddress.IPv4Network | ipaddress.IPv6Network":
+def _dst_of(msg) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     dst_raw = msg.get("RTA_DST") or ("::" if msg["family"] == socket.AF_INET6 else "0.0.0.0")
     return ipaddress.ip_network(f"{dst_raw}/{msg['dst_len']}", strict=False)
 
@@ -216,7 +216,7 @@ def _raw_hops(msg) -> list[tuple[int, str | None]]:
     return [(msg.get("RTA_OIF"), msg.get("RTA_GATEWAY"))]
 
 
-def _route_from_msg(msg, names: "dict[int, str]", side: Side) -> LiveRoute:
+def _route_from_msg(msg, names: dict[int, str], side: Side) -> LiveRoute:
     dst = _dst_of(msg)
     hops = []
     oifs = []
@@ -240,9 +240,9 @@ async def routes(
     *,
     protocol: int | None = None,
     oif: int | None = None,
-    dsts: "set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None" = None,
+    dsts: set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None,
     all_links: bool = False,
-    names: "dict[int, str] | None" = None,
+    names: dict[int, str] | None = None,
 ) -> list[LiveRoute]:
     """Unicast and blackhole routes of the main table (both families),
     optionally only *protocol*'s and only those with a nexthop via *oif*

@@ -86,7 +86,9 @@ async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: Dataplan
                     dst = ipaddress.ip_network(f"{m.address}/{m.address.max_prefixlen}")
                     r = by_dst.get(dst)
                     if r is None or m.nexthop not in r.nexthops or r.protocol != settings.protocol:
-                        diffs.append(f"host: anycast route {dst} lacks nexthop {m.nexthop}" + (f" (have {r})" if r else ""))
+                        diffs.append(
+                            f"host: anycast route {dst} lacks nexthop {m.nexthop}" + (f" (have {r})" if r else "")
+                        )
         try:
             async with _conn.rtnl(plan.netns) as pod:
                 p = await _conn.link_by_name(pod, p_name)
@@ -99,7 +101,9 @@ async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: Dataplan
                 if not _is_up(p):
                     diffs.append(f"{pl}: interface down")
                 diffs += _compare_addresses(pl, await _conn.addresses(pod, p["index"]), plan.addresses_on(Side.POD))
-                diffs += _compare_routes(pl, [lr.route for lr in await _conn.routes(pod, Side.POD)], plan.routes_on(Side.POD))
+                diffs += _compare_routes(
+                    pl, [lr.route for lr in await _conn.routes(pod, Side.POD)], plan.routes_on(Side.POD)
+                )
         except _nsenter.NetnsMissing:
             diffs.append(f"pod: network namespace {plan.netns} missing")
     except (NetlinkError, OSError) as exc:

@@ -39,7 +39,7 @@ def host_ifname(container_id: str, prefix: str = HOST_IFACE_PREFIX) -> str:
 
 
 def is_host_ifname(name: str, prefix: str = HOST_IFACE_PREFIX) -> bool:
-    tail = name[len(prefix):]
+    tail = name[len(prefix) :]
     return name.startswith(prefix) and len(tail) == 8 and all(c in "0123456789abcdef" for c in tail)
 
 
@@ -207,7 +207,12 @@ def _anycast_nexthop(alloc: Allocation, host: str, addr: IPAddress) -> Nexthop:
 
 def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings()) -> PodPlan:
     """The kernel state for *alloc*; CniError(INVALID_CONFIG) names a bad field."""
-    if not alloc.if_name or len(alloc.if_name) > _IFNAMSIZ or "/" in alloc.if_name or alloc.if_name.strip() != alloc.if_name:
+    if (
+        not alloc.if_name
+        or len(alloc.if_name) > _IFNAMSIZ
+        or "/" in alloc.if_name
+        or alloc.if_name.strip() != alloc.if_name
+    ):
         raise _invalid(alloc, "ifName", alloc.if_name, "an interface name of 1..15 characters without '/' or spaces")
     if not alloc.netns:
         raise _invalid(alloc, "netns", alloc.netns, "a network namespace path")
@@ -245,10 +250,14 @@ def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings(
 
     families = {a.version for a in seen}
     if 6 in families:
-        pod_routes.append(Route(Side.POD, ipaddress.IPv6Network("::/0"), (Nexthop(pod, settings.gateway6),), Scope.UNIVERSE, p))
+        pod_routes.append(
+            Route(Side.POD, ipaddress.IPv6Network("::/0"), (Nexthop(pod, settings.gateway6),), Scope.UNIVERSE, p)
+        )
     if 4 in families:
         pod_routes.append(Route(Side.POD, _host_net(settings.gateway4), (Nexthop(pod),), Scope.LINK, p))
-        pod_routes.append(Route(Side.POD, ipaddress.IPv4Network("0.0.0.0/0"), (Nexthop(pod, settings.gateway4),), Scope.UNIVERSE, p))
+        pod_routes.append(
+            Route(Side.POD, ipaddress.IPv4Network("0.0.0.0/0"), (Nexthop(pod, settings.gateway4),), Scope.UNIVERSE, p)
+        )
 
     unicast = [a for a in (alloc.ip6, alloc.ip4) if a is not None] + list(alloc.addresses)
     for addr in unicast:
@@ -269,7 +278,9 @@ def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings(
 
 
 def anycast_route(
-    address: IPAddress, nexthops: "list[Nexthop] | tuple[Nexthop, ...]", settings: DataplaneSettings = DataplaneSettings()
+    address: IPAddress,
+    nexthops: list[Nexthop] | tuple[Nexthop, ...],
+    settings: DataplaneSettings = DataplaneSettings(),
 ) -> Route:
     """The host route to *address* over *nexthops* (sorted: order-independent)."""
     hops = tuple(sorted(set(nexthops), key=lambda h: (h.ifname, str(h.gateway))))
@@ -279,7 +290,9 @@ def anycast_route(
     return Route(Side.HOST, _host_net(address), hops, scope, settings.protocol)
 
 
-def anycast_routes(plans: "list[PodPlan] | tuple[PodPlan, ...]", settings: DataplaneSettings = DataplaneSettings()) -> tuple[Route, ...]:
+def anycast_routes(
+    plans: list[PodPlan] | tuple[PodPlan, ...], settings: DataplaneSettings = DataplaneSettings()
+) -> tuple[Route, ...]:
     """One route per anycast address, multipath over every local pod holding it."""
     members: dict[IPAddress, list[Nexthop]] = {}
     for plan in plans:
@@ -292,7 +305,7 @@ def anycast_routes(plans: "list[PodPlan] | tuple[PodPlan, ...]", settings: Datap
 
 
 def blackhole_routes(
-    cidrs: "list[ipaddress.IPv4Network | ipaddress.IPv6Network] | tuple",
+    cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | tuple,
     settings: DataplaneSettings = DataplaneSettings(),
 ) -> tuple[Route, ...]:
     """Blackholes for the node blocks: traffic to an unassigned pod address

@@ -72,8 +72,12 @@ class NetlinkWorker:
         and add it to the multipath route of each of its anycast addresses."""
         plan = self.plan(alloc)
         attachment = await self._run(
-            _apply.setup_pod, plan, host_netns=self.host_netns, anycast_lock=self._anycast_lock,
-            settings=self.settings, fault=self.fault,
+            _apply.setup_pod,
+            plan,
+            host_netns=self.host_netns,
+            anycast_lock=self._anycast_lock,
+            settings=self.settings,
+            fault=self.fault,
         )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
         return attachment
@@ -82,8 +86,13 @@ class NetlinkWorker:
         """Remove the pod's veth and its share of flock routes; anything
         already gone (netns, interface, route) is success."""
         await self._run(
-            _apply.teardown_pod, container_id, netns, if_name, host_netns=self.host_netns,
-            anycast_lock=self._anycast_lock, settings=self.settings,
+            _apply.teardown_pod,
+            container_id,
+            netns,
+            if_name,
+            host_netns=self.host_netns,
+            anycast_lock=self._anycast_lock,
+            settings=self.settings,
         )
 
     async def check(self, alloc: Allocation) -> list[str]:
@@ -96,7 +105,10 @@ class NetlinkWorker:
         """Remove flock-owned host veths and routes no allocation explains."""
         explained = {host_ifname(cid, self.settings.host_prefix) for cid in explained_container_ids}
         report = await self._run(
-            _inspect.cleanup, explained, host_netns=self.host_netns, anycast_lock=self._anycast_lock,
+            _inspect.cleanup,
+            explained,
+            host_netns=self.host_netns,
+            anycast_lock=self._anycast_lock,
             settings=self.settings,
         )
         if report.interfaces or report.routes:

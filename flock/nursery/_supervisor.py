@@ -27,8 +27,9 @@ class SupervisorEscalation(Exception):
     def __init__(self, supervisor: str, child: str, intensity: RestartIntensity, *, fatal: bool = False) -> None:
         self.supervisor, self.child, self.intensity, self.fatal = supervisor, child, intensity, fatal
         super().__init__(
-            f"supervisor {supervisor!r}: child {child!r} failed with an error a restart cannot fix" if fatal else
-            f"supervisor {supervisor!r}: child {child!r} needed more than "
+            f"supervisor {supervisor!r}: child {child!r} failed with an error a restart cannot fix"
+            if fatal
+            else f"supervisor {supervisor!r}: child {child!r} needed more than "
             f"{intensity.max_restarts} restarts in {intensity.period:g} s"
         )
 
@@ -117,14 +118,18 @@ class Supervisor:
                 self._ready.discard(spec.name)
             done = spec.restart is Restart.TEMPORARY or (crash is None and spec.restart is Restart.TRANSIENT)
             if crash is not None:
-                log.error("child %s failed", spec.name, exc_info=crash, extra={"supervisor": self.name, "child": spec.name})
+                log.error(
+                    "child %s failed", spec.name, exc_info=crash, extra={"supervisor": self.name, "child": spec.name}
+                )
                 if isinstance(crash, spec.fatal):
                     raise SupervisorEscalation(self.name, spec.name, self.intensity, fatal=True) from crash
             if done and (crash is None or status.forwarded):
                 status.release()  # a child that finished its job is no reason to wait
                 return
             if crash is None:
-                log.warning("child %s returned; restarting", spec.name, extra={"supervisor": self.name, "child": spec.name})
+                log.warning(
+                    "child %s returned; restarting", spec.name, extra={"supervisor": self.name, "child": spec.name}
+                )
             now = trio.current_time()
             history = None if done else self.intensity.admit(self._history, now)
             if history is None:

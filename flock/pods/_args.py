@@ -39,7 +39,9 @@ def pod_ref(args: str) -> PodRef:
         if not value:
             raise errors.CniError(errors.INVALID_ENV, "invalid CNI_ARGS", f"{key} is required (CNI_ARGS={args!r})")
         if len(value) > limit or not _NAME_CHARS.issuperset(value) or not value[0].isalnum() or not value[-1].isalnum():
-            raise _bad(key, value, f"a Kubernetes name (lower-case letters, digits, '-', '.'; at most {limit} characters)")
+            raise _bad(
+                key, value, f"a Kubernetes name (lower-case letters, digits, '-', '.'; at most {limit} characters)"
+            )
         out[key] = value
     uid = parsed.get(UID, "")
     if uid and (len(uid) > 64 or not _UID_CHARS.issuperset(uid)):

@@ -29,7 +29,7 @@ class CrashPoint:
     name: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(POINTS)))
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> "CrashPoint":
+    def from_environ(cls, environ: Mapping[str, str]) -> CrashPoint:
         """From ``FLOCK_CRASH_POINT``; ValueError naming the variable for an unknown point."""
         value = environ.get(ENV) or None
         if value is not None and value not in POINTS:

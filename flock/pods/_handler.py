@@ -140,7 +140,9 @@ class PodHandler:
         began = trio.current_time()
         code = 0
         try:
-            op = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "STATUS": self.status, "GC": self.gc}[request.op]
+            op = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "STATUS": self.status, "GC": self.gc}[
+                request.op
+            ]
             return await op(request)
         except errors.CniError as err:
             code = err.code
@@ -178,7 +180,10 @@ class PodHandler:
             if alloc.state is AllocationState.COMMITTED:
                 log.info("ADD repeated: returning the committed allocation")
                 return alloc
-            log.info("ADD retried: reusing the pending allocation", extra={"addresses": [str(a) for a in alloc.all_addresses]})
+            log.info(
+                "ADD retried: reusing the pending allocation",
+                extra={"addresses": [str(a) for a in alloc.all_addresses]},
+            )
             self._hold(alloc)
         else:
             self.crash.reached("before-pending")
@@ -209,9 +214,19 @@ class PodHandler:
             raise
         now = self.clock()
         alloc = Allocation(
-            container_id=request.container_id, namespace=ref.namespace, pod=ref.name, pod_uid=pod.uid or ref.uid,
-            if_name=request.if_name, netns=request.netns, ip6=held.ip6, ip4=held.ip4,
-            anycast=held.anycast, addresses=held.addresses, state=AllocationState.PENDING, created=now, updated=now,
+            container_id=request.container_id,
+            namespace=ref.namespace,
+            pod=ref.name,
+            pod_uid=pod.uid or ref.uid,
+            if_name=request.if_name,
+            netns=request.netns,
+            ip6=held.ip6,
+            ip4=held.ip4,
+            anycast=held.anycast,
+            addresses=held.addresses,
+            state=AllocationState.PENDING,
+            created=now,
+            updated=now,
         )
         try:
             await self.store.put(alloc)
@@ -232,17 +247,24 @@ class PodHandler:
                     # The cache may still hold the previous pod of that name (a StatefulSet replica).
                     pod = await self.pods.fetch_pod(ref.namespace, ref.name)
             except KubeError as exc:
-                raise errors.CniError(errors.TRY_AGAIN_LATER, "cannot read the pod from the API server", f"pod {ref.key}: {exc}") from None
+                raise errors.CniError(
+                    errors.TRY_AGAIN_LATER, "cannot read the pod from the API server", f"pod {ref.key}: {exc}"
+                ) from None
         if lookup.cancelled_caught:
             raise errors.CniError(
-                errors.TRY_AGAIN_LATER, "the API server did not answer",
+                errors.TRY_AGAIN_LATER,
+                "the API server did not answer",
                 f"pod {ref.key}: not in the informer cache and no answer to a direct GET within {POD_LOOKUP_DEADLINE_S:g} s",
             )
         if pod is None:
-            raise errors.CniError(errors.TRY_AGAIN_LATER, "pod not found", f"pod {ref.key} does not exist on the API server")
+            raise errors.CniError(
+                errors.TRY_AGAIN_LATER, "pod not found", f"pod {ref.key} does not exist on the API server"
+            )
         if ref.uid and pod.uid and pod.uid != ref.uid:
             raise errors.CniError(
-                errors.TRY_AGAIN_LATER, "pod UID differs", f"K8S_POD_UID={ref.uid!r} but pod {ref.key} has uid {pod.uid!r}"
+                errors.TRY_AGAIN_LATER,
+                "pod UID differs",
+                f"K8S_POD_UID={ref.uid!r} but pod {ref.key} has uid {pod.uid!r}",
             )
         return pod
 
@@ -295,11 +317,19 @@ class PodHandler:
         async with self._locks.hold(cid):
             alloc = await self.store.get(cid)
             if alloc is None:
-                raise errors.CniError(errors.UNKNOWN_CONTAINER, "unknown container", f"containerID={cid!r}: flock holds no allocation for it")
+                raise errors.CniError(
+                    errors.UNKNOWN_CONTAINER,
+                    "unknown container",
+                    f"containerID={cid!r}: flock holds no allocation for it",
+                )
             if alloc.state is AllocationState.PENDING:
-                raise errors.CniError(CHECK_FAILED, "ADD has not completed", f"containerID={cid!r}: the allocation is still pending")
+                raise errors.CniError(
+                    CHECK_FAILED, "ADD has not completed", f"containerID={cid!r}: the allocation is still pending"
+                )
             if request.if_name != alloc.if_name:
-                raise errors.CniError(CHECK_FAILED, "interface differs", f"ifName={request.if_name!r}; ADD set up {alloc.if_name!r}")
+                raise errors.CniError(
+                    CHECK_FAILED, "interface differs", f"ifName={request.if_name!r}; ADD set up {alloc.if_name!r}"
+                )
             wanted = {ipaddress.ip_interface(f"{a}/{a.max_prefixlen}") for a in result_addresses(alloc)}
             if prev != wanted:
                 parts = []
@@ -321,7 +351,9 @@ class PodHandler:
             raise errors.CniError(errors.NOT_AVAILABLE, "agent not ready", self.not_ready_reason)
         if self._exhausted:
             blocks = ", ".join(sorted(map(str, self._exhausted)))
-            raise errors.CniError(errors.NOT_AVAILABLE, "address pool exhausted", f"no free address in the node block {blocks}")
+            raise errors.CniError(
+                errors.NOT_AVAILABLE, "address pool exhausted", f"no free address in the node block {blocks}"
+            )
         return {}
 
     # -- GC ------------------------------------------------------------------
@@ -343,44 +375,56 @@ class PodHandler:
         remaining = await self.store.list()
         report = await self.dataplane.cleanup([a.container_id for a in remaining])
         await self.dataplane.ensure_anycast([a for a in remaining if a.anycast])
-        log.info("GC done", extra={"removed": removed, "orphan_interfaces": list(report.interfaces), "kept": len(remaining)})
+        log.info(
+            "GC done", extra={"removed": removed, "orphan_interfaces": list(report.interfaces), "kept": len(remaining)}
+        )
         return {}
 
 
 def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
     if (alloc.namespace, alloc.pod) != (ref.namespace, ref.name):
         raise errors.CniError(
-            errors.INVALID_ENV, "container ID already in use",
+            errors.INVALID_ENV,
+            "container ID already in use",
             f"containerID={request.container_id!r} belongs to pod {alloc.namespace}/{alloc.pod}, not {ref.key}",
         )
     if alloc.if_name != request.if_name:
         raise errors.CniError(
-            errors.INVALID_ENV, "container ID already in use",
+            errors.INVALID_ENV,
+            "container ID already in use",
             f"ifName={request.if_name!r}: container {request.container_id} already has {alloc.if_name!r}",
         )
     if alloc.netns != request.netns:
         # Answering with the stored result would report a network the pod's
         # namespace does not have; the runtime must DEL the old attachment first.
         raise errors.CniError(
-            errors.INVALID_ENV, "container ID already in use",
+            errors.INVALID_ENV,
+            "container ID already in use",
             f"netns={request.netns!r}: container {request.container_id} is attached in {alloc.netns!r}",
         )
 
 
 def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
     if VALID_ATTACHMENTS not in config:
-        raise errors.CniError(errors.INVALID_CONFIG, "GC needs valid attachments", f"the network configuration has no field {VALID_ATTACHMENTS!r}")
+        raise errors.CniError(
+            errors.INVALID_CONFIG,
+            "GC needs valid attachments",
+            f"the network configuration has no field {VALID_ATTACHMENTS!r}",
+        )
     raw = config[VALID_ATTACHMENTS]
     if not isinstance(raw, list):
-        raise errors.CniError(errors.INVALID_CONFIG, "invalid valid-attachments", f"{VALID_ATTACHMENTS}={raw!r}: expected a list")
+        raise errors.CniError(
+            errors.INVALID_CONFIG, "invalid valid-attachments", f"{VALID_ATTACHMENTS}={raw!r}: expected a list"
+        )
     out = set()
     for i, item in enumerate(raw):
         cid = item.get("containerID") if isinstance(item, Mapping) else None
         ifname = item.get("ifname") if isinstance(item, Mapping) else None
         if not isinstance(cid, str) or not cid or not isinstance(ifname, str) or not ifname:
             raise errors.CniError(
-                errors.INVALID_CONFIG, "invalid valid-attachments",
-                f"{VALID_ATTACHMENTS}[{i}]={item!r}: expected {{\"containerID\": …, \"ifname\": …}}",
+                errors.INVALID_CONFIG,
+                "invalid valid-attachments",
+                f'{VALID_ATTACHMENTS}[{i}]={item!r}: expected {{"containerID": …, "ifname": …}}',
             )
         out.add((cid, ifname))
     return out

@@ -99,8 +99,10 @@ class PodService:
             waited += self.nodeconfig_wait
             reason = f"no valid NodeConfig named {self.node_name} after {waited:g} s"
             self.handler.disable_add(reason)
-            log.error(reason + "; ADD answers 'try again later' and /readyz fails until one exists",
-                      extra={"node": self.node_name})
+            log.error(
+                reason + "; ADD answers 'try again later' and /readyz fails until one exists",
+                extra={"node": self.node_name},
+            )
 
     async def _rebuild(self, node: NodeConfig) -> None:
         await self.handler.quiesce()
@@ -114,7 +116,10 @@ class PodService:
                 ipam.mark_in_use(alloc.container_id, Addresses.of(alloc))
                 kept.append(alloc)
             except AddressConflict as exc:
-                log.error("stored allocations conflict; this one is left out", extra={"container_id": alloc.container_id, "error": str(exc)})
+                log.error(
+                    "stored allocations conflict; this one is left out",
+                    extra={"container_id": alloc.container_id, "error": str(exc)},
+                )
         self.handler.adopt(ipam, kept)
         # A DEL may have removed rows between the list and adopt: release those.
         still = {a.container_id for a in await self.store.list()}
@@ -124,8 +129,15 @@ class PodService:
         await self.dataplane.ensure_anycast([a for a in committed if a.anycast])
         await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
         pending = len(self.handler.allocations) - len(committed)
-        log.info("allocations rebuilt", extra={"committed": len(committed), "pending": pending,
-                                              "orphan_interfaces": list(report.interfaces), "orphan_routes": list(report.routes)})
+        log.info(
+            "allocations rebuilt",
+            extra={
+                "committed": len(committed),
+                "pending": pending,
+                "orphan_interfaces": list(report.interfaces),
+                "orphan_routes": list(report.routes),
+            },
+        )
 
     async def replay_pending_deletes(self) -> int:
         """Apply the DELs the shim recorded while no agent answered; how many were applied."""
@@ -133,7 +145,10 @@ class PodService:
         try:
             paths = sorted(self.pending_deletes.glob("*.json"))
         except OSError as exc:
-            log.error("cannot read the pending-deletes queue", extra={"directory": str(self.pending_deletes), "error": str(exc)})
+            log.error(
+                "cannot read the pending-deletes queue",
+                extra={"directory": str(self.pending_deletes), "error": str(exc)},
+            )
             return 0
         for path in paths:
             try:
@@ -148,7 +163,9 @@ class PodService:
                 try:
                     await self.handler.delete(request)
                 except errors.CniError as exc:
-                    log.error("pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)})
+                    log.error(
+                        "pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)}
+                    )
                     continue
                 path.unlink(missing_ok=True)
                 applied += 1
@@ -162,7 +179,11 @@ class PodService:
         self.handler.ipam.set_node(node)
         await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
         self.handler.on_change()
-        log.info("NodeConfig changed", extra={
-            "cidr6": str(node.cidr6), "cidr4": str(node.cidr4),
-            "was": {"cidr6": str(old.cidr6), "cidr4": str(old.cidr4)} if old else None,
-        })
+        log.info(
+            "NodeConfig changed",
+            extra={
+                "cidr6": str(node.cidr6),
+                "cidr4": str(node.cidr4),
+                "was": {"cidr6": str(old.cidr6), "cidr4": str(old.cidr4)} if old else None,
+            },
+        )

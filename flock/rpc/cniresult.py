@@ -87,7 +87,7 @@ def _objects(result: dict[str, Any], key: str) -> list[dict[str, Any]]:
     (the result crossed the wire: a broken agent must not crash the shim)."""
     items = result[key]
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-        raise CniError(DECODE_ERROR, "malformed result", "field {!r}={!r}: expected a list of objects".format(key, items))
+        raise CniError(DECODE_ERROR, "malformed result", f"field {key!r}={items!r}: expected a list of objects")
     return items
 
 

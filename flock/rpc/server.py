@@ -175,10 +175,15 @@ class RpcServer:
                         return
                 # The request deadline passed, or the drain cut the handler off.
                 if self._draining:
-                    late = CniError(TRY_AGAIN_LATER, "flock-agent is shutting down",
-                                    f"the request was still running after the {self.drain_deadline:g} s drain; retry it")
+                    late = CniError(
+                        TRY_AGAIN_LATER,
+                        "flock-agent is shutting down",
+                        f"the request was still running after the {self.drain_deadline:g} s drain; retry it",
+                    )
                 else:
-                    late = CniError(TRY_AGAIN_LATER, "request timed out", f"no answer within {self.request_deadline:g} s")
+                    late = CniError(
+                        TRY_AGAIN_LATER, "request timed out", f"no answer within {self.request_deadline:g} s"
+                    )
                 with logs.bound(**fields):
                     log.warning("request cut off", extra={"code": late.code, "error": str(late)})
                 with trio.move_on_after(LATE_REPLY_DEADLINE_S):
@@ -223,7 +228,13 @@ class RpcServer:
             return encode_error(CniError(INTERNAL, "internal error in flock-agent", repr(exc)))
         if not isinstance(result, dict):
             log.error("handler returned a non-object result", extra={"result": repr(result)})
-            return encode_error(CniError(INTERNAL, "internal error in flock-agent", f"handler returned {type(result).__name__}, not an object"))
+            return encode_error(
+                CniError(
+                    INTERNAL,
+                    "internal error in flock-agent",
+                    f"handler returned {type(result).__name__}, not an object",
+                )
+            )
         log.info("request served", extra={"code": 0, "ms": _ms_since(began)})
         return encode_result(result)
 

@@ -69,11 +69,7 @@ def valid_if_name(value: str) -> bool:
         size = len(value.encode("utf-8"))
     except UnicodeError:
         return False
-    return (
-        0 < size <= 15
-        and value not in (".", "..")
-        and not any(c in "/:\0" or c.isspace() for c in value)
-    )
+    return 0 < size <= 15 and value not in (".", "..") and not any(c in "/:\0" or c.isspace() for c in value)
 
 
 def valid_netns(value: str) -> bool:
@@ -93,8 +89,16 @@ def field_error(name: str, value: str) -> tuple[str, str] | None:
 
 _FIELD_CHECKS = MappingProxyType(
     {
-        "containerID": (valid_container_id, "invalid container ID", "expected letters, digits, '_', '.', '-', starting with a letter or digit"),
-        "ifName": (valid_if_name, "invalid interface name", "expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'"),
+        "containerID": (
+            valid_container_id,
+            "invalid container ID",
+            "expected letters, digits, '_', '.', '-', starting with a letter or digit",
+        ),
+        "ifName": (
+            valid_if_name,
+            "invalid interface name",
+            "expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'",
+        ),
         "netns": (valid_netns, "invalid network namespace path", "expected an absolute path"),
     }
 )
@@ -117,7 +121,7 @@ class Request:
     (whose import costs the shim several milliseconds at every pod start).
     """
 
-    __slots__ = ("op", "container_id", "netns", "if_name", "args", "path", "config", "version")
+    __slots__ = ("args", "config", "container_id", "if_name", "netns", "op", "path", "version")
 
     def __init__(
         self,
@@ -152,9 +156,7 @@ class Request:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return "Request(op={!r}, container_id={!r}, if_name={!r}, netns={!r})".format(
-            self.op, self.container_id, self.if_name, self.netns
-        )
+        return f"Request(op={self.op!r}, container_id={self.container_id!r}, if_name={self.if_name!r}, netns={self.netns!r})"
 
     @property
     def cni_args(self) -> dict[str, str]:
@@ -165,7 +167,7 @@ class Request:
         """``namespace/name`` from CNI_ARGS, or ``""`` when the runtime gave none."""
         a = self.cni_args
         ns, name = a.get("K8S_POD_NAMESPACE", ""), a.get("K8S_POD_NAME", "")
-        return "{}/{}".format(ns, name) if (ns or name) else ""
+        return f"{ns}/{name}" if (ns or name) else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -183,7 +185,7 @@ class Request:
         return _encode_line(self.to_dict())
 
     @classmethod
-    def decode(cls, line: bytes) -> "Request":
+    def decode(cls, line: bytes) -> Request:
         """Parse one request line (with or without its ``\\n``); CniError on anything wrong."""
         obj = _decode_line(line, "request")
         if "version" not in obj:
@@ -201,27 +203,37 @@ class Request:
         if op is None:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'op' is required")
         if op not in OPS:
-            raise CniError(INVALID_ENV, "unknown operation", "field 'op'={!r}; expected one of {}".format(op, ", ".join(OPS)))
+            raise CniError(
+                INVALID_ENV, "unknown operation", "field 'op'={!r}; expected one of {}".format(op, ", ".join(OPS))
+            )
         fields = {}
         for name in _STRING_FIELDS:
             value = obj.get(name, "")
             if not isinstance(value, str):
-                raise CniError(INVALID_ENV, "request field has the wrong type", "field {!r}={!r}: expected a string".format(name, value))
+                raise CniError(
+                    INVALID_ENV,
+                    "request field has the wrong type",
+                    f"field {name!r}={value!r}: expected a string",
+                )
             fields[name] = value
         for name in REQUIRED_FIELDS[op]:
             if not fields[name]:
-                raise CniError(INVALID_ENV, "request is missing a field", "field {!r} is required for {}".format(name, op))
+                raise CniError(INVALID_ENV, "request is missing a field", f"field {name!r} is required for {op}")
         for name, value in fields.items():
             invalid = field_error(name, value)
             if invalid is not None:
                 msg, expected = invalid
-                raise CniError(INVALID_ENV, msg, "field {!r}={!r}: {}".format(name, value, expected))
+                raise CniError(INVALID_ENV, msg, f"field {name!r}={value!r}: {expected}")
         cid = fields["containerID"]
         if "config" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'config' is required")
         config = obj["config"]
         if not isinstance(config, dict):
-            raise CniError(INVALID_ENV, "request field has the wrong type", "field 'config'={!r}: expected an object".format(config))
+            raise CniError(
+                INVALID_ENV,
+                "request field has the wrong type",
+                f"field 'config'={config!r}: expected an object",
+            )
         return cls(
             op=op,
             container_id=cid,
@@ -253,13 +265,21 @@ def decode_response(line: bytes) -> dict[str, Any]:
     if "error" in obj:
         err = obj["error"]
         if not isinstance(err, dict) or not isinstance(err.get("code"), int) or isinstance(err.get("code"), bool):
-            raise CniError(DECODE_ERROR, "malformed response from flock-agent", "field 'error'={!r}: expected {{code, msg, details}}".format(err))
+            raise CniError(
+                DECODE_ERROR,
+                "malformed response from flock-agent",
+                f"field 'error'={err!r}: expected {{code, msg, details}}",
+            )
         raise CniError.from_dict(err)
     if "result" not in obj:
         raise CniError(DECODE_ERROR, "malformed response from flock-agent", "neither 'result' nor 'error' present")
     result = obj["result"]
     if not isinstance(result, dict):
-        raise CniError(DECODE_ERROR, "malformed response from flock-agent", "field 'result'={!r}: expected an object".format(result))
+        raise CniError(
+            DECODE_ERROR,
+            "malformed response from flock-agent",
+            f"field 'result'={result!r}: expected an object",
+        )
     return result
 
 
@@ -295,10 +315,12 @@ class LineReader:
 
     def eof(self) -> CniError:
         """The error for a peer that closed before its newline."""
-        return CniError(DECODE_ERROR, "message ended before its newline", "{} bytes received without '\\n'".format(len(self._buf)))
+        return CniError(
+            DECODE_ERROR, "message ended before its newline", f"{len(self._buf)} bytes received without '\\n'"
+        )
 
     def _too_long(self) -> CniError:
-        return CniError(DECODE_ERROR, "message too long", "line exceeds {} bytes".format(self._limit))
+        return CniError(DECODE_ERROR, "message too long", f"line exceeds {self._limit} bytes")
 
 
 def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -325,19 +347,19 @@ def _decode_line(line: bytes, what: str) -> dict[str, Any]:
     if line.endswith(b"\n"):
         line = line[:-1]
     if len(line) > MAX_LINE_BYTES:
-        raise CniError(DECODE_ERROR, "message too long", "{} line of {} bytes exceeds {}".format(what, len(line), MAX_LINE_BYTES))
+        raise CniError(DECODE_ERROR, "message too long", f"{what} line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
     try:
         obj = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise CniError(DECODE_ERROR, "{} is not UTF-8".format(what), str(exc)) from None
+        raise CniError(DECODE_ERROR, f"{what} is not UTF-8", str(exc)) from None
     except ValueError as exc:
-        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), str(exc)) from None
+        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", str(exc)) from None
     except RecursionError:
         # json raises this, not ValueError, for nesting deeper than the
         # interpreter's recursion limit ("[" * 100000 fits in one line).
-        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested too deeply") from None
+        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", "nested too deeply") from None
     if json_too_deep(obj):
-        raise CniError(DECODE_ERROR, "{} is not valid JSON".format(what), "nested more than {} levels deep".format(MAX_JSON_DEPTH))
+        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", f"nested more than {MAX_JSON_DEPTH} levels deep")
     if not isinstance(obj, dict):
-        raise CniError(DECODE_ERROR, "{} is not a JSON object".format(what), "got {}".format(type(obj).__name__))
+        raise CniError(DECODE_ERROR, f"{what} is not a JSON object", f"got {type(obj).__name__}")
     return obj

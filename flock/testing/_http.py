@@ -55,7 +55,9 @@ class HttpFrontend:
     port: int = 0
     bookmark_interval: float = 1.0
     # (method, path?query) of the latest API requests; bounded for a long-running lab server.
-    requests: collections.deque[tuple[str, str]] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=100_000))
+    requests: collections.deque[tuple[str, str]] = attrs.field(
+        init=False, factory=lambda: collections.deque(maxlen=100_000)
+    )
     _runner: web.AppRunner | None = attrs.field(init=False, default=None)
     _inflight: dict[asyncio.Task[Any], web.Request] = attrs.field(init=False, factory=dict)
     _fail_remaining: int = attrs.field(init=False, default=0)
@@ -192,7 +194,8 @@ class HttpFrontend:
             if request.method == "PATCH":
                 if request.content_type not in _MERGE_PATCH_TYPES:
                     raise StatusError(
-                        415, f"flock.testing applies merge patches only ({', '.join(_MERGE_PATCH_TYPES)}), got {request.content_type}"
+                        415,
+                        f"flock.testing applies merge patches only ({', '.join(_MERGE_PATCH_TYPES)}), got {request.content_type}",
                     )
                 return _json(self.store.patch(res, name, await _body(request), ns))
             return _json(self.store.delete(res, name, ns))
@@ -209,7 +212,7 @@ class HttpFrontend:
 
     async def _list_or_watch(self, request: web.Request, res: Resource, ns: str | None) -> web.StreamResponse:
         q = request.query
-        if "labelSelector" in q and q["labelSelector"]:
+        if q.get("labelSelector"):
             raise StatusError(400, "flock.testing does not implement labelSelector")
         selector = FieldSelector.parse(q.get("fieldSelector"), res.kind)
         if q.get("watch") in _TRUE:
@@ -226,7 +229,9 @@ class HttpFrontend:
             }
         )
 
-    async def _watch(self, request: web.Request, res: Resource, ns: str | None, selector: FieldSelector) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, res: Resource, ns: str | None, selector: FieldSelector
+    ) -> web.StreamResponse:
         q = request.query
         try:
             seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)

@@ -28,7 +28,7 @@ class FieldSelector:
     requirements: tuple[Requirement, ...] = ()
 
     @classmethod
-    def parse(cls, text: str | None, kind: str) -> "FieldSelector":
+    def parse(cls, text: str | None, kind: str) -> FieldSelector:
         """Parse ``a=b,c==d,e!=f``; unsupported fields or syntax → 400 like the real server."""
         if not text:
             return cls()

@@ -66,7 +66,7 @@ class ApiServer:
 
     # ---- lifecycle ------------------------------------------------------------
 
-    def __enter__(self) -> "ApiServer":
+    def __enter__(self) -> ApiServer:
         self.start()
         return self
 
@@ -138,7 +138,9 @@ class ApiServer:
     def update(self, resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
         return self.store.update(resource, obj)
 
-    def patch(self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    def patch(
+        self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
         """JSON merge patch, e.g. ``{"metadata": {"annotations": {"k": "v"}}}``."""
         return self.store.patch(resource, name, patch, namespace)
 

@@ -66,7 +66,9 @@ class StoreSource:
             raise
 
     @contextlib.asynccontextmanager
-    async def watch(self, resource_version: str, timeout_seconds: int) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
+    async def watch(
+        self, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
         send, receive = trio.open_memory_channel[Mapping[str, Any]](math.inf)
         token, owner = trio.lowlevel.current_trio_token(), threading.get_ident()
 
@@ -107,7 +109,7 @@ class _Events:
     deadline: float
     done: bool = False
 
-    def __aiter__(self) -> "_Events":
+    def __aiter__(self) -> _Events:
         return self
 
     async def __anext__(self) -> Mapping[str, Any]:

@@ -33,7 +33,9 @@ class StatusError(Exception):
         return status_object(self.code, self.message, self.reason, self.details)
 
 
-def status_object(code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_object(
+    code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -49,6 +51,4 @@ def status_object(code: int, message: str, reason: str | None = None, details: d
 
 
 def expired(resource_version: int | str, oldest: int) -> StatusError:
-    return StatusError(
-        410, f"too old resource version: {resource_version} ({oldest})", reason="Expired"
-    )
+    return StatusError(410, f"too old resource version: {resource_version} ({oldest})", reason="Expired")

@@ -46,7 +46,7 @@ class _Change:
 class Subscription:
     """One open watch: which objects it sees and where its events go."""
 
-    store: "Store"
+    store: Store
     resource: Resource
     namespace: str | None
     selector: FieldSelector
@@ -163,7 +163,9 @@ class Store:
         with self._lock:
             return self._replace_locked(resource, new)
 
-    def patch(self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    def patch(
+        self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
         """Apply a JSON merge patch (RFC 7386: maps merge, null deletes, lists are replaced).
 
         A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale).
@@ -263,7 +265,12 @@ class Store:
         return (namespace or "default") if resource.namespaced else ""
 
     def _commit(
-        self, resource: Resource, key: tuple[Resource, str, str], kind: str, old: Mapping[str, Any] | None, new: dict[str, Any]
+        self,
+        resource: Resource,
+        key: tuple[Resource, str, str],
+        kind: str,
+        old: Mapping[str, Any] | None,
+        new: dict[str, Any],
     ) -> dict[str, Any]:
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
@@ -326,7 +333,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _not_found(resource: Resource, name: str) -> StatusError:

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ApiServer", "kubeconfig", "load_objects", "write_kubeconfig", "PODS", "NODECONFIGS", "main"]
+__all__ = ["NODECONFIGS", "PODS", "ApiServer", "kubeconfig", "load_objects", "main", "write_kubeconfig"]
 
 if __name__ == "__main__":
     sys.exit(main())

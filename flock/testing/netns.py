@@ -38,8 +38,9 @@ class Netns:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 10) -> subprocess.CompletedProcess:
         """Run *argv* inside this namespace (``ip netns exec``)."""
-        return subprocess.run(["ip", "netns", "exec", self.name, *argv], capture_output=True, text=True,
-                              check=check, timeout=timeout)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, *argv], capture_output=True, text=True, check=check, timeout=timeout
+        )
 
     def ip(self, *args: str) -> str:
         return _ip("-n", self.name, *args)
@@ -84,7 +85,7 @@ class NetnsPool:
         if errors:
             raise RuntimeError("could not delete namespaces: " + "; ".join(errors))
 
-    def __enter__(self) -> "NetnsPool":
+    def __enter__(self) -> NetnsPool:
         return self
 
     def __exit__(self, *exc_info) -> None:

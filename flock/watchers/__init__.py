@@ -23,6 +23,7 @@ from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._source import KubeSource
 
 __all__ = [
+    "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
     "Backoff",
     "Change",
@@ -36,7 +37,6 @@ __all__ = [
     "KubeSource",
     "ListWatchSource",
     "NodeConfigWatcher",
-    "POD_CACHE_WAIT_SECONDS",
     "PodChange",
     "PodWatcher",
     "ResourceExpired",

@@ -49,14 +49,16 @@ class KubeClient:
         custom = CustomObjectsApi(self.api_client)
 
         async def list_nodeconfigs(**kw: Any) -> Any:
-            return await custom.list_cluster_custom_object(NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, **kw)
+            return await custom.list_cluster_custom_object(
+                NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, **kw
+            )
 
         async def get_nodeconfig(namespace: str | None, name: str, **kw: Any) -> Any:
-            return await custom.get_cluster_custom_object(NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, name, **kw)
+            return await custom.get_cluster_custom_object(
+                NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, name, **kw
+            )
 
-        return KubeSource(
-            self.bridge, f"nodeconfig {name}", list_nodeconfigs, get_nodeconfig, f"metadata.name={name}"
-        )
+        return KubeSource(self.bridge, f"nodeconfig {name}", list_nodeconfigs, get_nodeconfig, f"metadata.name={name}")
 
 
 @contextlib.asynccontextmanager

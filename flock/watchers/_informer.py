@@ -32,7 +32,9 @@ class ListWatchSource(Protocol):
 
     async def list(self) -> tuple[list[Object], str]: ...
 
-    def watch(self, resource_version: str, timeout_seconds: int) -> AbstractAsyncContextManager[AsyncIterator[Object]]: ...
+    def watch(
+        self, resource_version: str, timeout_seconds: int
+    ) -> AbstractAsyncContextManager[AsyncIterator[Object]]: ...
 
     async def get(self, namespace: str | None, name: str) -> Object | None: ...
 
@@ -155,16 +157,25 @@ class Informer:
                     raise TransientKubeError(f"{self.name}: watch ended at once without an event")
                 failures = 0
             except ResourceExpired as exc:
-                log.info("%s: resourceVersion %s expired, relisting", self.name, self._resource_version,
-                         extra={"informer": self.name, "error": str(exc)})
+                log.info(
+                    "%s: resourceVersion %s expired, relisting",
+                    self.name,
+                    self._resource_version,
+                    extra={"informer": self.name, "error": str(exc)},
+                )
                 must_list = True
             except (TransientKubeError, trio.TooSlowError) as exc:
                 if progressed:
                     failures = 0
                 delay = settings.backoff.delay(failures, self.rng.random())
                 failures += 1
-                log.warning("%s: %s; retrying in %.2fs", self.name, exc or "request stalled", delay,
-                            extra={"informer": self.name, "attempt": failures})
+                log.warning(
+                    "%s: %s; retrying in %.2fs",
+                    self.name,
+                    exc or "request stalled",
+                    delay,
+                    extra={"informer": self.name, "attempt": failures},
+                )
                 await trio.sleep(delay)
 
     def _replace(self, items: list[Object], resource_version: str) -> None:

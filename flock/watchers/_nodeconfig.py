@@ -39,7 +39,9 @@ class NodeConfigWatcher:
     _informer: Informer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._informer = Informer(self.source, _name_key, self._on_change, self.settings, name=f"nodeconfig {self.node}")
+        self._informer = Informer(
+            self.source, _name_key, self._on_change, self.settings, name=f"nodeconfig {self.node}"
+        )
 
     @property
     def informer(self) -> Informer:
@@ -96,8 +98,12 @@ class NodeConfigWatcher:
             value = NodeConfig.from_object(change.object)
         except InvalidObject as exc:
             self._invalid = exc
-            log.error("NodeConfig %s refused: %s; keeping the previous one", self.node, exc,
-                      extra={"node": self.node, "field": exc.field, "value": repr(exc.value)})
+            log.error(
+                "NodeConfig %s refused: %s; keeping the previous one",
+                self.node,
+                exc,
+                extra={"node": self.node, "field": exc.field, "value": repr(exc.value)},
+            )
             return
         self._invalid = None
         if value != self._current:

@@ -109,8 +109,13 @@ class PodWatcher:
         """
         with trio.move_on_after(self.cache_wait_seconds):
             return await self.wait_for_pod(namespace, name)
-        log.info("pod %s/%s not in the cache after %.1fs; asking the API server", namespace, name,
-                 self.cache_wait_seconds, extra={"pod": f"{namespace}/{name}"})
+        log.info(
+            "pod %s/%s not in the cache after %.1fs; asking the API server",
+            namespace,
+            name,
+            self.cache_wait_seconds,
+            extra={"pod": f"{namespace}/{name}"},
+        )
         return await self.fetch_pod(namespace, name)
 
     @contextlib.contextmanager

@@ -16,7 +16,6 @@ propagate to the informer.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -46,7 +45,7 @@ def translated_errors(what: str) -> Iterator[None]:
         raise
     except ApiException as exc:
         raise error_for_status(exc.status, _json_or_none(exc.body)) from exc
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         raise TransientKubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -75,7 +74,7 @@ class _EventStream:
     _what: str
     _buffer: bytearray = attrs.field(factory=bytearray)
 
-    def __aiter__(self) -> "_EventStream":
+    def __aiter__(self) -> _EventStream:
         return self
 
     async def __anext__(self) -> Mapping[str, Any]:
@@ -132,7 +131,9 @@ class KubeSource:
             raise
 
     @contextlib.asynccontextmanager
-    async def watch(self, resource_version: str, timeout_seconds: int) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
+    async def watch(
+        self, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
         """Events after *resource_version*; the server ends the stream after
         *timeout_seconds*.  The response is closed on exit, even when cancelled."""
         kwargs = dict(

@@ -1,0 +1,116 @@
+"""In-memory stand-ins for the pod handler's store and kernel, for virtual-time tests.
+
+They keep the real ones' contracts (the SQLite store's commit of a missing
+row fails; the kernel's setup/teardown are idempotent) without threads, so
+``autojump_clock`` times stay exact.  The kernel-facing behaviour itself is
+tested against real namespaces in test_pods_integration.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+import trio
+
+from flock import errors
+from flock.model import Allocation, AllocationState
+from flock.netlink import CleanupReport, host_ifname
+from flock.rpc import Request
+
+
+@attrs.define(eq=False)
+class MemoryAllocations:
+    rows: dict[str, Allocation] = attrs.field(factory=dict)
+
+    async def get(self, container_id: str) -> Allocation | None:
+        await trio.lowlevel.checkpoint()
+        return self.rows.get(container_id)
+
+    async def put(self, allocation: Allocation) -> None:
+        await trio.lowlevel.checkpoint()
+        self.rows[allocation.container_id] = allocation
+
+    async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
+        await trio.lowlevel.checkpoint()
+        if container_id not in self.rows:
+            raise errors.CniError(errors.IO_ERROR, "no allocation to commit", container_id)
+        row = self.rows[container_id] = attrs.evolve(
+            self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
+        )
+        return row
+
+    async def delete(self, container_id: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        return self.rows.pop(container_id, None) is not None
+
+    async def list(self, state: AllocationState | None = None) -> list[Allocation]:
+        await trio.lowlevel.checkpoint()
+        return [a for a in self.rows.values() if state is None or a.state is state]
+
+
+@attrs.define(eq=False)
+class MemoryKernel:
+    """Which pods have a veth; ``gate`` (when set) holds every setup until it is set."""
+
+    veths: dict[str, Allocation] = attrs.field(factory=dict)
+    gate: trio.Event | None = None
+    fail_with: errors.CniError | None = None
+    setups: int = 0
+    in_setup: int = 0
+    most_in_setup: int = 0
+    blackholes: tuple = ()
+
+    async def setup(self, alloc: Allocation) -> None:
+        self.setups += 1
+        self.in_setup += 1
+        self.most_in_setup = max(self.most_in_setup, self.in_setup)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            await trio.lowlevel.checkpoint()
+            self.veths[alloc.container_id] = alloc
+            if self.fail_with is not None:
+                raise self.fail_with
+        finally:
+            self.in_setup -= 1
+
+    async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
+        await trio.lowlevel.checkpoint()
+        self.veths.pop(container_id, None)
+
+    async def check(self, alloc: Allocation) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return (
+            [] if alloc.container_id in self.veths else [f"host {host_ifname(alloc.container_id)}: interface missing"]
+        )
+
+    async def cleanup(self, explained_container_ids: Iterable[str]) -> CleanupReport:
+        await trio.lowlevel.checkpoint()
+        keep = set(explained_container_ids)
+        gone = sorted(c for c in self.veths if c not in keep)
+        for cid in gone:
+            del self.veths[cid]
+        return CleanupReport(tuple(host_ifname(c) for c in gone))
+
+    async def ensure_anycast(self, allocations: Iterable[Allocation]) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return []
+
+    async def ensure_blackholes(self, cidrs) -> None:
+        await trio.lowlevel.checkpoint()
+        self.blackholes = tuple(c for c in cidrs if c is not None)
+
+
+CONFIG = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock"}
+
+
+def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config) -> Request:
+    return Request(
+        op,
+        container_id=cid,
+        netns=f"/run/netns/{cid}",
+        if_name="eth0",
+        args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}",
+        config={**CONFIG, **config},
+    )

@@ -1,0 +1,97 @@
+"""/healthz, /readyz and /metrics over real TCP; the metrics text format."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from flock.agent import DEFAULT_HEALTH_ADDRESS, parse_args
+from flock.health import HealthServer, Metrics
+from flock.node import compose
+
+
+async def http(port: int, raw: bytes) -> tuple[int, str]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(raw)
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+async def test_probes_and_metrics_over_http():
+    missing = ["NodeConfig host001 not loaded"]
+    metrics = Metrics()
+    metrics.observe("ADD", 0, 0.003)
+    metrics.observe("ADD", 0, 0.2)
+    metrics.observe("ADD", 11, 25.0)
+    metrics.gauge("flock_allocations", "Pod allocations.", "gauge", lambda: {'state="committed"': 2.0})
+    server = HealthServer("127.0.0.1", 0, lambda: list(missing), metrics.render)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            port = server.bound_port
+            get = lambda path: http(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # noqa: E731
+            assert await get("/healthz") == (200, "ok\n")
+            assert await get("/readyz") == (503, "not ready:\n- NodeConfig host001 not loaded\n")
+            missing.clear()
+            assert await get("/readyz?verbose=1") == (200, "ready\n")
+            status, text = await get("/metrics")
+            assert status == 200
+            assert 'flock_cni_requests_total{op="ADD",code="0"} 2' in text
+            assert 'flock_cni_requests_total{op="ADD",code="11"} 1' in text
+            assert 'flock_cni_request_duration_seconds_bucket{op="ADD",le="0.005"} 1' in text
+            assert 'flock_cni_request_duration_seconds_bucket{op="ADD",le="0.25"} 2' in text
+            assert 'flock_cni_request_duration_seconds_bucket{op="ADD",le="+Inf"} 3' in text
+            assert 'flock_cni_request_duration_seconds_count{op="ADD"} 3' in text
+            assert 'flock_allocations{state="committed"} 2' in text and "# TYPE flock_allocations gauge" in text
+            assert (await get("/nope"))[0] == 404
+            assert (await http(port, b"POST /readyz HTTP/1.0\r\n\r\n"))[0] == 405
+            assert (await http(port, b"garbage\r\n\r\n"))[0] == 400
+            assert await http(port, b"HEAD /healthz HTTP/1.0\r\n\r\n") == (200, "")
+            # A client that says nothing is dropped without stopping the server.
+            silent = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await get("/healthz") == (200, "ok\n")
+            await silent.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def test_agent_cli_flags(tmp_path):
+    s, _ = parse_args(["--node", "n1"], {})
+    assert (s.health_address, s.bird, s.host_netns, s.bgp_lab_timers) == (DEFAULT_HEALTH_ADDRESS, True, None, False)
+    assert str(s.bird_config) == "/etc/flock/bird/bird.conf" and str(s.bird_socket) == "/run/flock/bird.ctl"
+    s, _ = parse_args(
+        [
+            "--node",
+            "n1",
+            "--health-address",
+            "[::1]:0",
+            "--no-bird",
+            "--bgp-lab-timers",
+            "--host-netns",
+            str(tmp_path),
+            "--uplink",
+            "eth9",
+        ],
+        {},
+    )
+    assert (s.health_address, s.bird, s.bgp_lab_timers, s.host_netns, s.uplink) == (
+        ("::1", 0),
+        False,
+        True,
+        str(tmp_path),
+        "eth9",
+    )
+    for bad in (
+        ["--health-address", "9464"],
+        ["--health-address", "h:99999"],
+        ["--host-netns", str(tmp_path / "none")],
+        ["--bird-config", "rel/bird.conf"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            parse_args(["--node", "n1", *bad], {})
+        assert info.value.code == 2
+    names = [c.name for c in compose(parse_args(["--node", "n1", "--no-bird"], {})[0]).children]
+    assert names == ["signals", "store", "rpc", "health", "node"]

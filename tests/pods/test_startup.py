@@ -1,0 +1,137 @@
+"""The agent's start-up sequence in virtual time: NodeConfig wait, rebuild,
+cleanup of what no committed row explains, pending-delete replay, run-time
+NodeConfig changes."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+
+import trio
+
+from flock import errors
+from flock.model import Allocation, AllocationState, NodeConfig
+from flock.pods import PodHandler, PodService
+from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing.pods import MemoryAllocations, MemoryKernel, request
+from flock.watchers import NodeConfigWatcher, PodWatcher
+
+NODE = "host001"
+ip = ipaddress.ip_address
+
+
+def row(cid: str, state: AllocationState, ip6: str, ip4: str | None = None) -> Allocation:
+    return Allocation(
+        cid, "default", cid, "", "eth0", f"/run/netns/{cid}", ip(ip6), ip(ip4) if ip4 else None, state=state
+    )
+
+
+def setup(api: Store, rows: MemoryAllocations, kernel: MemoryKernel, tmp_path):
+    nodeconfigs = NodeConfigWatcher(StoreSource(api, NODECONFIGS, f"metadata.name={NODE}"), NODE)
+    pods = PodWatcher(StoreSource(api, PODS, f"spec.nodeName={NODE}"), NODE)
+    handler = PodHandler(store=rows, dataplane=kernel, pods=pods)
+    service = PodService(
+        handler=handler,
+        store=rows,
+        dataplane=kernel,
+        nodeconfigs=nodeconfigs,
+        node_name=NODE,
+        pending_deletes=tmp_path / "pending-deletes",
+        rng=random.Random(7),
+    )
+    return nodeconfigs, pods, handler, service
+
+
+async def test_add_is_11_until_the_nodeconfig_arrives_and_a_late_one_is_logged_loudly(autojump_clock, tmp_path, caplog):
+    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api.create(PODS, pod_object("default", "web-0", NODE))
+    nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
+    with trio.fail_after(200):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            nursery.start_soon(service.run)
+            await trio.sleep(59)
+            for op, code in (("ADD", errors.TRY_AGAIN_LATER), ("STATUS", errors.NOT_AVAILABLE)):
+                try:
+                    await handler(request(op))
+                except errors.CniError as err:
+                    assert err.code == code and "waiting for NodeConfig host001" in err.details
+                else:
+                    raise AssertionError(f"{op} succeeded before the NodeConfig")
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            await trio.sleep(2)
+            loud = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert len(loud) == 1 and "no valid NodeConfig named host001 after 60 s" in loud[0].getMessage()
+            api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+            await trio.sleep(0.5)
+            assert handler.add_ready and trio.current_time() == 61.5
+            assert kernel.blackholes == (ipaddress.ip_network("2001:db8:0:1::/64"),)
+            result = await handler(request("ADD"))
+            assert ipaddress.ip_interface(result["ips"][0]["address"]).ip in ipaddress.ip_network("2001:db8:0:1::/64")
+            nursery.cancel_scope.cancel()
+
+
+async def test_rebuild_keeps_committed_and_pending_addresses_and_cleans_the_kernel(autojump_clock, tmp_path):
+    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64", cidr4="198.51.100.0/29"))
+    done = row("c0ffee01", AllocationState.COMMITTED, "2001:db8:0:1::1", "198.51.100.2")
+    half = row("c0ffee02", AllocationState.PENDING, "2001:db8:0:1::2", "198.51.100.3")
+    for a in (done, half):
+        rows.rows[a.container_id] = a
+        kernel.veths[a.container_id] = a
+    kernel.veths["deadbeef"] = row("deadbeef", AllocationState.COMMITTED, "2001:db8:0:1::9")  # no row explains it
+    # Queued by the shim while no agent ran: one for a known pod, one unknown, one garbage.
+    queue = tmp_path / "pending-deletes"
+    queue.mkdir()
+    (queue / "c0ffee01.json").write_bytes(request("DEL", cid="c0ffee01", pod="c0ffee01").encode())
+    (queue / "feed0001.json").write_bytes(request("DEL", cid="feed0001").encode())
+    (queue / "junk.json").write_text("{not json")
+    api.create(PODS, pod_object("default", "new", NODE, annotations={"flock.fritzlab.net/ipv4": "true"}))
+    nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            await nursery.start(service.run)
+            assert sorted(p.name for p in queue.iterdir()) == []
+            assert set(rows.rows) == {"c0ffee02"}  # the queued DEL applied; the pending row kept
+            assert set(kernel.veths) == set()  # orphan and the pending pod's half-made state removed
+            assert set(handler.ipam.allocator.containers()) == {"c0ffee02"}
+            # A new pod cannot get the pending pod's IPv4 address; the DEL freed .2.
+            result = await handler(request("ADD", cid="c0ffee03", pod="new"))
+            assert result["ips"][1]["address"] == "198.51.100.2/32"
+            # The pending pod's retried ADD gets exactly what it reserved.
+            api.create(PODS, pod_object("default", "c0ffee02", NODE))
+            again = await handler(request("ADD", cid="c0ffee02", pod="c0ffee02"))
+            assert [i["address"] for i in again["ips"]] == ["2001:db8:0:1::2/128", "198.51.100.3/32"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresses(autojump_clock, tmp_path):
+    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    for name in ("a", "b"):
+        api.create(PODS, pod_object("default", name, NODE))
+    nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
+    pokes = []
+    handler.on_change = lambda: pokes.append(trio.current_time())
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            await nursery.start(service.run)
+            first = await handler(request("ADD", cid="c0ffee0a", pod="a"))
+            obj = api.get(NODECONFIGS, NODE)
+            obj["spec"] = {"cidr6": "2001:db8:0:2::/64", "bgp": {"asn": 64512, "routerID": "192.0.2.11", "peers": []}}
+            api.update(NODECONFIGS, obj)
+            await trio.sleep(0.1)
+            assert service.node.cidr6 == ipaddress.ip_network("2001:db8:0:2::/64")
+            assert kernel.blackholes == (ipaddress.ip_network("2001:db8:0:2::/64"),)
+            assert len(pokes) == 3  # start-up, the first ADD, the change
+            second = await handler(request("ADD", cid="c0ffee0b", pod="b"))
+            assert ipaddress.ip_interface(second["ips"][0]["address"]).ip in ipaddress.ip_network("2001:db8:0:2::/64")
+            assert await handler(request("ADD", cid="c0ffee0a", pod="a")) == first
+            assert isinstance(service.node, NodeConfig)
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,176 @@
+"""The shim as a runtime sees it: the built one-file plugin, run as a subprocess."""
+
+import ast
+import json
+import os
+import socket
+import stat
+import sys
+import zipfile
+
+import pytest
+
+from flock.shim_bundle import SHIM_MODULES, build_shim
+from flock.testing.shimrun import build, pod_env, run_plugin
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("shim"))
+
+
+@pytest.fixture
+def down_socket(tmp_path):
+    """A socket path in a fresh directory where no agent listens."""
+    return tmp_path / "run" / "flock.sock"
+
+
+def cfg(sock, version="1.1.0", **extra):
+    return {"cniVersion": version, "name": "flock-net", "type": "flock", "socket": str(sock), **extra}
+
+
+def test_bundle_is_one_python38_file_with_only_bundled_imports(tmp_path):
+    dest = tmp_path / "flock"
+    build_shim(dest)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert dest.read_bytes().startswith(b"#!/usr/bin/env python3\n")
+    assert os.listdir(tmp_path) == ["flock"]  # no temp file left behind
+    with zipfile.ZipFile(dest) as zf:
+        sources = {n: zf.read(n).decode() for n in zf.namelist() if n.endswith(".py")}
+    assert set(sources) == {"__main__.py", "flock/__init__.py", "flock/rpc/__init__.py"} | {
+        "flock/" + m for m in SHIM_MODULES
+    }
+    bundled = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in sources}
+    for name, src in sources.items():
+        tree = ast.parse(src, filename=name, feature_version=(3, 8))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                mods = [node.module]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                if top == "flock":
+                    assert mod in bundled, f"{name} imports {mod}, which the bundle lacks"
+                else:
+                    assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports non-stdlib {mod}"
+
+
+def test_bundle_runs_isolated_without_flock_on_sys_path(tmp_path):
+    dest = tmp_path / "flock"
+    build_shim(dest)
+    probe = run_plugin([sys.executable, "-I", "-S", "-c", "import flock"], "VERSION", b"", tmp_path)
+    assert probe.status != 0 and "No module named 'flock'" in probe.stderr
+    out = run_plugin([sys.executable, "-I", "-S", str(dest)], "VERSION", {"cniVersion": "0.4.0"}, tmp_path)
+    assert out.status == 0, out.stderr
+    assert out.json == {"cniVersion": "0.4.0", "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}
+
+
+def test_rebuild_replaces_atomically(tmp_path):
+    dest = tmp_path / "flock"
+    dest.write_text("old")
+    build_shim(dest, python="/usr/bin/python3 -IS")
+    assert dest.read_bytes().startswith(b"#!/usr/bin/python3 -IS\n")
+    assert sorted(os.listdir(tmp_path)) == ["flock"]
+
+
+def test_version_is_local_and_lenient(shim, down_socket, tmp_path):
+    out = run_plugin(shim, "VERSION", b"", tmp_path)
+    assert out.status == 0 and out.json["cniVersion"] == "1.1.0"
+
+
+@pytest.mark.parametrize(
+    "command, config, env, code, fragment",
+    [
+        ("ADD", {"cniVersion": "0.2.0"}, pod_env(), 1, "cniVersion='0.2.0'"),
+        ("ADD", {"name": "x"}, pod_env(), 1, "cniVersion=None"),
+        ("ADD", b"{not json", pod_env(), 6, "stdin"),
+        ("ADD", b"[]", pod_env(), 6, "list"),
+        (
+            "ADD",
+            {"cniVersion": "1.0.0"},
+            {k: v for k, v in pod_env().items() if k != "CNI_CONTAINERID"},
+            4,
+            "CNI_CONTAINERID",
+        ),
+        ("CHECK", {"cniVersion": "1.0.0"}, pod_env(CNI_NETNS=""), 4, "CNI_NETNS"),
+        ("DEL", {"cniVersion": "1.0.0"}, pod_env(CNI_IFNAME=""), 4, "CNI_IFNAME"),
+        ("ADD", {"cniVersion": "1.0.0"}, pod_env(container_id="../etc/x"), 4, "'../etc/x'"),
+        ("FROB", {"cniVersion": "1.0.0"}, pod_env(), 4, "CNI_COMMAND='FROB'"),
+        ("ADD", {"cniVersion": "1.0.0", "socket": "relative.sock"}, pod_env(), 7, "socket='relative.sock'"),
+        ("ADD", {"cniVersion": "1.0.0", "rpcTimeout": 0}, pod_env(), 7, "rpcTimeout=0"),
+    ],
+)
+def test_invalid_invocations_fail_before_dialling(shim, tmp_path, command, config, env, code, fragment):
+    out = run_plugin(shim, command, config, tmp_path, **env)
+    assert out.status == 1
+    err = out.json
+    assert set(err) == {"cniVersion", "code", "msg", "details"}
+    assert err["code"] == code
+    assert fragment in err["details"]
+    assert not (tmp_path / "pending-deletes").exists()
+
+
+@pytest.mark.parametrize("command, code", [("ADD", 11), ("CHECK", 11), ("GC", 11), ("STATUS", 50)])
+def test_agent_down(shim, down_socket, tmp_path, command, code):
+    out = run_plugin(shim, command, cfg(down_socket), tmp_path, **pod_env())
+    assert out.status == 1
+    assert out.code == code
+    assert out.json["msg"] == "flock-agent is not reachable"
+    assert str(down_socket) in out.json["details"]
+
+
+def test_del_with_agent_down_is_recorded_and_succeeds(shim, down_socket, tmp_path):
+    out = run_plugin(shim, "DEL", cfg(down_socket, version="0.4.0"), tmp_path, **pod_env("deadbeef02"))
+    assert out.status == 0 and out.stdout == ""
+    pending = down_socket.parent / "pending-deletes"
+    assert os.listdir(pending) == ["deadbeef02.json"]
+    assert stat.S_IMODE(pending.stat().st_mode) == 0o700
+    raw = (pending / "deadbeef02.json").read_bytes()
+    assert raw.endswith(b"\n")
+    recorded = json.loads(raw)
+    assert recorded["op"] == "DEL" and recorded["containerID"] == "deadbeef02" and recorded["version"] == 1
+    assert recorded["config"]["cniVersion"] == "0.4.0"
+    assert recorded["args"] == "K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web-0"
+
+
+def test_del_that_cannot_be_recorded_fails_with_5(shim, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run_plugin(shim, "DEL", cfg(blocker / "flock.sock"), tmp_path, **pod_env())
+    assert out.status == 1 and out.code == 5
+    assert "pending-deletes" in out.json["details"]
+
+
+def test_silent_agent_is_bounded_by_the_call_timeout(shim, tmp_path):
+    path = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)  # accepts into the backlog, never answers
+        add = run_plugin(shim, "ADD", cfg(path, rpcTimeout=0.3), tmp_path, **pod_env())
+        dele = run_plugin(shim, "DEL", cfg(path, rpcTimeout=0.3), tmp_path, **pod_env("silent03"))
+    assert add.code == 11 and "no reply" in add.json["details"]
+    assert dele.status == 0
+    assert (tmp_path / "pending-deletes" / "silent03.json").exists()
+
+
+def test_garbage_reply_is_6(shim, tmp_path):
+    path = tmp_path / "liar.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        import threading
+
+        def answer():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"this is not json\n")
+
+        t = threading.Thread(target=answer)
+        t.start()
+        out = run_plugin(shim, "STATUS", cfg(path), tmp_path)
+        t.join()
+    assert out.code == 6 and "not valid JSON" in out.json["msg"]
