@@ -111,6 +111,26 @@ async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: Dataplan
     return diffs
 
 
+async def read_macs(plan: PodPlan, *, host_netns: str | None) -> tuple[str, str]:
+    """The MAC addresses of the pod's veth ends as the kernel has them now
+    (host side, pod side); "" for an end that is missing or not the other's
+    peer.  Raises CniError only when the kernel cannot be read."""
+    try:
+        async with _conn.rtnl(host_netns) as host:
+            h = await _conn.link_by_name(host, plan.veth.host)
+        if h is None:
+            return "", ""
+        host_mac = h.get("IFLA_ADDRESS", "") or ""
+        try:
+            async with _conn.rtnl(plan.netns) as pod:
+                p = await _conn.link_by_name(pod, plan.veth.pod)
+        except _nsenter.NetnsMissing:
+            return host_mac, ""
+        return host_mac, (p.get("IFLA_ADDRESS", "") or "") if _apply.peers_match(h, p) else ""
+    except (NetlinkError, OSError) as exc:
+        raise errors.CniError(errors.IO_ERROR, "netlink read failed", f"container {plan.container_id}: {exc}") from exc
+
+
 @attrs.frozen
 class CleanupReport:
     """What cleanup removed: orphan host interfaces and flock routes."""

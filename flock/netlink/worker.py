@@ -101,6 +101,10 @@ class NetlinkWorker:
         plan = self.plan(alloc)
         return await self._run(_inspect.check_pod, plan, host_netns=self.host_netns, settings=self.settings)
 
+    async def macs(self, alloc: Allocation) -> tuple[str, str]:
+        """The live MAC addresses of the pod's host and pod interfaces ("" where missing)."""
+        return await self._run(_inspect.read_macs, self.plan(alloc), host_netns=self.host_netns)
+
     async def cleanup(self, explained_container_ids: Iterable[str]) -> _inspect.CleanupReport:
         """Remove flock-owned host veths and routes no allocation explains."""
         explained = {host_ifname(cid, self.settings.host_prefix) for cid in explained_container_ids}

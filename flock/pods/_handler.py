@@ -27,7 +27,7 @@ import trio
 from flock import errors
 from flock.ipam import Addresses, AddressExhausted, Ipam
 from flock.model import Allocation, AllocationState, PodInfo
-from flock.netlink import DataplaneSettings
+from flock.netlink import Attachment, DataplaneSettings, host_ifname
 from flock.rpc import Request, check_cni_version, convert_result
 from flock.watchers import KubeError
 
@@ -35,7 +35,7 @@ from ._args import PodRef, pod_ref
 from ._crash import CrashPoint
 from ._locks import KeyedLocks
 from ._ports import AllocationStore, Dataplane, PodLookup
-from ._result import cni_result, prev_result_addresses, result_addresses
+from ._result import cni_result, prev_result_addresses, prev_result_macs, result_addresses
 
 log = logging.getLogger("flock.pods")
 
@@ -163,8 +163,8 @@ class PodHandler:
             raise errors.CniError(errors.TRY_AGAIN_LATER, "agent not ready", self.not_ready_reason)
         with trio.move_on_after(self.add_deadline):
             async with self._locks.hold(request.container_id):
-                alloc = await self._add_locked(request, ref)
-            return convert_result(cni_result(alloc, self.settings), version)
+                alloc, macs = await self._add_locked(request, ref)
+            return convert_result(cni_result(alloc, self.settings, macs), version)
         raise errors.CniError(
             errors.TRY_AGAIN_LATER,
             "ADD did not finish in time",
@@ -172,14 +172,24 @@ class PodHandler:
             "its allocation stays pending for a retry, DEL or GC",
         )
 
-    async def _add_locked(self, request: Request, ref: PodRef) -> Allocation:
+    async def _add_locked(self, request: Request, ref: PodRef) -> tuple[Allocation, tuple[str, str]]:
+        """The committed allocation and the (host, pod) MACs of its veth.
+
+        MACs are not stored: the kernel is their one source.  A repeated ADD
+        (the runtime's retry, or after an agent restart) reads them back, so it
+        returns the same result as the first; if the veth is gone it converges
+        the kernel again (new MACs, which are then the truth)."""
         cid = request.container_id
         alloc = await self.store.get(cid)
         if alloc is not None:
             _same_attachment(alloc, request, ref)
             if alloc.state is AllocationState.COMMITTED:
-                log.info("ADD repeated: returning the committed allocation")
-                return alloc
+                macs = await self.dataplane.macs(alloc)
+                if all(macs):
+                    log.info("ADD repeated: returning the committed allocation")
+                    return alloc, macs
+                log.warning("ADD repeated but the pod's veth is missing: setting it up again")
+                return alloc, _macs_of(await self.dataplane.setup(alloc))
             log.info(
                 "ADD retried: reusing the pending allocation",
                 extra={"addresses": [str(a) for a in alloc.all_addresses]},
@@ -190,7 +200,7 @@ class PodHandler:
             alloc = await self._reserve(request, ref)
             self.crash.reached("after-pending")
         try:
-            await self.dataplane.setup(alloc)
+            macs = _macs_of(await self.dataplane.setup(alloc))
             self.crash.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
         except Exception:
@@ -199,7 +209,7 @@ class PodHandler:
         self._allocations[cid] = alloc
         self.on_change()
         log.info("pod network ready", extra={"addresses": [str(a) for a in alloc.all_addresses]})
-        return alloc
+        return alloc, macs
 
     async def _reserve(self, request: Request, ref: PodRef) -> Allocation:
         """Allocate and store the pending row (nothing in the kernel yet)."""
@@ -338,7 +348,14 @@ class PodHandler:
                 if extra := sorted(map(str, prev - wanted)):
                     parts.append("in prevResult but not allocated: " + ", ".join(extra))
                 raise errors.CniError(CHECK_FAILED, "prevResult differs from the allocation", "; ".join(parts))
+            host_name = host_ifname(cid, self.settings.host_prefix)
+            claimed = prev_result_macs(request.config, host_name, alloc.if_name, alloc.netns)
             diffs = await self.dataplane.check(alloc)
+            if claimed:
+                live = dict(zip(("host", "pod"), await self.dataplane.macs(alloc), strict=True))
+                for side, name in (("host", host_name), ("pod", alloc.if_name)):
+                    if side in claimed and live[side] and claimed[side] != live[side].lower():
+                        diffs.append(f"{side} {name}: MAC is {live[side]}, prevResult says {claimed[side]}")
         if diffs:
             raise errors.CniError(CHECK_FAILED, "pod network differs from its allocation", "; ".join(diffs))
         return {}
@@ -379,6 +396,12 @@ class PodHandler:
             "GC done", extra={"removed": removed, "orphan_interfaces": list(report.interfaces), "kept": len(remaining)}
         )
         return {}
+
+
+def _macs_of(attachment: object) -> tuple[str, str]:
+    if isinstance(attachment, Attachment):
+        return attachment.host_mac, attachment.pod_mac
+    return "", ""
 
 
 def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:

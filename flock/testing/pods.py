@@ -15,7 +15,7 @@ import trio
 
 from flock import errors
 from flock.model import Allocation, AllocationState
-from flock.netlink import CleanupReport, host_ifname
+from flock.netlink import Attachment, CleanupReport, fnv1a_32, host_ifname, pod_plan
 from flock.rpc import Request
 
 
@@ -49,6 +49,13 @@ class MemoryAllocations:
         return [a for a in self.rows.values() if state is None or a.state is state]
 
 
+def fake_macs(container_id: str) -> tuple[str, str]:
+    """MemoryKernel's stand-ins for the kernel's random veth MACs (host, pod)."""
+    h = fnv1a_32(container_id)
+    host, pod = (":".join(["0a", "58", *(f"{b >> s & 255:02x}" for s in (24, 16, 8, 0))]) for b in (h, h ^ 1))
+    return host, pod
+
+
 @attrs.define(eq=False)
 class MemoryKernel:
     """Which pods have a veth; ``gate`` (when set) holds every setup until it is set."""
@@ -61,7 +68,7 @@ class MemoryKernel:
     most_in_setup: int = 0
     blackholes: tuple = ()
 
-    async def setup(self, alloc: Allocation) -> None:
+    async def setup(self, alloc: Allocation) -> Attachment:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)
@@ -74,6 +81,11 @@ class MemoryKernel:
                 raise self.fail_with
         finally:
             self.in_setup -= 1
+        return Attachment(pod_plan(alloc), *fake_macs(alloc.container_id))
+
+    async def macs(self, alloc: Allocation) -> tuple[str, str]:
+        await trio.lowlevel.checkpoint()
+        return fake_macs(alloc.container_id) if alloc.container_id in self.veths else ("", "")
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         await trio.lowlevel.checkpoint()

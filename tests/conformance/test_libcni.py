@@ -143,7 +143,10 @@ async def test_add_check_del_del_through_libcni(
                 (ip4,) = [a for a in ips if ":" not in a]
                 assert ip6.startswith("2001:db8:0:1:") and ip6.endswith("/128") and ips[ip6] == "fe80::1"
                 assert ip4.startswith("198.51.100.") and ip4.endswith("/32") and ips[ip4] == "169.254.1.1"
-                assert ("eth0", netns_path(pod_ns)) in [(i["name"], i.get("sandbox")) for i in result["interfaces"]]
+                host_if, pod_if = result["interfaces"]
+                assert (pod_if["name"], pod_if["sandbox"]) == ("eth0", netns_path(pod_ns)) and "sandbox" not in host_if
+                assert all(len(i["mac"].split(":")) == 6 for i in result["interfaces"])  # libcni parsed them
+                assert {ip["interface"] for ip in result["ips"]} == {1}
                 in_pod = (
                     await trio.run_process(
                         ["ip", "-n", pod_ns, "-j", "addr", "show", "dev", "eth0"], capture_stdout=True

@@ -16,7 +16,8 @@ from flock.model import AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
 from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
-from flock.testing.pods import MemoryAllocations, MemoryKernel, request
+from flock.netlink import host_ifname
+from flock.testing.pods import MemoryAllocations, MemoryKernel, fake_macs, request
 from flock.watchers import PodWatcher
 
 NODE = "host001"
@@ -300,7 +301,13 @@ async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refus
             assert legacy["cniVersion"] == "0.3.1" and {ip["version"] for ip in legacy["ips"]} == {"6", "4"}
             assert ipaddress.ip_interface(first["ips"][0]["address"]).ip in NODE_CONFIG.cidr6
             assert first["ips"][0]["gateway"] == "fe80::1" and first["ips"][1]["gateway"] == "169.254.1.1"
-            assert first["interfaces"][1] == {"name": "eth0", "sandbox": "/run/netns/c0ffee01"}
+            host_mac, pod_mac = fake_macs("c0ffee01")
+            assert first["interfaces"] == [
+                {"name": host_ifname("c0ffee01"), "mac": host_mac},
+                {"name": "eth0", "mac": pod_mac, "sandbox": "/run/netns/c0ffee01"},
+            ]
+            assert {ip["interface"] for ip in first["ips"]} == {1}
+            assert legacy["interfaces"] == first["interfaces"]
             same = request("ADD", pod="a")
             moved = Request(
                 "ADD",
