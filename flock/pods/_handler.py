@@ -31,7 +31,7 @@ from flock.netlink import Attachment, DataplaneSettings, host_ifname
 from flock.rpc import Request, check_cni_version, convert_result
 from flock.watchers import KubeError
 
-from ._args import PodRef, pod_ref
+from ._args import PodRef, netconf_annotations, pod_ref
 from ._crash import CrashPoint
 from ._locks import KeyedLocks
 from ._ports import AllocationStore, Dataplane, PodLookup
@@ -214,7 +214,14 @@ class PodHandler:
     async def _reserve(self, request: Request, ref: PodRef) -> Allocation:
         """Allocate and store the pending row (nothing in the kernel yet)."""
         assert self._ipam is not None
-        pod = await self._find_pod(ref)
+        if ref.is_pod:
+            pod = await self._find_pod(ref)
+        else:
+            # No Kubernetes pod (podman, nerdctl, CNI used directly): nothing to
+            # wait for; options only from the network configuration's args.
+            annotations = netconf_annotations(request.config)
+            pod = PodInfo(namespace="", name=ref.name, annotations=annotations)
+            log.info("container without a pod: NodeConfig defaults", extra={"options": annotations})
         ipam = self._ipam
         try:
             held = ipam.allocate(request.container_id, pod)

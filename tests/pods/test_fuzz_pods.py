@@ -228,8 +228,9 @@ def test_add_succeeds_inside_the_effective_cidrs_or_fails_cleanly(ann, args, ker
         event("ADD succeeded")
         alloc = rows.rows["c0ffee01"]
         assert alloc.state is AllocationState.COMMITTED and "c0ffee01" in kernel.veths
-        pod = handler.pods.pods[(alloc.namespace, alloc.pod)]
-        want = parse_request(pod.annotations, NODE, handler.ipam.default_layout)
+        # A container without a pod (no K8S_POD_NAMESPACE) gets the NodeConfig's defaults.
+        pod_ann = handler.pods.pods[(alloc.namespace, alloc.pod)].annotations if alloc.namespace else {}
+        want = parse_request(pod_ann, NODE, handler.ipam.default_layout)
         assert (alloc.ip6 is None) == (want.cidr6 is None) and (alloc.ip4 is None) == (want.cidr4 is None)
         assert alloc.ip6 is None or (alloc.ip6 in want.cidr6 and alloc.ip6 != want.cidr6.network_address)
         assert alloc.ip4 is None or alloc.ip4 in want.cidr4

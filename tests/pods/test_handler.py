@@ -340,3 +340,60 @@ async def test_keyed_locks_wait_idle(autojump_clock):
             assert len(locks) == 2 and locks.busy("a")
             await locks.wait_idle()
             assert trio.current_time() == 5 and len(locks) == 0
+
+
+async def test_a_container_without_a_pod_gets_nodeconfig_defaults_without_waiting(autojump_clock):
+    api = Store()
+    with trio.fail_after(10):
+        async with handler_running(api) as (handler, kernel, rows, source, _):
+            podman = request("ADD", cid="c0ffee0a")
+            podman.args = "IgnoreUnknown=1;K8S_POD_NAME=my_app.1"  # what rootful podman passes
+            result = await handler(podman)
+            assert trio.current_time() == 0 and source.gets == []  # no pod lookup, no wait
+            row = rows.rows["c0ffee0a"]
+            assert (row.namespace, row.pod, row.state) == ("", "my_app.1", AllocationState.COMMITTED)
+            assert [ip["address"].count(":") > 1 for ip in result["ips"]] == [True, False]  # NodeConfig: both
+            bare = request("ADD", cid="c0ffee0b")
+            bare.args = ""  # CNI used directly: no label at all
+            await handler(bare)
+            assert (rows.rows["c0ffee0b"].namespace, rows.rows["c0ffee0b"].pod) == ("", "")
+            # Options only from the network configuration's args (the conflist's author or the runtime).
+            only6 = request("ADD", cid="c0ffee0c", args={A + "ipv4": False, "unrelated": {"x": 1}})
+            only6.args = "K8S_POD_NAME=six"
+            assert [ip["address"].endswith("/128") for ip in (await handler(only6))["ips"]] == [True]
+            # A repeat answers the same; CHECK, DEL work as for pods; an ADD under another label is refused.
+            assert await handler(podman) == result
+            check = request("CHECK", cid="c0ffee0a", prevResult=result)
+            check.args = podman.args
+            assert await handler(check) == {}
+            other = request("ADD", cid="c0ffee0a")
+            other.args = "K8S_POD_NAME=someone-else"
+            with pytest.raises(errors.CniError) as info:
+                await handler(other)
+            assert info.value.code == errors.INVALID_ENV
+            for cid in ("c0ffee0a", "c0ffee0b", "c0ffee0c"):
+                gone = request("DEL", cid=cid)
+                gone.args = ""
+                assert await handler(gone) == {}
+            assert (rows.rows, kernel.veths, held(handler)) == ({}, {}, set())
+
+
+@pytest.mark.parametrize(
+    "args, config, code, detail",
+    [
+        ("K8S_POD_NAME=../x", {}, errors.INVALID_ENV, "K8S_POD_NAME='../x'"),
+        ("K8S_POD_UID=abc", {}, errors.INVALID_ENV, "K8S_POD_NAMESPACE and K8S_POD_NAME are required"),
+        ("", {"args": [1]}, errors.INVALID_CONFIG, "args='[1]'"),
+        ("", {"args": {A + "ipv4": 1}}, errors.INVALID_CONFIG, f"args['{A}ipv4']='1'"),
+        ("", {"args": {A + "ipv4": "maybe"}}, errors.INVALID_CONFIG, f"{A}ipv4='maybe'"),
+    ],
+)
+async def test_bad_options_of_a_container_without_a_pod_are_named(autojump_clock, args, config, code, detail):
+    with trio.fail_after(10):
+        async with handler_running(Store()) as (handler, kernel, rows, _, _):
+            req = request("ADD", **config)
+            req.args = args
+            with pytest.raises(errors.CniError) as info:
+                await handler(req)
+            assert info.value.code == code and detail in info.value.details, info.value
+            assert (rows.rows, kernel.veths, held(handler)) == ({}, {}, set())
