@@ -13,10 +13,10 @@ import trio
 from flock import errors
 from flock.ipam import ADDRESS_EXHAUSTED, Ipam
 from flock.model import AllocationState, NodeConfig
+from flock.netlink import host_ifname
 from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
 from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
-from flock.netlink import host_ifname
 from flock.testing.pods import MemoryAllocations, MemoryKernel, fake_macs, request
 from flock.watchers import PodWatcher
 
