@@ -413,10 +413,11 @@ def _macs_of(attachment: object) -> tuple[str, str]:
 
 def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
     if (alloc.namespace, alloc.pod) != (ref.namespace, ref.name):
+        owner = PodRef(alloc.namespace, alloc.pod).key
         raise errors.CniError(
             errors.INVALID_ENV,
             "container ID already in use",
-            f"containerID={request.container_id!r} belongs to pod {alloc.namespace}/{alloc.pod}, not {ref.key}",
+            f"containerID={request.container_id!r} belongs to {'pod ' if alloc.namespace else ''}{owner}, not {ref.key}",
         )
     if alloc.if_name != request.if_name:
         raise errors.CniError(

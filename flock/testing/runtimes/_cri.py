@@ -82,7 +82,7 @@ class CriClient:
     _stub: Any = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        import grpc
+        import grpc  # type: ignore[import-untyped]
 
         _, services = cri_modules()
         self._channel = grpc.insecure_channel(f"unix://{self.socket}")
