@@ -16,8 +16,6 @@ import pytest
 from flock import installer
 from flock.testing.agentlab import AgentProcess, Lab, open_lab
 
-pytestmark = pytest.mark.runtimes
-
 
 @attrs.define(eq=False)
 class RuntimeNode:
