@@ -54,8 +54,9 @@ def _netlink_socket_fd() -> int:
 
 
 @contextlib.asynccontextmanager
-async def rtnl(netns: str | None) -> AsyncIterator[AsyncIPRoute]:
-    """An AsyncIPRoute whose socket lives in *netns* (a path; None: this thread's).
+async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
+    """An AsyncIPRoute whose socket lives in *netns* (a path, a borrowed
+    namespace fd; None: this thread's).
 
     The socket is opened on a throw-away thread (see _nsenter), so the calling
     thread never changes namespace and a missing namespace is never created.

@@ -19,17 +19,20 @@ a retry never races an earlier attempt on the same kernel objects.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import logging
+import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import attrs
 import trio
 
+from flock import errors
 from flock.model import Allocation
-from flock.netlink import _apply, _conn, _inspect
+from flock.netlink import _apply, _conn, _inspect, _nsenter
 from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
@@ -54,9 +57,41 @@ class NetlinkWorker:
     # Anycast routes are read-modify-write across pods; worker threads
     # serialize on this lock (held only around those few netlink calls).
     _anycast_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    # Namespaces no pod may be set up in: the agent's own, PID 1's, host_netns.
+    _refused: frozenset[tuple[int, int]] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._limiter = trio.CapacityLimiter(self.max_parallel)
+        self._refused = _nsenter.node_netns_ids(self.host_netns)
+
+    @contextlib.contextmanager
+    def pod_netns(self, alloc: Allocation, netns_fd: int | None) -> Iterator[int]:
+        """The pod's namespace as a verified fd: *netns_fd* (the one the shim
+        sent, borrowed) or, when there is none, the allocation's path opened
+        here.  Either must be a network namespace other than the node's
+        (CniError 4 naming the path and why)."""
+        try:
+            if netns_fd is not None:
+                _nsenter.check_netns_fd(netns_fd, self._refused)
+                yield netns_fd
+                return
+            fd = _nsenter.open_checked_netns(alloc.netns, self._refused)
+        except _nsenter.NetnsMissing:
+            raise errors.CniError(
+                errors.INVALID_ENV, "network namespace not found", f"netns={errors.quote(alloc.netns)}: no such file"
+            ) from None
+        except _nsenter.NetnsUnusable as exc:
+            raise errors.CniError(
+                errors.INVALID_ENV, "unusable network namespace", f"netns={errors.quote(alloc.netns)}: {exc.reason}"
+            ) from None
+        except OSError as exc:  # fstat of a received fd
+            raise errors.CniError(
+                errors.INVALID_ENV, "unusable network namespace", f"netns={errors.quote(alloc.netns)}: {exc}"
+            ) from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     async def _run(self, fn, *args, **kwargs):
         """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
@@ -67,39 +102,50 @@ class NetlinkWorker:
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation) -> Attachment:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> Attachment:
         """Create or converge the pod's veth, addresses, sysctls and routes,
-        and add it to the multipath route of each of its anycast addresses."""
+        and add it to the multipath route of each of its anycast addresses.
+        *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
         plan = self.plan(alloc)
-        attachment = await self._run(
-            _apply.setup_pod,
-            plan,
-            host_netns=self.host_netns,
-            anycast_lock=self._anycast_lock,
-            settings=self.settings,
-            fault=self.fault,
-        )
+        with self.pod_netns(alloc, netns_fd) as fd:
+            attachment = await self._run(
+                _apply.setup_pod,
+                plan,
+                pod_netns=fd,
+                host_netns=self.host_netns,
+                anycast_lock=self._anycast_lock,
+                settings=self.settings,
+                fault=self.fault,
+            )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
         return attachment
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything
-        already gone (netns, interface, route) is success."""
+        already gone (netns, interface, route) is success.  By container ID
+        alone: *netns* and *if_name* are accepted for the callers' sake and
+        never used (the pod's namespace is not entered, see ``teardown_pod``)."""
         await self._run(
             _apply.teardown_pod,
             container_id,
-            netns,
-            if_name,
             host_netns=self.host_netns,
             anycast_lock=self._anycast_lock,
             settings=self.settings,
         )
 
-    async def check(self, alloc: Allocation) -> list[str]:
+    async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
         """Differences between the allocation's desired state and the kernel,
         one precise sentence each; empty when in sync."""
         plan = self.plan(alloc)
-        return await self._run(_inspect.check_pod, plan, host_netns=self.host_netns, settings=self.settings)
+        try:
+            with self.pod_netns(alloc, netns_fd) as fd:
+                return await self._run(
+                    _inspect.check_pod, plan, pod_netns=fd, host_netns=self.host_netns, settings=self.settings
+                )
+        except errors.CniError as exc:
+            if exc.msg != "network namespace not found":
+                raise
+            return [f"pod: network namespace {errors.quote(alloc.netns)} missing"]
 
     async def cleanup(self, explained_container_ids: Iterable[str]) -> _inspect.CleanupReport:
         """Remove flock-owned host veths and routes no allocation explains."""

@@ -190,7 +190,7 @@ class PodHandler:
             alloc = await self._reserve(request, ref)
             self.crash.reached("after-pending")
         try:
-            await self.dataplane.setup(alloc)
+            await self.dataplane.setup(alloc, request.netns_fd)
             self.crash.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
         except Exception:
@@ -338,7 +338,7 @@ class PodHandler:
                 if extra := sorted(map(str, prev - wanted)):
                     parts.append("in prevResult but not allocated: " + ", ".join(extra))
                 raise errors.CniError(CHECK_FAILED, "prevResult differs from the allocation", "; ".join(parts))
-            diffs = await self.dataplane.check(alloc)
+            diffs = await self.dataplane.check(alloc, request.netns_fd)
         if diffs:
             raise errors.CniError(CHECK_FAILED, "pod network differs from its allocation", "; ".join(diffs))
         return {}

@@ -61,7 +61,7 @@ class MemoryKernel:
     most_in_setup: int = 0
     blackholes: tuple = ()
 
-    async def setup(self, alloc: Allocation) -> None:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> None:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)
@@ -79,7 +79,7 @@ class MemoryKernel:
         await trio.lowlevel.checkpoint()
         self.veths.pop(container_id, None)
 
-    async def check(self, alloc: Allocation) -> list[str]:
+    async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
         await trio.lowlevel.checkpoint()
         return (
             [] if alloc.container_id in self.veths else [f"host {host_ifname(alloc.container_id)}: interface missing"]
