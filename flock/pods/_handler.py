@@ -363,6 +363,7 @@ class PodHandler:
         ``cni.dev/valid-attachments`` does not list."""
         valid = _valid_attachments(request.config)
         removed = []
+        failed: dict[str, str] = {}
         for alloc in await self.store.list():
             if (alloc.container_id, alloc.if_name) in valid:
                 continue
@@ -370,7 +371,16 @@ class PodHandler:
                 current = await self.store.get(alloc.container_id)
                 if current is None or (current.container_id, current.if_name) in valid:
                     continue
-                await self._forget(current, None, None)
+                try:
+                    await self._forget(current, None, None)
+                except errors.CniError as exc:
+                    # One row that cannot be cleaned must not keep every other leak.
+                    log.error(
+                        "GC could not remove an allocation; going on with the others",
+                        extra={"container_id": current.container_id, "error": str(exc)},
+                    )
+                    failed[current.container_id] = str(exc)
+                    continue
                 removed.append(current.container_id)
         remaining = await self.store.list()
         report = await self.dataplane.cleanup([a.container_id for a in remaining])
@@ -378,6 +388,14 @@ class PodHandler:
         log.info(
             "GC done", extra={"removed": removed, "orphan_interfaces": list(report.interfaces), "kept": len(remaining)}
         )
+        if failed:
+            first = sorted(failed)[:8]
+            raise errors.CniError(
+                errors.IO_ERROR,
+                "GC could not remove every allocation",
+                f"{len(failed)} left (the others were removed): "
+                + "; ".join(f"{cid}: {failed[cid][:200]}" for cid in first),
+            )
         return {}
 
 

@@ -56,6 +56,7 @@ class MemoryKernel:
     veths: dict[str, Allocation] = attrs.field(factory=dict)
     gate: trio.Event | None = None
     fail_with: errors.CniError | None = None
+    teardown_fails: set[str] = attrs.field(factory=set)
     setups: int = 0
     in_setup: int = 0
     most_in_setup: int = 0
@@ -77,6 +78,8 @@ class MemoryKernel:
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         await trio.lowlevel.checkpoint()
+        if container_id in self.teardown_fails:
+            raise errors.CniError(errors.IO_ERROR, "netlink teardown failed", f"container {container_id}: injected")
         self.veths.pop(container_id, None)
 
     async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:

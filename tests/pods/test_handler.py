@@ -285,6 +285,24 @@ async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
             assert set(handler.allocations) == {"c0ffee0b"}
 
 
+async def test_gc_that_cannot_clean_one_row_goes_on_with_the_others(autojump_clock):
+    api = Store()
+    for name in ("a", "b", "c"):
+        api.create(PODS, pod_object("default", name, NODE))
+    with trio.fail_after(10):
+        async with handler_running(api) as (handler, kernel, rows, _, _):
+            for name in ("a", "b", "c"):
+                await handler(request("ADD", cid=f"c0ffee0{name}", pod=name))
+            kernel.teardown_fails.add("c0ffee0a")  # sorted first: GC meets it before the others
+            with pytest.raises(errors.CniError) as info:
+                await handler(request("GC", **{"cni.dev/valid-attachments": []}))
+            assert info.value.code == errors.IO_ERROR and "c0ffee0a" in info.value.details
+            assert set(rows.rows) == set(kernel.veths) == {"c0ffee0a"}
+            kernel.teardown_fails.clear()
+            assert await handler(request("GC", **{"cni.dev/valid-attachments": []})) == {}
+            assert rows.rows == {} and held(handler) == set()
+
+
 async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refused(autojump_clock):
     api = Store()
     for name in ("a", "b"):
