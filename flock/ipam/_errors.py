@@ -30,7 +30,7 @@ class AnnotationError(errors.CniError):
         super().__init__(
             errors.INVALID_CONFIG,
             f"invalid pod annotation {annotation}",
-            f"{annotation}={value!r}: {expected}",
+            f"{annotation}={errors.quote(value, 512)}: {expected}",
         )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from flock.ipam._claims import MAX_CLAIMS_PER_POD, allowed_ranges, claim_refusal
 from flock.ipam._errors import AnnotationError
 from flock.ipam._layout import Layout, LayoutError, parse_layout
 from flock.model import ANNOTATION_PREFIX, IPAddress, NodeConfig
@@ -104,6 +105,13 @@ def parse_request(annotations: Mapping[str, str], node: NodeConfig, node_layout:
                 f"ip-algo {layout.text!r} needs {layout.bits} bits but {cidr6} has {host_bits} host bits",
             )
 
+    # Counted before anything is parsed: 5,000 addresses are refused at once.
+    claims = sum(annotations.get(key, "").count(",") + 1 for key in (ANYCAST, ADDRESSES) if annotations.get(key))
+    if claims > MAX_CLAIMS_PER_POD:
+        key = ANYCAST if ANYCAST in annotations else ADDRESSES
+        raise AnnotationError(
+            key, annotations[key], f"at most {MAX_CLAIMS_PER_POD} addresses in {ANYCAST} and {ADDRESSES} together"
+        )
     anycast = _addresses(annotations, ANYCAST, node)
     addresses = _addresses(annotations, ADDRESSES, node)
     both = set(anycast) & set(addresses)
@@ -180,6 +188,14 @@ def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tu
         special = _special_addresses(node).get(addr)
         if special:
             raise AnnotationError(key, raw, f"{item!r} is the {special}, which no pod may own")
+        refusal = claim_refusal(addr, node)
+        if refusal is not None:
+            raise AnnotationError(
+                key,
+                raw,
+                f"{item!r} is {refusal}; a pod may claim global unicast addresses in {', '.join(allowed_ranges(node))}"
+                " (not the node's router ID or BGP peers)",
+            )
         out.append(addr)
     return tuple(out)
 

@@ -106,9 +106,7 @@ def peers_match(host_msg, pod_msg) -> bool:
     )
 
 
-async def _ensure_veth(
-    host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int, settings: DataplaneSettings
-):
+async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int, settings: DataplaneSettings):
     """Host link message, pod link message for a verified pair, and whether
     this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod

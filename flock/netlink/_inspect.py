@@ -57,9 +57,7 @@ def _compare_routes(label: str, live: list[Route], wanted: tuple[Route, ...]) ->
     return out
 
 
-async def check_pod(
-    plan: PodPlan, *, pod_netns: int, host_netns: str | None, settings: DataplaneSettings
-) -> list[str]:
+async def check_pod(plan: PodPlan, *, pod_netns: int, host_netns: str | None, settings: DataplaneSettings) -> list[str]:
     """Every difference between *plan* and the kernel, one sentence each
     (empty list: in sync).  Raises CniError only when the kernel cannot be read."""
     diffs: list[str] = []

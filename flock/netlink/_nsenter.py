@@ -40,7 +40,6 @@ OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 NODE_NETNS_FILES = ("/proc/self/ns/net", "/proc/1/ns/net")
 
 
-
 class NetnsMissing(FileNotFoundError):
     """The namespace path does not exist (or is not a namespace any more)."""
 

@@ -130,6 +130,7 @@ class Lab:
                 NODE,
                 CIDR6,
                 cidr4=CIDR4,
+                announceRanges=["2001:db8:8000::/33", "203.0.113.0/24"],
                 bgp={
                     "asn": 64512,
                     "routerID": "192.0.2.11",
