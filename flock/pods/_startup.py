@@ -33,6 +33,12 @@ log = logging.getLogger("flock.pods")
 # (it keeps waiting; ADD answers 11 and readiness stays false meanwhile).
 NODECONFIG_WAIT_S = 60.0
 PENDING_DELETES = "pending-deletes"
+# While running, the queue is looked at this often (one listdir); after a
+# replay that failed, the wait doubles up to PENDING_DELETES_MAX_S.
+PENDING_DELETES_POLL_S = 2.0
+PENDING_DELETES_MAX_S = 60.0
+# A record is one small request line; anything bigger is not flock's.
+_MAX_RECORD_BYTES = 64 * 1024
 
 
 class NodeConfigs(Protocol):
@@ -85,9 +91,20 @@ class PodService:
         self.handler.on_change()
         log.info("serving ADD", extra={"node": node.name, "cidr6": str(node.cidr6), "cidr4": str(node.cidr4)})
         task_status.started()
-        async for new in self.nodeconfigs.values():
-            if new != self._node:
-                await self._apply(new)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.drain_pending_deletes)
+            async for new in self.nodeconfigs.values():
+                if new != self._node:
+                    await self._apply(new)
+
+    async def drain_pending_deletes(self) -> None:
+        """Replay DELs the shim journals while this agent runs (a shim that
+        timed out on a busy agent), not only those found at start."""
+        wait = PENDING_DELETES_POLL_S
+        while True:
+            await trio.sleep(wait)
+            outcome = await self.replay_pending_deletes()
+            wait = PENDING_DELETES_POLL_S if outcome >= 0 else min(wait * 2, PENDING_DELETES_MAX_S)
 
     async def _wait_for_node(self) -> NodeConfig:
         waited = 0.0
@@ -140,9 +157,12 @@ class PodService:
         )
 
     async def replay_pending_deletes(self) -> int:
-        """Apply the DELs the shim recorded while no agent answered; how many were applied."""
+        """Apply the DELs the shim recorded while no agent answered; how many
+        were applied, or -1 when one of them failed (it stays queued)."""
         applied = 0
+        failed = False
         try:
+            self._prepare_queue()
             paths = sorted(self.pending_deletes.glob("*.json"))
         except OSError as exc:
             log.error(
@@ -152,7 +172,11 @@ class PodService:
             return 0
         for path in paths:
             try:
-                request = Request.decode(path.read_bytes())
+                with path.open("rb") as f:
+                    raw = f.read(_MAX_RECORD_BYTES + 1)
+                if len(raw) > _MAX_RECORD_BYTES:
+                    raise errors.CniError(errors.INVALID_ENV, "record too large", f"over {_MAX_RECORD_BYTES} bytes")
+                request = Request.decode(raw)
                 if request.op != "DEL":
                     raise errors.CniError(errors.INVALID_ENV, "not a DEL", f"op={request.op!r}")
             except (errors.CniError, OSError) as exc:
@@ -163,14 +187,22 @@ class PodService:
                 try:
                     await self.handler.delete(request)
                 except errors.CniError as exc:
-                    log.error(
-                        "pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)}
-                    )
+                    log.error("pending delete failed; kept for a retry", extra={"file": str(path), "error": str(exc)})
+                    failed = True
                     continue
                 path.unlink(missing_ok=True)
                 applied += 1
                 log.info("applied a pending delete")
-        return applied
+        return -1 if failed else applied
+
+    def _prepare_queue(self) -> None:
+        """Keep flock's own queue directory 0700 (the shim creates it on first use)."""
+        try:
+            mode = self.pending_deletes.stat().st_mode
+        except FileNotFoundError:
+            return
+        if mode & 0o077:
+            self.pending_deletes.chmod(0o700)
 
     async def _apply(self, node: NodeConfig) -> None:
         """A NodeConfig change at run time: existing pods keep their addresses."""
