@@ -18,10 +18,10 @@ fresh start-up (idempotent).  A missing API configuration (not in a cluster,
 no --kubeconfig) is logged and retried with backoff rather than ending the
 agent, so DEL keeps working on a node whose API access is broken.
 
-Degraded but serving (``/readyz`` stays 200 and lists them as notes, each
-with a gauge): the NodeConfig deleted (the last one stays in force — routes
-and BGP announcements are kept; a restarted agent waits for a new one), a
-NodeConfig update refused as invalid (the previous one stays), BIRD not
+Not ready while this node's NodeConfig is deleted: ``/readyz`` fails and ADD
+answers 11, while existing pods keep their routes and BGP announcements (the
+last NodeConfig stays in force for them).  Degraded but serving (``/readyz``
+stays 200 and lists them as notes, each with a gauge): a NodeConfig update refused as invalid (the previous one stays), BIRD not
 configured yet (pods get addresses and local routes without it; the reloader
 retries).  Fatal at start (exit 1 at once, one ``flock-agent: fatal:`` line on
 stderr): an unusable state directory or database, another agent on the socket.
@@ -196,6 +196,11 @@ class NodeServices:
         if self.nodeconfigs is None or self.nodeconfigs.current is None:
             invalid = self.nodeconfigs.invalid if self.nodeconfigs is not None else None
             missing.append(f"NodeConfig {self.settings.node} not loaded" + (f" ({invalid})" if invalid else ""))
+        if self.nodeconfigs is not None and self.nodeconfigs.deleted and self.nodeconfigs.current is not None:
+            missing.append(
+                f"NodeConfig {self.settings.node} was deleted; existing pods keep the last one "
+                f"(cidr6 {self.nodeconfigs.current.cidr6}), ADD waits: recreate it, or drain the node"
+            )
         if self.pod_watcher is None or not self.pod_watcher.ready:
             missing.append("pod informer not synced")
         if not self.handler.add_ready:
@@ -207,11 +212,6 @@ class NodeServices:
         out = []
         nc = self.nodeconfigs
         if nc is not None and nc.current is not None:
-            if nc.deleted:
-                out.append(
-                    f"NodeConfig {self.settings.node} was deleted; serving with the last one seen "
-                    f"(cidr6 {nc.current.cidr6}); recreate it, or drain the node before removing flock"
-                )
             if nc.invalid is not None:
                 out.append(
                     f"NodeConfig {self.settings.node} update refused ({nc.invalid}); serving with the previous one"

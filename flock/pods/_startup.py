@@ -44,6 +44,9 @@ _MAX_RECORD_BYTES = 64 * 1024
 class NodeConfigs(Protocol):
     @property
     def current(self) -> NodeConfig | None: ...
+    @property
+    def deleted(self) -> bool: ...
+    async def wait_deleted(self, deleted: bool) -> None: ...
     async def wait_changed(self, since: NodeConfig | None = None) -> NodeConfig: ...
     def values(self) -> AsyncIterator[NodeConfig]: ...
 
@@ -93,9 +96,19 @@ class PodService:
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.drain_pending_deletes)
+            nursery.start_soon(self._follow_presence)
             async for new in self.nodeconfigs.values():
                 if new != self._node:
                     await self._apply(new)
+
+    async def _follow_presence(self) -> None:
+        """A deleted NodeConfig stops ADD (11) until it is back; pods already
+        set up keep their addresses and routes meanwhile."""
+        while True:
+            await self.nodeconfigs.wait_deleted(True)
+            self.handler.disable_add(f"NodeConfig {self.node_name} was deleted; waiting for it to be recreated")
+            await self.nodeconfigs.wait_deleted(False)
+            self.handler.enable_add()
 
     async def drain_pending_deletes(self) -> None:
         """Replay DELs the shim journals while this agent runs (a shim that
