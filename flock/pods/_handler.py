@@ -277,7 +277,12 @@ class PodHandler:
         deadline): then the allocation stays pending, as DESIGN says."""
         log.warning("ADD failed: removing its kernel state, row and addresses")
         with trio.move_on_after(ROLLBACK_DEADLINE_S, shield=True) as scope:
-            await self._forget(alloc, alloc.netns, alloc.if_name)
+            try:
+                await self._forget(alloc, alloc.netns, alloc.if_name)
+            except Exception as exc:
+                # The ADD's own error is what the runtime must hear; this one
+                # is logged and the allocation stays pending for a DEL or GC.
+                log.error("could not undo a failed ADD; the allocation stays pending", extra={"error": str(exc)})
         if scope.cancelled_caught:
             log.error("could not undo a failed ADD in time; the allocation stays pending")
 

@@ -261,6 +261,22 @@ async def test_failed_setup_gives_back_row_kernel_state_and_addresses(autojump_c
             assert (rows.rows, kernel.veths, held(handler)) == ({}, {}, set())
 
 
+async def test_a_failed_rollback_never_hides_the_adds_own_error(autojump_clock):
+    api = Store()
+    api.create(PODS, pod_object("default", "web-0", NODE))
+    with trio.fail_after(10):
+        async with handler_running(api) as (handler, kernel, rows, _, _):
+            kernel.fail_with = errors.CniError(errors.INVALID_ENV, "unusable network namespace", "netns='/x': loop")
+            kernel.teardown_fails.add("c0ffee01")
+            with pytest.raises(errors.CniError) as info:
+                await handler(request("ADD"))
+            assert (info.value.code, info.value.msg) == (errors.INVALID_ENV, "unusable network namespace")
+            assert set(rows.rows) == {"c0ffee01"}  # kept pending for the DEL / GC that follows
+            kernel.teardown_fails.clear()
+            assert await handler(request("DEL")) == {}
+            assert rows.rows == {} and held(handler) == set()
+
+
 async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
     api = Store()
     for name in ("a", "b", "c"):
