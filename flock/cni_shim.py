@@ -36,6 +36,7 @@ from types import MappingProxyType
 
 from flock.errors import (
     DECODE_ERROR,
+    INCOMPATIBLE_PROTOCOL,
     INTERNAL,
     INVALID_CONFIG,
     INVALID_ENV,
@@ -286,7 +287,13 @@ def _exchange(request: Request, socket_path: str, timeout: float, journal: str) 
         request = request.without_config()
         line = request.encode()
     try:
-        return decode_response(_call(socket_path, line, timeout, request.netns_fd))
+        try:
+            return decode_response(_call(socket_path, line, timeout, request.netns_fd))
+        except CniError as err:
+            if err.code != INCOMPATIBLE_PROTOCOL or request.version == 1:
+                raise
+            # An agent from before version 2 (mid-upgrade): ask it by path, as it expects.
+            return decode_response(_call(socket_path, request.as_version(1).encode(), timeout))
     except AgentUnreachable as exc:
         if request.op == "DEL":
             # The agent replays this queue at start and while running; DEL is
@@ -362,8 +369,8 @@ def pending_deletes_dir(env: Mapping[str, str]) -> str:
 def _record_pending_delete(request: Request, directory: str) -> None:
     """Write the DEL as ``<pending-deletes>/<containerID>.json``, atomically and
     durably.  The record is small (no configuration, no fd) and always replayable."""
-    record = request.without_config()
-    record.netns_fd = None
+    # Version 1: no fd to carry, and any agent, older ones included, replays it.
+    record = request.without_config().as_version(1)
     final = os.path.join(directory, request.container_id + ".json")
     tmp = os.path.join(directory, f".{request.container_id}.{os.getpid()}.tmp")
     try:

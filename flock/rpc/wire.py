@@ -215,6 +215,20 @@ class Request:
             out["netnsFd"] = self.netns_fd is not None
         return out
 
+    def as_version(self, version: int) -> Request:
+        """This request in wire *version*; version 1 carries no fd (the agent opens the path)."""
+        return Request(
+            self.op,
+            self.container_id,
+            self.netns,
+            self.if_name,
+            self.args,
+            self.path,
+            self.config,
+            version,
+            self.netns_fd if version >= FD_VERSION else None,
+        )
+
     def without_config(self) -> Request:
         """This request with only the configuration's ``cniVersion`` (when it is a
         short string): what a DEL needs, for one whose configuration is over the limit."""

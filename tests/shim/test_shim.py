@@ -143,9 +143,10 @@ def test_del_with_agent_down_is_recorded_and_succeeds(shim, down_socket, tmp_pat
     raw = (pending / "deadbeef02.json").read_bytes()
     assert raw.endswith(b"\n")
     recorded = json.loads(raw)
-    assert recorded["op"] == "DEL" and recorded["containerID"] == "deadbeef02" and recorded["version"] == 2
-    # Small and always replayable: no configuration body, no fd announced.
-    assert recorded["config"] == {"cniVersion": "0.4.0"} and recorded["netnsFd"] is False
+    assert recorded["op"] == "DEL" and recorded["containerID"] == "deadbeef02"
+    # Small and always replayable (by any agent): version 1, no configuration body, no fd.
+    assert recorded["version"] == 1 and "netnsFd" not in recorded
+    assert recorded["config"] == {"cniVersion": "0.4.0"}
     assert len(raw) < 1024
     assert recorded["args"] == "K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web-0"
 
@@ -290,3 +291,35 @@ def _plain_file(d) -> str:
 def _fifo(d) -> str:
     os.mkfifo(d / "fifo")
     return str(d / "fifo")
+
+
+def test_an_agent_that_speaks_only_version_1_is_asked_again_by_path(shim, tmp_path, pod_netns):
+    # Mid-upgrade: the new shim meets an old agent, which answers 202 to version 2.
+    path = tmp_path / "old.sock"
+    seen = []
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        import threading
+
+        def old_agent():
+            for _ in range(2):
+                conn, _ = listener.accept()
+                with conn:
+                    line = b""
+                    while not line.endswith(b"\n"):
+                        line += conn.recv(65536)
+                    req = json.loads(line)
+                    seen.append((req["version"], req.get("netnsFd")))
+                    if req["version"] != 1:
+                        err = {"code": 202, "msg": "incompatible flock protocol version", "details": "speaks 1"}
+                        conn.sendall(json.dumps({"error": err}).encode() + b"\n")
+                    else:
+                        conn.sendall(b'{"result": {"cniVersion": "1.1.0", "ips": []}}\n')
+
+        t = threading.Thread(target=old_agent)
+        t.start()
+        out = run_plugin(shim, "ADD", cfg(path), tmp_path, **pod_env(CNI_NETNS=pod_netns))
+        t.join(10)
+    assert out.status == 0, out.stdout
+    assert seen == [(2, True), (1, None)]
