@@ -3,9 +3,9 @@
 A claimed address is routed to the pod and announced by BGP, so a claim is a
 route hijack unless it is held to ranges the operator handed out: the node's
 pod blocks and NodeConfig ``spec.announceRanges``.  Inside those, the
-addresses the node's routing depends on stay off limits (its BGP router ID
-and peers, the blocks' network and broadcast addresses), as does anything
-that is not global unicast.
+addresses the node's routing depends on stay off limits (its own interface
+addresses, its BGP router ID and peers, the blocks' network and broadcast
+addresses), as does anything that is not global unicast.
 """
 
 from __future__ import annotations
@@ -28,14 +28,17 @@ def allowed_ranges(node: NodeConfig) -> list[str]:
     return [str(n) for n in nets]
 
 
-def claim_refusal(addr: IPAddress, node: NodeConfig) -> str | None:
-    """Why a pod may not claim *addr* on *node* (None: it may)."""
+def claim_refusal(addr: IPAddress, node: NodeConfig, node_addresses: frozenset[IPAddress] = frozenset()) -> str | None:
+    """Why a pod may not claim *addr* on *node* (None: it may); *node_addresses*
+    are the node's own interface addresses, as the agent last read them."""
     if addr.is_unspecified or addr.is_loopback or addr.is_link_local or addr.is_multicast:
         return "not a global unicast address"
     if addr.version == 4 and (addr == _BROADCAST4 or addr in _RESERVED4 or addr in _THIS_NETWORK4):
         return "not a global unicast address"
     if addr.version == 6 and getattr(addr, "ipv4_mapped", None) is not None:
         return "an IPv4-mapped IPv6 address"
+    if addr in node_addresses:
+        return "one of this node's own addresses"
     bgp = node.bgp
     if bgp is not None:
         if addr == bgp.router_id:

@@ -55,7 +55,12 @@ def effective_cidr(block: Network, candidates: tuple[Network, ...], annotation: 
     raise AnnotationError(annotation, raw, f"a CIDR that overlaps this node's block {block}")
 
 
-def parse_request(annotations: Mapping[str, str], node: NodeConfig, node_layout: Layout | None) -> PodRequest:
+def parse_request(
+    annotations: Mapping[str, str],
+    node: NodeConfig,
+    node_layout: Layout | None,
+    node_addresses: frozenset[IPAddress] = frozenset(),
+) -> PodRequest:
     """Resolve a pod's annotations against its node.
 
     *node_layout* is the node-level ip-algo already validated by the caller
@@ -112,8 +117,8 @@ def parse_request(annotations: Mapping[str, str], node: NodeConfig, node_layout:
         raise AnnotationError(
             key, annotations[key], f"at most {MAX_CLAIMS_PER_POD} addresses in {ANYCAST} and {ADDRESSES} together"
         )
-    anycast = _addresses(annotations, ANYCAST, node)
-    addresses = _addresses(annotations, ADDRESSES, node)
+    anycast = _addresses(annotations, ANYCAST, node, node_addresses)
+    addresses = _addresses(annotations, ADDRESSES, node, node_addresses)
     both = set(anycast) & set(addresses)
     if both:
         raise AnnotationError(ADDRESSES, annotations[ADDRESSES], f"{sorted(map(str, both))[0]} is also in {ANYCAST}")
@@ -170,7 +175,9 @@ def _plain(item: str) -> str:
     return item
 
 
-def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tuple[IPAddress, ...]:
+def _addresses(
+    annotations: Mapping[str, str], key: str, node: NodeConfig, node_addresses: frozenset[IPAddress]
+) -> tuple[IPAddress, ...]:
     raw = annotations.get(key, "")
     out: list[IPAddress] = []
     for item in _items(annotations, key):
@@ -188,13 +195,13 @@ def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tu
         special = _special_addresses(node).get(addr)
         if special:
             raise AnnotationError(key, raw, f"{item!r} is the {special}, which no pod may own")
-        refusal = claim_refusal(addr, node)
+        refusal = claim_refusal(addr, node, node_addresses)
         if refusal is not None:
             raise AnnotationError(
                 key,
                 raw,
                 f"{item!r} is {refusal}; a pod may claim global unicast addresses in {', '.join(allowed_ranges(node))}"
-                " (not the node's router ID or BGP peers)",
+                " (not the node's own addresses, router ID or BGP peers)",
             )
         out.append(addr)
     return tuple(out)

@@ -175,6 +175,18 @@ class NetlinkWorker:
 
         return await self._run(apply)
 
+    async def node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        """The node's own interface addresses (no pod may claim one)."""
+
+        async def read() -> list[_conn.LiveAddress]:
+            async with _conn.rtnl(self.host_netns) as host:
+                return await _conn.all_addresses(host)
+
+        try:
+            return frozenset(a.address for a in await self._run(read))
+        except (OSError, _conn.NetlinkError) as exc:
+            raise errors.CniError(errors.IO_ERROR, "netlink address dump failed", str(exc)) from exc
+
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""
         nets = tuple(c for c in cidrs if c is not None)

@@ -37,6 +37,8 @@ PENDING_DELETES = "pending-deletes"
 # replay that failed, the wait doubles up to PENDING_DELETES_MAX_S.
 PENDING_DELETES_POLL_S = 2.0
 PENDING_DELETES_MAX_S = 60.0
+# How often the node's own addresses (which no pod may claim) are read again.
+NODE_ADDRESSES_REFRESH_S = 30.0
 # A record is one small request line; anything bigger is not flock's.
 _MAX_RECORD_BYTES = 64 * 1024
 
@@ -89,6 +91,7 @@ class PodService:
             except errors.CniError as exc:
                 log.error("node preparation failed; IPv4 pods may lack their gateway", extra={"error": str(exc)})
         await self._rebuild(node)
+        await self._refresh_node_addresses()
         await self.replay_pending_deletes()
         self.handler.enable_add()
         self.handler.on_change()
@@ -97,9 +100,24 @@ class PodService:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.drain_pending_deletes)
             nursery.start_soon(self._follow_presence)
+            nursery.start_soon(self._follow_node_addresses)
             async for new in self.nodeconfigs.values():
                 if new != self._node:
                     await self._apply(new)
+
+    async def _refresh_node_addresses(self) -> None:
+        try:
+            addresses = await self.dataplane.node_addresses()
+        except errors.CniError as exc:
+            log.error("cannot read the node's addresses; keeping the last ones", extra={"error": str(exc)})
+            return
+        if self.handler.ipam is not None:
+            self.handler.ipam.set_node_addresses(addresses)
+
+    async def _follow_node_addresses(self) -> None:
+        while True:
+            await trio.sleep(NODE_ADDRESSES_REFRESH_S)
+            await self._refresh_node_addresses()
 
     async def _follow_presence(self) -> None:
         """A deleted NodeConfig stops ADD (11) until it is back; pods already

@@ -61,6 +61,7 @@ class MemoryKernel:
     in_setup: int = 0
     most_in_setup: int = 0
     blackholes: tuple = ()
+    own_addresses: frozenset = frozenset()  # what node_addresses() reports
 
     async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> None:
         self.setups += 1
@@ -75,6 +76,10 @@ class MemoryKernel:
                 raise self.fail_with
         finally:
             self.in_setup -= 1
+
+    async def node_addresses(self) -> frozenset:
+        await trio.lowlevel.checkpoint()
+        return self.own_addresses
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         await trio.lowlevel.checkpoint()

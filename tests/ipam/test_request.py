@@ -194,3 +194,11 @@ def test_more_than_64_claims_are_refused_before_parsing_them():
     ok = ",".join(f"2001:db8:aaaa::{i:x}" for i in range(1, 33))
     extra = ",".join(f"203.0.113.{i}" for i in range(100, 132))
     assert len(parse_request({P + "anycast": ok, P + "addresses": extra}, PEERED, None).anycast) == 32
+
+
+def test_the_nodes_own_addresses_are_refused_even_inside_announce_ranges():
+    own = frozenset({ipaddress.ip_address("203.0.113.250")})
+    with pytest.raises(AnnotationError) as info:
+        parse_request({P + "addresses": "203.0.113.250"}, PEERED, None, own)
+    assert "one of this node's own addresses" in info.value.details
+    assert parse_request({P + "addresses": "203.0.113.251"}, PEERED, None, own).addresses

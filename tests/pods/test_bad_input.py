@@ -171,3 +171,33 @@ def test_a_del_over_the_size_limit_is_still_performed(lab):
     assert lab.rows() == {} and lab.flock_links() == set()
     assert not (lab.socket.parent / "pending-deletes").exists()  # performed, not journaled
     assert agent.stop() == 0
+
+
+def test_pods_cannot_claim_the_nodes_addresses_peers_or_foreign_ranges(lab):
+    # An address of the node's own, inside an announce range (203.0.113.0/24 in the lab).
+    lab.node.ip("addr", "add", "203.0.113.250/32", "dev", "uplink")
+    A = "flock.fritzlab.net/"
+    claims = {
+        "own": ("203.0.113.250", "one of this node's own addresses"),
+        "peer": ("2001:db8:ffff::1", "BGP peer tor1"),
+        "uplink": ("192.0.2.1", "one of this node's own addresses"),
+        "fabric": ("192.0.2.99", "outside this node's pod blocks and spec.announceRanges"),
+        "world": ("8.8.8.8", "outside"),
+        "bcast": ("255.255.255.255", "not a global unicast address"),
+        "many": (",".join(f"2001:db8:aaaa::{i:x}" for i in range(5000)), "at most 64"),
+    }
+    for name, (value, _) in claims.items():
+        lab.api.create(PODS, pod_object("default", name, "host001", annotations={A + "anycast": value}))
+    lab.api.create(PODS, pod_object("default", "fine", "host001", annotations={A + "anycast": "203.0.113.9"}))
+    agent = lab.agent()
+    agent.wait_ready()
+    for i, (name, (_, why)) in enumerate(claims.items()):
+        out = lab.cni("ADD", f"c0ffee1{i}", lab.pool.create("pod"), name)
+        assert (out.status, out.code) == (1, 7), (name, out)
+        assert why in out.json["details"] and len(out.stdout) < 2048, (name, out.json)
+        assert "2001:db8:8000::/33, 203.0.113.0/24" in out.json["details"] or name == "many"
+    assert lab.rows() == {} and lab.flock_links() == set()
+    ok = lab.cni("ADD", "c0ffee20", lab.pool.create("pod"), "fine")
+    assert ok.status == 0, ok
+    assert "203.0.113.9" in lab.node.ip("route", "show", "proto", "70")
+    assert agent.stop() == 0
