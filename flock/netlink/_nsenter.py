@@ -55,12 +55,6 @@ class NetnsUnusable(ValueError):
         self.reason = reason
 
 
-def netns_id(fd: int) -> tuple[int, int]:
-    """(st_dev, st_ino): what identifies a namespace."""
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
 def node_netns_ids(host_netns: str | None = None) -> frozenset[tuple[int, int]]:
     """Identities of the namespaces a pod must never get: this process's,
     PID 1's (the host's init, when visible) and the configured node netns."""

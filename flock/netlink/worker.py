@@ -40,6 +40,10 @@ log = logging.getLogger("flock.netlink")
 DEFAULT_PARALLEL_SETUPS = 8
 
 
+class NetnsNotFound(errors.CniError):
+    """The pod's namespace path does not exist (code 4)."""
+
+
 @attrs.define(eq=False)
 class NetlinkWorker:
     """Applies pod plans to the kernel of *host_netns* (None: the agent's own).
@@ -68,30 +72,27 @@ class NetlinkWorker:
     def pod_netns(self, alloc: Allocation, netns_fd: int | None) -> Iterator[int]:
         """The pod's namespace as a verified fd: *netns_fd* (the one the shim
         sent, borrowed) or, when there is none, the allocation's path opened
-        here.  Either must be a network namespace other than the node's
-        (CniError 4 naming the path and why)."""
+        here (and closed after).  Either must be a network namespace other
+        than the node's: CniError 4 naming the path and why
+        (:class:`NetnsNotFound` when the path does not exist)."""
+        where = f"netns={errors.quote(alloc.netns)}"
         try:
             if netns_fd is not None:
                 _nsenter.check_netns_fd(netns_fd, self._refused)
-                yield netns_fd
-                return
-            fd = _nsenter.open_checked_netns(alloc.netns, self._refused)
+                fd, owned = netns_fd, False
+            else:
+                fd, owned = _nsenter.open_checked_netns(alloc.netns, self._refused), True
         except _nsenter.NetnsMissing:
-            raise errors.CniError(
-                errors.INVALID_ENV, "network namespace not found", f"netns={errors.quote(alloc.netns)}: no such file"
-            ) from None
+            raise NetnsNotFound(errors.INVALID_ENV, "network namespace not found", f"{where}: no such file") from None
         except _nsenter.NetnsUnusable as exc:
-            raise errors.CniError(
-                errors.INVALID_ENV, "unusable network namespace", f"netns={errors.quote(alloc.netns)}: {exc.reason}"
-            ) from None
+            raise errors.CniError(errors.INVALID_ENV, "unusable network namespace", f"{where}: {exc.reason}") from None
         except OSError as exc:  # fstat of a received fd
-            raise errors.CniError(
-                errors.INVALID_ENV, "unusable network namespace", f"netns={errors.quote(alloc.netns)}: {exc}"
-            ) from None
+            raise errors.CniError(errors.INVALID_ENV, "unusable network namespace", f"{where}: {exc}") from None
         try:
             yield fd
         finally:
-            os.close(fd)
+            if owned:
+                os.close(fd)
 
     async def _run(self, fn, *args, **kwargs):
         """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
@@ -142,9 +143,7 @@ class NetlinkWorker:
                 return await self._run(
                     _inspect.check_pod, plan, pod_netns=fd, host_netns=self.host_netns, settings=self.settings
                 )
-        except errors.CniError as exc:
-            if exc.msg != "network namespace not found":
-                raise
+        except NetnsNotFound:
             return [f"pod: network namespace {errors.quote(alloc.netns)} missing"]
 
     async def cleanup(self, explained_container_ids: Iterable[str]) -> _inspect.CleanupReport:
