@@ -180,6 +180,8 @@ def _addresses(
 ) -> tuple[IPAddress, ...]:
     raw = annotations.get(key, "")
     out: list[IPAddress] = []
+    seen: set[IPAddress] = set()
+    specials = _special_addresses(node) if key in annotations else {}
     for item in _items(annotations, key):
         try:
             addr = ipaddress.ip_address(_plain(item))
@@ -190,9 +192,10 @@ def _addresses(
             raise AnnotationError(key, raw, f"{item!r} is an IPv4-mapped IPv6 address; write the IPv4 address")
         if addr.is_unspecified or addr.is_multicast or addr.is_loopback or addr.is_link_local:
             raise AnnotationError(key, raw, f"{item!r} is not a unicast address a pod can own")
-        if addr in out:
+        if addr in seen:
             raise AnnotationError(key, raw, f"{item!r} appears twice")
-        special = _special_addresses(node).get(addr)
+        seen.add(addr)
+        special = specials.get(addr)
         if special:
             raise AnnotationError(key, raw, f"{item!r} is the {special}, which no pod may own")
         refusal = claim_refusal(addr, node, node_addresses)
