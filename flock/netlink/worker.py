@@ -64,6 +64,18 @@ class NetlinkWorker:
             functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
         )
 
+    @property
+    def gateway6(self) -> ipaddress.IPv6Address:
+        return self.settings.gateway6
+
+    @property
+    def gateway4(self) -> ipaddress.IPv4Address:
+        return self.settings.gateway4
+
+    def host_ifname(self, container_id: str) -> str:
+        """The host-side veth name of a container's pod."""
+        return host_ifname(container_id, self.settings.host_prefix)
+
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
