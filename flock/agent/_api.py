@@ -45,6 +45,10 @@ class PodWatcherLookup:
     watcher: PodWatcher
 
     async def lookup(self, namespace: str, name: str) -> PodInfo | None:
+        if self.watcher.get(namespace, name) is None:
+            # The runtime is often faster than the watch: say so, so an ADD
+            # that then waits (up to the cache wait, then a GET) is explained.
+            log.info("pod not in the informer cache yet; waiting for the watch", extra={"pod": f"{namespace}/{name}"})
         try:
             return await self.watcher.lookup(namespace, name)
         except KubeError as exc:

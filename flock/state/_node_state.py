@@ -27,6 +27,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The gate :meth:`NodeState.nodeconfig_observed` keeps (when declared): closed
 # until a valid NodeConfig for this node has been seen.
 NODECONFIG_GATE = "nodeconfig"
+_NODECONFIG_NOTES = ("nodeconfig-deleted", "nodeconfig-refused")
 
 
 @attrs.frozen
@@ -234,4 +235,6 @@ class NodeState:
             self._notes[topic] = text
 
     def notes(self) -> list[str]:
-        return list(self._notes.values())
+        """The NodeConfig's notes first (deleted, refused), then the others as they came."""
+        own = [self._notes[t] for t in _NODECONFIG_NOTES if t in self._notes]
+        return own + [text for topic, text in self._notes.items() if topic not in _NODECONFIG_NOTES]

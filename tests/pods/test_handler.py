@@ -4,6 +4,7 @@ per-container serialization, bad input, DEL/CHECK/STATUS/GC semantics."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import ipaddress
 
 import pytest
@@ -327,3 +328,17 @@ async def test_keyed_locks_wait_idle(autojump_clock):
             assert len(locks) == 2 and locks.busy("a")
             await locks.wait_idle()
             assert trio.current_time() == 5 and len(locks) == 0
+
+
+async def test_an_invalid_node_ip_algo_is_logged_by_the_handler_once_per_nodeconfig(autojump_clock, caplog):
+    caplog.set_level(logging.WARNING, logger="flock.pods")
+    obj = nodeconfig_object(NODE, "2001:db8:0:1::/64")
+    obj["metadata"]["annotations"] = {A + "ip-algo": "pod:8"}
+    node = NodeConfig.from_object(obj)
+    handler = await serving_handler(PodWatcher(StoreSource(Store(), PODS, f"spec.nodeName={NODE}"), NODE), node)
+    warned = [r for r in caplog.records if r.getMessage() == "ignoring invalid node-level ip-algo"]
+    assert len(warned) == 1 and warned[0].value == "pod:8" and "no room for uniqueness" in warned[0].reason
+    handler.apply_nodeconfig(node)  # the same ip-algo again: nothing new to say
+    handler.apply_nodeconfig(NodeConfig.from_object(nodeconfig_object(NODE, "2001:db8:0:1::/64")))
+    assert len([r for r in caplog.records if r.getMessage() == "ignoring invalid node-level ip-algo"]) == 1
+    assert handler.ipam.layout_problem is None
