@@ -6,17 +6,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from flock.faults import Fault
 
-class IpamError(ValueError):
-    """Base: ``msg`` is short and stable, ``details`` names the field and the value."""
 
-    def __init__(self, msg: str, details: str = "") -> None:
-        super().__init__(msg, details)
-        self.msg = msg
-        self.details = details
-
-    def __str__(self) -> str:
-        return f"{self.msg}: {self.details}" if self.details else self.msg
+class IpamError(Fault, ValueError):
+    """Base of the IPAM's refusals (``msg`` short and stable, ``details`` naming the value)."""
 
 
 class AnnotationError(IpamError):

@@ -18,11 +18,12 @@ import attrs
 import trio
 
 from flock import errors, logs
+from flock.faults import Fault, NodeUnprepared
 from flock.model import AllocationState, NodeConfig
 from flock.rpc import Request
 from flock.state import NodeState
 
-from ._errors import InvalidCniArgs, PodOperationError
+from ._errors import InvalidCniArgs
 from ._handler import ADD_GATE, PodHandler
 from ._protocols import Dataplane
 
@@ -64,7 +65,7 @@ class NodeBringUp:
             if self.prepare is not None:
                 try:
                     await self.prepare()
-                except errors.CniError as exc:
+                except NodeUnprepared as exc:
                     log.error("node preparation failed; IPv4 pods may lack their gateway", extra={"error": str(exc)})
             await self._rebuild(node)
             await self.replay_pending_deletes()
@@ -130,7 +131,7 @@ class NodeBringUp:
             with logs.bound(container_id=request.container_id, pod=request.pod, op="DEL"):
                 try:
                     await self.handler.delete(request)
-                except (errors.CniError, PodOperationError) as exc:
+                except (errors.CniError, Fault) as exc:
                     log.error(
                         "pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)}
                     )

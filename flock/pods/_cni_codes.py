@@ -1,15 +1,25 @@
 """The one place CNI error codes are chosen: typed domain errors → CNI error objects.
 
 The pod handler's dispatch (the CNI boundary) turns whatever an operation
-raised into a :class:`flock.errors.CniError` here.  An error already carrying
-a code (the wire's version checks, the store, the dataplane) keeps it.
-Anything else is a bug: it is not in this table and becomes code 100 in the
-RPC server.
+raised into a :class:`flock.errors.CniError` here, from the typed errors of
+:mod:`flock.faults`, :mod:`flock.ipam` and :mod:`flock.pods`.  An error
+already carrying a code (the wire format's own checks, such as cniVersion)
+keeps it.  Anything else is a bug: it is not in this table and becomes code
+100 in the RPC server.
 """
 
 from __future__ import annotations
 
 from flock import errors
+from flock.faults import (
+    AllocationUnusable,
+    Fault,
+    IfNameTaken,
+    KernelRefused,
+    NetnsUnusable,
+    NodeUnprepared,
+    StoreUnavailable,
+)
 from flock.ipam import AddressConflict, AnnotationError, PoolExhausted
 
 from ._errors import (
@@ -35,7 +45,7 @@ CHECK_FAILED = 120
 # metrics tell a full pool from a bad annotation.
 ADDRESS_EXHAUSTED = 110
 
-CNI_CODES: tuple[tuple[type[Exception], int], ...] = (
+CNI_CODES: tuple[tuple[type[Fault], int], ...] = (
     (NotReady, errors.TRY_AGAIN_LATER),
     (AddTimedOut, errors.TRY_AGAIN_LATER),
     (PodNotFound, errors.TRY_AGAIN_LATER),
@@ -49,6 +59,12 @@ CNI_CODES: tuple[tuple[type[Exception], int], ...] = (
     (CheckFailed, CHECK_FAILED),
     (PoolExhausted, ADDRESS_EXHAUSTED),
     (AddressConflict, errors.INTERNAL),
+    (NetnsUnusable, errors.INVALID_ENV),
+    (IfNameTaken, errors.INVALID_ENV),
+    (AllocationUnusable, errors.INVALID_CONFIG),
+    (NodeUnprepared, errors.INVALID_CONFIG),
+    (KernelRefused, errors.IO_ERROR),
+    (StoreUnavailable, errors.IO_ERROR),
 )
 
 
@@ -58,6 +74,5 @@ def cni_error(exc: Exception) -> errors.CniError | None:
         return exc
     for kind, code in CNI_CODES:
         if isinstance(exc, kind):
-            msg, details = getattr(exc, "msg", str(exc)), getattr(exc, "details", "")
-            return errors.CniError(code, msg, details)
+            return errors.CniError(code, exc.msg, exc.details)
     return None

@@ -3,17 +3,11 @@
 
 from __future__ import annotations
 
+from flock.faults import Fault
 
-class PodOperationError(Exception):
-    """Base: ``msg`` is short and stable, ``details`` names the field and the value."""
 
-    def __init__(self, msg: str, details: str = "") -> None:
-        super().__init__(msg, details)
-        self.msg = msg
-        self.details = details
-
-    def __str__(self) -> str:
-        return f"{self.msg}: {self.details}" if self.details else self.msg
+class PodOperationError(Fault):
+    """Base of what the pod handler itself refuses."""
 
 
 class NotReady(PodOperationError):

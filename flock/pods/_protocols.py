@@ -6,9 +6,10 @@ The concrete classes are chosen by the composition root (flock.agent):
 in-memory ones from :mod:`flock.testing.pods`.  Nothing here imports pyroute2
 or kubernetes-asyncio, so neither does :mod:`flock.pods`.
 
-Errors: the store and the dataplane raise :class:`flock.errors.CniError`
-(their codes pass through the CNI table unchanged); a pod lookup raises
-:class:`flock.pods.PodLookupFailed` for API trouble.
+Errors: the store raises :class:`flock.faults.StoreUnavailable`, the
+dataplane the other :mod:`flock.faults` kinds (NetnsUnusable, KernelRefused,
+…), a pod lookup :class:`flock.pods.PodLookupFailed`; the CNI table
+(``_cni_codes``) gives each its code.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from flock import errors
+from flock.faults import StoreUnavailable
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
 from flock.pods import ADD_GATE, PodHandler, PodLookup
@@ -39,7 +39,7 @@ class MemoryAllocations:
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         await trio.lowlevel.checkpoint()
         if container_id not in self.rows:
-            raise errors.CniError(errors.IO_ERROR, "no allocation to commit", container_id)
+            raise StoreUnavailable("no allocation to commit", container_id)
         row = self.rows[container_id] = attrs.evolve(
             self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
         )
@@ -60,7 +60,7 @@ class MemoryKernel:
 
     veths: dict[str, Allocation] = attrs.field(factory=dict)
     gate: trio.Event | None = None
-    fail_with: errors.CniError | None = None
+    fail_with: Exception | None = None
     setups: int = 0
     in_setup: int = 0
     most_in_setup: int = 0
