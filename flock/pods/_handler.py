@@ -82,10 +82,11 @@ class PodHandler:
     follower, see it); ``observe(op, code, seconds)`` records metrics.
     """
 
-    store: AllocationStore
-    dataplane: Dataplane
-    pods: PodLookup
-    state: NodeState
+    # Wired once by the composition root; assigning them later raises.
+    store: AllocationStore = attrs.field(on_setattr=attrs.setters.frozen)
+    dataplane: Dataplane = attrs.field(on_setattr=attrs.setters.frozen)
+    pods: PodLookup = attrs.field(on_setattr=attrs.setters.frozen)
+    state: NodeState = attrs.field(on_setattr=attrs.setters.frozen)
     observe: Observer = _no_observer
     checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
     add_deadline: float = ADD_DEADLINE_S
