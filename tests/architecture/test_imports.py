@@ -139,3 +139,31 @@ def test_the_blocker_really_blocks():
     code = _BLOCKER.format(blocked=set(BLOCKED), module="flock.netlink")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "pyroute2" in out.stderr and "is blocked for this test" in out.stderr
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph[todo.pop()]:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        # The pod lifecycle sees the store, kernel and API only through its protocols.
+        ("flock.pods", ("flock.agent", "flock.netlink", "flock.watchers", "flock.store", "flock.bird", "flock.health")),
+        # The node's state is a leaf: values and a change signal.
+        ("flock.state", ("flock.agent", "flock.pods", "flock.netlink", "flock.watchers", "flock.store", "flock.ipam")),
+        ("flock.ipam", ("flock.agent", "flock.pods", "flock.netlink", "flock.watchers", "flock.store", "flock.state")),
+        # Everyone may raise a fault; faults depend on nothing.
+        ("flock.faults", ("flock",)),
+    ],
+)
+def test_layers_do_not_reach_what_they_must_not_know(layer, forbidden):
+    graph = import_graph()
+    bad = sorted(m for m in reachable(graph, layer) if any(m == f or m.startswith(f + ".") for f in forbidden))
+    assert bad == [], f"{layer} reaches {bad}"
