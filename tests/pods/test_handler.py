@@ -4,8 +4,8 @@ per-container serialization, bad input, DEL/CHECK/STATUS/GC semantics."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import ipaddress
+import logging
 
 import pytest
 import trio
