@@ -121,7 +121,6 @@ class NodeState:
             return
         self._nodeconfig, self._nodeconfig_deleted, self._nodeconfig_refused = current, deleted, refused
         node = self.node_name
-        kept = current is not None
         self._put_note(
             "nodeconfig-deleted",
             f"NodeConfig {node} was deleted; serving with the last one seen (cidr6 {current.cidr6}); "
@@ -132,7 +131,7 @@ class NodeState:
         self._put_note(
             "nodeconfig-refused",
             f"NodeConfig {node} update refused ({refused}); serving with the previous one"
-            if kept and refused is not None
+            if current is not None and refused is not None
             else None,
         )
         if NODECONFIG_GATE in self._declared:
