@@ -9,8 +9,10 @@ opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
 worker thread is always in the agent's namespace.
 
 Error handling: nothing is retried here.  Kernel refusals propagate as
-:class:`~flock.errors.CniError` code 5 (IO_ERROR), a missing or invalid pod
-namespace as code 4 (INVALID_ENV), an unusable allocation as code 7, to the
+:class:`~flock.faults.KernelRefused`, a missing or invalid pod namespace as
+:class:`~flock.faults.NetnsUnusable`, an unusable allocation as
+:class:`~flock.faults.AllocationUnusable` (typed errors: the CNI code is
+chosen at the CNI boundary, :mod:`flock.pods._cni_codes`), to the
 caller (the ADD/DEL orchestration), which owns retries and deadlines.  Every
 operation is idempotent, so retrying means calling it again.  Cancellation
 takes effect when the running thread returns (threads are not abandoned), so
@@ -30,7 +32,7 @@ from collections.abc import Iterable, Iterator
 import attrs
 import trio
 
-from flock import errors
+from flock import errors, faults
 from flock.model import Allocation
 from flock.netlink import _apply, _conn, _inspect, _nsenter
 from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
@@ -40,8 +42,8 @@ log = logging.getLogger("flock.netlink")
 DEFAULT_PARALLEL_SETUPS = 8
 
 
-class NetnsNotFound(errors.CniError):
-    """The pod's namespace path does not exist (code 4)."""
+class NetnsNotFound(faults.NetnsUnusable):
+    """The pod's namespace path does not exist."""
 
 
 @attrs.define(eq=False)
@@ -73,8 +75,8 @@ class NetlinkWorker:
         """The pod's namespace as a verified fd: *netns_fd* (the one the shim
         sent, borrowed) or, when there is none, the allocation's path opened
         here (and closed after).  Either must be a network namespace other
-        than the node's: CniError 4 naming the path and why
-        (:class:`NetnsNotFound` when the path does not exist)."""
+        than the node's: :class:`~flock.faults.NetnsUnusable` naming the path
+        and why (:class:`NetnsNotFound` when the path does not exist)."""
         where = f"netns={errors.quote(alloc.netns)}"
         try:
             if netns_fd is not None:
@@ -83,11 +85,11 @@ class NetlinkWorker:
             else:
                 fd, owned = _nsenter.open_checked_netns(alloc.netns, self._refused), True
         except _nsenter.NetnsMissing:
-            raise NetnsNotFound(errors.INVALID_ENV, "network namespace not found", f"{where}: no such file") from None
+            raise NetnsNotFound("network namespace not found", f"{where}: no such file") from None
         except _nsenter.NetnsUnusable as exc:
-            raise errors.CniError(errors.INVALID_ENV, "unusable network namespace", f"{where}: {exc.reason}") from None
+            raise faults.NetnsUnusable("unusable network namespace", f"{where}: {exc.reason}") from None
         except OSError as exc:  # fstat of a received fd
-            raise errors.CniError(errors.INVALID_ENV, "unusable network namespace", f"{where}: {exc}") from None
+            raise faults.NetnsUnusable("unusable network namespace", f"{where}: {exc}") from None
         try:
             yield fd
         finally:
@@ -99,6 +101,18 @@ class NetlinkWorker:
         return await trio.to_thread.run_sync(
             functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
         )
+
+    @property
+    def gateway6(self) -> ipaddress.IPv6Address:
+        return self.settings.gateway6
+
+    @property
+    def gateway4(self) -> ipaddress.IPv4Address:
+        return self.settings.gateway4
+
+    def host_ifname(self, container_id: str) -> str:
+        """The host-side veth name of a container's pod."""
+        return host_ifname(container_id, self.settings.host_prefix)
 
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
@@ -184,7 +198,7 @@ class NetlinkWorker:
         try:
             return frozenset(a.address for a in await self._run(read))
         except (OSError, _conn.NetlinkError) as exc:
-            raise errors.CniError(errors.IO_ERROR, "netlink address dump failed", str(exc)) from exc
+            raise faults.KernelRefused("netlink address dump failed", str(exc)) from exc
 
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""
@@ -199,7 +213,7 @@ class NetlinkWorker:
     async def prepare_node(self, uplink: str | None = None) -> None:
         """Forwarding on, and a unicast route to the IPv4 gateway out of a
         non-flock interface (added via *uplink* if missing) — what proxy ARP
-        needs.  CniError(INVALID_CONFIG) when neither exists."""
+        needs.  :class:`~flock.faults.NodeUnprepared` when neither exists."""
 
         async def apply() -> None:
             async with _conn.rtnl(self.host_netns) as host:

@@ -25,7 +25,7 @@ from ._errors import (
     error_for_status,
 )
 from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
-from ._nodeconfig import NodeConfigWatcher
+from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._source import KubeSource
 
@@ -43,6 +43,7 @@ __all__ = [
     "KubeError",
     "KubeSource",
     "ListWatchSource",
+    "NodeConfigSink",
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import attrs
 import trio
@@ -13,6 +14,12 @@ from flock.model import InvalidObject, NodeConfig
 from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource, Object
 
 log = logging.getLogger("flock.watchers")
+
+
+class NodeConfigSink(Protocol):
+    """Where the watcher publishes what it sees (the agent's :class:`flock.state.NodeState`)."""
+
+    def nodeconfig_observed(self, current: NodeConfig | None, *, deleted: bool, refused: str | None) -> None: ...
 
 
 def _name_key(obj: Object) -> str:
@@ -28,12 +35,14 @@ class NodeConfigWatcher:
     value stays too (pods keep their routes and BGP keeps announcing);
     :attr:`deleted` says so, and :meth:`wait_deleted` wakes on the change
     (the agent then stops serving ADD and fails readiness until it is back).
+    Every change of these is also published to *sink* (when given).
     Error handling: see :class:`Informer`.
     """
 
     source: ListWatchSource
     node: str
     settings: InformerSettings = InformerSettings()
+    sink: NodeConfigSink | None = None
     _current: NodeConfig | None = attrs.field(init=False, default=None)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _invalid: InvalidObject | None = attrs.field(init=False, default=None)
@@ -100,6 +109,12 @@ class NodeConfigWatcher:
     def _on_change(self, change: Change) -> None:
         if change.key != self.node:
             return
+        self._observe(change)
+        if self.sink is not None:
+            refused = None if self._invalid is None else str(self._invalid)
+            self.sink.nodeconfig_observed(self._current, deleted=self._deleted, refused=refused)
+
+    def _observe(self, change: Change) -> None:
         if change.type is ChangeType.DELETED:
             self._set_deleted(True)
             log.warning(
