@@ -28,6 +28,16 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 CIDS = ("c0ffee01", "c0ffee02", "c0ffee03")
+ANNOTATED = {
+    "svc-0": {"anycast": "203.0.113.9", "ipv4": "true"},
+    "svc-1": {"anycast": "2001:db8:aaaa::1,203.0.113.9", "ipv4": "true"},
+    "evil-0": {"anycast": "192.0.2.1"},  # the node's uplink
+    "evil-1": {"addresses": "2001:db8:ffff::1"},  # the BGP peer
+    "evil-2": {"anycast": "255.255.255.255,8.8.8.8"},
+    "evil-3": {"anycast": ",".join(f"2001:db8:aaaa::{i:x}" for i in range(5000))},
+    "evil-4": {"cidr6": "2001:db8:9::/64", "ip-algo": "random:" + "9" * 3000},
+}
+ARGS = tuple(f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}" for name in ("web-0", *ANNOTATED))
 
 
 class World:
@@ -60,6 +70,12 @@ class World:
             "uts": os.open("/proc/self/ns/uts", flags),
         }
         lab.api.create(PODS, pod_object("default", "web-0", "host001"))
+        # Pods whose annotations claim addresses: allowed, foreign, hostile, oversized.
+        a = "flock.fritzlab.net/"
+        for name, wanted in ANNOTATED.items():
+            lab.api.create(
+                PODS, pod_object("default", name, "host001", annotations={a + k: v for k, v in wanted.items()})
+            )
         self.agent = lab.agent()
         self.agent.wait_ready()
         self.baseline_fds = self.open_fds()
@@ -112,7 +128,7 @@ def wire_requests(draw, world):
             "containerID": draw(st.sampled_from(CIDS)),
             "netns": world.netns_paths[int(pod[-1])],
             "ifName": draw(st.sampled_from(["eth0", "eth1"])),
-            "args": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0",
+            "args": draw(st.sampled_from(ARGS)),
             "config": draw(good_configs),
             "netnsFd": op != "GC",
         }
@@ -124,7 +140,7 @@ def wire_requests(draw, world):
         ("containerID", st.sampled_from([*CIDS, "../etc", "x" * 5000])),
         ("netns", st.sampled_from(world.netns_paths)),
         ("ifName", st.sampled_from(["eth0", "eth0", "eth1", "all", "eth%d", "uplink", "x" * 16, ""])),
-        ("args", st.sampled_from(["K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0", "K8S_POD_NAME=Bad_Name", ""])),
+        ("args", st.sampled_from([*ARGS, "K8S_POD_NAME=Bad_Name", ""])),
         ("config", configs),
     ):
         if draw(st.integers(0, 9)):  # mostly present
@@ -162,8 +178,11 @@ def kernel_and_store_agree(world) -> None:
     committed = {cid for cid, a in rows.items() if a.state.value == "committed"}
     assert {host_ifname(cid) for cid in committed} <= links
     assert links <= {host_ifname(cid) for cid in rows}, (links, rows)
-    addresses = [a for row in rows.values() for a in (row.ip6, row.ip4) if a is not None]
+    addresses = [a for row in rows.values() for a in (row.ip6, row.ip4, *row.addresses) if a is not None]
     assert len(addresses) == len(set(addresses))
+    # Only what the policy allows was ever claimed (and so routed and announced).
+    claimed = {a for row in rows.values() for a in (*row.anycast, *row.addresses)}
+    assert claimed <= {ipaddress.ip_address("203.0.113.9"), ipaddress.ip_address("2001:db8:aaaa::1")}, claimed
     assert all(a.ip6 in ipaddress.ip_network(CIDR6) for a in rows.values())
     assert "uplink" in world.lab.node.ip("-o", "link")
 
