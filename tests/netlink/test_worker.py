@@ -330,6 +330,10 @@ async def test_host_veth_carries_the_owner_marker_and_unmarked_lookalikes_are_le
         assert "not flock's veth" in info.value.details
         await w.teardown("c1")
         assert host_ifname("c1") not in node.ip("-o", "link")
+        # A veth of flock's naming without any alias: what an agent before markers made; still flock's.
+        pool.veth(node, host_ifname("c4"), other, "o2")
+        await w.teardown("c4")
+        assert host_ifname("c4") not in node.ip("-o", "link")
 
 
 async def test_cleanup_removes_orphans_and_keeps_explained_pods(pool, node):
