@@ -17,9 +17,10 @@ from typing import Any
 
 import attrs
 
-from flock import errors
 from flock.model import ANNOTATION_PREFIX
 from flock.rpc import parse_cni_args
+
+from ._errors import InvalidCniArgs, InvalidNetworkConfig
 
 NAMESPACE, NAME, UID = "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_UID"
 # DNS-1123 label (namespace) / subdomain (pod name) characters; anything else
@@ -50,18 +51,17 @@ class PodRef:
         return f"{self.namespace}/{self.name}" if self.is_pod else f"container {self.name or '(unnamed)'}"
 
 
-def _bad(key: str, value: str, expected: str) -> errors.CniError:
-    return errors.CniError(errors.INVALID_ENV, "invalid CNI_ARGS", f"{key}={value!r}: expected {expected}")
+def _bad(key: str, value: str, expected: str) -> InvalidCniArgs:
+    return InvalidCniArgs("invalid CNI_ARGS", f"{key}={value!r}: expected {expected}")
 
 
 def pod_ref(args: str) -> PodRef:
-    """The pod named by CNI_ARGS; CniError (code 4) naming the key and value."""
+    """The pod named by CNI_ARGS; :class:`InvalidCniArgs` naming the key and value
+    (CNI_ARGS syntax errors from :func:`flock.rpc.parse_cni_args` are CniErrors)."""
     parsed = parse_cni_args(args)
     if not parsed.get(NAMESPACE):
         if parsed.get(UID):
-            raise errors.CniError(
-                errors.INVALID_ENV, "invalid CNI_ARGS", f"{NAMESPACE} and {NAME} are required with {UID}"
-            )
+            raise InvalidCniArgs("invalid CNI_ARGS", f"{NAMESPACE} and {NAME} are required with {UID}")
         label = parsed.get(NAME, "")
         if label and not _CONTAINER_NAME.fullmatch(label):
             raise _bad(NAME, label[:64], "a container name (letters, digits, '_', '.', '-'; at most 253 characters)")
@@ -70,7 +70,7 @@ def pod_ref(args: str) -> PodRef:
     for key, limit in ((NAMESPACE, 63), (NAME, 253)):
         value = parsed.get(key, "")
         if not value:
-            raise errors.CniError(errors.INVALID_ENV, "invalid CNI_ARGS", f"{key} is required (CNI_ARGS={args!r})")
+            raise InvalidCniArgs("invalid CNI_ARGS", f"{key} is required (CNI_ARGS={args!r})")
         if len(value) > limit or not _NAME_CHARS.issuperset(value) or not value[0].isalnum() or not value[-1].isalnum():
             raise _bad(
                 key, value, f"a Kubernetes name (lower-case letters, digits, '-', '.'; at most {limit} characters)"
@@ -93,7 +93,7 @@ def netconf_annotations(config: Mapping[str, Any]) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise errors.CniError(errors.INVALID_CONFIG, "invalid args", f"args={str(raw)[:64]!r}: expected an object")
+        raise InvalidNetworkConfig("invalid args", f"args={str(raw)[:64]!r}: expected an object")
     out = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
@@ -101,8 +101,6 @@ def netconf_annotations(config: Mapping[str, Any]) -> dict[str, str]:
         if isinstance(value, bool):
             value = "true" if value else "false"
         if not isinstance(value, str) or len(value) > _MAX_ARG_VALUE:
-            raise errors.CniError(
-                errors.INVALID_CONFIG, "invalid args", f"args[{key[:80]!r}]={str(value)[:64]!r}: expected a string"
-            )
+            raise InvalidNetworkConfig("invalid args", f"args[{key[:80]!r}]={str(value)[:64]!r}: expected a string")
         out[key] = value
     return out

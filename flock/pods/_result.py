@@ -6,9 +6,9 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from flock import errors
 from flock.model import Allocation, IPAddress
-from flock.netlink import DataplaneSettings, host_ifname
+
+from ._errors import InvalidNetworkConfig
 
 IpInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -21,7 +21,12 @@ def result_addresses(alloc: Allocation) -> tuple[IPAddress, ...]:
 
 
 def cni_result(
-    alloc: Allocation, settings: DataplaneSettings = DataplaneSettings(), macs: tuple[str, str] = ("", "")
+    alloc: Allocation,
+    *,
+    host_iface: str,
+    gateway6: ipaddress.IPv6Address,
+    gateway4: ipaddress.IPv4Address,
+    macs: tuple[str, str] = ("", ""),
 ) -> dict[str, Any]:
     """The ADD result in CNI 1.1.0 form (the caller converts it to the requested version).
 
@@ -30,7 +35,7 @@ def cni_result(
     *macs* are (host, pod) as read from the kernel; an empty one is left out
     (podman and libcni refuse ``"mac": ""``).
     """
-    gateway = {6: str(settings.gateway6), 4: str(settings.gateway4)}
+    gateway = {6: str(gateway6), 4: str(gateway4)}
     ips = []
     for i, addr in enumerate(result_addresses(alloc)):
         item: dict[str, Any] = {"address": f"{addr}/{addr.max_prefixlen}", "interface": 1}
@@ -43,7 +48,7 @@ def cni_result(
         routes.append({"dst": "::/0", "gw": gateway[6]})
     if 4 in families:
         routes.append({"dst": "0.0.0.0/0", "gw": gateway[4]})
-    host: dict[str, Any] = {"name": host_ifname(alloc.container_id, settings.host_prefix)}
+    host: dict[str, Any] = {"name": host_iface}
     pod: dict[str, Any] = {"name": alloc.if_name}
     if macs[0]:
         host["mac"] = macs[0]
@@ -58,17 +63,15 @@ def cni_result(
     }
 
 
-def _invalid(field: str, value: Any, expected: str) -> errors.CniError:
-    return errors.CniError(errors.INVALID_CONFIG, "invalid prevResult", f"{field}={value!r}: expected {expected}")
+def _invalid(field: str, value: Any, expected: str) -> InvalidNetworkConfig:
+    return InvalidNetworkConfig("invalid prevResult", f"{field}={value!r}: expected {expected}")
 
 
 def prev_result_addresses(config: Mapping[str, Any]) -> set[IpInterface]:
-    """The ``ips`` of the configuration's ``prevResult``; CniError (code 7)
+    """The ``ips`` of the configuration's ``prevResult``; :class:`InvalidNetworkConfig`
     naming the field when it is missing or malformed."""
     if "prevResult" not in config:
-        raise errors.CniError(
-            errors.INVALID_CONFIG, "CHECK needs prevResult", "the network configuration has no field 'prevResult'"
-        )
+        raise InvalidNetworkConfig("CHECK needs prevResult", "the network configuration has no field 'prevResult'")
     prev = config["prevResult"]
     if not isinstance(prev, Mapping):
         raise _invalid("prevResult", prev, "an object (the ADD result)")

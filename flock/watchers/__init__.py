@@ -16,9 +16,16 @@ The agent opens one client and hands the watchers to its supervisor::
 from ._bridge import AsyncioBridge, open_bridge
 from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
-from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
+from ._errors import (
+    KubeApiError,
+    KubeError,
+    ResourceExpired,
+    ResourceVersionTooLarge,
+    TransientKubeError,
+    error_for_status,
+)
 from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
-from ._nodeconfig import NodeConfigWatcher
+from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._source import KubeSource
 
@@ -36,11 +43,14 @@ __all__ = [
     "KubeError",
     "KubeSource",
     "ListWatchSource",
+    "NodeConfigSink",
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",
     "ResourceExpired",
+    "ResourceVersionTooLarge",
     "TransientKubeError",
+    "error_for_status",
     "in_cluster_configuration",
     "open_bridge",
     "open_kube_client",
