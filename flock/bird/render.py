@@ -225,15 +225,16 @@ def _peer_view(i: int, peer: Any, local_asn: int, passwords: frozenset[str]) -> 
 def _community_texts(field: str, communities: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if not isinstance(communities, Communities):
         raise RenderError(field, communities, "a Communities")
-    standard, large = [], []
+    standard: list[str] = []
+    large: list[str] = []
     for value in communities.standard:
         if not (isinstance(value, tuple) and len(value) == 2 and all(_is_uint(v, 65535) for v in value)):
             raise RenderError(field + ".standard", value, "(0..65535, 0..65535)")
         standard.append(f"({value[0]}, {value[1]})")
-    for value in communities.large:
-        if not (isinstance(value, tuple) and len(value) == 3 and all(_is_uint(v, 4294967295) for v in value)):
-            raise RenderError(field + ".large", value, "three integers 0..4294967295")
-        large.append(f"({value[0]}, {value[1]}, {value[2]})")
+    for triple in communities.large:
+        if not (isinstance(triple, tuple) and len(triple) == 3 and all(_is_uint(v, 4294967295) for v in triple)):
+            raise RenderError(field + ".large", triple, "three integers 0..4294967295")
+        large.append(f"({triple[0]}, {triple[1]}, {triple[2]})")
     return tuple(dict.fromkeys(standard)), tuple(dict.fromkeys(large))
 
 
