@@ -386,6 +386,10 @@ class PodInfo:
     owners: tuple[OwnerRef, ...] = ()
     first_image: str | None = None
     resource_version: str = ""
+    #: The pod's Ready condition: True/False, or None for a pod without any
+    #: status conditions (not run by a kubelet: tests, labs, bare runtimes).
+    #: A pod with conditions but no Ready condition is not ready.
+    ready: bool | None = None
 
     @property
     def key(self) -> str:
@@ -410,7 +414,15 @@ class PodInfo:
             owners=owners,
             first_image=(containers[0].get("image") if containers and containers[0].get("image") else None),
             resource_version=str(meta.get("resourceVersion", "")),
+            ready=_pod_ready(obj.get("status")),
         )
+
+
+def _pod_ready(status: Any) -> bool | None:
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list) or not conditions:
+        return None
+    return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 class AllocationState(enum.Enum):
