@@ -29,6 +29,7 @@ stderr): an unusable state directory or database, another agent on the socket.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -38,6 +39,9 @@ import trio
 from flock import errors
 from flock.agent import Agent, AgentSettings
 from flock.bird import BgpTimers, BirdInputs, BirdReloader, RenderSettings
+from flock.bird.anycast import follow_pod_readiness
+from flock.bird.passwords import BgpPasswords
+from flock.bird.sessions import SessionMonitor, session_problems
 from flock.health import HealthServer, Metrics
 from flock.model import Allocation, AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
@@ -102,6 +106,8 @@ class NodeServices:
     pod_service: PodService | None = None
     kube_problem: str = "not connected to the API server yet"
     health: HealthServer | None = None
+    passwords: BgpPasswords | None = None
+    sessions: SessionMonitor | None = None
 
     # -- children ------------------------------------------------------------
 
@@ -161,7 +167,17 @@ class NodeServices:
             ChildSpec("pods", self.pod_service.run),
         ]
         if self.reloader is not None:
-            children.append(ChildSpec("bird", self._run_reloader))
+            reloader = self.reloader
+            self.passwords = BgpPasswords(self.settings.namespace, client.secret, reloader.poke)
+            children += [
+                ChildSpec("bgp-passwords", functools.partial(self.passwords.run, self.nodeconfigs.values())),
+                ChildSpec(
+                    "anycast-readiness", functools.partial(follow_pod_readiness, self.pod_watcher, reloader.poke)
+                ),
+                ChildSpec("bird", self._run_reloader),
+            ]
+            if self.sessions is not None:
+                children.append(ChildSpec("bgp-sessions", self.sessions.run))
         try:
             await Supervisor("node", children).run(task_status=task_status)
         finally:
@@ -182,7 +198,12 @@ class NodeServices:
         node = self.pod_service.node if self.pod_service is not None else None
         if node is None:
             return None
-        return BirdInputs.collect(node, self.handler.allocations.values())
+        return BirdInputs.collect(
+            node,
+            self.handler.allocations.values(),
+            pods=self.pod_watcher.pods if self.pod_watcher is not None else None,
+            passwords=self.passwords.passwords if self.passwords is not None else None,
+        )
 
     def readiness(self) -> list[str]:
         """What keeps /readyz from 200: NodeConfig loaded, informers synced, ADD served."""
@@ -220,7 +241,22 @@ class NodeServices:
             # BIRD runs beside the agent: pods get addresses and local routes
             # without it; only announcing them waits, and the reloader retries.
             out.append(f"BIRD not configured yet (retrying): {self.reloader.last_error}")
+        if self.passwords is not None:
+            for peer, problem in sorted(self.passwords.problems.items()):
+                out.append(f"BGP peer {peer} is kept down: no password ({problem})")
+        if self.sessions is not None and nc is not None:
+            out.extend(session_problems(nc.current, self.sessions.sessions, self.settings.namespace))
         return out
+
+    def _session_gauge(self) -> dict[str, float]:
+        node = self.nodeconfigs.current if self.nodeconfigs is not None else None
+        sessions = self.sessions.sessions if self.sessions is not None else None
+        if node is None or node.bgp is None or sessions is None:
+            return {}
+        return {
+            f'peer="{p.name}"': float((s := sessions.get(f"bgp_{p.name}")) is not None and s.established)
+            for p in node.bgp.peers
+        }
 
     def _allocation_counts(self) -> dict[str, float]:
         counts = {f'state="{s.value}"': 0.0 for s in AllocationState}
@@ -244,6 +280,25 @@ class NodeServices:
             "gauge",
             lambda: {"": float(self.nodeconfigs is not None and self.nodeconfigs.invalid is not None)},
         )
+        if self.sessions is not None:
+            m.gauge(
+                "flock_bgp_session_established",
+                "1 while BIRD's session to the peer is Established (peers of the NodeConfig, by name).",
+                "gauge",
+                self._session_gauge,
+            )
+            m.gauge(
+                "flock_bgp_password_missing",
+                "1 while a peer's password Secret cannot be used (the session is kept down).",
+                "gauge",
+                lambda: {f'peer="{p}"': 1.0 for p in (self.passwords.problems if self.passwords else {})},
+            )
+            m.gauge(
+                "flock_anycast_withheld",
+                "Anycast addresses routed to local pods but not announced: none of those pods is Ready.",
+                "gauge",
+                lambda: {"": float(len(i.withheld)) if (i := self.bird_inputs()) is not None else 0.0},
+            )
         if self.reloader is not None:
             r = self.reloader
             m.gauge(
@@ -282,6 +337,7 @@ def compose_services(settings: AgentSettings, *, crash: CrashPoint = CrashPoint(
         agent=agent, settings=settings, handler=handler, worker=worker, slot=slot, metrics=metrics, reloader=None
     )
     if settings.bird:
+        services.sessions = SessionMonitor(settings.bird_socket)
         services.reloader = BirdReloader(
             config_path=settings.bird_config,
             control_socket=settings.bird_socket,

@@ -242,6 +242,11 @@ def _is_uint(value: Any, hi: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= hi
 
 
+def password_usable(value: str) -> bool:
+    """Whether *value* can be a BIRD TCP MD5 password (1..80 printable ASCII, no quote or backslash)."""
+    return isinstance(value, str) and _PASSWORD.match(value) is not None
+
+
 def render_secrets(node: NodeConfig, passwords: Mapping[str, str]) -> str:
     """The text of :data:`SECRETS_FILE`: one BIRD constant per peer password.
 

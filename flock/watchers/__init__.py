@@ -20,6 +20,7 @@ from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeErro
 from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
@@ -40,7 +41,9 @@ __all__ = [
     "PodChange",
     "PodWatcher",
     "ResourceExpired",
+    "SecretWatcher",
     "TransientKubeError",
+    "decode_secret",
     "in_cluster_configuration",
     "open_bridge",
     "open_kube_client",
