@@ -9,6 +9,10 @@ import attrs
 from flock.model import Allocation, IPAddress, NodeConfig, PodInfo
 
 
+def _ips(values: Iterable[IPAddress]) -> frozenset[IPAddress]:
+    return frozenset(values)
+
+
 def pod_is_ready(alloc: Allocation, pods: Mapping[str, PodInfo]) -> bool:
     """Whether *alloc*'s pod counts as Ready for announcing its anycast addresses.
 
@@ -36,11 +40,11 @@ class BirdInputs:
     separate secrets file, never logged: ``repr`` hides them)."""
 
     node: NodeConfig
-    anycast: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
-    addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
+    anycast: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=_ips)
+    addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=_ips)
     #: Anycast addresses held only by local pods that are not Ready: routed
     #: locally, not announced.
-    withheld: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
+    withheld: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=_ips)
     passwords: Mapping[str, str] = attrs.field(factory=dict, repr=False, hash=False)
 
     @classmethod
