@@ -78,6 +78,8 @@ def test_manifests_validate_against_kubernetes_schemas(version):
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "ConfigMap",
         "DaemonSet",
     }
@@ -310,8 +312,8 @@ def test_tor_example_reads_as_documented():
     assert tor1.bfd is not None and (tor1.bfd.min_rx_ms, tor1.bfd.multiplier) == (100, 3) and tor1.multihop is None
     assert tor2.multihop == 2 and str(tor2.source_address) == "192.0.2.101"
     assert {(p.password.name, p.password.key) for p in bgp.peers if p.password} == {
-        ("bgp-tor-passwords", "tor1"),
-        ("bgp-tor-passwords", "tor2"),
+        ("flock-bgp-passwords", "tor1"),
+        ("flock-bgp-passwords", "tor2"),
     }
     assert bgp.communities.anycast.standard == ((64512, 200),)
     assert bgp.communities.node_block.large == ((4200000101, 1, 100),)
@@ -447,7 +449,6 @@ def test_patterns_accept_only_what_ipaddress_parses(patterns, text):
 
 def test_rbac_grants_only_read_on_pods_and_nodeconfigs():
     objects = all_objects()
-    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     grants = set()
     for rule in role["rules"]:
@@ -474,6 +475,35 @@ def test_rbac_grants_only_read_on_pods_and_nodeconfigs():
     pod = one("DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert one("DaemonSet")["metadata"]["namespace"] == sa["metadata"]["namespace"] == "kube-system"
+
+
+def test_rbac_reads_only_named_secrets_in_the_agents_namespace():
+    objects = all_objects()
+    sa = one("ServiceAccount")
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    # Only by name: no resourceNames would grant every Secret in the namespace.
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["flock-bgp-passwords"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
+    # The agent reads Secrets in the namespace it runs in.
+    env = {e["name"]: e for e in _containers()["flock-agent"]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 # --- DaemonSet --------------------------------------------------------------
@@ -569,7 +599,10 @@ def test_bird_config_init_container_seeds_only_a_missing_config(tmp_path, presen
 def test_agent_container():
     c = _containers()["flock-agent"]
     assert c["securityContext"]["privileged"] is True
-    assert c["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    assert c["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
     assert "--node=$(NODE_NAME)" in c["args"]
     assert f"--health-address=127.0.0.1:{HEALTH_PORT}" in c["args"]
     assert c["livenessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/healthz", "port": HEALTH_PORT}
