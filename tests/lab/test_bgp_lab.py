@@ -15,7 +15,9 @@ figures are in BENCHMARKS.md.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -159,7 +161,7 @@ async def test_graceful_restart_bfd_communities_passwords_and_anycast_health(
                 # What the DaemonSet's preStop hook does, then the kubelet's restart (the keeper's here).
                 await birdc(n1.bird_ctl, "graceful", "restart")
                 agent_pid = process_refs(directory)[f"agent-{n1.name}"].pid
-                subprocess.run(["kill", "-KILL", str(agent_pid)], check=True)
+                os.kill(agent_pid, signal.SIGKILL)
                 restart = time.monotonic()
                 await elapsed_until(lambda: established(n1.bird_ctl, "bgp_fabric"), poll=0.1)
                 timings["node1 BIRD back to Established"] = time.monotonic() - restart
