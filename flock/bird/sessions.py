@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -81,6 +81,8 @@ class SessionMonitor:
     runner: ProcessRunner = run_process
     birdc: str = "birdc"
     poll: float = POLL_SECONDS
+    #: Called after every poll (the agent turns the sessions into /readyz notes).
+    on_refresh: Callable[[], None] = lambda: None
     sessions: dict[str, Session] | None = attrs.field(init=False, default=None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -99,9 +101,10 @@ class SessionMonitor:
                 result = None
         if result is None or result.returncode != 0:
             self.sessions = None
-            return
-        out = result.stdout.decode(errors="replace") if isinstance(result.stdout, bytes) else str(result.stdout)
-        self.sessions = parse_protocols(out)
+        else:
+            out = result.stdout.decode(errors="replace") if isinstance(result.stdout, bytes) else str(result.stdout)
+            self.sessions = parse_protocols(out)
+        self.on_refresh()
 
 
 __all__ = ["Session", "SessionMonitor", "parse_protocols", "session_problems"]
