@@ -17,6 +17,7 @@ from flock import errors
 from flock.model import Allocation, AllocationState
 from flock.netlink import CleanupReport, host_ifname
 from flock.rpc import Request
+from flock.store import AllocationNotFound
 
 
 @attrs.define(eq=False)
@@ -34,7 +35,7 @@ class MemoryAllocations:
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         await trio.lowlevel.checkpoint()
         if container_id not in self.rows:
-            raise errors.CniError(errors.IO_ERROR, "no allocation to commit", container_id)
+            raise AllocationNotFound(":memory:", "no allocation to commit", container_id)
         row = self.rows[container_id] = attrs.evolve(
             self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
         )
