@@ -1,11 +1,10 @@
 """BIRD 2: the rendered configuration and the debounced reloader."""
 
 from flock.bird.inputs import BirdInputs
-from flock.bird.reloader import Backoff, BirdReloader, ProcessRunner, ReloadError, run_process
+from flock.bird.reloader import BirdReloader, ProcessRunner, ReloadError, run_process
 from flock.bird.render import BgpTimers, RenderError, RenderSettings, render
 
 __all__ = [
-    "Backoff",
     "BgpTimers",
     "BirdInputs",
     "BirdReloader",

@@ -17,7 +17,7 @@ from ._bridge import AsyncioBridge, open_bridge
 from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
 from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
-from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._source import KubeSource
@@ -25,7 +25,6 @@ from ._source import KubeSource
 __all__ = [
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
-    "Backoff",
     "Change",
     "ChangeType",
     "ClientConfigError",

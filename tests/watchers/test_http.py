@@ -19,9 +19,9 @@ import trio
 from kubernetes_asyncio.client import Configuration
 
 from flock.model import PodInfo
+from flock.nursery import Backoff
 from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object, serving
 from flock.watchers import (
-    Backoff,
     ClientConfigError,
     InformerSettings,
     NodeConfigWatcher,
@@ -33,7 +33,7 @@ from flock.watchers import (
 NODE = "host001"
 # Short enough that a stalled watch is noticed in 1.5 s of wall time.
 FAST = InformerSettings(
-    watch_seconds=1, request_seconds=0.5, relist_seconds=600, backoff=Backoff(initial=0.05, maximum=0.4)
+    watch_seconds=1, request_seconds=0.5, relist_seconds=600, backoff=Backoff(initial=0.05, cap=0.4, jitter=0.2)
 )
 
 

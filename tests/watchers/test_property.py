@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flock.model import PodInfo
+from flock.nursery import Backoff
 from flock.testing import PODS, Store, StoreSource, pod_object, serving
-from flock.watchers import Backoff, InformerSettings, PodWatcher
+from flock.watchers import InformerSettings, PodWatcher
 
 NODE = "host001"
 NODES = st.sampled_from([NODE, NODE, "host002", ""])
@@ -59,7 +60,7 @@ def test_cache_converges_to_server_state(steps: list[tuple[list[tuple[Any, ...]]
         source,
         NODE,
         InformerSettings(
-            watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(initial=0.5, maximum=4.0)
+            watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(initial=0.5, cap=4.0, jitter=0.2)
         ),
     )
 

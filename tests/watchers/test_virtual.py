@@ -13,8 +13,9 @@ import random
 import pytest
 import trio
 
+from flock.nursery import Backoff
 from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object, serving
-from flock.watchers import Backoff, ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
+from flock.watchers import ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"
 SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
@@ -159,7 +160,7 @@ async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_cloc
 
 
 def test_backoff_grows_caps_and_jitters() -> None:
-    b = Backoff(initial=0.5, maximum=30.0, factor=2.0, jitter=0.2)
+    b = Backoff(initial=0.5, cap=30.0, factor=2.0, jitter=0.2)
     assert [b.delay(n, 0.5) for n in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert b.delay(0, 0.0) == pytest.approx(0.4) and b.delay(0, 0.999999) == pytest.approx(0.6)
     rng = random.Random(1)
