@@ -35,14 +35,14 @@ from flock.errors import (
 )
 from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
 from flock.rpc.wire import (
-    MAX_JSON_DEPTH,
     OPS,
+    PENDING_DELETES,
     REQUIRED_FIELDS,
     LineReader,
     Request,
     decode_response,
     field_error,
-    json_too_deep,
+    load_json,
 )
 
 TYPE_CHECKING = False
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from typing import Any, Mapping, TextIO
 
 DEFAULT_SOCKET = "/run/flock/flock.sock"
-PENDING_DELETES = "pending-deletes"
 
 # Bound on one whole call (connect + send + reply).  Longer than the agent's
 # own 25 s ADD deadline, so the agent's answer (code 11) normally wins; the
@@ -114,19 +113,11 @@ def main() -> None:
 
 def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
     try:
-        config = json.loads(stdin.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting a RecursionError
+        config = load_json(stdin.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and too deep nesting are ValueErrors too
         if lenient:
             return {}
         raise CniError(DECODE_ERROR, "network configuration is not valid JSON", f"stdin: {exc}") from None
-    if json_too_deep(config):
-        if lenient:
-            return {}
-        raise CniError(
-            DECODE_ERROR,
-            "network configuration is not valid JSON",
-            f"stdin: nested more than {MAX_JSON_DEPTH} levels deep",
-        )
     if not isinstance(config, dict):
         if lenient:
             return {}

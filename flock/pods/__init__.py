@@ -8,7 +8,8 @@ from flock.pods._handler import ADD_DEADLINE_S, CHECK_FAILED, POD_LOOKUP_DEADLIN
 from flock.pods._locks import KeyedLocks
 from flock.pods._ports import AllocationStore, Dataplane, PodLookup
 from flock.pods._result import cni_result, prev_result_addresses, result_addresses
-from flock.pods._startup import NODECONFIG_WAIT_S, PENDING_DELETES, NodeConfigs, PodService
+from flock.pods._startup import NODECONFIG_WAIT_S, NodeConfigs, PodService
+from flock.rpc import PENDING_DELETES  # the shim's journal of DELs, replayed at start-up
 
 __all__ = [
     "ADD_DEADLINE_S",

@@ -32,7 +32,6 @@ log = logging.getLogger("flock.pods")
 # DESIGN: how long start-up waits for the NodeConfig before it says so loudly
 # (it keeps waiting; ADD answers 11 and readiness stays false meanwhile).
 NODECONFIG_WAIT_S = 60.0
-PENDING_DELETES = "pending-deletes"
 
 
 class NodeConfigs(Protocol):
