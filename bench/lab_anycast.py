@@ -16,16 +16,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
 from labkit import FlockRuntime, emit, ip, lab, stats_ms
 
-from flock.lab._nsio import in_netns
+from flock.lab import in_netns
 
 WAIT_S = 10.0
 

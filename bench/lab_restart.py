@@ -17,19 +17,13 @@ import argparse
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
 from labkit import FlockRuntime, emit, ip, lab
 
-from flock.lab._lifecycle import agent_ready
-from flock.lab._nsio import in_netns
-from flock.lab._runtime import exec_conflist
-from flock.lab._state import load_procs
+from flock.lab import agent_ready, exec_conflist, in_netns, load_procs
 
 DUAL = {"flock.fritzlab.net/ipv4": "true"}
 

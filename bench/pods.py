@@ -86,28 +86,31 @@ class Flock:
         self.agent: subprocess.Popen | None = None
         self.port = 0
 
-    def agent_argv(self) -> list[str]:
+    def agent_argv(self) -> tuple[list[str], dict[str, str] | None]:
+        """The agent's command line and environment (None: this one's)."""
         if self.source is None:
-            return [str(BIN / "flock-agent")]
-        # sys.path[0] beats the venv's editable install of this checkout.
-        boot = f"import sys; sys.path.insert(0, {self.source!r}); from flock.agent import main; sys.exit(main())"
+            return [str(BIN / "flock-agent")], None
+        # PYTHONPATH comes before the venv's editable install of this checkout.
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(self.source)}
         check = subprocess.run(
-            [sys.executable, "-c", boot.split("; from")[0] + "; import flock; print(flock.__file__)"],
+            [sys.executable, "-c", "import flock; print(flock.__file__)"],
             capture_output=True,
             text=True,
             check=True,
+            env=env,
         ).stdout.strip()
         if not check.startswith(os.path.abspath(self.source)):
             raise RuntimeError(f"--before {self.source}: imported flock from {check}")
-        return [sys.executable, "-c", boot]
+        return [sys.executable, "-c", "import sys; from flock.agent import main; sys.exit(main())"], env
 
     def start(self, api: ApiServer, kubeconfig: Path) -> None:
         self.work.mkdir(parents=True)
         api.create(NODECONFIGS, nodeconfig_object(self.node, self.cidr6))
         self.log_path = self.work / "agent.log"
         self.log = open(self.log_path, "wb")
+        argv, env = self.agent_argv()
         self.agent = subprocess.Popen(
-            self.agent_argv()
+            argv
             + [
                 "--node",
                 self.node,
@@ -125,6 +128,7 @@ class Flock:
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            env=env,
         )
 
     def ready(self) -> None:

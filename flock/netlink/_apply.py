@@ -20,7 +20,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from flock import errors
 from flock.netlink import _conn, _nsenter
 from flock.netlink.desired import (
-    Attachment,
+    AppliedPlan,
     DataplaneSettings,
     PodPlan,
     Route,
@@ -184,7 +184,7 @@ async def setup_pod(
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
-) -> Attachment:
+) -> AppliedPlan:
     """Make the kernel match *plan*.  CniError on failure; safe to re-run."""
     step = STEPS[0]
 
@@ -256,7 +256,7 @@ async def setup_pod(
             with anycast_lock:
                 await _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
-            return Attachment(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+            return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
     except _nsenter.NetnsMissing as exc:
         raise _netns_error(plan, exc.strerror) from exc
     except (NetlinkError, OSError) as exc:

@@ -165,7 +165,7 @@ class PodPlan:
 
 
 @attrs.frozen
-class Attachment:
+class AppliedPlan:
     """What setup made: the plan, and the MAC addresses the kernel gave the
     veth ends (for the CNI result's ``interfaces``)."""
 

@@ -30,7 +30,7 @@ import trio
 
 from flock.model import Allocation
 from flock.netlink import _apply, _conn, _inspect
-from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
+from flock.netlink.desired import AppliedPlan, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
 
@@ -67,11 +67,11 @@ class NetlinkWorker:
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation) -> Attachment:
+    async def setup(self, alloc: Allocation) -> AppliedPlan:
         """Create or converge the pod's veth, addresses, sysctls and routes,
         and add it to the multipath route of each of its anycast addresses."""
         plan = self.plan(alloc)
-        attachment = await self._run(
+        applied = await self._run(
             _apply.setup_pod,
             plan,
             host_netns=self.host_netns,
@@ -80,7 +80,7 @@ class NetlinkWorker:
             fault=self.fault,
         )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
-        return attachment
+        return applied
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything

@@ -8,7 +8,7 @@ from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
 from ._status import StatusError
-from ._store import Store
+from ._store import ObjectStore
 
 __all__ = [
     "NODECONFIGS",
@@ -16,7 +16,7 @@ __all__ = [
     "ApiServer",
     "Resource",
     "StatusError",
-    "Store",
+    "ObjectStore",
     "StoreSource",
     "kubeconfig",
     "nodeconfig_object",

@@ -1,4 +1,4 @@
-"""An informer source reading a :class:`Store` directly, without HTTP.
+"""An informer source reading an :class:`ObjectStore` directly, without HTTP.
 
 Same semantics as the fake API server (it is the same store: resourceVersions,
 field selectors, 410 for compacted versions, ERROR events), minus the sockets,
@@ -22,7 +22,7 @@ from flock.watchers import ResourceExpired, TransientKubeError
 from ._resources import Resource
 from ._selectors import FieldSelector
 from ._status import StatusError
-from ._store import Store
+from ._store import ObjectStore
 
 
 @attrs.define(eq=False)
@@ -33,7 +33,7 @@ class StoreSource:
     ``watch_seconds_cap`` ends watches early, cleanly (a proxy with a short timeout).
     """
 
-    store: Store
+    store: ObjectStore
     resource: Resource
     field_selector: str = ""
     fail_lists: int = 0

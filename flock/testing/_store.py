@@ -46,7 +46,7 @@ class _Change:
 class Subscription:
     """One open watch: which objects it sees and where its events go."""
 
-    store: Store
+    store: ObjectStore
     resource: Resource
     namespace: str | None
     selector: FieldSelector
@@ -98,7 +98,7 @@ class Subscription:
 
 
 @attrs.define(eq=False)
-class Store:
+class ObjectStore:
     """Objects of every known resource, with etcd-like resourceVersions."""
 
     history_limit: int = DEFAULT_HISTORY
@@ -349,4 +349,4 @@ def _invalid(resource: Resource, name: str, field: str, value: Any, why: str) ->
     )
 
 
-__all__ = ["Store", "Subscription"]
+__all__ = ["ObjectStore", "Subscription"]

@@ -15,7 +15,7 @@ from flock.ipam import ADDRESS_EXHAUSTED, Ipam
 from flock.model import AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
-from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request
 from flock.watchers import PodWatcher
 
@@ -27,7 +27,7 @@ A = "flock.fritzlab.net/"
 
 
 @contextlib.asynccontextmanager
-async def handler_running(api: Store, *, ready: bool = True):
+async def handler_running(api: ObjectStore, *, ready: bool = True):
     source = StoreSource(api, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(source, NODE)
     kernel = MemoryKernel()
@@ -50,7 +50,7 @@ def held(handler: PodHandler) -> set[str]:
 
 
 async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, source, pokes):
 
@@ -69,7 +69,7 @@ async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojum
 
 
 async def test_add_falls_back_to_one_direct_get_after_three_seconds(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     # Not (yet) bound to this node as far as the watch knows: only a GET finds it.
     api.create(PODS, pod_object("default", "web-0", "elsewhere"))
     with trio.fail_after(10):
@@ -85,7 +85,7 @@ async def test_add_falls_back_to_one_direct_get_after_three_seconds(autojump_clo
 
 
 async def test_add_past_its_deadline_is_code_11_and_stays_pending_for_the_retry(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(100):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -104,7 +104,7 @@ async def test_add_past_its_deadline_is_code_11_and_stays_pending_for_the_retry(
 
 
 async def test_one_container_at_a_time_different_containers_in_parallel(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
@@ -140,7 +140,7 @@ async def test_one_container_at_a_time_different_containers_in_parallel(autojump
     ],
 )
 async def test_bad_annotations_fail_with_code_7_and_leave_nothing(autojump_clock, annotations, field, value):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE, annotations=annotations))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, pokes):
@@ -162,7 +162,7 @@ async def test_bad_annotations_fail_with_code_7_and_leave_nothing(autojump_clock
     ],
 )
 async def test_bad_cni_args_fail_with_code_4_naming_the_key(autojump_clock, args, detail):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -180,7 +180,7 @@ async def test_bad_cni_args_fail_with_code_4_naming_the_key(autojump_clock, args
 
 
 async def test_check_needs_a_well_formed_prev_result_that_matches(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -216,7 +216,7 @@ async def test_check_needs_a_well_formed_prev_result_that_matches(autojump_clock
 
 
 async def test_exhausted_pool_fails_the_add_and_status_until_an_address_is_freed(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for i in range(6):
         api.create(PODS, pod_object("default", f"p{i}", NODE, annotations={A + "ipv6": "false", A + "ipv4": "true"}))
     with trio.fail_after(10):
@@ -236,7 +236,7 @@ async def test_exhausted_pool_fails_the_add_and_status_until_an_address_is_freed
 
 
 async def test_not_ready_add_is_11_and_status_50_while_del_works(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     with trio.fail_after(10):
         async with handler_running(api, ready=False) as (handler, kernel, rows, _, _):
             with pytest.raises(errors.CniError) as add:
@@ -248,7 +248,7 @@ async def test_not_ready_add_is_11_and_status_50_while_del_works(autojump_clock)
 
 
 async def test_failed_setup_gives_back_row_kernel_state_and_addresses(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -262,7 +262,7 @@ async def test_failed_setup_gives_back_row_kernel_state_and_addresses(autojump_c
 
 
 async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b", "c"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
@@ -286,7 +286,7 @@ async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
 
 
 async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refused(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):

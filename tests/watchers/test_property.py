@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from flock.model import PodInfo
 from flock.nursery import Backoff
-from flock.testing import PODS, Store, StoreSource, pod_object, serving
+from flock.testing import PODS, ObjectStore, StoreSource, pod_object, serving
 from flock.watchers import InformerSettings, PodWatcher
 
 NODE = "host001"
@@ -32,7 +32,7 @@ WRITES = st.one_of(
 STEPS = st.lists(st.tuples(st.lists(WRITES, max_size=6), st.sampled_from([0, 0.1, 1, 5, 70])), max_size=12)
 
 
-def apply(store: Store, source: StoreSource, op: tuple[Any, ...]) -> None:
+def apply(store: ObjectStore, source: StoreSource, op: tuple[Any, ...]) -> None:
     """Do *op* on the server (a write that cannot apply, e.g. deleting a missing pod, is skipped)."""
     kind = op[0]
     existing = {o["metadata"]["name"]: o for o in store.list(PODS)[0]}
@@ -54,7 +54,7 @@ def apply(store: Store, source: StoreSource, op: tuple[Any, ...]) -> None:
 @settings(max_examples=40, deadline=None)
 @given(STEPS)
 def test_cache_converges_to_server_state(steps: list[tuple[list[tuple[Any, ...]], float]]) -> None:
-    store = Store()
+    store = ObjectStore()
     source = StoreSource(store, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(
         source,

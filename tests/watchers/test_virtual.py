@@ -14,19 +14,19 @@ import pytest
 import trio
 
 from flock.nursery import Backoff
-from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object, serving
+from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object, serving
 from flock.watchers import ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"
 SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
 
 
-def pod_watcher(store: Store) -> tuple[PodWatcher, StoreSource]:
+def pod_watcher(store: ObjectStore) -> tuple[PodWatcher, StoreSource]:
     source = StoreSource(store, PODS, f"spec.nodeName={NODE}")
     return PodWatcher(source, NODE, SETTINGS), source
 
 
-def cache_matches(store: Store, watcher: PodWatcher) -> None:
+def cache_matches(store: ObjectStore, watcher: PodWatcher) -> None:
     items, _ = store.list(PODS)
     want = {
         f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
@@ -38,7 +38,7 @@ def cache_matches(store: Store, watcher: PodWatcher) -> None:
 
 
 async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     watcher, source = pod_watcher(store)
     with trio.fail_after(30):
         async with serving(watcher) as nursery:
@@ -57,7 +57,7 @@ async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(
 
 
 async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(PODS, pod_object("web", "web-0", NODE))
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
@@ -68,7 +68,7 @@ async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.C
 
 
 async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     # Not on this node as far as the watch is concerned: the informer never sees it.
     store.create(PODS, pod_object("web", "elsewhere", "host002"))
     watcher, source = pod_watcher(store)
@@ -85,7 +85,7 @@ async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock:
 
 
 async def test_caller_deadline_bounds_wait_for_pod(autojump_clock: trio.abc.Clock) -> None:
-    watcher, _ = pod_watcher(Store())
+    watcher, _ = pod_watcher(ObjectStore())
     with trio.fail_after(30):
         async with serving(watcher):
             start = trio.current_time()
@@ -96,7 +96,7 @@ async def test_caller_deadline_bounds_wait_for_pod(autojump_clock: trio.abc.Cloc
 
 
 async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     created = store.create(PODS, pod_object("web", "web-0"))  # not scheduled yet
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
@@ -113,7 +113,7 @@ async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: tri
 
 
 async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     for i in range(3):
         store.create(PODS, pod_object("ns", f"p{i}", NODE))
     watcher, _ = pod_watcher(store)
@@ -139,7 +139,7 @@ async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_cl
 
 
 async def test_transient_list_failures_back_off_exponentially(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     watcher, source = pod_watcher(store)
     source.fail_lists = 3
     with trio.fail_after(30):
@@ -150,7 +150,7 @@ async def test_transient_list_failures_back_off_exponentially(autojump_clock: tr
 
 
 async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_clock: trio.abc.Clock) -> None:
-    watcher, source = pod_watcher(Store())
+    watcher, source = pod_watcher(ObjectStore())
     source.watch_seconds_cap = 0
     with trio.fail_after(30):
         async with serving(watcher):
@@ -168,7 +168,7 @@ def test_backoff_grows_caps_and_jitters() -> None:
 
 
 async def test_watch_timeouts_resume_without_relisting_until_the_relist_bound(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     watcher, source = pod_watcher(store)
     with trio.fail_after(2000):
         async with serving(watcher):
@@ -181,7 +181,7 @@ async def test_watch_timeouts_resume_without_relisting_until_the_relist_bound(au
 async def test_nodeconfig_invalid_update_keeps_previous_value(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(NODECONFIGS, nodeconfig_object("other", "2001:db8:0:2::/64"))
     watcher = NodeConfigWatcher(StoreSource(store, NODECONFIGS, f"metadata.name={NODE}"), NODE, SETTINGS)
     with trio.fail_after(30):
