@@ -107,29 +107,30 @@ class Flock:
         self.work.mkdir(parents=True)
         api.create(NODECONFIGS, nodeconfig_object(self.node, self.cidr6))
         self.log_path = self.work / "agent.log"
-        self.log = open(self.log_path, "wb")
         argv, env = self.agent_argv()
-        self.agent = subprocess.Popen(
-            argv
-            + [
-                "--node",
-                self.node,
-                "--socket",
-                str(self.socket),
-                "--state-dir",
-                str(self.work / "state"),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--health-address",
-                "127.0.0.1:0",
-                "--no-bird",
-                "--uplink",
-                "uplink",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        # The agent holds its own copy of the log's descriptor.
+        with open(self.log_path, "wb") as log:
+            self.agent = subprocess.Popen(
+                [
+                    *argv,
+                    "--node",
+                    self.node,
+                    "--socket",
+                    str(self.socket),
+                    "--state-dir",
+                    str(self.work / "state"),
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--health-address",
+                    "127.0.0.1:0",
+                    "--no-bird",
+                    "--uplink",
+                    "uplink",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
 
     def ready(self) -> None:
         self.port = wait_ready(self.agent, self.log_path)
@@ -140,7 +141,6 @@ class Flock:
         if self.agent is not None:
             self.agent.terminate()
             self.agent.wait(timeout=10)
-            self.log.close()
 
     def op(self, command: str, cid: str, netns: str) -> float:
         config = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock", "socket": str(self.socket)}
@@ -255,7 +255,7 @@ def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
             for f in flocks:
                 f.ready()
             impls = [*flocks, Ptp(str(work / "host-local"))]
-            for n, r in zip(parallel, rounds):
+            for n, r in zip(parallel, rounds, strict=True):
                 figures = measure(impls, pool, api, n, r, seq)
                 for f in flocks:
                     figures[f.name].update(f.phase(n * r))

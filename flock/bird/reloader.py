@@ -225,6 +225,6 @@ class BirdReloader:
             await self._run("check", [self.bird, "-p", "-c", str(tmp)])
             os.replace(tmp, self.config_path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)  # noqa: ASYNC240  on the Trio thread on purpose (see above)
             raise
         _fsync_dir(directory)

@@ -186,7 +186,7 @@ class Allocator:
     def _record(self, container_id: str, **one: IPAddress) -> None:
         held = self._held[container_id]
         ((field, addr),) = one.items()
-        self._held[container_id] = attrs.evolve(held, **{field: getattr(held, field) + (addr,)})
+        self._held[container_id] = attrs.evolve(held, **{field: (*getattr(held, field), addr)})
 
     def _claim(self, container_id: str, addr: IPAddress) -> str | None:
         """Hold *addr* exclusively; return the other holder instead if there is one."""

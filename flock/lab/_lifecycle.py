@@ -370,7 +370,7 @@ def _netns_pids(name: str) -> list[ProcRef]:
 
 async def down(directory: Path, report: Report = lambda line: None) -> dict[str, Any]:
     """Stop the lab's processes, delete its namespaces and files.  Safe to repeat."""
-    directory = Path(os.path.abspath(directory))
+    directory = Path(await trio.to_thread.run_sync(os.path.abspath, directory))
     state = load_state(directory)
     ident = state.plan.id if state is not None else lab_id(directory)
     summary: dict[str, Any] = {"dir": str(directory), "processes": 0, "namespaces": [], "files_removed": False}

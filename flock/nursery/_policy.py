@@ -60,7 +60,7 @@ class RestartIntensity:
 
     def admit(self, history: tuple[float, ...], now: float) -> tuple[float, ...] | None:
         """The restart times to keep if a restart at *now* is allowed, else None (escalate)."""
-        recent = tuple(t for t in history if t > now - self.period) + (now,)
+        recent = (*(t for t in history if t > now - self.period), now)
         return recent if len(recent) <= self.max_restarts else None
 
 

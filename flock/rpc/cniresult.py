@@ -26,9 +26,9 @@ LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 
 _LEGACY = ("0.3.0", "0.3.1", "0.4.0")
 _INTERFACE_FIELDS_1_0 = ("name", "mac", "sandbox")
-_INTERFACE_FIELDS_1_1 = _INTERFACE_FIELDS_1_0 + ("mtu", "socketPath", "pciID")
+_INTERFACE_FIELDS_1_1 = (*_INTERFACE_FIELDS_1_0, "mtu", "socketPath", "pciID")
 _ROUTE_FIELDS_1_0 = ("dst", "gw")
-_ROUTE_FIELDS_1_1 = _ROUTE_FIELDS_1_0 + ("mtu", "advmss", "priority", "table", "scope")
+_ROUTE_FIELDS_1_1 = (*_ROUTE_FIELDS_1_0, "mtu", "advmss", "priority", "table", "scope")
 _IP_FIELDS = ("address", "gateway", "interface")
 
 

@@ -148,7 +148,8 @@ class Request:
         self.version = version
 
     def _key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__[:-2]) + (
+        return (
+            *(getattr(self, name) for name in self.__slots__[:-2]),
             json.dumps(self.config, sort_keys=True),
             self.version,
         )

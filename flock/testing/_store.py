@@ -242,7 +242,7 @@ class ObjectStore:
         sub = Subscription(self, resource, namespace, selector, deliver)
         with self._lock:
             if since in (None, "", "0"):
-                for (res, ns, _), obj in self._objects.items():
+                for (res, _, _), obj in self._objects.items():
                     if res == resource and sub.sees(obj):
                         deliver({"type": "ADDED", "object": obj})
             else:

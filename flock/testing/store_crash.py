@@ -15,6 +15,7 @@ start-up), and the writer is a real process that dies with SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import sys
@@ -51,10 +52,11 @@ def main(state_dir: str, first: int) -> None:
     n = first
     while True:
         cid = expected(n).container_id
-        step("p", cid, lambda: store.put(expected(n)))
-        step("c", cid, lambda: store.commit(cid, now=float(n) + 0.5))
+        step("p", cid, functools.partial(store.put, expected(n)))
+        step("c", cid, functools.partial(store.commit, cid, now=float(n) + 0.5))
         if n % 3 == 2:
-            step("d", expected(n - 1).container_id, lambda: store.delete(expected(n - 1).container_id))
+            old = expected(n - 1).container_id
+            step("d", old, functools.partial(store.delete, old))
         n += 1
 
 
@@ -66,11 +68,11 @@ def main_grouped(state_dir: str, first: int, writers: int) -> None:
         n = first + t
         while True:
             cid = expected(n).container_id
-            await astep("p", cid, store, lambda: store.put(expected(n)))
-            await astep("c", cid, store, lambda: store.commit(cid, now=float(n) + 0.5))
+            await astep("p", cid, store, functools.partial(store.put, expected(n)))
+            await astep("c", cid, store, functools.partial(store.commit, cid, now=float(n) + 0.5))
             if (n - first) // writers % 3 == 2:
                 old = expected(n - writers).container_id
-                await astep("d", old, store, lambda: store.delete(old))
+                await astep("d", old, store, functools.partial(store.delete, old))
             n += writers
 
     async def run() -> None:
