@@ -9,13 +9,17 @@ import attrs
 from flock.model import Allocation, IPAddress, NodeConfig
 
 
+def _address_set(addresses: Iterable[IPAddress]) -> frozenset[IPAddress]:
+    return frozenset(addresses)
+
+
 @attrs.frozen
 class BirdInputs:
     """The node and the anycast and extra pod addresses in use on it."""
 
     node: NodeConfig
-    anycast: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
-    addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=frozenset)
+    anycast: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=_address_set)
+    addresses: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=_address_set)
 
     @classmethod
     def collect(cls, node: NodeConfig, allocations: Iterable[Allocation]) -> BirdInputs:

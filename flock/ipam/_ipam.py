@@ -64,14 +64,18 @@ class Ipam:
         if (old.cidr6, old.cidr4) != (node.cidr6, node.cidr4):
             fresh = Allocator(self.rng)
             for container_id in list(self._allocator.containers()):
-                fresh.mark_in_use(container_id, self._allocator.held(container_id))
+                held = self._allocator.held(container_id)
+                assert held is not None  # containers() are exactly the holders
+                fresh.mark_in_use(container_id, held)
             self._allocator = fresh
         self._resolve_layout()
 
     def full_blocks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """The node blocks of the default families with no free address left:
         non-empty means STATUS should report the pool exhausted."""
-        blocks = [self.node.cidr6] if self.node.families.ipv6 else []
+        blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = (
+            [self.node.cidr6] if self.node.families.ipv6 else []
+        )
         if self.node.families.ipv4 and self.node.cidr4 is not None:
             blocks.append(self.node.cidr4)
         return tuple(b for b in blocks if not self._allocator.has_free(b))

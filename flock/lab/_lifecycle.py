@@ -282,7 +282,7 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
                 f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)"
             )
     previous = load_state(plan.dir)
-    if previous is not None and keeper_running(previous):
+    if previous is not None and previous.keeper is not None and keeper_running(previous):
         raise LabError(
             f"a lab is running in {plan.dir} (keeper pid {previous.keeper.pid}): `flock-lab down` first, or use another --dir"
         )

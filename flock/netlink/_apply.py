@@ -12,7 +12,8 @@ import errno
 import ipaddress
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -20,6 +21,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from flock import errors
 from flock.netlink import _conn, _nsenter
 from flock.netlink.desired import (
+    Address,
     AppliedPlan,
     DataplaneSettings,
     PodPlan,
@@ -69,7 +71,7 @@ def _pod_netns_fd(plan: PodPlan) -> int:
         raise _netns_error(plan, "no such file") from None
 
 
-def peers_match(host_msg, pod_msg) -> bool:
+def peers_match(host_msg: Any, pod_msg: Any) -> bool:
     return (
         pod_msg is not None
         and host_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
@@ -79,7 +81,7 @@ def peers_match(host_msg, pod_msg) -> bool:
     )
 
 
-async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int):
+async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int) -> Any:
     """Host link message, pod link message for a verified pair, and whether
     this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod
@@ -128,7 +130,7 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
     return h, p, created
 
 
-async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted, *, fresh: bool) -> None:
+async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted: tuple[Address, ...], *, fresh: bool) -> None:
     """Add *wanted* (with their nodad flag) and drop other global addresses;
     a *fresh* link has none yet, so it is not read first."""
     live = {} if fresh else {(a.address, a.prefixlen): a for a in await _conn.addresses(ipr, index)}
@@ -258,7 +260,7 @@ async def setup_pod(
             done("anycast")
             return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
     except _nsenter.NetnsMissing as exc:
-        raise _netns_error(plan, exc.strerror) from exc
+        raise _netns_error(plan, exc.strerror or str(exc)) from exc
     except (NetlinkError, OSError) as exc:
         raise _fail(
             step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc
@@ -387,7 +389,11 @@ async def teardown_pod(
         raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
 
 
-async def ensure_blackholes(host: AsyncIPRoute, cidrs, settings: DataplaneSettings) -> None:
+async def ensure_blackholes(
+    host: AsyncIPRoute,
+    cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None],
+    settings: DataplaneSettings,
+) -> None:
     wanted = {r.dst: r for r in blackhole_routes(cidrs, settings)}
     for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol):
         if live.route.blackhole and live.route.dst not in wanted:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -13,6 +13,10 @@ import trio
 from flock.nursery._policy import ChildSpec, Restart, RestartIntensity
 
 log = logging.getLogger("flock.nursery")
+
+
+def _specs(children: Iterable[ChildSpec]) -> tuple[ChildSpec, ...]:
+    return tuple(children)
 
 
 class SupervisorEscalation(Exception):
@@ -71,7 +75,7 @@ class Supervisor:
     """
 
     name: str
-    children: Sequence[ChildSpec] = attrs.field(converter=tuple)
+    children: Sequence[ChildSpec] = attrs.field(converter=_specs)
     intensity: RestartIntensity = RestartIntensity()
     rng: random.Random = attrs.field(factory=random.Random)
     _ready: set[str] = attrs.field(init=False, factory=set)

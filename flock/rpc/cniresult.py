@@ -64,8 +64,8 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
     newest = to_version == "1.1.0"
     out = {"cniVersion": to_version}  # type: dict[str, Any]
     if "interfaces" in result:
-        keep = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
-        out["interfaces"] = [_pick(iface, keep) for iface in _objects(result, "interfaces")]
+        iface_fields = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
+        out["interfaces"] = [_pick(iface, iface_fields) for iface in _objects(result, "interfaces")]
     if "ips" in result:
         ips = []
         for ip in _objects(result, "ips"):
@@ -75,8 +75,8 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
             ips.append(item)
         out["ips"] = ips
     if "routes" in result:
-        keep = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
-        out["routes"] = [_pick(route, keep) for route in _objects(result, "routes")]
+        route_fields = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
+        out["routes"] = [_pick(route, route_fields) for route in _objects(result, "routes")]
     if "dns" in result:
         out["dns"] = result["dns"]
     return out

@@ -3,6 +3,7 @@ group commit (many calls in one transaction, each in its own savepoint)."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import sqlite3
 import time
@@ -88,7 +89,7 @@ class SyncStore:
             rows = self._run(_schema.LIST_IN_STATE, (state.value,)).fetchall()
         return [_schema.decode(self.path, r) for r in rows]
 
-    def run_group(self, calls: Sequence[Callable[[], Any]]) -> list[outcome.Outcome]:
+    def run_group(self, calls: Sequence[Callable[[], Any]]) -> builtins.list[outcome.Outcome]:
         """Run *calls* (methods of this store) in one transaction, each in its
         own savepoint; one outcome per call, all durable when this returns.
         One failing call is rolled back alone; a lost transaction re-runs

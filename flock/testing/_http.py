@@ -241,9 +241,11 @@ class HttpFrontend:
         assert self._serving is not None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        sub = self.store.watch(
-            res, ns, selector, q.get("resourceVersion"), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
-        )
+
+        def deliver(event: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        sub = self.store.watch(res, ns, selector, q.get("resourceVersion"), deliver)
         try:
             resp = web.StreamResponse(headers={"Content-Type": "application/json"})
             resp.enable_chunked_encoding()

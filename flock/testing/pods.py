@@ -8,7 +8,9 @@ tested against real namespaces in test_pods_integration.py.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -98,7 +100,7 @@ class MemoryKernel:
         await trio.lowlevel.checkpoint()
         return []
 
-    async def ensure_blackholes(self, cidrs) -> None:
+    async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         await trio.lowlevel.checkpoint()
         self.blackholes = tuple(c for c in cidrs if c is not None)
 
@@ -106,7 +108,7 @@ class MemoryKernel:
 CONFIG = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock"}
 
 
-def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config) -> Request:
+def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config: Any) -> Request:
     return Request(
         op,
         container_id=cid,

@@ -19,11 +19,12 @@ import functools
 import ipaddress
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from flock.model import Allocation, AllocationState
-from flock.store import SyncStore, open_store
+from flock.store import Store, SyncStore, open_store
 
 
 def expected(n: int) -> Allocation:
@@ -64,7 +65,7 @@ def main_grouped(state_dir: str, first: int, writers: int) -> None:
     """Like :func:`main`, with *writers* tasks; task t writes rows
     first + t, first + t + writers, … and deletes its own earlier rows."""
 
-    async def writer(store, t: int) -> None:
+    async def writer(store: Store, t: int) -> None:
         n = first + t
         while True:
             cid = expected(n).container_id
@@ -85,13 +86,13 @@ def main_grouped(state_dir: str, first: int, writers: int) -> None:
     trio.run(run)
 
 
-async def astep(op: str, cid: str, store, write) -> None:
+async def astep(op: str, cid: str, store: Store, write: Callable[[], Awaitable[object]]) -> None:
     say(f"{op} {cid}")
     await write()
     say(f"{op.upper()} {cid} {store.grouped_calls}")
 
 
-def step(op: str, cid: str, write) -> None:
+def step(op: str, cid: str, write: Callable[[], object]) -> None:
     """Announce a write (lower-case op), do it, acknowledge it (upper-case)."""
     say(f"{op} {cid}")
     write()

@@ -52,7 +52,7 @@ def held(handler: PodHandler) -> set[str]:
 async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojump_clock):
     api = ObjectStore()
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, source, pokes):
+        async with handler_running(api) as (handler, _kernel, rows, source, pokes):
 
             async def create_later():
                 await trio.sleep(1.25)
@@ -73,7 +73,7 @@ async def test_add_falls_back_to_one_direct_get_after_three_seconds(autojump_clo
     # Not (yet) bound to this node as far as the watch knows: only a GET finds it.
     api.create(PODS, pod_object("default", "web-0", "elsewhere"))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, source, _):
+        async with handler_running(api) as (handler, _kernel, rows, source, _):
             result = await handler(request("ADD"))
             assert trio.current_time() == 3.0
             assert source.gets == [("default", "web-0")]
@@ -108,7 +108,7 @@ async def test_one_container_at_a_time_different_containers_in_parallel(autojump
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, kernel, _rows, _, _):
             kernel.gate = trio.Event()
             results = {}
 
@@ -183,7 +183,7 @@ async def test_check_needs_a_well_formed_prev_result_that_matches(autojump_clock
     api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, kernel, _rows, _, _):
             result = await handler(request("ADD"))
             for prev, code, detail in [
                 (None, errors.INVALID_CONFIG, "no field 'prevResult'"),
@@ -220,7 +220,7 @@ async def test_exhausted_pool_fails_the_add_and_status_until_an_address_is_freed
     for i in range(6):
         api.create(PODS, pod_object("default", f"p{i}", NODE, annotations={A + "ipv6": "false", A + "ipv4": "true"}))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, _kernel, rows, _, _):
             assert await handler(request("STATUS")) == {}
             got = [(await handler(request("ADD", cid=f"c{i}", pod=f"p{i}")))["ips"][0]["address"] for i in range(5)]
             assert got == [f"198.51.100.{i}/32" for i in range(2, 7)]  # /29: .0 network, .1 gateway, .7 broadcast
@@ -238,7 +238,7 @@ async def test_exhausted_pool_fails_the_add_and_status_until_an_address_is_freed
 async def test_not_ready_add_is_11_and_status_50_while_del_works(autojump_clock):
     api = ObjectStore()
     with trio.fail_after(10):
-        async with handler_running(api, ready=False) as (handler, kernel, rows, _, _):
+        async with handler_running(api, ready=False) as (handler, _kernel, _rows, _, _):
             with pytest.raises(errors.CniError) as add:
                 await handler(request("ADD"))
             with pytest.raises(errors.CniError) as status:
@@ -290,7 +290,7 @@ async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refus
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, _kernel, _rows, _, _):
             first = await handler(request("ADD", pod="a"))
             with pytest.raises(errors.CniError) as info:
                 await handler(request("ADD", pod="b"))

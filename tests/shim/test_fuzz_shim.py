@@ -111,7 +111,7 @@ def test_any_env_and_stdin_against_an_unreachable_agent(data):
         os.mkdir(os.path.dirname(sock))
         env = data.draw(envs())
         stdin = data.draw(stdins(sock))
-        status, obj = run_shim(env, stdin)
+        status, _ = run_shim(env, stdin)
         written = files_under(root)
         if env["CNI_COMMAND"] == "DEL" and status == 0:
             # recorded in the pending-deletes directory under its own (valid) name
