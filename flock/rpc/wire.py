@@ -37,8 +37,8 @@ OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 # value a few frames deeper then raise RecursionError far from the input.
 MAX_JSON_DEPTH = 64
 
-# The directory beside the agent's socket where the shim records a DEL the
-# agent could not take, for the agent to replay.
+# Name of the directory where the shim records a DEL the agent could not take
+# and the agent replays it from (shared by both ends).
 PENDING_DELETES = "pending-deletes"
 
 # Which request strings must be non-empty, per op (CNI spec 1.1, "Parameters").
