@@ -1,6 +1,10 @@
 """Shared parts of the lab benchmarks (bench/lab_*.py): a lab of its own in a
 temporary directory, pods attached without the timing of their set-up, and
-percentiles.  Not a benchmark itself."""
+percentiles.  Not a benchmark itself.
+
+A sibling module like stats.py (the scripts run as ``python bench/x.py``, so
+bench/ is on the path) using only :mod:`flock.lab`'s public API: its two
+runtime drivers exist for the benchmarks alone."""
 
 from __future__ import annotations
 
