@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import random
 
 import attrs
@@ -13,8 +12,6 @@ from flock.ipam._identity import pod_identity
 from flock.ipam._layout import Layout, LayoutError, parse_layout
 from flock.ipam._request import PodRequest, parse_request
 from flock.model import NodeConfig, PodInfo
-
-log = logging.getLogger("flock.ipam")
 
 
 def node_layout(node: NodeConfig) -> Layout | None:
@@ -33,16 +30,17 @@ def node_layout(node: NodeConfig) -> Layout | None:
 class Ipam:
     """Turns pods into addresses on one node.
 
-    An invalid node-level ip-algo is logged once per distinct value and
-    ignored (pods fall back to random identifiers); everything else that goes
-    wrong propagates as a CniError from :meth:`allocate`.
+    An invalid node-level ip-algo is ignored (pods fall back to random
+    identifiers) and kept in :attr:`layout_problem` for the caller to report;
+    everything else that goes wrong propagates from :meth:`allocate` as an
+    :class:`~flock.ipam.IpamError`.  Pure: no logging, no I/O.
     """
 
     node: NodeConfig
     rng: random.Random = attrs.field(factory=random.Random)
     _allocator: Allocator = attrs.field(init=False)
     _layout: Layout | None = attrs.field(init=False, default=None)
-    _warned_algo: str | None = attrs.field(init=False, default=None)
+    _layout_problem: LayoutError | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._allocator = Allocator(self.rng)
@@ -55,6 +53,11 @@ class Ipam:
     @property
     def default_layout(self) -> Layout | None:
         return self._layout
+
+    @property
+    def layout_problem(self) -> LayoutError | None:
+        """Why the node-level ip-algo is ignored (None: there is none, or it is valid)."""
+        return self._layout_problem
 
     def set_node(self, node: NodeConfig) -> None:
         """Adopt a changed NodeConfig.  Holdings carry over; a changed block
@@ -96,17 +99,6 @@ class Ipam:
 
     def _resolve_layout(self) -> None:
         try:
-            self._layout = node_layout(self.node)
+            self._layout, self._layout_problem = node_layout(self.node), None
         except LayoutError as exc:
-            self._layout = None
-            if self._warned_algo != self.node.ip_algo:
-                self._warned_algo = self.node.ip_algo
-                log.warning(
-                    "ignoring invalid node-level ip-algo",
-                    extra={
-                        "node": self.node.name,
-                        "annotation": "flock.fritzlab.net/ip-algo",
-                        "value": exc.value,
-                        "reason": exc.reason,
-                    },
-                )
+            self._layout, self._layout_problem = None, exc

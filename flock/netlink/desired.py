@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from flock import errors
+from flock.faults import AllocationUnusable
 from flock.fnv import fnv1a_32
 from flock.model import Allocation, IPAddress
 
@@ -187,9 +187,8 @@ def _host_net(addr: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(f"{addr}/{addr.max_prefixlen}")
 
 
-def _invalid(alloc: Allocation, field: str, value: object, expected: str) -> errors.CniError:
-    return errors.CniError(
-        errors.INVALID_CONFIG,
+def _invalid(alloc: Allocation, field: str, value: object, expected: str) -> AllocationUnusable:
+    return AllocationUnusable(
         "cannot plan pod network",
         f"container {alloc.container_id}: {field}={value!r}: expected {expected}",
     )
@@ -207,7 +206,7 @@ def _anycast_nexthop(alloc: Allocation, host: str, addr: IPAddress) -> Nexthop:
 
 
 def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings()) -> PodPlan:
-    """The kernel state for *alloc*; CniError(INVALID_CONFIG) names a bad field."""
+    """The kernel state for *alloc*; :class:`~flock.faults.AllocationUnusable` names a bad field."""
     if (
         not alloc.if_name
         or len(alloc.if_name) > _IFNAMSIZ

@@ -15,10 +15,6 @@ from flock.nursery._policy import ChildSpec, Restart, RestartIntensity
 log = logging.getLogger("flock.nursery")
 
 
-def _specs(children: Iterable[ChildSpec]) -> tuple[ChildSpec, ...]:
-    return tuple(children)
-
-
 class SupervisorEscalation(Exception):
     """A supervisor gave up: a child failed more often than its restart intensity allows.
 
@@ -56,6 +52,10 @@ class _ChildStatus:
         if not self.forwarded:
             self.forwarded = True
             self.outer.started()
+
+
+def _specs(children: Iterable[ChildSpec]) -> tuple[ChildSpec, ...]:
+    return tuple(children)
 
 
 @attrs.define(eq=False)

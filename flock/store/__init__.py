@@ -24,12 +24,13 @@ queued alone runs as a single autocommit statement, exactly as without
 grouping.
 
 Error handling: nothing is retried here.  A database that is unreadable or
-corrupt (:class:`StoreCorrupt`), cannot be opened (:class:`StoreUnavailable`)
-or was written by a newer flock (:class:`StoreTooNew`) raises at open — it is
+corrupt (:class:`StoreCorrupt`), cannot be opened (:class:`StoreError`) or
+was written by a newer flock (:class:`StoreTooNew`) raises at open — it is
 never replaced — and the agent exits so an operator can look.  Failures of
-later calls raise :class:`StoreUnavailable` or :class:`StoreCorrupt`;
-committing a row that is not there raises :class:`AllocationNotFound`.  All
-are :class:`StoreError`.
+later calls raise :class:`StoreError` or :class:`StoreCorrupt`; committing a
+row that is not there raises :class:`AllocationNotFound`.  All are
+:class:`StoreError`, a :class:`flock.faults.StoreUnavailable` (code 5 at the
+CNI boundary).
 """
 
 from flock.store._api import Store, open_store
@@ -38,7 +39,6 @@ from flock.store._errors import (
     StoreCorrupt,
     StoreError,
     StoreTooNew,
-    StoreUnavailable,
 )
 from flock.store._schema import FILENAME, MIGRATIONS, Migration
 from flock.store._sync import SyncStore
@@ -54,7 +54,6 @@ __all__ = [
     "StoreCorrupt",
     "StoreError",
     "StoreTooNew",
-    "StoreUnavailable",
     "SyncStore",
     "open_store",
 ]

@@ -1,4 +1,9 @@
-"""What can go wrong with the allocation database, as types the caller can act on."""
+"""What can go wrong with the allocation database, as types the caller can act on.
+
+Every one is a :class:`flock.faults.StoreUnavailable` (the pod layer's
+protocol says so, and its one table at the CNI boundary turns that into
+code 5); the kinds below let the agent and operators tell them apart.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from flock import errors
+from flock.faults import StoreUnavailable
 
 # SQLite's primary result codes that mean the file is not a sound database
 # (https://www.sqlite.org/rescode.html); extended codes keep them in the low byte.
@@ -14,23 +19,16 @@ _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 
 
-# Transitional: still a CniError (code 5, IO_ERROR) so that a store failure
-# during ADD/DEL reaches the runtime exactly as before.  Once the pod layer
-# maps domain errors to CNI codes in its one table at the CNI boundary, this
-# base becomes a plain Exception and the code goes.
-class StoreError(errors.CniError):
+class StoreError(StoreUnavailable):
     """The allocation database could not do what was asked; ``path`` says which file.
 
-    Catch this for "any store failure"; the subclasses say which kind."""
+    Raised as such when it cannot be opened, migrated or written (I/O error,
+    permissions, a full disk, a lock held too long, a refused write); the
+    subclasses name the other kinds."""
 
     def __init__(self, path: os.PathLike[str] | str, msg: str, details: str = "") -> None:
         self.path = Path(path)
-        super().__init__(errors.IO_ERROR, msg, f"{path}: {details}" if details else str(path))
-
-
-class StoreUnavailable(StoreError):
-    """The database cannot be opened, migrated or written right now (I/O error,
-    permissions, a full disk, a lock held too long, a refused write)."""
+        super().__init__(msg, f"{path}: {details}" if details else str(path))
 
 
 class StoreCorrupt(StoreError):
@@ -53,7 +51,7 @@ class AllocationNotFound(StoreError, LookupError):
 
 
 def from_sqlite(path: os.PathLike[str] | str, msg: str, exc: sqlite3.Error, details: str = "") -> StoreError:
-    """The typed error for an sqlite3 failure: corruption or anything else."""
+    """The typed error for an sqlite3 failure: corruption, or a plain StoreError."""
     code = getattr(exc, "sqlite_errorcode", None)
-    kind = StoreCorrupt if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB) else StoreUnavailable
+    kind = StoreCorrupt if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB) else StoreError
     return kind(path, msg, f"{details}: {exc}" if details else str(exc))

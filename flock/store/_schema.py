@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flock.model import Allocation, AllocationState
-from flock.store._errors import StoreCorrupt, StoreTooNew, StoreUnavailable, from_sqlite
+from flock.store._errors import StoreCorrupt, StoreError, StoreTooNew, from_sqlite
 
 FILENAME = "flock.db"
 Migration = Callable[[sqlite3.Connection], None]
@@ -130,7 +130,7 @@ def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration
     except sqlite3.Error as exc:
         raise from_sqlite(path, "the allocation database is unreadable or corrupt", exc) from None
     if mode.lower() != "wal":
-        raise StoreUnavailable(path, "the allocation database cannot use WAL", f"journal_mode is {mode}")
+        raise StoreError(path, "the allocation database cannot use WAL", f"journal_mode is {mode}")
     if problems != ["ok"]:
         raise StoreCorrupt(path, "the allocation database is corrupt", "; ".join(problems[:5]))
     if version > len(migrations):
@@ -148,7 +148,7 @@ def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise StoreUnavailable(
+            raise StoreError(
                 path, "cannot migrate the allocation database", f"to schema version {target}: {exc}"
             ) from None
     try:

@@ -16,7 +16,7 @@ import outcome
 
 from flock.model import Allocation, AllocationState
 from flock.store import _schema
-from flock.store._errors import AllocationNotFound, StoreUnavailable, from_sqlite
+from flock.store._errors import AllocationNotFound, StoreError, from_sqlite
 from flock.store._schema import MIGRATIONS, Migration
 
 
@@ -40,7 +40,7 @@ class SyncStore:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
             conn = sqlite3.connect(path, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
-            raise StoreUnavailable(path, "cannot open the allocation database", str(exc)) from None
+            raise StoreError(path, "cannot open the allocation database", str(exc)) from None
         try:
             conn.row_factory = sqlite3.Row
             _schema.prepare(path, conn, migrations)

@@ -18,7 +18,7 @@ from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
 from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
 from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource
-from ._nodeconfig import NodeConfigWatcher
+from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._source import KubeSource
 
@@ -35,6 +35,7 @@ __all__ = [
     "KubeError",
     "KubeSource",
     "ListWatchSource",
+    "NodeConfigSink",
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",

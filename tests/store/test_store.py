@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from flock.model import Allocation, AllocationState
-from flock.pods import AllocationStore
+from flock.pods import AllocationStore, cni_error
 from flock.store import (
     FILENAME,
     MIGRATIONS,
@@ -17,7 +17,6 @@ from flock.store import (
     StoreCorrupt,
     StoreError,
     StoreTooNew,
-    StoreUnavailable,
     SyncStore,
     open_store,
 )
@@ -118,7 +117,7 @@ def test_failed_migration_leaves_the_old_version(tmp_path):
     def broken(conn):
         conn.execute("ALTER TABLE no_such_table ADD COLUMN x")
 
-    with pytest.raises(StoreUnavailable, match="cannot migrate") as info:
+    with pytest.raises(StoreError, match="cannot migrate") as info:
         SyncStore.open(tmp_path, migrations=(*MIGRATIONS, broken))
     assert "no_such_table" in info.value.details
     store = SyncStore.open(tmp_path)
@@ -132,7 +131,7 @@ def test_garbage_file_is_an_error_and_is_left_alone(tmp_path):
     path.write_bytes(junk)
     with pytest.raises(StoreCorrupt, match="unreadable or corrupt") as info:
         SyncStore.open(tmp_path)
-    assert info.value.code == 5
+    assert cni_error(info.value).code == 5
     assert str(path) in info.value.details
     assert path.read_bytes() == junk
 
@@ -155,8 +154,9 @@ def test_damaged_page_is_an_error(tmp_path):
 
 def test_unopenable_path_and_foreign_database(tmp_path):
     (tmp_path / "dir" / FILENAME).mkdir(parents=True)
-    with pytest.raises(StoreUnavailable, match=r"cannot open|unreadable"):
+    with pytest.raises(StoreError, match=r"cannot open|unreadable") as info:
         SyncStore.open(tmp_path / "dir")
+    assert not isinstance(info.value, StoreCorrupt)  # nothing says the file is damaged
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     conn = sqlite3.connect(foreign / FILENAME)
@@ -350,3 +350,18 @@ def test_store_and_its_in_memory_stand_in_have_the_pod_layers_interface(implemen
 async def test_in_memory_stand_in_fails_a_missing_commit_like_the_store():
     with pytest.raises(AllocationNotFound, match="no allocation to commit"):
         await MemoryAllocations().commit("missing")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        StoreError("/x/flock.db", "allocation database failed", "disk I/O error"),
+        StoreCorrupt("/x/flock.db", "the allocation database is corrupt", "page 3"),
+        StoreTooNew("/x/flock.db", "the allocation database is from a newer flock", "schema version 9"),
+        AllocationNotFound("/x/flock.db", "no allocation to commit", "c1"),
+    ],
+)
+def test_every_store_error_reaches_the_runtime_as_code_5(error):
+    cni = cni_error(error)
+    assert cni is not None and cni.code == 5
+    assert (cni.msg, cni.details) == (error.msg, error.details) and "/x/flock.db" in cni.details
