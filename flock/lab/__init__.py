@@ -2,11 +2,11 @@
 
 from flock.lab._check import Probe, matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._lifecycle import agent_ready, api_client, down, up
-from flock.lab._nsio import in_netns, netns_path
+from flock.lab._nsio import in_netns, netns_path, run_in
 from flock.lab._plan import LabPlan, NodePlan
 from flock.lab._pods import CniFailure, LabPod, load_pods, pod_add, pod_check, pod_del
 from flock.lab._runtime import CniParams, PluginOutcome, exec_conflist, exec_plugin, load_conflist
-from flock.lab._state import LabError, LabState, load_procs, load_state
+from flock.lab._state import LabError, LabState, load_procs, load_state, process_refs
 from flock.lab._status import status, status_text
 
 __all__ = [
@@ -34,7 +34,9 @@ __all__ = [
     "pod_add",
     "pod_check",
     "pod_del",
+    "process_refs",
     "reachability",
+    "run_in",
     "status",
     "status_text",
     "summary",
