@@ -436,7 +436,7 @@ class PodHandler:
 
 
 def _macs_of(attachment: object) -> tuple[str, str]:
-    """(host, pod) MACs of what ``Dataplane.setup`` returned (flock.netlink's Attachment)."""
+    """(host, pod) MACs of what ``Dataplane.setup`` returned (flock.netlink's AppliedPlan)."""
     return str(getattr(attachment, "host_mac", "") or ""), str(getattr(attachment, "pod_mac", "") or "")
 
 
