@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from flock.lab import (
-    Attachment,
+    CniParams,
     LabError,
     LabPlan,
     down,
@@ -159,7 +159,7 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
             await trio.run_process(["ip", "netns", "add", outside])
             node1 = plan.nodes[0]
             conflist = load_conflist(node1.cni_conf)
-            att = Attachment("c0ffee0ut", f"/run/netns/{outside}", "eth0", "IgnoreUnknown=1;K8S_POD_NAME=app_1")
+            att = CniParams("c0ffee0ut", f"/run/netns/{outside}", "eth0", "IgnoreUnknown=1;K8S_POD_NAME=app_1")
             try:
                 added = await exec_conflist(node1.netns, str(node1.cni_bin), conflist, "ADD", att)
                 assert added.ok, added
