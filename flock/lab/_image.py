@@ -125,7 +125,8 @@ def write_podman_config(plan: LabPlan, settings: ImageSettings) -> None:
 
 def node_mapping(plan: LabPlan, node: NodePlan) -> NodeMapping:
     """The DaemonSet's hostPaths on this node: its lab directories.  The host's
-    root (the installer looks for python3 there) and /var/run/netns are the
+    root (the installer looks for python3 there), /var/run/netns and
+    /proc/sys/net (which shows whichever namespace the opener is in) are the
     machine's own, as they are for every node of the lab."""
     return NodeMapping(
         node_name=node.name,
@@ -137,6 +138,7 @@ def node_mapping(plan: LabPlan, node: NodePlan) -> NodeMapping:
             "/var/lib/flock": node.state_dir,
             "/var/run/netns": Path(NETNS_DIR),
             "/etc/flock/bird": bird_dir(node),
+            "/proc/sys/net": Path("/proc/sys/net"),
         },
         config_maps={},  # filled by lab_runs from the manifests
         host_ip=str(node.addr6),
