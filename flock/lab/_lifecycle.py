@@ -47,7 +47,7 @@ from flock.lab._plan import (
     lab_id,
 )
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
-from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_state, process_refs
+from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_procs, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
 from flock.testing import NODECONFIGS, write_kubeconfig
 
@@ -263,9 +263,13 @@ async def readiness(plan: LabPlan) -> dict[str, Any]:
     """What is ready: every agent's /readyz, every node's session and the fabric's sessions."""
     out: dict[str, Any] = {}
 
+    procs = load_procs(plan.dir).get("processes", {})
+
     async def one(node: NodePlan) -> None:
+        # The image lab's keeper polls the DaemonSet's readiness probe: ready means it said so too.
+        probed = procs.get(f"agent-{node.name}", {}).get("ready")
         out[node.name] = {
-            "agent_ready": await agent_ready(node),
+            "agent_ready": await agent_ready(node) and probed is not False,
             "bgp": all_established(await bgp_sessions(node.bird_ctl), 1),
         }
 
