@@ -42,7 +42,7 @@ import yaml
 
 from flock.lab._daemonset import ContainerRun, Exec, Mount, NodeMapping, Probe, find_daemonset, pod_runs, podman_argv
 from flock.lab._nsio import NETNS_DIR, netns_path
-from flock.lab._plan import LabPlan, NodePlan
+from flock.lab._plan import AGENT_NAMESPACE, LabPlan, NodePlan
 from flock.lab._state import LabError
 from flock.lab.keeper import ProbeSpec, ProcessSpec
 
@@ -141,6 +141,7 @@ def node_mapping(plan: LabPlan, node: NodePlan) -> NodeMapping:
             "/proc/sys/net": Path("/proc/sys/net"),
         },
         config_maps={},  # filled by lab_runs from the manifests
+        namespace=AGENT_NAMESPACE,  # where the lab's BGP password Secret is
         host_ip=str(node.addr6),
     )
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ._http import HttpFrontend
-from ._resources import NODECONFIGS, PODS, Resource
+from ._resources import NODECONFIGS, PODS, SECRETS, Resource
 from ._selectors import FieldSelector
 from ._store import Store
 
@@ -97,8 +97,13 @@ class ApiServer:
         if self._loop is not None:
             self._run(self._frontend.stop())
 
-    def restart(self) -> None:
+    def restart(self, *, empty: bool = False) -> None:
+        """Stop and start again; *empty*: with a fresh store, as an API server
+        whose etcd was wiped (resourceVersions start over)."""
         self.stop()
+        if empty:
+            self.store = Store(history_limit=self.store.history_limit)
+            self._frontend.store = self.store
         self.start()
 
     def close(self) -> None:
@@ -188,10 +193,12 @@ def load_objects(store: Store, path: str | os.PathLike[str]) -> int:
     """Create the objects in a JSON file (a list, or a List object with ``items``); returns how many."""
     data = json.loads(Path(path).read_text())
     items = data.get("items", []) if isinstance(data, dict) else data
-    by_kind = {r.kind: r for r in (PODS, NODECONFIGS)}
+    by_kind = {r.kind: r for r in (PODS, NODECONFIGS, SECRETS)}
     for obj in items:
         kind = obj.get("kind") if isinstance(obj, dict) else None
         if kind not in by_kind:
-            raise SystemExit(f"{os.fspath(path)}: cannot load object of kind {kind!r}: expected Pod or NodeConfig")
+            raise SystemExit(
+                f"{os.fspath(path)}: cannot load object of kind {kind!r}: expected Pod, NodeConfig or Secret"
+            )
         store.create(by_kind[kind], obj)
     return len(items)

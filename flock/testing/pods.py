@@ -8,15 +8,20 @@ tested against real namespaces in test_pods_integration.py.
 
 from __future__ import annotations
 
+import ipaddress
+import random
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import trio
 
-from flock import errors
-from flock.model import Allocation, AllocationState
-from flock.netlink import CleanupReport, host_ifname
+from flock.faults import KernelRefused, StoreUnavailable
+from flock.model import Allocation, AllocationState, NodeConfig
+from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
+from flock.pods import ADD_GATE, PodHandler, PodLookup
 from flock.rpc import Request
+from flock.state import NodeState
 
 
 @attrs.define(eq=False)
@@ -34,7 +39,7 @@ class MemoryAllocations:
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         await trio.lowlevel.checkpoint()
         if container_id not in self.rows:
-            raise errors.CniError(errors.IO_ERROR, "no allocation to commit", container_id)
+            raise StoreUnavailable("no allocation to commit", container_id)
         row = self.rows[container_id] = attrs.evolve(
             self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
         )
@@ -55,13 +60,20 @@ class MemoryKernel:
 
     veths: dict[str, Allocation] = attrs.field(factory=dict)
     gate: trio.Event | None = None
-    fail_with: errors.CniError | None = None
+    fail_with: Exception | None = None
+    teardown_fails: set[str] = attrs.field(factory=set)
     setups: int = 0
     in_setup: int = 0
     most_in_setup: int = 0
     blackholes: tuple = ()
+    own_addresses: frozenset = frozenset()  # what node_addresses() reports
+    gateway6: ipaddress.IPv6Address = GATEWAY6
+    gateway4: ipaddress.IPv4Address = GATEWAY4
 
-    async def setup(self, alloc: Allocation) -> None:
+    def host_ifname(self, container_id: str) -> str:
+        return host_ifname(container_id)
+
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> None:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)
@@ -75,11 +87,17 @@ class MemoryKernel:
         finally:
             self.in_setup -= 1
 
+    async def node_addresses(self) -> frozenset:
+        await trio.lowlevel.checkpoint()
+        return self.own_addresses
+
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         await trio.lowlevel.checkpoint()
+        if container_id in self.teardown_fails:
+            raise KernelRefused("netlink teardown failed", f"container {container_id}: injected")
         self.veths.pop(container_id, None)
 
-    async def check(self, alloc: Allocation) -> list[str]:
+    async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
         await trio.lowlevel.checkpoint()
         return (
             [] if alloc.container_id in self.veths else [f"host {host_ifname(alloc.container_id)}: interface missing"]
@@ -114,3 +132,30 @@ def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str =
         args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}",
         config={**CONFIG, **config},
     )
+
+
+async def serving_handler(
+    pods: PodLookup,
+    node: NodeConfig,
+    *,
+    rows: MemoryAllocations | None = None,
+    kernel: MemoryKernel | None = None,
+    seed: int = 1,
+    ready: bool = True,
+    **kwargs: Any,
+) -> PodHandler:
+    """A pod handler over in-memory rows and kernel, rebuilt for *node* (its
+    ``state`` declares only ADD's gate, opened when *ready*)."""
+    state = NodeState(node.name, [ADD_GATE])
+    handler = PodHandler(
+        store=MemoryAllocations() if rows is None else rows,
+        dataplane=MemoryKernel() if kernel is None else kernel,
+        pods=pods,
+        state=state,
+        rng=random.Random(seed),
+        **kwargs,
+    )
+    await handler.rebuild(node)
+    if ready:
+        state.open_gate(ADD_GATE.name)
+    return handler

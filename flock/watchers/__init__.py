@@ -16,10 +16,18 @@ The agent opens one client and hands the watchers to its supervisor::
 from ._bridge import AsyncioBridge, open_bridge
 from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
-from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
+from ._errors import (
+    KubeApiError,
+    KubeError,
+    ResourceExpired,
+    ResourceVersionTooLarge,
+    TransientKubeError,
+    error_for_status,
+)
 from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
-from ._nodeconfig import NodeConfigWatcher
+from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
@@ -36,11 +44,16 @@ __all__ = [
     "KubeError",
     "KubeSource",
     "ListWatchSource",
+    "NodeConfigSink",
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",
     "ResourceExpired",
+    "ResourceVersionTooLarge",
+    "SecretWatcher",
     "TransientKubeError",
+    "decode_secret",
+    "error_for_status",
     "in_cluster_configuration",
     "open_bridge",
     "open_kube_client",
