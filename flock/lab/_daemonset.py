@@ -119,6 +119,7 @@ class ContainerRun:
     readiness: Probe | None = None
     memory_limit: int | None = None  # bytes
     cpu_limit: float | None = None  # cores
+    pre_stop: Exec | None = None  # lifecycle.preStop: run in the container before it is stopped
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:
@@ -233,6 +234,11 @@ def _container(
                 sources[m["name"]][1],
             )
         )
+    pre_stop = None
+    for hook, handler in c.get("lifecycle", {}).items():
+        if hook != "preStop" or "exec" not in handler:
+            raise ManifestError(f"{where}.lifecycle.{hook}: the lab runs exec preStop hooks only")
+        pre_stop = Exec(tuple(handler["exec"]["command"]))
     sc = c.get("securityContext", {})
     caps = sc.get("capabilities", {})
     limits = c.get("resources", {}).get("limits", {})
@@ -253,6 +259,7 @@ def _container(
         readiness=Probe.from_object(c["readinessProbe"], f"{where}.readinessProbe") if "readinessProbe" in c else None,
         memory_limit=memory_bytes(str(limits["memory"])) if "memory" in limits else None,
         cpu_limit=cpu_cores(limits["cpu"]) if "cpu" in limits else None,
+        pre_stop=pre_stop,
     )
 
 

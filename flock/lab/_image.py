@@ -262,6 +262,9 @@ def container_specs(
                     env,
                     probe_spec(run.liveness, plan, node, run),
                     probe_spec(run.readiness, plan, node, run),
+                    None
+                    if run.pre_stop is None
+                    else ("podman", "exec", container_name(plan, node, run), *run.pre_stop.command),
                 )
             )
     return specs, inits

@@ -94,6 +94,7 @@ class ProcessSpec:
     env: dict[str, str] | None = attrs.field(default=None, hash=False)
     liveness: ProbeSpec | None = None
     readiness: ProbeSpec | None = None
+    pre_stop: tuple[str, ...] | None = None  # run to completion (bounded by the grace) before SIGTERM
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ProcessSpec:
@@ -104,6 +105,7 @@ class ProcessSpec:
             obj.get("env"),
             ProbeSpec.from_json(obj.get("liveness")),
             ProbeSpec.from_json(obj.get("readiness")),
+            None if obj.get("pre_stop") is None else tuple(obj["pre_stop"]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -114,6 +116,7 @@ class ProcessSpec:
             "env": self.env,
             "liveness": None if self.liveness is None else self.liveness.to_json(),
             "readiness": None if self.readiness is None else self.readiness.to_json(),
+            "pre_stop": None if self.pre_stop is None else list(self.pre_stop),
         }
 
 
@@ -217,10 +220,22 @@ class Keeper:
                 return
             await trio.sleep(probe.period)
 
+    async def _run_hook(self, argv: tuple[str, ...]) -> None:
+        proc = await trio.run_process(
+            list(argv), stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False
+        )
+        print(json.dumps({"event": "pre-stop", "argv": list(argv), "status": proc.returncode}), flush=True)
+
     async def _stop_all(self) -> None:
         self._stopping = True
         self._write_status()
         procs = [p for p in reversed(list(self._procs.values())) if p.returncode is None]
+        hooks = [s.pre_stop for s in self.specs if s.pre_stop is not None and s.name in self._procs]
+        with trio.move_on_after(self.stop_grace):
+            # As a kubelet runs preStop hooks: before the signal, within the grace period.
+            async with trio.open_nursery() as nursery:
+                for argv in hooks:
+                    nursery.start_soon(self._run_hook, argv)
         for proc in procs:
             proc.terminate()
         with trio.move_on_after(self.stop_grace):

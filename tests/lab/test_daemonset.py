@@ -95,6 +95,7 @@ def test_security_context_and_probes_are_taken_from_the_manifest():
         ("birdc", "-s", "/run/flock/bird.ctl", "show", "status")
     )
     assert agent.memory_limit == 512 * 2**20 and agent.cpu_limit == 1.0
+    assert bird.pre_stop == Exec(("birdc", "-s", "/run/flock/bird.ctl", "graceful", "restart"))
 
 
 def test_a_manifest_change_is_what_the_lab_runs():
@@ -120,6 +121,7 @@ def test_a_manifest_change_is_what_the_lab_runs():
             "fieldRef.fieldPath",
         ),
         (lambda pod: pod["containers"][0].pop("command"), "command"),
+        (lambda pod: pod["containers"][0].update(lifecycle={"postStart": {"exec": {"command": ["x"]}}}), "postStart"),
         (lambda pod: pod["containers"][0]["volumeMounts"].append({"name": "nope", "mountPath": "/x"}), "no volume"),
     ],
 )

@@ -79,3 +79,16 @@ async def test_readiness_follows_the_thresholds(tmp_path: Path, lazy_autojump) -
     # Ready after one pass; still ready after two failures; not ready after the third; ready again after a pass.
     assert [ready for _, ready in probe.calls] == [False, False, True, True, True, True, False, True]
     assert keeper.restarts["c"] == 0
+
+
+async def test_pre_stop_hook_runs_before_the_signal(tmp_path: Path) -> None:
+    hook, seen = tmp_path / "hook", tmp_path / "seen"
+    # On SIGTERM the process records whether the hook had already run.
+    script = f"trap 'cat {hook} > {seen} 2>&1; kill $!; exit 0' TERM; sleep 600 & wait"
+    spec = ProcessSpec("c", ("sh", "-c", script), tmp_path / "c.log", pre_stop=("sh", "-c", f"echo hooked > {hook}"))
+    keeper = Keeper((spec,), tmp_path / "procs.json", stop_grace=5)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keeper.run)
+            keeper.request_stop()
+    assert seen.read_text() == "hooked\n"
