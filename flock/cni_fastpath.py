@@ -23,12 +23,11 @@ running it with the reply already received (so a request is sent once).
 Because this file only ever *accepts less* than the full shim, the two agree
 on every input (the tests run both on the same inputs).
 
-Standard library only, Python 3.8 syntax.  In the bundle, ``_BUNDLE`` holds
+Standard library only, Python 3.8 syntax; annotations are strings by hand (``from __future__``
+imports the ``__future__`` module at run time).  In the bundle, ``_BUNDLE`` holds
 the other shim modules (source, and bytecode for the building interpreter),
 imported from there only when needed.
 """
-
-from __future__ import annotations
 
 import posix as os  # what os wraps, already loaded at start-up (os itself is not, under -S)
 import sys
@@ -92,7 +91,7 @@ def main() -> None:
     sys.exit(run(env, sys.stdin.buffer.read(), sys.stdout))
 
 
-def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
+def run(env: "Mapping[str, str]", stdin: bytes, stdout: "TextIO") -> int:
     """One plugin invocation, as :func:`flock.cni_shim.run` (same status and output)."""
     command = env.get("CNI_COMMAND", "")
     if command == "VERSION":
@@ -129,7 +128,9 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
     return _full().run(env, stdin, stdout, call=_replay(outcome))
 
 
-def _prepare(command: str, env: Mapping[str, str], stdin: bytes) -> tuple[str, float, bytes, int | None, str] | None:
+def _prepare(
+    command: str, env: "Mapping[str, str]", stdin: bytes
+) -> "tuple[str, float, bytes, int | None, str] | None":
     """``(socket, timeout, request line, netns fd, cniVersion)``, or None when
     the full shim must decide (nothing has been opened or sent then)."""
     if command not in OPS or len(stdin) > MAX_REQUEST_BYTES:
@@ -191,18 +192,18 @@ def _prepare(command: str, env: Mapping[str, str], stdin: bytes) -> tuple[str, f
     return socket_path, float(timeout), line, netns_fd, cni_version
 
 
-def _outcome(socket_path: str, line: bytes, timeout: float, netns_fd: int | None) -> bytes | Exception:
+def _outcome(socket_path: str, line: bytes, timeout: float, netns_fd: "int | None") -> "bytes | Exception":
     try:
         return call(socket_path, line, timeout, netns_fd)
     except (AgentUnreachable, ReplyTooLarge) as exc:
         return exc
 
 
-def _replay(outcome: bytes | Exception) -> Callable[..., bytes]:
+def _replay(outcome: "bytes | Exception") -> "Callable[..., bytes]":
     """A ``call`` for the full shim that gives the exchange already made, then dials for real."""
     pending = [outcome]
 
-    def replay(socket_path: str, line: bytes, timeout: float, netns_fd: int | None = None) -> bytes:
+    def replay(socket_path: str, line: bytes, timeout: float, netns_fd: "int | None" = None) -> bytes:
         if not pending:
             return call(socket_path, line, timeout, netns_fd)
         got = pending.pop()
@@ -213,7 +214,7 @@ def _replay(outcome: bytes | Exception) -> Callable[..., bytes]:
     return replay
 
 
-def call(socket_path: str, line: bytes, timeout: float, netns_fd: int | None = None) -> bytes:
+def call(socket_path: str, line: bytes, timeout: float, netns_fd: "int | None" = None) -> bytes:
     """Send *line* (with *netns_fd* as SCM_RIGHTS on its first bytes), return
     the reply line without its newline; the whole exchange ends within *timeout*.
 
@@ -309,7 +310,7 @@ class _Context:
 _WS = " \t\n\r"
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes) -> "Any":
     """``json.loads(data.decode())`` for a document that is valid JSON, without
     importing json (whose ``re`` costs milliseconds); None when it is not valid
     (the full shim then says why)."""
@@ -318,7 +319,7 @@ def loads(data: bytes) -> Any:
         from _json import make_scanner
 
         start = len(text) - len(text.lstrip(_WS))
-        value, end = make_scanner(_Context)(text, start)
+        value, end = make_scanner(_Context)(text, start)  # type: ignore[arg-type]  # duck-typed: the C scanner reads attributes
         if text[end:].strip(_WS):
             return None
         return value
@@ -339,11 +340,11 @@ def _too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def _default(obj: object) -> Any:
+def _default(obj: object) -> "Any":
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
-def _print(stdout: TextIO, obj: dict[str, Any]) -> None:
+def _print(stdout: "TextIO", obj: "dict[str, Any]") -> None:
     """``json.dumps(obj)`` and a newline, through ``_json``'s C encoder."""
     try:
         from _json import encode_basestring_ascii, make_encoder
@@ -373,7 +374,7 @@ def _bundle_imports() -> None:
     sys.meta_path.insert(0, _BundleFinder())
 
 
-def _full() -> Any:
+def _full() -> "Any":
     """:mod:`flock.cni_shim`, from the bundle's embedded modules when flock is not installed."""
     _bundle_imports()
     from flock import cni_shim
@@ -384,16 +385,16 @@ def _full() -> Any:
 class _BundleFinder:
     """Imports ``flock.*`` from ``_BUNDLE``: bytecode for the building interpreter, else source."""
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> Any:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> "Any":
         if name not in _BUNDLE["modules"]:
             return None
         bootstrap = sys.modules["_frozen_importlib"]
         return bootstrap.spec_from_loader(name, self, is_package=name in _BUNDLE["packages"])
 
-    def create_module(self, spec: Any) -> None:
+    def create_module(self, spec: "Any") -> None:
         return None
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: "Any") -> None:
         name = module.__name__
         code = None
         external = sys.modules.get("_frozen_importlib_external")

@@ -16,6 +16,7 @@ import binascii
 import importlib.util
 import marshal
 import os
+import types
 import zlib
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def shim_archive(prefix: bytes = b"", pending_deletes: str | None = None) -> byt
     return prefix + script.encode()
 
 
-def _compile(source: str, name: str) -> object:
+def _compile(source: str, name: str) -> types.CodeType:
     return compile(source, "<flock bundle>/" + name, "exec", dont_inherit=True)
 
 
