@@ -79,7 +79,13 @@ def compose(
     netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers)
     handler = PodHandler(
-        store=store, dataplane=netlink, pods=api, state=state, observe=metrics.observe, checkpoint=crash
+        store=store,
+        dataplane=netlink,
+        pods=api,
+        state=state,
+        observe=metrics.observe,
+        stage=metrics.stage,
+        checkpoint=crash,
     )
     bringup = NodeBringUp(
         handler=handler,
