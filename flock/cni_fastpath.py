@@ -375,11 +375,12 @@ def _bundle_imports() -> None:
 
 
 def _full() -> "Any":
-    """:mod:`flock.cni_shim`, from the bundle's embedded modules when flock is not installed."""
-    _bundle_imports()
-    from flock import cni_shim
+    """:mod:`flock.cni_shim`, from the bundle's embedded modules when flock is not installed.
 
-    return cni_shim
+    Looked up by name: cni_shim builds on this module (its transport and
+    constants), and this hand-over at run time is the one way back."""
+    _bundle_imports()
+    return __import__("flock.cni_shim", fromlist=["run"])
 
 
 class _BundleFinder:

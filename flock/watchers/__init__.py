@@ -24,15 +24,15 @@ from ._errors import (
     TransientKubeError,
     error_for_status,
 )
-from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
-    "Backoff",
     "Change",
     "ChangeType",
     "ClientConfigError",
@@ -49,7 +49,9 @@ __all__ = [
     "PodWatcher",
     "ResourceExpired",
     "ResourceVersionTooLarge",
+    "SecretWatcher",
     "TransientKubeError",
+    "decode_secret",
     "error_for_status",
     "in_cluster_configuration",
     "open_bridge",

@@ -6,9 +6,9 @@ client stack is used exactly as the agent uses it.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from flock.testing import PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import PODS, SECRETS, ApiServer, nodeconfig_object, pod_object, secret_object
 from flock.watchers import KubeClient, open_kube_client
 
 
@@ -187,7 +187,7 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
 
         async def expire_soon() -> None:
             # Once the watch is open on the server (no guessing with a sleep).
-            while not await trio.to_thread.run_sync(lambda: api.open_requests):
+            while not await trio.to_thread.run_sync(lambda: api.open_requests):  # noqa: ASYNC110  server thread's count
                 await trio.sleep(0.01)
             await trio.to_thread.run_sync(lambda: api.compact(expire_watches=True))
 
@@ -203,7 +203,7 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
 
 async def wait_until_idle(api: ApiServer) -> None:
     """Until the server has no request open (a test helper: the server runs on its own thread)."""
-    while await trio.to_thread.run_sync(lambda: api.open_requests):
+    while await trio.to_thread.run_sync(lambda: api.open_requests):  # noqa: ASYNC110  server thread's count
         await trio.sleep(0.01)
 
 
@@ -235,23 +235,22 @@ async def test_injected_5xx_and_pause(tmp_path: Path) -> None:
 async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kc"
     (tmp_path / "objects.json").write_text(json.dumps([pod_object("a", "p0", "n1"), nodeconfig_object("n1")]))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flock.testing.apiserver",
-            "--host",
-            "::1",
-            "--port",
-            "0",
-            "--kubeconfig-out",
-            str(kubeconfig),
-            "--load",
-            str(tmp_path / "objects.json"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    argv = [
+        sys.executable,
+        "-m",
+        "flock.testing.apiserver",
+        "--host",
+        "::1",
+        "--port",
+        "0",
+        "--kubeconfig-out",
+        str(kubeconfig),
+        "--load",
+        str(tmp_path / "objects.json"),
+    ]
+    # A plain Popen (its stdout read line by line on a thread), started off the Trio thread.
+    proc = await trio.to_thread.run_sync(
+        lambda: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     )
     try:
         with trio.fail_after(20):
@@ -277,7 +276,7 @@ async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
         err = proc.stderr.read()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
     assert "Traceback" not in err, err
-    assert os.path.exists(kubeconfig)
+    assert await trio.Path(kubeconfig).exists()
 
 
 def call(api: ApiServer, method: str, path: str) -> tuple[int, Any]:
@@ -327,3 +326,41 @@ def test_fault_endpoints_for_the_lab() -> None:
                 watch.read()
         status, body = call(api, "POST", "/flock-testing/explode")
         assert status == 404 and "unknown fault" in body["message"]
+
+
+async def test_secrets_are_served_like_kube_apiserver_does(tmp_path: Path) -> None:
+    """v1 Secrets: stringData folded into base64 data, read by name, listed and
+    watched with a metadata.name field selector; a bad value is refused without echoing it."""
+
+    async def scenario(kube: KubeClient) -> None:
+        core = CoreV1Api(kube.api_client)
+        await core.create_namespaced_secret("kube-system", secret_object("kube-system", "bgp", {"tor1": "s3cret"}))
+        await core.create_namespaced_secret("kube-system", secret_object("kube-system", "other", {"k": "v"}))
+        got = await core.read_namespaced_secret("bgp", "kube-system")
+        assert got.data == {"tor1": base64.b64encode(b"s3cret").decode()} and got.type == "Opaque"
+        listed = await core.list_namespaced_secret("kube-system", field_selector="metadata.name=bgp")
+        assert [s.metadata.name for s in listed.items] == ["bgp"]
+        with pytest.raises(ApiException) as exc:
+            await core.create_namespaced_secret(
+                "kube-system",
+                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad"}, "data": {"k": "not base64!"}},
+            )
+        assert exc.value.status == 422 and "not base64!" not in exc.value.body
+
+    with ApiServer() as api:
+        await run_scenario(api, tmp_path, scenario)
+        # A watch by name sees only that Secret's changes.
+        events = []
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kubeconfig")) as kube:
+            src = kube.secret("kube-system", "bgp")  # the agent's own source, over HTTP
+            items, rv = await src.list()
+            assert [i["metadata"]["name"] for i in items] == ["bgp"]
+            api.patch(SECRETS, "other", {"stringData": {"k": "w"}}, "kube-system")
+            api.patch(SECRETS, "bgp", {"stringData": {"tor1": "rotated"}}, "kube-system")
+            with trio.fail_after(10):
+                async with src.watch(rv, 5) as stream:
+                    async for event in stream:
+                        events.append(event)
+                        break
+    assert events[0]["type"] == "MODIFIED" and events[0]["object"]["metadata"]["name"] == "bgp"
+    assert base64.b64decode(events[0]["object"]["data"]["tor1"]) == b"rotated"
