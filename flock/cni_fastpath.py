@@ -352,7 +352,7 @@ def _print(stdout: "TextIO", obj: "dict[str, Any]") -> None:
         text = "".join(
             make_encoder({}, _default, encode_basestring_ascii, None, ": ", ", ", False, False, True)(obj, 0)
         )
-    except ImportError:  # a python built without _json
+    except Exception:  # a python without _json, or whose make_encoder takes other arguments
         import json
 
         text = json.dumps(obj)
