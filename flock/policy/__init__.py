@@ -41,6 +41,7 @@ attached pods (``host_veth`` set, addresses from the allocation); a local pod
 overrides the cluster-wide entry with the same key.
 """
 
+from ._compile import HOST_VETH, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
 from ._inputs import Kind, PolicyInputs, PolicySnapshot, PolicySource
 from ._model import (
     NAMESPACE_NAME_LABEL,
@@ -58,17 +59,29 @@ from ._model import (
     Protocol,
     Requirement,
 )
+from ._reference import Endpoint, evaluate
+from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, ServiceSet
+from ._simulate import Packet, forward_verdict
 
 __all__ = [
+    "EGRESS_MAP",
+    "HOST_VETH",
+    "INGRESS_MAP",
     "NAMESPACE_NAME_LABEL",
+    "AddressSet",
+    "Chain",
     "Direction",
+    "Endpoint",
     "IPBlock",
+    "InvalidLocalPod",
     "Kind",
     "LabelSelector",
+    "Match",
     "NamedPort",
     "Namespace",
     "NetworkPolicy",
     "Operator",
+    "Packet",
     "Peer",
     "PolicyInputs",
     "PolicyPod",
@@ -78,4 +91,13 @@ __all__ = [
     "PolicySource",
     "Protocol",
     "Requirement",
+    "Rule",
+    "Ruleset",
+    "ServiceSet",
+    "block_prefixes",
+    "compile_ruleset",
+    "evaluate",
+    "forward_verdict",
+    "pod_chain",
+    "policy_chain",
 ]
