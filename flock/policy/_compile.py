@@ -31,7 +31,7 @@ from ._model import (
     PolicyRule,
     Protocol,
 )
-from ._ruleset import AddressSet, Chain, IPNetwork, Match, Rule, Ruleset, ServiceSet
+from ._ruleset import AddressSet, Chain, IPNetwork, Match, PortSet, Rule, Ruleset, ServiceSet
 
 # flock's own host veth names (flock.netlink): the only pod-derived text in a chain name.
 HOST_VETH = re.compile(r"flock[0-9a-f]{8}\Z")
@@ -137,27 +137,35 @@ def block_prefixes(block: IPBlock) -> tuple[IPNetwork, ...]:
     return tuple(sorted(nets, key=lambda n: (n.network_address, n.prefixlen)))
 
 
-def _port_matches(
-    ports: tuple[PolicyPort, ...],
-) -> list[tuple[Protocol | None, tuple[tuple[int, int], ...], str | None]]:
-    """A rule's ports as (protocol, ranges, named-port) alternatives; [(None, (), None)] = anything."""
+@attrs.frozen
+class _PortPlan:
+    """A rule's ports: numeric alternatives (inline when one range, else a port set) and named ones."""
+
+    numeric: tuple[tuple[Protocol, int, int], ...] = ()
+    named: tuple[tuple[str, Protocol], ...] = ()
+    anything: bool = False
+
+
+def _port_plan(ports: tuple[PolicyPort, ...]) -> _PortPlan:
     if not ports:
-        return [(None, (), None)]
-    numeric: dict[Protocol, set[tuple[int, int]] | None] = {}
-    named: list[tuple[Protocol | None, tuple[tuple[int, int], ...], str | None]] = []
+        return _PortPlan(anything=True)
+    numeric: dict[Protocol, list[tuple[int, int]]] = {}
+    whole: set[Protocol] = set()
+    named: set[tuple[str, Protocol]] = set()
     for p in ports:
         if isinstance(p.port, str):
-            named.append((p.protocol, (), p.port))
+            named.add((p.port, p.protocol))
         elif p.port is None:
-            numeric[p.protocol] = None  # every port of the protocol
-        elif numeric.get(p.protocol, set()) is not None:
-            numeric.setdefault(p.protocol, set()).add((p.port, p.end_port or p.port))  # type: ignore[union-attr]
-    out: list[tuple[Protocol | None, tuple[tuple[int, int], ...], str | None]] = []
+            whole.add(p.protocol)
+        else:
+            numeric.setdefault(p.protocol, []).append((p.port, p.end_port or p.port))
+    flat: list[tuple[Protocol, int, int]] = []
     for proto in Protocol:
-        if proto in numeric:
-            ranges = numeric[proto]
-            out.append((proto, _merge_ranges(ranges) if ranges is not None else (), None))
-    return out + sorted(set(named), key=lambda t: (t[2] or "", t[0].value if t[0] else ""))
+        if proto in whole:
+            flat.append((proto, 0, 65535))
+        elif proto in numeric:
+            flat.extend((proto, lo, hi) for lo, hi in _merge_ranges(numeric[proto]))
+    return _PortPlan(tuple(flat), tuple(sorted(named, key=lambda t: (t[0], t[1].value))))
 
 
 def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -175,6 +183,8 @@ class _Builder:
     peers: _Peers
     address_sets: dict[str, AddressSet] = attrs.field(factory=dict)
     service_sets: dict[str, ServiceSet] = attrs.field(factory=dict)
+    port_sets: dict[str, PortSet] = attrs.field(factory=dict)
+    _plans: dict[tuple[PolicyPort, ...], _PortPlan] = attrs.field(factory=dict)
 
     def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str]]:
         scope = policy.namespace if peer.namespace_selector is None else None
@@ -194,12 +204,20 @@ class _Builder:
             self.address_sets[name] = AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
         return (block.cidr.version, name)
 
-    def service_set(self, port_name: str, protocol: Protocol, family: int) -> str:
-        name = f"n-{_id('named', port_name, protocol.value)}-{family}"
+    def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int) -> str:
+        name = f"n-{_id('named', named)}-{family}"
         if name not in self.service_sets:
-            members = self.peers.named.get((port_name, protocol), [])
-            self.service_sets[name] = ServiceSet(name, family, frozenset(m for m in members if m[0].version == family))
+            members = (m for key in named for m in self.peers.named.get(key, ()) if m[0].version == family)
+            self.service_sets[name] = ServiceSet(name, family, frozenset(members))
         return name
+
+    def port_match(self, plan: _PortPlan) -> Match:
+        if len(plan.numeric) == 1:
+            proto, lo, hi = plan.numeric[0]
+            return Match(protocol=proto, ports=() if (lo, hi) == (0, 65535) else ((lo, hi),))
+        name = f"q-{_id('ports', plan.numeric)}"
+        self.port_sets.setdefault(name, PortSet(name, frozenset(plan.numeric)))
+        return Match(portset=name)
 
     def rules(self, policy: NetworkPolicy, rule: PolicyRule, direction: Direction) -> list[Rule]:
         peers: list[tuple[int | None, str | None]]
@@ -212,17 +230,20 @@ class _Builder:
                     peers.append(self.block_set(peer.ip_block))
                 else:
                     peers.extend(self.selector_sets(policy, peer))
+        plan = self._plans.get(rule.ports)
+        if plan is None:
+            plan = self._plans[rule.ports] = _port_plan(rule.ports)
+        numeric = self.port_match(plan) if plan.numeric else None
         out: list[Rule] = []
         for family, addr_set in peers:
-            for protocol, ranges, port_name in _port_matches(rule.ports):
-                saddr, daddr = (addr_set, None) if direction is Direction.INGRESS else (None, addr_set)
-                if port_name is not None:
-                    assert protocol is not None
-                    for fam in (family,) if family is not None else FAMILIES:
-                        match = Match(fam, saddr, daddr, service=self.service_set(port_name, protocol, fam))
-                        out.append(Rule(match, "accept"))
-                else:
-                    out.append(Rule(Match(family, saddr, daddr, protocol, ranges), "accept"))
+            saddr, daddr = (addr_set, None) if direction is Direction.INGRESS else (None, addr_set)
+            if plan.anything:
+                out.append(Rule(Match(family, saddr, daddr), "accept"))
+            if numeric is not None:
+                out.append(Rule(attrs.evolve(numeric, family=family, saddr=saddr, daddr=daddr), "accept"))
+            if plan.named:
+                for fam in (family,) if family is not None else FAMILIES:
+                    out.append(Rule(Match(fam, saddr, daddr, service=self.service_set(plan.named, fam)), "accept"))
         return out
 
 
@@ -292,6 +313,7 @@ def compile_ruleset(
         chains=dict(sorted(chains.items())),
         address_sets=dict(sorted(builder.address_sets.items())),
         service_sets=dict(sorted(builder.service_sets.items())),
+        port_sets=dict(sorted(builder.port_sets.items())),
         egress_map=egress_map,
         ingress_map=ingress_map,
         policy_chains=policy_chains,

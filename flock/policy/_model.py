@@ -177,8 +177,9 @@ class IPBlock:
         excepts: list[IPNetwork] = []
         for i, e in enumerate(excepts_raw):
             net = _network(kind, name, f"{field}.except[{i}]", e)
-            if net.version != cidr.version or not net.subnet_of(cidr):  # type: ignore[arg-type]
-                raise InvalidObject(kind, name, f"{field}.except[{i}]", e, f"a CIDR inside {cidr}")
+            # the API server's rule: a strict subset of cidr
+            if net.version != cidr.version or not net.subnet_of(cidr) or net.prefixlen <= cidr.prefixlen:  # type: ignore[arg-type]
+                raise InvalidObject(kind, name, f"{field}.except[{i}]", e, f"a CIDR strictly inside {cidr}")
             excepts.append(net)
         return cls(cidr, tuple(sorted(set(excepts), key=lambda n: (n.network_address, n.prefixlen))))
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 from ._model import IPAddress, Protocol
-from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Match, Rule, Ruleset, ServiceSet
+from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Match, PortSet, Rule, Ruleset, ServiceSet
 
 TABLE = "flock"
 FAMILY = "inet"
@@ -81,6 +81,8 @@ def render_match(m: Match) -> list[str]:
         if m.ports:
             items = [_port(lo) if lo == hi else f"{_port(lo)}-{_port(hi)}" for lo, hi in m.ports]
             out.append("th dport " + (items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"))
+    if m.portset is not None:
+        out.append(f"meta l4proto . th dport @{_name(m.portset)}")
     if m.service is not None:
         out.append(f"{_ip(fam or 6)} daddr . meta l4proto . th dport @{_name(m.service)}")
     return out
@@ -130,6 +132,18 @@ def _all_sets(rs: Ruleset) -> dict[str, AddressSet | ServiceSet]:
     return {**rs.address_sets, **rs.service_sets}
 
 
+def _port_set(t: str, ps: PortSet, declare: str) -> str:
+    items = ", ".join(
+        f"{_PROTO[proto]} . {_port_or_zero(lo)}" + (f"-{_port(hi)}" if hi != lo else "")
+        for proto, lo, hi in sorted(ps.elements, key=lambda e: (e[0].value, e[1], e[2]))
+    )
+    return f"{declare} {_name(ps.name)} {{ type inet_proto . inet_service; flags interval; elements = {{ {items} }}; }}"
+
+
+def _port_or_zero(port: int) -> str:
+    return "0" if port == 0 else _port(port)
+
+
 def render_full(rs: Ruleset) -> str:
     """The whole table, replacing whatever ``inet flock`` held, in one transaction."""
     t = f"{FAMILY} {TABLE}"
@@ -138,6 +152,8 @@ def render_full(rs: Ruleset) -> str:
         lines.append(f"\tmap {map_name} {{ type ifname : verdict; }}")
     for s in _all_sets(rs).values():
         lines.append(f"\tset {_name(s.name)} {{ {_set_type(s)}; }}")
+    for ps in rs.port_sets.values():
+        lines.append("\t" + _port_set(t, ps, "set"))
     for name, prio, key, map_name in _BASE:
         lines.append(f"\tchain {name} {{")
         lines.append(f"\t\ttype filter hook forward priority {prio}; policy accept;")
@@ -201,6 +217,7 @@ def render_update(old: Ruleset, new: Ruleset) -> str:
         d, a = _element_changes(t, name, s, prev.elements if prev is not None else (), s.elements)
         dels += d
         adds += a
+    head += [_port_set(t, ps, f"add set {t}") for n, ps in new.port_sets.items() if n not in old.port_sets]
     for name, chain in new.chains.items():
         prev_chain = old.chains.get(name)
         if prev_chain == chain:
@@ -221,6 +238,7 @@ def render_update(old: Ruleset, new: Ruleset) -> str:
     tail += [f"flush chain {t} {_name(c)}" for c in removed_chains]
     tail += [f"delete chain {t} {c}" for c in removed_chains]
     tail += [f"delete set {t} {_name(n)}" for n in old_sets if n not in new_sets]
+    tail += [f"delete set {t} {_name(n)}" for n in old.port_sets if n not in new.port_sets]
     lines = head + rules + dels + adds + tail
     return "\n".join(lines) + "\n" if lines else ""
 

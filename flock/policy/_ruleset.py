@@ -62,11 +62,20 @@ class ServiceSet:
 
 
 @attrs.frozen
+class PortSet:
+    """(protocol, first port, last port) alternatives of one rule; the name encodes the content."""
+
+    name: str
+    elements: frozenset[tuple[Protocol, int, int]] = frozenset()
+
+
+@attrs.frozen
 class Match:
     """A conjunction; None / () fields match anything.
 
     ``saddr``/``daddr`` name an :class:`AddressSet` of ``family``; ``protocol``
-    with ``ports`` (inclusive ranges, () = every port); ``service`` names a
+    with ``ports`` (inclusive ranges, () = every port); ``portset`` names a
+    :class:`PortSet` matched on (protocol, dport); ``service`` names a
     :class:`ServiceSet` matched on (daddr, protocol, dport).
     """
 
@@ -75,6 +84,7 @@ class Match:
     daddr: str | None = None
     protocol: Protocol | None = None
     ports: tuple[tuple[int, int], ...] = ()
+    portset: str | None = None
     service: str | None = None
 
 
@@ -98,6 +108,7 @@ class Ruleset:
     chains: Mapping[str, Chain] = attrs.field(factory=dict)
     address_sets: Mapping[str, AddressSet] = attrs.field(factory=dict)
     service_sets: Mapping[str, ServiceSet] = attrs.field(factory=dict)
+    port_sets: Mapping[str, PortSet] = attrs.field(factory=dict)
     egress_map: Mapping[str, str] = attrs.field(factory=dict)  # host veth → chain
     ingress_map: Mapping[str, str] = attrs.field(factory=dict)
     # for counters and logs only, never rendered: policy chain → "ns/name"
@@ -107,6 +118,7 @@ class Ruleset:
         """What a set-element update cannot change: chains and set declarations."""
         return (
             self.chains,
+            self.port_sets,
             {n: s.declaration for n, s in self.address_sets.items()},
             {n: s.declaration for n, s in self.service_sets.items()},
         )
@@ -117,4 +129,4 @@ class Ruleset:
 
     @property
     def set_count(self) -> int:
-        return len(self.address_sets) + len(self.service_sets) + 2
+        return len(self.address_sets) + len(self.service_sets) + len(self.port_sets) + 2

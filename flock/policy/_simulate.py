@@ -36,6 +36,10 @@ def _matches(rs: Ruleset, m: Match, pkt: Packet) -> bool:
             return False
         if m.ports and not any(lo <= pkt.dport <= hi for lo, hi in m.ports):
             return False
+    if m.portset is not None and not any(
+        proto is pkt.protocol and lo <= pkt.dport <= hi for proto, lo, hi in rs.port_sets[m.portset].elements
+    ):
+        return False
     if m.service is not None:
         return (pkt.daddr, pkt.protocol, pkt.dport) in rs.service_sets[m.service].elements
     return True

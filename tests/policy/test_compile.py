@@ -137,12 +137,18 @@ def test_ports_group_by_protocol_and_merge() -> None:
     )
     rs = compile_ruleset([p], [], [], [WEB])
     rules = rs.chains[policy_chain("x/a", Direction.INGRESS)].rules
-    assert [(r.match.protocol, r.match.ports) for r in rules] == [
-        (Protocol.TCP, ((80, 85),)),
-        (Protocol.UDP, ()),
-        (Protocol.SCTP, ()),
-    ]
-    assert render_rule(rules[0]) == "meta l4proto tcp th dport 80-85 counter accept"
+    assert len(rules) == 1 and rules[0].match.portset is not None
+    assert rs.port_sets[rules[0].match.portset].elements == {
+        (Protocol.TCP, 80, 85),
+        (Protocol.UDP, 0, 65535),
+        (Protocol.SCTP, 0, 65535),
+    }
+    text = render_full(rs)
+    assert f"set {rules[0].match.portset} {{ type inet_proto . inet_service; flags interval; elements = {{ " in text
+    assert "sctp . 0-65535, tcp . 80-85, udp . 0-65535" in text
+    single = policy("x", "b", {"podSelector": {}, "ingress": [{"ports": [{"port": 80, "endPort": 85}, {"port": 82}]}]})
+    rule = compile_ruleset([single], [], [], [WEB]).chains[policy_chain("x/b", Direction.INGRESS)].rules[0]
+    assert render_rule(rule) == "meta l4proto tcp th dport 80-85 counter accept"
 
 
 def test_local_pods_need_flock_veth_names() -> None:

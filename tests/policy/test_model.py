@@ -95,6 +95,7 @@ def test_a_full_policy_normalizes() -> None:
         ({"ingress": [{"from": [{"ipBlock": {"cidr": "fe80::%eth0/64"}}]}]}, "ipBlock.cidr"),
         ({"ingress": [{"from": [{"ipBlock": {"cidr": "2001:db8::/32", "except": ["10.0.0.0/8"]}}]}]}, "except[0]"),
         ({"ingress": [{"from": [{"ipBlock": {"cidr": "2001:db8::/32", "except": ["2001:db9::/48"]}}]}]}, "except[0]"),
+        ({"ingress": [{"from": [{"ipBlock": {"cidr": "2001:db8::/32", "except": ["2001:db8::/32"]}}]}]}, "except[0]"),
         ({"ingress": [{"ports": [{"protocol": "ICMP"}]}]}, "protocol"),
         ({"ingress": [{"ports": [{"port": 0}]}]}, "port"),
         ({"ingress": [{"ports": [{"port": 65536}]}]}, "port"),
