@@ -41,7 +41,7 @@ attached pods (``host_veth`` set, addresses from the allocation); a local pod
 overrides the cluster-wide entry with the same key.
 """
 
-from ._compile import HOST_VETH, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
+from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
 from ._inputs import Kind, PolicyInputs, PolicySnapshot, PolicySource
 from ._model import (
     NAMESPACE_NAME_LABEL,
@@ -70,6 +70,7 @@ __all__ = [
     "NAMESPACE_NAME_LABEL",
     "AddressSet",
     "Chain",
+    "Compiler",
     "Direction",
     "Endpoint",
     "IPBlock",

@@ -9,6 +9,7 @@ and that set together say "a peer, on the port it calls *name*".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections import defaultdict
@@ -43,7 +44,9 @@ class InvalidLocalPod(ValueError):
     """A local pod without a flock host veth name: a bug in the caller, not API input."""
 
 
+@functools.lru_cache(maxsize=65536)
 def _id(*parts: object) -> str:
+    """A short stable name part for hashable *parts* (their repr: no enums in there, whose repr is slow)."""
     return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
 
 
@@ -77,6 +80,10 @@ class _Peers:
             grouped[(pod.namespace, pod.labels)].extend(pod.addresses)
             for np in pod.named_ports:
                 self.named[(np.name, np.protocol)].extend((a, np.protocol, np.port) for a in pod.addresses)
+        # Families some pod has an address of: rules for a family no pod has would match nothing
+        # (IPv6-only clusters, flock's default, get half the rules); the first IPv4 pod adds them.
+        versions = {a.version for addrs in grouped.values() for a in addrs}
+        self.families = tuple(f for f in FAMILIES if f in versions)
         self.groups = [_Group(ns, labels, tuple(addrs), dict(labels)) for (ns, labels), addrs in grouped.items()]
         self.by_namespace: dict[str, list[_Group]] = defaultdict(list)
         self.by_label: dict[tuple[str, str], list[_Group]] = defaultdict(list)
@@ -178,45 +185,51 @@ def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], .
     return tuple(merged)
 
 
+# What a set's elements are computed from: ("pods", scope, namespace selector, pod selector, family)
+# or ("named", ((port name, protocol), ...), family).  Blocks and port sets are static.
+SetSpec = tuple
+
+
 @attrs.define(eq=False)
-class _Builder:
-    peers: _Peers
-    address_sets: dict[str, AddressSet] = attrs.field(factory=dict)
-    service_sets: dict[str, ServiceSet] = attrs.field(factory=dict)
-    port_sets: dict[str, PortSet] = attrs.field(factory=dict)
-    _plans: dict[tuple[PolicyPort, ...], _PortPlan] = attrs.field(factory=dict)
+class _PolicyChains:
+    """Rules of one policy and direction, independent of pods: cacheable while the policy is unchanged."""
+
+    body: tuple[Rule, ...]
+    specs: dict[str, SetSpec]  # dynamic sets the body references
+    static: dict[str, AddressSet | PortSet]  # static sets it references
+
+
+@attrs.define(eq=False)
+class _RuleBuilder:
+    families: tuple[int, ...]
+    specs: dict[str, SetSpec] = attrs.field(factory=dict)
+    static: dict[str, AddressSet | PortSet] = attrs.field(factory=dict)
 
     def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str]]:
         scope = policy.namespace if peer.namespace_selector is None else None
         key = _id("pods", scope, peer.namespace_selector, peer.pod_selector)
-        names = [(f, f"p-{key}-{f}") for f in FAMILIES]
-        if names[0][1] not in self.address_sets:
-            members = self.peers.select(scope, peer.namespace_selector, peer.pod_selector)
-            for family, name in names:
-                self.address_sets[name] = AddressSet(
-                    name, family, False, frozenset(a for a in members if a.version == family)
-                )
+        names = [(f, f"p-{key}-{f}") for f in self.families]
+        for family, name in names:
+            self.specs[name] = ("pods", scope, peer.namespace_selector, peer.pod_selector, family)
         return names
 
     def block_set(self, block: IPBlock) -> tuple[int, str]:
         name = f"b-{_id('block', block.cidr, block.except_)}"
-        if name not in self.address_sets:
-            self.address_sets[name] = AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
+        if name not in self.static:
+            self.static[name] = AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
         return (block.cidr.version, name)
 
     def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int) -> str:
-        name = f"n-{_id('named', named)}-{family}"
-        if name not in self.service_sets:
-            members = (m for key in named for m in self.peers.named.get(key, ()) if m[0].version == family)
-            self.service_sets[name] = ServiceSet(name, family, frozenset(members))
+        name = f"n-{_id('named', tuple((n, p.value) for n, p in named))}-{family}"
+        self.specs[name] = ("named", named, family)
         return name
 
     def port_match(self, plan: _PortPlan) -> Match:
         if len(plan.numeric) == 1:
             proto, lo, hi = plan.numeric[0]
             return Match(protocol=proto, ports=() if (lo, hi) == (0, 65535) else ((lo, hi),))
-        name = f"q-{_id('ports', plan.numeric)}"
-        self.port_sets.setdefault(name, PortSet(name, frozenset(plan.numeric)))
+        name = f"q-{_id('ports', tuple((p.value, lo, hi) for p, lo, hi in plan.numeric))}"
+        self.static.setdefault(name, PortSet(name, frozenset(plan.numeric)))
         return Match(portset=name)
 
     def rules(self, policy: NetworkPolicy, rule: PolicyRule, direction: Direction) -> list[Rule]:
@@ -230,9 +243,7 @@ class _Builder:
                     peers.append(self.block_set(peer.ip_block))
                 else:
                     peers.extend(self.selector_sets(policy, peer))
-        plan = self._plans.get(rule.ports)
-        if plan is None:
-            plan = self._plans[rule.ports] = _port_plan(rule.ports)
+        plan = _port_plan(rule.ports)
         numeric = self.port_match(plan) if plan.numeric else None
         out: list[Rule] = []
         for family, addr_set in peers:
@@ -242,17 +253,143 @@ class _Builder:
             if numeric is not None:
                 out.append(Rule(attrs.evolve(numeric, family=family, saddr=saddr, daddr=daddr), "accept"))
             if plan.named:
-                for fam in (family,) if family is not None else FAMILIES:
+                for fam in (family,) if family is not None else self.families:
                     out.append(Rule(Match(fam, saddr, daddr, service=self.service_set(plan.named, fam)), "accept"))
         return out
 
 
-def _selects(policy: NetworkPolicy, pod: PolicyPod, direction: Direction) -> bool:
-    return (
-        direction in policy.policy_types
-        and policy.namespace == pod.namespace
-        and policy.pod_selector.matches(pod.label_map)
+def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...]) -> _PolicyChains:
+    builder = _RuleBuilder(families)
+    rules = policy.ingress if direction is Direction.INGRESS else policy.egress
+    body = tuple(r for rule in rules for r in builder.rules(policy, rule, direction))
+    return _PolicyChains(body, builder.specs, builder.static)
+
+
+def _check_local(pods: Iterable[PolicyPod]) -> list[PolicyPod]:
+    out = sorted(pods, key=lambda p: p.key)
+    for p in out:
+        if p.host_veth is None or not HOST_VETH.match(p.host_veth):
+            raise InvalidLocalPod(
+                f"local pod {p.key}: host_veth={str(p.host_veth)[:32]!r}: expected flock + 8 hex digits"
+            )
+    return out
+
+
+@attrs.define(eq=False)
+class Compiler:
+    """:func:`compile_ruleset` with memory: the same result, faster on the next, similar input.
+
+    Caches are keyed by the input values they derive from (a policy's rules
+    by the policy value and the families in use; a pod's selecting policies
+    by its namespace and labels, dropped whenever the policies change), so a
+    reused compiler returns exactly what a fresh one would.  Pod churn then
+    costs the set memberships, not the rules.
+    """
+
+    _chains: dict[tuple[NetworkPolicy, Direction, tuple[int, ...]], _PolicyChains] = attrs.field(
+        init=False, factory=dict
     )
+    _policies: tuple[NetworkPolicy, ...] = attrs.field(init=False, default=())
+    _by_namespace: dict[str, list[NetworkPolicy]] = attrs.field(init=False, factory=dict)
+    _selection: dict[tuple[str, Labels, Direction], tuple[NetworkPolicy, ...]] = attrs.field(init=False, factory=dict)
+
+    def _set_policies(self, policies: Iterable[NetworkPolicy]) -> None:
+        ordered = tuple(sorted(policies, key=lambda p: p.key))
+        if ordered == self._policies:
+            return
+        self._policies = ordered
+        self._selection.clear()
+        self._by_namespace = defaultdict(list)
+        for pol in ordered:
+            self._by_namespace[pol.namespace].append(pol)
+        live = set(ordered)
+        self._chains = {k: v for k, v in self._chains.items() if k[0] in live}
+
+    def _selecting(self, pod: PolicyPod, direction: Direction) -> tuple[NetworkPolicy, ...]:
+        key = (pod.namespace, pod.labels, direction)
+        hit = self._selection.get(key)
+        if hit is None:
+            labels = pod.label_map
+            hit = self._selection[key] = tuple(
+                p
+                for p in self._by_namespace.get(pod.namespace, ())
+                if direction in p.policy_types and p.pod_selector.matches(labels)
+            )
+        return hit
+
+    def compile(
+        self,
+        policies: Iterable[NetworkPolicy],
+        namespaces: Iterable[Namespace],
+        pods: Iterable[PolicyPod],
+        local_pods: Iterable[PolicyPod],
+    ) -> Ruleset:
+        locals_ = _check_local(local_pods)
+        self._set_policies(policies)
+        everyone = {p.key: p for p in pods}
+        everyone.update((p.key, p) for p in locals_)
+        peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})
+        families = peers.families
+
+        chains: dict[str, Chain] = {}
+        policy_chains: dict[str, str] = {}
+        egress_map: dict[str, str] = {}
+        ingress_map: dict[str, str] = {}
+        specs: dict[str, SetSpec] = {}
+        static: dict[str, AddressSet | PortSet] = {}
+        compiled: set[str] = set()
+        for pod in locals_:
+            assert pod.host_veth is not None
+            for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
+                selecting = self._selecting(pod, direction)
+                if not selecting:
+                    continue  # not isolated in this direction
+                jumps: list[Rule] = []
+                for pol in selecting:
+                    name = policy_chain(pol.key, direction)
+                    if name not in compiled:
+                        compiled.add(name)
+                        key = (pol, direction, families)
+                        pc = self._chains.get(key)
+                        if pc is None:
+                            pc = self._chains[key] = _policy_chains(pol, direction, families)
+                        if pc.body:  # a policy allowing nothing needs no chain: the pod chain's drop does it
+                            chains[name] = Chain(name, pc.body)
+                            policy_chains[name] = pol.key
+                            specs.update(pc.specs)
+                            static.update(pc.static)
+                    if name in chains:
+                        jumps.append(Rule(Match(), f"jump {name}", counter=False))
+                chain = pod_chain(pod.host_veth, direction)
+                chains[chain] = Chain(chain, (*jumps, Rule(Match(), "drop")))
+                vmap[pod.host_veth] = chain
+
+        address_sets: dict[str, AddressSet] = {n: s for n, s in static.items() if isinstance(s, AddressSet)}
+        port_sets: dict[str, PortSet] = {n: s for n, s in static.items() if isinstance(s, PortSet)}
+        service_sets: dict[str, ServiceSet] = {}
+        selected: dict[tuple[object, ...], list[IPAddress]] = {}
+        for name, spec in specs.items():
+            if spec[0] == "pods":
+                _, scope, ns_sel, pod_sel, family = spec
+                members = selected.get((scope, ns_sel, pod_sel))
+                if members is None:
+                    members = selected[(scope, ns_sel, pod_sel)] = peers.select(scope, ns_sel, pod_sel)
+                address_sets[name] = AddressSet(
+                    name, family, False, frozenset(a for a in members if a.version == family)
+                )
+            else:
+                _, named, family = spec
+                elements = (m for key in named for m in peers.named.get(key, ()) if m[0].version == family)
+                service_sets[name] = ServiceSet(name, family, frozenset(elements))
+        return Ruleset(
+            chains=dict(sorted(chains.items())),
+            address_sets=dict(sorted(address_sets.items())),
+            service_sets=dict(sorted(service_sets.items())),
+            port_sets=dict(sorted(port_sets.items())),
+            egress_map=egress_map,
+            ingress_map=ingress_map,
+            policy_chains=policy_chains,
+        )
 
 
 def compile_ruleset(
@@ -265,56 +402,7 @@ def compile_ruleset(
 
     *pods* are every pod known cluster-wide (peers); a local pod replaces the
     entry with its key.  Raises :class:`InvalidLocalPod` for a local pod whose
-    ``host_veth`` is not a flock veth name.
+    ``host_veth`` is not a flock veth name.  (:class:`Compiler` computes the
+    same, reusing what did not change since its last call.)
     """
-    locals_ = sorted(local_pods, key=lambda p: p.key)
-    for p in locals_:
-        if p.host_veth is None or not HOST_VETH.match(p.host_veth):
-            raise InvalidLocalPod(
-                f"local pod {p.key}: host_veth={str(p.host_veth)[:32]!r}: expected flock + 8 hex digits"
-            )
-    everyone = {p.key: p for p in pods}
-    everyone.update((p.key, p) for p in locals_)
-    peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})
-    builder = _Builder(peers)
-    by_namespace: dict[str, list[NetworkPolicy]] = defaultdict(list)
-    for pol in sorted(policies, key=lambda p: p.key):
-        by_namespace[pol.namespace].append(pol)
-
-    chains: dict[str, Chain] = {}
-    policy_chains: dict[str, str] = {}
-    egress_map: dict[str, str] = {}
-    ingress_map: dict[str, str] = {}
-    compiled: set[tuple[str, Direction]] = set()
-
-    for pod in locals_:
-        assert pod.host_veth is not None
-        for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
-            selecting = [p for p in by_namespace.get(pod.namespace, ()) if _selects(p, pod, direction)]
-            if not selecting:
-                continue  # not isolated in this direction
-            jumps: list[Rule] = []
-            for pol in selecting:
-                name = policy_chain(pol.key, direction)
-                if (pol.key, direction) not in compiled:
-                    compiled.add((pol.key, direction))
-                    rules = pol.ingress if direction is Direction.INGRESS else pol.egress
-                    body = tuple(r for rule in rules for r in builder.rules(pol, rule, direction))
-                    if body:  # a policy allowing nothing needs no chain: the pod chain's drop does it
-                        chains[name] = Chain(name, body)
-                        policy_chains[name] = pol.key
-                if name in chains:
-                    jumps.append(Rule(Match(), f"jump {name}", counter=False))
-            chain = pod_chain(pod.host_veth, direction)
-            chains[chain] = Chain(chain, (*jumps, Rule(Match(), "drop")))
-            vmap[pod.host_veth] = chain
-
-    return Ruleset(
-        chains=dict(sorted(chains.items())),
-        address_sets=dict(sorted(builder.address_sets.items())),
-        service_sets=dict(sorted(builder.service_sets.items())),
-        port_sets=dict(sorted(builder.port_sets.items())),
-        egress_map=egress_map,
-        ingress_map=ingress_map,
-        policy_chains=policy_chains,
-    )
+    return Compiler().compile(policies, namespaces, pods, local_pods)

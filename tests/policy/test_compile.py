@@ -72,24 +72,32 @@ def test_policies_sharing_a_selector_share_its_sets() -> None:
     p1 = policy("x", "a", {"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [FROM_CLIENTS]})
     p2 = policy("x", "b", {"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [FROM_CLIENTS]})
     rs = compile_ruleset([p1, p2], [], [CLIENT], [WEB, DB])
-    assert len(rs.address_sets) == 2  # one selector, two families
+    assert len(rs.address_sets) == 1  # one selector; IPv6 only: no pod has an IPv4 address
     six = next(s for s in rs.address_sets.values() if s.family == 6)
     assert six.elements == {ip("2001:db8:2::3")}
+    assert {r.match.family for c in rs.chains.values() for r in c.rules} == {None, 6}
+    v4 = pod("z/v4", {}, "192.0.2.9", node="n2")
+    dual = compile_ruleset([p1, p2], [], [CLIENT, v4], [WEB, DB])
+    assert len(dual.address_sets) == 2
+    assert {r.match.family for c in dual.chains.values() for r in c.rules} == {None, 4, 6}
 
 
 def test_peer_churn_changes_elements_only() -> None:
     p = policy("x", "a", {"podSelector": {}, "ingress": [FROM_CLIENTS], "egress": [{"to": [{"podSelector": {}}]}]})
     before = compile_ruleset([p], [], [CLIENT], [WEB, DB])
-    more = pod("y/client2", {"app": "client"}, "192.0.2.7", node="n3")
+    more = pod("y/client2", {"app": "client"}, "2001:db8:3::7", node="n3")
     relabelled = attrs.evolve(CLIENT, labels={"app": "other"})
     after = compile_ruleset([p], [], [relabelled, more], [WEB, DB])
     assert after.structure() == before.structure()
     text = render_update(before, after)
     lines = text.splitlines()
     assert all(line.startswith(("add element", "delete element")) for line in lines), text
-    assert any("192.0.2.7" in line and line.startswith("add element") for line in lines)
+    assert any("2001:db8:3::7" in line and line.startswith("add element") for line in lines)
     assert any("2001:db8:2::3" in line and line.startswith("delete element") for line in lines)
     assert render_update(after, after) == ""
+    # the first IPv4 address in the cluster adds the IPv4 rules: a structure change, once
+    first_v4 = compile_ruleset([p], [], [relabelled, more, pod("y/v4", {}, "192.0.2.7", node="n3")], [WEB, DB])
+    assert first_v4.structure() != after.structure()
 
 
 def test_a_new_local_pod_adds_its_chain_and_map_element_incrementally() -> None:
@@ -113,7 +121,7 @@ def test_named_ports_resolve_per_destination_pod() -> None:
     assert len(six) == 1
     assert six[0].elements == {(ip("2001:db8:1::1"), Protocol.TCP, 8080), (ip("2001:db8:1::9"), Protocol.TCP, 80)}
     rules = rs.chains[policy_chain("x/a", Direction.INGRESS)].rules
-    assert {r.match.family for r in rules} == {4, 6} and all(r.match.service for r in rules)
+    assert {r.match.family for r in rules} == {6} and all(r.match.service for r in rules)
 
 
 def test_ports_group_by_protocol_and_merge() -> None:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from flock.fnv import fnv1a_32
 from flock.policy import (
+    Compiler,
     Endpoint,
     Namespace,
     NetworkPolicy,
@@ -197,3 +198,14 @@ def test_compiled_rulesets_agree_with_the_reference(cluster) -> None:
 
 def _with_veth(pod: PolicyPod) -> PolicyPod:
     return attrs.evolve(pod, host_veth=_veth(pod))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), clusters())
+def test_a_reused_compiler_returns_what_a_fresh_one_does(one, two) -> None:
+    compiler = Compiler()
+    mixes = [one, two, (one[0], one[1], two[2]), (two[0], one[1], one[2]), one]
+    for pols, namespaces, pods in mixes:
+        for node in NODES:
+            local = [_with_veth(p) for p in pods if p.node == node]
+            assert compiler.compile(pols, namespaces, pods, local) == compile_ruleset(pols, namespaces, pods, local)
