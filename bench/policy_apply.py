@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import random
+import resource
 import time
 
 import attrs
@@ -77,9 +79,17 @@ def cluster(
     return policies, namespaces, pods
 
 
+def cpu() -> float:
+    """CPU seconds of this process and its children (nft): steadier than wall time on a busy machine."""
+    own = time.process_time()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own + kids.ru_utime + kids.ru_stime
+
+
 async def run(args: argparse.Namespace) -> dict:
     policies, namespaces, pods = cluster(1, args.pods, args.policies, args.dual_stack)
     compile_s, render_s, full_s, churn_s, local_s = [], [], [], [], []
+    full_cpu, churn_cpu, local_cpu = [], [], []
     with netns_pool("fl-bench-pol-") as pool:
         node = pool.create("node")
         applier = NftApplier(("ip", "netns", "exec", node.name, "nft"))
@@ -91,8 +101,10 @@ async def run(args: argparse.Namespace) -> dict:
             render_full(rs)
             t2 = time.perf_counter()
             fresh = NftApplier(applier.command)  # a new agent: full replace of an existing table
+            c0 = cpu()
             await fresh.apply(compile_ruleset(policies, namespaces, pods, pods))
             t3 = time.perf_counter()
+            full_cpu.append(cpu() - c0)
             compile_s.append(t1 - t0)
             render_s.append(t2 - t1)
             full_s.append(t3 - t2)
@@ -113,16 +125,18 @@ async def run(args: argparse.Namespace) -> dict:
         for r in range(args.rounds):
             # a peer pod appears on another node, then goes away: set elements only
             for cluster_pods in ([*pods, peer], pods):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu()
                 result = await applier.apply(compiler.compile(policies, namespaces, cluster_pods, pods))
                 churn_s.append(time.perf_counter() - t0)
+                churn_cpu.append(cpu() - c0)
                 assert result.mode == "incremental", result
             # a pod is attached here (chains + map entries + memberships), then detached
             new = attrs.evolve(peer, name=f"local{r}", node="bench", host_veth=f"flock{fnv1a_32(f'l{r}'):08x}")
             for local in ([*pods, new], pods):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu()
                 result = await applier.apply(compiler.compile(policies, namespaces, local, local))
                 local_s.append(time.perf_counter() - t0)
+                local_cpu.append(cpu() - c0)
                 assert result.mode == "incremental", result
     return {
         "bench": "policy_apply",
@@ -136,6 +150,10 @@ async def run(args: argparse.Namespace) -> dict:
         "full_apply_ms": summary(full_s, scale=1000),
         "peer_churn_ms": summary(churn_s, scale=1000),
         "local_pod_churn_ms": summary(local_s, scale=1000),
+        "full_apply_cpu_ms": summary(full_cpu, scale=1000),
+        "peer_churn_cpu_ms": summary(churn_cpu, scale=1000),
+        "local_pod_churn_cpu_ms": summary(local_cpu, scale=1000),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -147,8 +165,9 @@ def main() -> None:
     ap.add_argument("--dual-stack", action="store_true", help="pods get an IPv4 address too (default: IPv6 only)")
     args = ap.parse_args()
     out = trio.run(run, args)
-    for key in ("compile_ms", "render_ms", "full_apply_ms", "peer_churn_ms", "local_pod_churn_ms"):
-        print(f"{key:20} median {out[key]['median']:8.2f}  p99 {out[key]['p99']:8.2f}  (n={out[key]['n']})")
+    keys = ("compile_ms", "render_ms", "full_apply_ms", "peer_churn_ms", "local_pod_churn_ms")
+    for key in (*keys, "full_apply_cpu_ms", "peer_churn_cpu_ms", "local_pod_churn_cpu_ms"):
+        print(f"{key:24} median {out[key]['median']:8.2f}  p99 {out[key]['p99']:8.2f}  (n={out[key]['n']})")
     print(f"ruleset: {out['rules']} rules, {out['sets']} sets, {out['chains']} chains")
     print(json.dumps(out))
 

@@ -92,35 +92,40 @@ class _Peers:
             for pair in g.labels:
                 self.by_label[pair].append(g)
         self.namespaces = namespaces
-        self._ns_match: dict[tuple[LabelSelector, str], bool] = {}
+        self._ns_match: dict[LabelSelector, frozenset[str]] = {}
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         ns = self.namespaces.get(name)
         return ns.label_map if ns is not None else {NAMESPACE_NAME_LABEL: name}
 
-    def _namespace_matches(self, selector: LabelSelector, name: str) -> bool:
-        key = (selector, name)
-        hit = self._ns_match.get(key)
+    def _namespaces_matching(self, selector: LabelSelector) -> frozenset[str]:
+        """The namespaces with selectable pods whose labels *selector* matches."""
+        hit = self._ns_match.get(selector)
         if hit is None:
-            hit = self._ns_match[key] = selector.matches(self.namespace_labels(name))
+            hit = self._ns_match[selector] = frozenset(
+                n for n in self.by_namespace if selector.matches(self.namespace_labels(n))
+            )
         return hit
 
     def select(
         self, namespace: str | None, ns_selector: LabelSelector | None, pod_selector: LabelSelector | None
     ) -> list[IPAddress]:
         """Addresses of pods in *namespace* (or in namespaces *ns_selector* picks) matching *pod_selector*."""
+        allowed = self._namespaces_matching(ns_selector) if ns_selector is not None else None
         candidates: list[_Group]
         if pod_selector is not None and pod_selector.match_labels:
             candidates = min((self.by_label.get(pair, []) for pair in pod_selector.match_labels), key=len)
         elif namespace is not None:
             candidates = self.by_namespace.get(namespace, [])
+        elif allowed is not None:
+            candidates = [g for n in allowed for g in self.by_namespace[n]]
         else:
             candidates = self.groups
         out: list[IPAddress] = []
         for g in candidates:
             if namespace is not None and g.namespace != namespace:
                 continue
-            if ns_selector is not None and not self._namespace_matches(ns_selector, g.namespace):
+            if allowed is not None and g.namespace not in allowed:
                 continue
             if pod_selector is not None and not pod_selector.matches(g.label_map):
                 continue
@@ -194,7 +199,7 @@ SetSpec = tuple
 class _PolicyChains:
     """Rules of one policy and direction, independent of pods: cacheable while the policy is unchanged."""
 
-    body: tuple[Rule, ...]
+    chain: Chain | None  # None: the policy allows nothing in this direction
     specs: dict[str, SetSpec]  # dynamic sets the body references
     static: dict[str, AddressSet | PortSet]  # static sets it references
 
@@ -258,11 +263,11 @@ class _RuleBuilder:
         return out
 
 
-def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...]) -> _PolicyChains:
+def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...], name: str) -> _PolicyChains:
     builder = _RuleBuilder(families)
     rules = policy.ingress if direction is Direction.INGRESS else policy.egress
     body = tuple(r for rule in rules for r in builder.rules(policy, rule, direction))
-    return _PolicyChains(body, builder.specs, builder.static)
+    return _PolicyChains(Chain(name, body) if body else None, builder.specs, builder.static)
 
 
 def _check_local(pods: Iterable[PolicyPod]) -> list[PolicyPod]:
@@ -286,9 +291,11 @@ class Compiler:
     costs the set memberships, not the rules.
     """
 
-    _chains: dict[tuple[NetworkPolicy, Direction, tuple[int, ...]], _PolicyChains] = attrs.field(
+    # (policy key, direction) → (the policy, families, its chain): checked by identity, then equality
+    _chains: dict[tuple[str, Direction], tuple[NetworkPolicy, tuple[int, ...], _PolicyChains]] = attrs.field(
         init=False, factory=dict
     )
+    _pod_chains: dict[tuple[str, tuple[str, ...]], Chain] = attrs.field(init=False, factory=dict)
     _policies: tuple[NetworkPolicy, ...] = attrs.field(init=False, default=())
     _by_namespace: dict[str, list[NetworkPolicy]] = attrs.field(init=False, factory=dict)
     _selection: dict[tuple[str, Labels, Direction], tuple[NetworkPolicy, ...]] = attrs.field(init=False, factory=dict)
@@ -302,8 +309,16 @@ class Compiler:
         self._by_namespace = defaultdict(list)
         for pol in ordered:
             self._by_namespace[pol.namespace].append(pol)
-        live = set(ordered)
-        self._chains = {k: v for k, v in self._chains.items() if k[0] in live}
+        keys = {p.key for p in ordered}
+        self._chains = {k: v for k, v in self._chains.items() if k[0] in keys}
+
+    def _policy_chains(self, pol: NetworkPolicy, direction: Direction, families: tuple[int, ...]) -> _PolicyChains:
+        hit = self._chains.get((pol.key, direction))
+        if hit is not None and (hit[0] is pol or hit[0] == pol) and hit[1] == families:
+            return hit[2]
+        pc = _policy_chains(pol, direction, families, policy_chain(pol.key, direction))
+        self._chains[(pol.key, direction)] = (pol, families, pc)
+        return pc
 
     def _selecting(self, pod: PolicyPod, direction: Direction) -> tuple[NetworkPolicy, ...]:
         key = (pod.namespace, pod.labels, direction)
@@ -337,31 +352,31 @@ class Compiler:
         ingress_map: dict[str, str] = {}
         specs: dict[str, SetSpec] = {}
         static: dict[str, AddressSet | PortSet] = {}
-        compiled: set[str] = set()
         for pod in locals_:
             assert pod.host_veth is not None
             for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
                 selecting = self._selecting(pod, direction)
                 if not selecting:
                     continue  # not isolated in this direction
-                jumps: list[Rule] = []
+                targets: list[str] = []
                 for pol in selecting:
-                    name = policy_chain(pol.key, direction)
-                    if name not in compiled:
-                        compiled.add(name)
-                        key = (pol, direction, families)
-                        pc = self._chains.get(key)
-                        if pc is None:
-                            pc = self._chains[key] = _policy_chains(pol, direction, families)
-                        if pc.body:  # a policy allowing nothing needs no chain: the pod chain's drop does it
-                            chains[name] = Chain(name, pc.body)
-                            policy_chains[name] = pol.key
-                            specs.update(pc.specs)
-                            static.update(pc.static)
-                    if name in chains:
-                        jumps.append(Rule(Match(), f"jump {name}", counter=False))
+                    pc = self._policy_chains(pol, direction, families)
+                    if pc.chain is None:
+                        continue  # a policy allowing nothing needs no chain: the pod's drop does it
+                    name = pc.chain.name
+                    targets.append(name)
+                    if name not in chains:
+                        chains[name] = pc.chain
+                        policy_chains[name] = pol.key
+                        specs.update(pc.specs)
+                        static.update(pc.static)
                 chain = pod_chain(pod.host_veth, direction)
-                chains[chain] = Chain(chain, (*jumps, Rule(Match(), "drop")))
+                jump_key = (chain, tuple(targets))
+                cached = self._pod_chains.get(jump_key)
+                if cached is None:
+                    jumps = [Rule(Match(), f"jump {t}", counter=False) for t in targets]
+                    cached = self._pod_chains[jump_key] = Chain(chain, (*jumps, Rule(Match(), "drop")))
+                chains[chain] = cached
                 vmap[pod.host_veth] = chain
 
         address_sets: dict[str, AddressSet] = {n: s for n, s in static.items() if isinstance(s, AddressSet)}

@@ -72,7 +72,7 @@ def _labels_field(kind: str, name: str, field: str, raw: Any) -> Labels:
     return labels_of(raw)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Requirement:
     """One matchExpressions entry; values sorted, empty for Exists/DoesNotExist."""
 
@@ -90,7 +90,7 @@ class Requirement:
         return self.key not in labels
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class LabelSelector:
     """metav1.LabelSelector: matchLabels AND every matchExpression; empty selects everything."""
 
@@ -154,7 +154,7 @@ def _network(kind: str, name: str, field: str, raw: Any) -> IPNetwork:
         raise InvalidObject(kind, name, field, raw, "a CIDR such as 2001:db8::/48 or 192.0.2.0/24") from None
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class IPBlock:
     """ipBlock: *cidr* minus every network in *except_* (same family, inside *cidr*)."""
 
@@ -184,7 +184,7 @@ class IPBlock:
         return cls(cidr, tuple(sorted(set(excepts), key=lambda n: (n.network_address, n.prefixlen))))
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Peer:
     """NetworkPolicyPeer: either *ip_block*, or pod/namespace selectors.
 
@@ -225,7 +225,7 @@ class Peer:
         )
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class PolicyPort:
     """NetworkPolicyPort: *port* None = every port of *protocol*; a str is a named port."""
 
@@ -278,7 +278,7 @@ def _is_port_name(text: str) -> bool:
     )
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class PolicyRule:
     """One ingress (peers = from) or egress (peers = to) rule.
 
@@ -289,7 +289,7 @@ class PolicyRule:
     ports: tuple[PolicyPort, ...] = ()
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class NetworkPolicy:
     namespace: str
     name: str

@@ -220,7 +220,7 @@ def render_update(old: Ruleset, new: Ruleset) -> str:
     head += [_port_set(t, ps, f"add set {t}") for n, ps in new.port_sets.items() if n not in old.port_sets]
     for name, chain in new.chains.items():
         prev_chain = old.chains.get(name)
-        if prev_chain == chain:
+        if prev_chain is chain or prev_chain == chain:
             continue
         if prev_chain is None:
             head.append(f"add chain {t} {_name(name)}")
@@ -248,7 +248,7 @@ def summarize(old: Ruleset | None, new: Ruleset) -> dict[str, int]:
     if old is None:
         return {"chains": len(new.chains), "rules": new.rule_count, "sets": new.set_count}
     old_sets, new_sets = _all_sets(old), _all_sets(new)
-    changed = sum(1 for n, c in new.chains.items() if old.chains.get(n) != c)
+    changed = sum(1 for n, c in new.chains.items() if old.chains.get(n) is not c and old.chains.get(n) != c)
     elements_added = sum(
         len(frozenset(s.elements) - frozenset(old_sets[n].elements if n in old_sets else ()))
         for n, s in new_sets.items()
