@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace) -> dict:
             t1 = time.perf_counter()
             render_full(rs)
             t2 = time.perf_counter()
-            fresh = NftApplier(applier.command)  # a new agent: full replace of an existing table
+            fresh = NftApplier(applier.backend)  # a new agent: full replace of an existing table
             c0 = cpu()
             await fresh.apply(compile_ruleset(policies, namespaces, pods, pods))
             t3 = time.perf_counter()
@@ -144,6 +144,7 @@ async def run(args: argparse.Namespace) -> dict:
         "pods": args.pods,
         "rounds": args.rounds,
         "dual_stack": args.dual_stack,
+        "backend": args.backend,
         **stats,
         "compile_ms": summary(compile_s, scale=1000),
         "render_ms": summary(render_s, scale=1000),
@@ -162,6 +163,7 @@ def main() -> None:
     ap.add_argument("--policies", type=int, default=1000)
     ap.add_argument("--pods", type=int, default=250)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--backend", choices=["libnftables", "nft-command"], default="libnftables")
     ap.add_argument("--dual-stack", action="store_true", help="pods get an IPv4 address too (default: IPv6 only)")
     args = ap.parse_args()
     out = trio.run(run, args)

@@ -23,18 +23,11 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from ._backend import NftBackend, NftCommand, NftError
 from ._nft import FAMILY, TABLE, render_full, render_update, summarize
 from ._ruleset import Ruleset
 
 log = logging.getLogger("flock.policy")
-
-
-class NftError(RuntimeError):
-    """nft refused a transaction (nothing of it was applied)."""
-
-    def __init__(self, returncode: int, stderr: str) -> None:
-        self.returncode, self.stderr = returncode, stderr
-        super().__init__(f"nft exited {returncode}: {stderr.strip()[:2000]}")
 
 
 @attrs.frozen
@@ -46,13 +39,14 @@ class ApplyResult:
 
 @attrs.define(eq=False)
 class NftApplier:
-    """Owns ``table inet flock`` in the network namespace *command* runs in.
+    """Owns ``table inet flock`` in the network namespace *backend* works in.
 
-    *command* is the nft invocation (``("nft",)`` in the agent, which runs in
-    the node's namespace; tests prefix ``ip netns exec NAME``).
+    *backend*: :class:`LibNftables` in the agent (in-process, the node's
+    namespace), or :class:`NftCommand` (``nft -f -``; tests prefix
+    ``ip netns exec NAME``).
     """
 
-    command: Sequence[str] = ("nft",)
+    backend: NftBackend = attrs.field(factory=lambda: NftCommand())
     _applied: Ruleset | None = attrs.field(init=False, default=None)
     _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)
 
@@ -60,18 +54,6 @@ class NftApplier:
     def applied(self) -> Ruleset | None:
         """The ruleset the kernel holds, as far as this applier knows (None: unknown)."""
         return self._applied
-
-    async def _nft(self, *args: str, script: str | None = None) -> str:
-        proc = await trio.run_process(
-            [*self.command, *args],
-            stdin=script.encode() if script is not None else b"",
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise NftError(proc.returncode, proc.stderr.decode(errors="replace"))
-        return proc.stdout.decode(errors="replace")
 
     async def apply(self, ruleset: Ruleset) -> ApplyResult:
         """Make the kernel hold *ruleset*: an incremental transaction when possible, else a full replace."""
@@ -83,7 +65,7 @@ class NftApplier:
                 if not script:
                     return ApplyResult("unchanged", time.perf_counter() - start)
                 try:
-                    await self._nft("-f", "-", script=script)
+                    await self.backend.run(script)
                 except NftError as exc:
                     log.warning(
                         "incremental nftables update refused, replacing the table",
@@ -93,13 +75,13 @@ class NftApplier:
                     self._applied = ruleset
                     return ApplyResult("incremental", time.perf_counter() - start, summarize(old, ruleset))
             self._applied = None
-            await self._nft("-f", "-", script=render_full(ruleset))
+            await self.backend.run(render_full(ruleset))
             self._applied = ruleset
             return ApplyResult("full", time.perf_counter() - start, summarize(None, ruleset))
 
     async def counters(self) -> dict[str, tuple[int, int]]:
         """Packets and bytes per chain of ``inet flock`` (summed over the chain's counted rules)."""
-        out = await self._nft("-j", "list", "table", FAMILY, TABLE)
+        out = await self.backend.run(f"list table {FAMILY} {TABLE}", json_output=True)
         totals: dict[str, tuple[int, int]] = {}
         for item in json.loads(out).get("nftables", []):
             rule = item.get("rule")
@@ -115,12 +97,12 @@ class NftApplier:
     async def remove(self) -> None:
         """Delete the table (uninstall and tests); absent is fine."""
         async with self._lock:
-            await self._nft("-f", "-", script=f"add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n")
+            await self.backend.run(f"add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n")
             self._applied = None
 
 
 def nft_available(command: Sequence[str] = ("nft",)) -> str | None:
-    """None when *command* runs, else what is wrong (for tests' pytest.fail and the agent's start-up log)."""
+    """None when *command* runs, else what is wrong (for tests' pytest.fail)."""
     try:
         subprocess.run([*command, "--version"], capture_output=True, check=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as exc:

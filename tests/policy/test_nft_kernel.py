@@ -25,7 +25,8 @@ from flock.policy import (
     compile_ruleset,
     evaluate,
 )
-from flock.policy._apply import NftApplier, NftError, nft_available
+from flock.policy._apply import NftApplier, nft_available
+from flock.policy._backend import LibNftables, NftCommand, NftError
 from flock.testing.netns import NetnsPool
 from flock.testing.policy_net import Pod, PolicyNode, held_echo, open_held, probe, stop
 
@@ -43,8 +44,8 @@ class World:
     namespaces: list[Namespace]
 
 
-@pytest.fixture
-def world(require_root: None) -> Iterator[World]:
+@pytest.fixture(params=["nft-command", "libnftables"])
+def world(request: pytest.FixtureRequest, require_root: None) -> Iterator[World]:
     missing = nft_available()
     if missing:
         pytest.fail(missing)
@@ -70,7 +71,16 @@ def world(require_root: None) -> Iterator[World]:
                     host_veth=pod.veth,
                 )
             namespaces = [Namespace("x", {"team": "x"}), Namespace("y", {"team": "y"})]
-            yield World(node, pods, policy_pods, NftApplier(("ip", "netns", "exec", node.node.name, "nft")), namespaces)
+            backend: NftCommand | LibNftables
+            if request.param == "libnftables":
+                backend = LibNftables(node.node.path)
+            else:
+                backend = NftCommand(("ip", "netns", "exec", node.node.name, "nft"))
+            try:
+                yield World(node, pods, policy_pods, NftApplier(backend), namespaces)
+            finally:
+                if isinstance(backend, LibNftables):
+                    backend.close()
         finally:
             node.close()
 
@@ -217,7 +227,7 @@ async def test_restart_replaces_atomically_and_leaves_other_tables(world: World)
         a, b = w.pods["x/a"], w.pods["x/b"]
         assert not await trio.to_thread.run_sync(probe, b.netns, a.ip6, 80, "tcp")
         # a new agent: knows nothing applied, the old table still enforces until it replaces it
-        fresh = NftApplier(w.applier.command)
+        fresh = NftApplier(w.applier.backend)
         assert not await trio.to_thread.run_sync(probe, b.netns, a.ip6, 80, "tcp")
         rs = compile_ruleset(_policies(ALLOW_Y_TO_A_80), w.namespaces, w.policy_pods.values(), w.policy_pods.values())
         result = await fresh.apply(rs)
