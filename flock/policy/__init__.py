@@ -41,8 +41,11 @@ attached pods (``host_veth`` set, addresses from the allocation); a local pod
 overrides the cluster-wide entry with the same key.
 """
 
+from ._apply import ApplyResult, NftApplier
+from ._backend import LibNftables, NftBackend, NftCommand, NftError, default_backend
 from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
 from ._inputs import Kind, PolicyInputs, PolicySnapshot, PolicySource
+from ._metrics import PolicyMetrics
 from ._model import (
     NAMESPACE_NAME_LABEL,
     Direction,
@@ -61,6 +64,7 @@ from ._model import (
 )
 from ._reference import Endpoint, evaluate
 from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, ServiceSet
+from ._service import POLICY_GATE, LocalPods, PolicyGate, PolicyService, Readiness, RulesetApplier, Watermark
 from ._simulate import Packet, forward_verdict
 
 __all__ = [
@@ -68,7 +72,9 @@ __all__ = [
     "HOST_VETH",
     "INGRESS_MAP",
     "NAMESPACE_NAME_LABEL",
+    "POLICY_GATE",
     "AddressSet",
+    "ApplyResult",
     "Chain",
     "Compiler",
     "Direction",
@@ -77,26 +83,39 @@ __all__ = [
     "InvalidLocalPod",
     "Kind",
     "LabelSelector",
+    "LibNftables",
+    "LocalPods",
     "Match",
     "NamedPort",
     "Namespace",
     "NetworkPolicy",
+    "NftApplier",
+    "NftBackend",
+    "NftCommand",
+    "NftError",
     "Operator",
     "Packet",
     "Peer",
+    "PolicyGate",
     "PolicyInputs",
+    "PolicyMetrics",
     "PolicyPod",
     "PolicyPort",
     "PolicyRule",
+    "PolicyService",
     "PolicySnapshot",
     "PolicySource",
     "Protocol",
+    "Readiness",
     "Requirement",
     "Rule",
     "Ruleset",
+    "RulesetApplier",
     "ServiceSet",
+    "Watermark",
     "block_prefixes",
     "compile_ruleset",
+    "default_backend",
     "evaluate",
     "forward_verdict",
     "pod_chain",
