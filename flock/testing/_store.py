@@ -220,6 +220,9 @@ class Store:
         # As kube-apiserver: the generation counts changes of the desired state (spec), not of metadata or status.
         generation = old["metadata"].get("generation", 1)
         meta["generation"] = generation + 1 if new.get("spec") != old.get("spec") else generation
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return copy.deepcopy(dict(old))  # a write that changes nothing is no change: no new version, no event
         return self._commit(resource, key, "MODIFIED", old, new)
 
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
