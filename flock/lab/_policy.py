@@ -136,12 +136,16 @@ def _display(res: Resource, obj: Mapping[str, Any]) -> str:
 
 
 async def apply(plan: LabPlan, path: str) -> list[dict[str, str]]:
+    """``flock-lab apply FILE``: :func:`apply_objects` of the file's documents."""
+    return await apply_objects(plan, read_documents(path))
+
+
+async def apply_objects(plan: LabPlan, objects: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     """Create each object, or replace the one of that name (as ``kubectl apply`` ends up).
 
-    Every document is checked before anything is written.  Returns
+    Every object is checked before anything is written.  Returns
     ``[{"object": "networkpolicy.networking.k8s.io/x/deny", "action": "created"}, …]``.
     """
-    objects = read_documents(path)
     resources = [_resource_of(obj, f"document {i + 1}") for i, obj in enumerate(objects)]
     api = api_client(plan)
     done = []
