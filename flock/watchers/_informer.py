@@ -85,7 +85,8 @@ class ChangeListener(Protocol):
         """A full list has been applied (every change it found was delivered before)."""
 
     def on_progress(self, resource_version: str) -> None:
-        """The informer's resourceVersion moved (an event, a list or a BOOKMARK)."""
+        """The informer's resourceVersion moved (an event, a list or a BOOKMARK), after
+        every change up to it was delivered."""
 
 
 def _rv(obj: Object) -> str:
@@ -197,7 +198,6 @@ class Informer:
         """Swap in a fresh list, emitting only what differs from the cache."""
         old, new = self._objects, {self.key(obj): obj for obj in items}
         self._objects = new
-        self._set_resource_version(resource_version)
         for key, obj in new.items():
             before = old.get(key)
             if before is None:
@@ -207,6 +207,8 @@ class Informer:
         for key, obj in old.items():
             if key not in new:
                 self._emit(Change(ChangeType.DELETED, key, obj))
+        # The version moves after the changes it covers were delivered (see ChangeListener.on_progress).
+        self._set_resource_version(resource_version)
         for listener in self.listeners:
             listener.on_listed()
 
@@ -220,14 +222,14 @@ class Informer:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             raise TransientKubeError(f"{self.name}: unknown watch event type {kind!r}")
         key = self.key(obj)
-        self._set_resource_version(_rv(obj))
         if kind == "DELETED":
             if self._objects.pop(key, None) is not None:
                 self._emit(Change(ChangeType.DELETED, key, obj))
-            return
-        change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
-        self._objects[key] = obj
-        self._emit(Change(change, key, obj))
+        else:
+            change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
+            self._objects[key] = obj
+            self._emit(Change(change, key, obj))
+        self._set_resource_version(_rv(obj))
 
     def _emit(self, change: Change) -> None:
         self.on_change(change)
