@@ -3,7 +3,10 @@
 from flock.lab._check import Probe, matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._lifecycle import down, up
 from flock.lab._plan import LabPlan, NodePlan
-from flock.lab._pods import CniFailure, LabPod, load_pods, pod_add, pod_check, pod_del
+from flock.lab._pods import CniFailure, LabPod, load_pods, pod_add, pod_check, pod_del, pod_label
+from flock.lab._policy import apply_objects, delete, ns_add, ns_label, server_version, wait_applied
+from flock.lab._ports import PortSpec
+from flock.lab._probe import Endpoint, ProbeResult, matrix, probe_all, probe_one
 from flock.lab._runtime import Attachment, PluginOutcome, exec_conflist, exec_plugin, load_conflist
 from flock.lab._state import LabError, LabState, load_state
 from flock.lab._status import status, status_text
@@ -11,27 +14,40 @@ from flock.lab._status import status, status_text
 __all__ = [
     "Attachment",
     "CniFailure",
+    "Endpoint",
     "LabError",
     "LabPlan",
     "LabPod",
     "LabState",
     "NodePlan",
     "PluginOutcome",
+    "PortSpec",
     "Probe",
+    "ProbeResult",
+    "apply_objects",
+    "delete",
     "down",
     "exec_conflist",
     "exec_plugin",
     "load_conflist",
     "load_pods",
     "load_state",
+    "matrix",
     "matrix_text",
+    "ns_add",
+    "ns_label",
     "pod_add",
     "pod_check",
     "pod_del",
+    "pod_label",
+    "probe_all",
+    "probe_one",
     "reachability",
+    "server_version",
     "status",
     "status_text",
     "summary",
     "up",
     "wait_anycast_routes",
+    "wait_applied",
 ]

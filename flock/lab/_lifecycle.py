@@ -43,6 +43,8 @@ from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
 from flock.testing import NODECONFIGS, write_kubeconfig
 
 READY_DEADLINE_S = 60.0
+# BOOKMARKs move every agent's watches on while nothing changes: `policy wait` needs no more than this.
+APISERVER_BOOKMARK_S = 0.2
 KILL_WAIT_S = 5.0
 SPEC_FILE = "spec.json"
 KEEPER_LOG = "keeper.log"
@@ -142,6 +144,8 @@ def process_specs(plan: LabPlan) -> list[ProcessSpec]:
                 str(FABRIC6),
                 "--port",
                 str(APISERVER_PORT),
+                "--bookmark-interval",
+                str(APISERVER_BOOKMARK_S),
             ),
             plan.dir / "apiserver.log",
             env,

@@ -2,8 +2,9 @@
 namespaces), shipped like ``trio.testing``: the fake API server here, network
 namespace helpers in ``flock.testing.netns``."""
 
-from ._objects import nodeconfig_object, pod_object
-from ._resources import NODECONFIGS, PODS, Resource
+from ._admission import NAME_LABEL
+from ._objects import namespace_object, network_policy_object, nodeconfig_object, pod_object
+from ._resources import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, RESOURCES, Resource
 from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
@@ -11,14 +12,20 @@ from ._status import StatusError
 from ._store import Store
 
 __all__ = [
+    "NAMESPACES",
+    "NAME_LABEL",
+    "NETWORKPOLICIES",
     "NODECONFIGS",
     "PODS",
+    "RESOURCES",
     "ApiServer",
     "Resource",
     "StatusError",
     "Store",
     "StoreSource",
     "kubeconfig",
+    "namespace_object",
+    "network_policy_object",
     "nodeconfig_object",
     "pod_object",
     "serving",

@@ -31,4 +31,8 @@ PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=Tr
 NODECONFIGS = Resource(
     group="flock.fritzlab.net", version="v1alpha1", plural="nodeconfigs", kind="NodeConfig", namespaced=False
 )
-RESOURCES = (PODS, NODECONFIGS)
+NAMESPACES = Resource(group="", version="v1", plural="namespaces", kind="Namespace", namespaced=False)
+NETWORKPOLICIES = Resource(
+    group="networking.k8s.io", version="v1", plural="networkpolicies", kind="NetworkPolicy", namespaced=True
+)
+RESOURCES = (PODS, NODECONFIGS, NAMESPACES, NETWORKPOLICIES)

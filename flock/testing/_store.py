@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-from ._resources import PODS, Resource
+from ._admission import admit, invalid
+from ._resources import Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, expired
 
@@ -155,6 +156,7 @@ class Store:
                 )
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
+            meta["generation"] = 1
             return self._commit(resource, key, "ADDED", None, new)
 
     def update(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
@@ -176,9 +178,28 @@ class Store:
             old = self._objects.get((resource, self._ns(resource, namespace), name))
             if old is None:
                 raise _not_found(resource, name)
-            merged = _merge_patch(copy.deepcopy(dict(old)), patch)
+            merged = merge_patch(copy.deepcopy(dict(old)), patch)
             merged.setdefault("metadata", {})["name"] = name
             return self._replace_locked(resource, self._validated(resource, merged, namespace))
+
+    def set_status(
+        self,
+        resource: Resource,
+        name: str,
+        status: Any,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace only ``status`` (the ``/status`` subresource, as the kubelet writes podIPs)."""
+        with self._lock:
+            old = self._objects.get((resource, self._ns(resource, namespace), name))
+            if old is None:
+                raise _not_found(resource, name)
+            new = copy.deepcopy(dict(old))
+            new["status"] = copy.deepcopy(status)
+            if resource_version:
+                new["metadata"]["resourceVersion"] = resource_version
+            return self._replace_locked(resource, self._validated(resource, new, namespace))
 
     def _replace_locked(self, resource: Resource, new: dict[str, Any]) -> dict[str, Any]:
         meta = new["metadata"]
@@ -196,6 +217,12 @@ class Store:
             )
         meta["uid"] = old["metadata"]["uid"]
         meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        # As kube-apiserver: the generation counts changes of the desired state (spec), not of metadata or status.
+        generation = old["metadata"].get("generation", 1)
+        meta["generation"] = generation + 1 if new.get("spec") != old.get("spec") else generation
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return copy.deepcopy(dict(old))  # a write that changes nothing is no change: no new version, no event
         return self._commit(resource, key, "MODIFIED", old, new)
 
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -293,10 +320,10 @@ class Store:
         new = copy.deepcopy(dict(obj))
         meta = new.setdefault("metadata", {})
         if not isinstance(meta, dict):
-            raise _invalid(resource, "?", "metadata", meta, "must be an object")
+            raise invalid(resource, "?", "metadata", meta, "must be an object")
         name = meta.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise _invalid(resource, str(name), "metadata.name", name, "must be a lowercase RFC 1123 subdomain")
+            raise invalid(resource, str(name), "metadata.name", name, "must be a lowercase RFC 1123 subdomain")
         if resource.namespaced:
             ns = namespace or meta.get("namespace") or "default"
             if meta.get("namespace") not in (None, ns):
@@ -307,20 +334,10 @@ class Store:
         else:
             meta.pop("namespace", None)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
-        spec = new.get("spec")
-        if not isinstance(spec, dict):
-            raise _invalid(resource, name, "spec", spec, "Required value")
-        if resource == PODS:
-            containers = spec.get("containers")
-            if not isinstance(containers, list) or not containers:
-                raise _invalid(resource, name, "spec.containers", containers, "Required value")
-            for i, c in enumerate(containers):
-                if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
-                    raise _invalid(resource, name, f"spec.containers[{i}]", c, "name and image are required")
-        return new
+        return admit(resource, new)
 
 
-def _merge_patch(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     result = dict(target) if isinstance(target, Mapping) else {}
@@ -328,7 +345,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = _merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value)
     return result
 
 
@@ -339,14 +356,6 @@ def _now() -> str:
 def _not_found(resource: Resource, name: str) -> StatusError:
     group = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
     return StatusError(404, f'{group} "{name}" not found', details={"name": name, "kind": resource.plural})
-
-
-def _invalid(resource: Resource, name: str, field: str, value: Any, why: str) -> StatusError:
-    return StatusError(
-        422,
-        f'{resource.kind} "{name}" is invalid: {field}: {why} (got {value!r})',
-        details={"name": name, "kind": resource.kind, "causes": [{"field": field, "message": why}]},
-    )
 
 
 __all__ = ["Store", "Subscription"]

@@ -1,4 +1,5 @@
-"""This node's NodeConfig and pods from the API server (list+watch informers).
+"""This node's NodeConfig and pods, and the cluster's NetworkPolicies, Namespaces
+and Pods, from the API server (list+watch informers).
 
 The only package (with flock.testing) that imports asyncio or kubernetes-asyncio.
 The agent opens one client and hands the watchers to its supervisor::
@@ -11,15 +12,21 @@ The agent opens one client and hands the watchers to its supervisor::
     cfg = await nodeconfig.wait_changed(last_seen)               # NodeConfig changed
     with pods.subscribe() as changes: async for c in changes: …  # pod added/modified/deleted
     pod = await pods.lookup(namespace, name)                     # ADD: ≤3 s in cache, then one GET
+
+With NetworkPolicy (see :mod:`flock.watchers._policy`), one informer watches every pod::
+
+        policy = PolicyWatcher(kube.network_policies(), kube.namespaces(), inputs)
+        pods = PodWatcher(kube.all_pods(), node, listeners=(policy.pod_listener,))
 """
 
 from ._bridge import AsyncioBridge, open_bridge
 from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
 from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
-from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import Backoff, Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._policy import PolicyWatcher
 from ._source import KubeSource
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "AsyncioBridge",
     "Backoff",
     "Change",
+    "ChangeListener",
     "ChangeType",
     "ClientConfigError",
     "Informer",
@@ -39,6 +47,7 @@ __all__ = [
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",
+    "PolicyWatcher",
     "ResourceExpired",
     "TransientKubeError",
     "in_cluster_configuration",
