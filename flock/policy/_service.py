@@ -206,6 +206,10 @@ class PolicyService:
         if self.metrics is not None:
             self.metrics.applied(ruleset, mode, seconds)
         self._publish(mark)
+        if self.watermark is not None and self.inputs.snapshot().generation == snap.generation:
+            # BOOKMARKs that moved the watermark while the transaction ran found nothing applied to
+            # publish for; with no change since the snapshot, the kernel reflects them too.
+            self._publish(self.watermark.watermark)
         if mode != "unchanged":
             log.info(
                 "policy ruleset applied",

@@ -174,6 +174,32 @@ async def test_applied_resource_version_follows_bookmarks_only_when_current(auto
             nursery.cancel_scope.cancel()
 
 
+async def test_bookmarks_during_an_apply_are_published_once_it_is_in(autojump_clock: trio.abc.Clock) -> None:
+    # Found by the lab's policy wait: the watermark moved while nft ran, and nothing moved it again.
+    inputs, mark = PolicyInputs(), MemoryWatermark()
+
+    @attrs.define(eq=False)
+    class BookmarkedApplier(ScriptedApplier):
+        async def apply(self, ruleset: Ruleset) -> object:
+            mark.move(mark.watermark + 5)  # the other kinds' bookmarks catch up meanwhile
+            return await super().apply(ruleset)
+
+    metrics = PolicyMetrics(CollectorRegistry())
+    svc = service(inputs, MemoryLocalPods(), BookmarkedApplier(), watermark=mark, metrics=metrics)
+    mark.move(10)
+    complete(inputs)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(1)
+            assert svc.applied_resource_version == 15
+            inputs.set_policy(DENY)  # a change: applied with the watermark of its snapshot, then the moved one
+            await trio.sleep(1)
+            assert svc.applied_resource_version == 20
+            assert metrics.registry.get_sample_value("flock_policy_applied_resource_version") == 20
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("burst", [1, 20])
 async def test_a_burst_of_changes_is_one_apply_after_the_current(autojump_clock: trio.abc.Clock, burst: int) -> None:
     inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
