@@ -291,3 +291,23 @@ async def test_service_gate_returns_with_the_pods_rules_in_the_kernel(world: Wor
             assert not await trio.to_thread.run_sync(probe, c.netns, a.ip6, 81, "tcp")
             assert await trio.to_thread.run_sync(probe, c.netns, a.ip4, 80, "tcp")
             nursery.cancel_scope.cancel()
+
+
+async def test_nothing_isolated_means_no_table(world: World) -> None:
+    w = world
+
+    def listing() -> str:
+        return w.node.node.run("nft", "list", "tables").stdout
+
+    with trio.fail_after(60):
+        nothing = compile_ruleset([], w.namespaces, w.policy_pods.values(), w.policy_pods.values())
+        assert (await w.applier.apply(nothing)).mode == "removed"
+        assert "flock" not in await trio.to_thread.run_sync(listing)
+        assert (await w.applier.apply(nothing)).mode == "unchanged"
+        assert await w.applier.counters() == {}
+        _, result = await _apply(w, _policies(DENY_X))
+        assert result.mode == "full" and "inet flock" in await trio.to_thread.run_sync(listing)
+        # a new agent whose policies were all deleted meanwhile: the old table goes, in one transaction
+        fresh = NftApplier(w.applier.backend)
+        assert (await fresh.apply(nothing)).mode == "removed"
+        assert "flock" not in await trio.to_thread.run_sync(listing)
