@@ -90,19 +90,23 @@ async def one_change(plan: LabPlan, pairs: list[tuple[str, Endpoint, Endpoint]],
         await delete(plan, "networkpolicy", "x/allow-y")
     target = await server_version(plan)
     waited: list[float] = []
+    applied: dict[str, int | None] = {}
 
     async def node(name: str, src: Endpoint, dst: Endpoint) -> None:
         per_node[name] = await until_state(src, dst, allow, t0)
 
     async def policy_wait() -> None:
-        await wait_applied(plan, target, {})
+        await wait_applied(plan, target, applied)
         waited.append(time.perf_counter() - t0)
 
-    with trio.fail_after(ROUND_LIMIT_S):
+    with trio.move_on_after(ROUND_LIMIT_S):
         async with trio.open_nursery() as nursery:
             for name, src, dst in pairs:
                 nursery.start_soon(node, name, src, dst)
             nursery.start_soon(policy_wait)
+    missing = [name for name, _, _ in pairs if name not in per_node] + ([] if waited else ["policy wait"])
+    if missing:
+        raise RuntimeError(f"not seen within {ROUND_LIMIT_S:g} s: {', '.join(missing)} (target {target}, agents at {applied})")
     return {"every_node": max(per_node.values()), "nodes": per_node, "policy_wait": waited[0]}
 
 

@@ -14,13 +14,13 @@ informer over every pod and hands each change to :attr:`PolicyWatcher.pod_listen
 How far the cluster is reflected: :attr:`PolicyWatcher.watermark` is the
 API resourceVersion (etcd's one revision counter) through which every change
 of all three kinds is in ``inputs``; BOOKMARK events move it on while nothing
-changes.  The watcher remembers, per inputs generation, the highest watermark
-seen while that generation was the newest.  The policy service, once the
-snapshot of generation G is in the kernel, calls ``watcher.mark_applied(G)``
-and exports :attr:`PolicyWatcher.applied_resource_version` as the gauge
-``flock_policy_applied_resource_version`` (it keeps rising with bookmarks while
-G is still the newest).  ``flock-lab policy wait`` compares that gauge with the
-API server's resourceVersion.
+changes; a version moves only after every change up to it is in ``inputs``.
+The policy service (:class:`flock.policy.PolicyService`, whose ``watermark`` this
+is) reads ``inputs.snapshot()`` and the watermark together, without an await
+between, and once that snapshot is in the kernel publishes the watermark as the
+gauge ``flock_policy_applied_resource_version`` (following :meth:`wait_watermark`
+while the snapshot is still the newest).  ``flock-lab policy wait`` compares
+that gauge with the API server's resourceVersion.
 """
 
 from __future__ import annotations
@@ -129,9 +129,6 @@ class PolicyWatcher:
     _feeds: dict[Kind, _KindFeed] = attrs.field(init=False)
     _informers: dict[Kind, Informer] = attrs.field(init=False, factory=dict)
     _progress: trio.Event = attrs.field(init=False, factory=trio.Event)
-    # inputs generation → the highest watermark seen while it was the newest generation
-    _marks: dict[int, int] = attrs.field(init=False, factory=dict)
-    _applied_generation: int | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._feeds = {kind: _KindFeed(kind, self.inputs, self._progressed) for kind in Kind}
@@ -181,27 +178,7 @@ class PolicyWatcher:
             await self._progress.wait()
         return mark
 
-    def mark_applied(self, generation: int) -> None:
-        """The policy service has put the snapshot of *generation* into the kernel."""
-        self._applied_generation = generation
-        for old in [g for g in self._marks if g < generation]:
-            del self._marks[old]
-
-    @property
-    def applied_resource_version(self) -> int:
-        """The resourceVersion through which the applied snapshot equals the cluster
-        (the gauge ``flock_policy_applied_resource_version``); 0 before the first apply."""
-        if self._applied_generation is None:
-            return 0
-        return self._marks.get(self._applied_generation, 0)
-
     def _progressed(self) -> None:
-        mark = self.watermark
-        if mark:
-            # Every change through *mark* is in the inputs now: their current generation reflects it.
-            generation = self.inputs.snapshot().generation
-            if mark > self._marks.get(generation, 0):
-                self._marks[generation] = mark
         self._progress.set()
         self._progress = trio.Event()
 

@@ -255,31 +255,3 @@ async def test_over_http_bookmarks_move_the_watermark_and_faults_converge(tmp_pa
                 snap = await caught_up()
                 assert sorted(snap.policies) == ["y/allow"] and sorted(snap.namespaces) == ["x", "y"]
                 assert snap.complete and inputs.snapshot().synced == frozenset(Kind)
-
-
-async def test_applied_resource_version_follows_what_the_service_applied(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
-    store.create(NAMESPACES, namespace_object("x", {"ns": "x"}))
-    watcher, inputs = watchers(store)
-    with trio.fail_after(30):
-        async with serving(watcher):
-            assert watcher.applied_resource_version == 0  # nothing applied yet
-            applied = inputs.snapshot()
-            watcher.mark_applied(applied.generation)
-            assert watcher.applied_resource_version == store.resource_version
-            store.create(PODS, serving_pod("x", "a", NODE, "2001:db8:0:1::a"))  # unrelated kind moves on alone
-            await trio.sleep(BOOKMARK_S + 0.001)
-            newer = inputs.snapshot()
-            assert newer.generation > applied.generation and watcher.watermark == store.resource_version
-            # The kernel still holds the older snapshot: the gauge stays where that one was true.
-            assert watcher.applied_resource_version == store.resource_version - 1
-            watcher.mark_applied(newer.generation)
-            assert watcher.applied_resource_version == store.resource_version
-            # Nothing changes but time: bookmarks carry the applied version on with the server's.
-            store.create(NAMESPACES, namespace_object("y"))
-            store.delete(NAMESPACES, "y")
-            await trio.sleep(BOOKMARK_S + 0.001)
-            assert inputs.snapshot().generation > newer.generation  # y came and went: two changes
-            assert watcher.applied_resource_version < store.resource_version
-            watcher.mark_applied(inputs.snapshot().generation)
-            assert watcher.applied_resource_version == store.resource_version
