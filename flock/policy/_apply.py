@@ -30,9 +30,16 @@ from ._ruleset import Ruleset
 log = logging.getLogger("flock.policy")
 
 
+_DROP_TABLE = f"add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n"
+
+
+def _empty(ruleset: Ruleset) -> bool:
+    return not ruleset.chains and not ruleset.egress_map and not ruleset.ingress_map
+
+
 @attrs.frozen
 class ApplyResult:
-    mode: str  # "full", "incremental" or "unchanged"
+    mode: str  # "full", "incremental", "removed" (nothing isolated: no table) or "unchanged"
     seconds: float
     summary: dict[str, int] = attrs.field(factory=dict)
 
@@ -48,6 +55,7 @@ class NftApplier:
 
     backend: NftBackend = attrs.field(factory=lambda: NftCommand())
     _applied: Ruleset | None = attrs.field(init=False, default=None)
+    _present: bool = attrs.field(init=False, default=False)  # the table exists (when _applied is known)
     _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)
 
     @property
@@ -60,7 +68,15 @@ class NftApplier:
         async with self._lock:
             start = time.perf_counter()
             old = self._applied
-            if old is not None:
+            if _empty(ruleset):
+                # Nothing isolated: no table at all (a node without policies never loads nftables rules).
+                if old is not None and not self._present:
+                    return ApplyResult("unchanged", time.perf_counter() - start)
+                self._applied = None
+                await self.backend.run(_DROP_TABLE)
+                self._applied, self._present = ruleset, False
+                return ApplyResult("removed", time.perf_counter() - start)
+            if old is not None and self._present:
                 script = render_update(old, ruleset)
                 if not script:
                     return ApplyResult("unchanged", time.perf_counter() - start)
@@ -76,11 +92,13 @@ class NftApplier:
                     return ApplyResult("incremental", time.perf_counter() - start, summarize(old, ruleset))
             self._applied = None
             await self.backend.run(render_full(ruleset))
-            self._applied = ruleset
+            self._applied, self._present = ruleset, True
             return ApplyResult("full", time.perf_counter() - start, summarize(None, ruleset))
 
     async def counters(self) -> dict[str, tuple[int, int]]:
         """Packets and bytes per chain of ``inet flock`` (summed over the chain's counted rules)."""
+        if self._applied is not None and not self._present:
+            return {}
         out = await self.backend.run(f"list table {FAMILY} {TABLE}", json_output=True)
         totals: dict[str, tuple[int, int]] = {}
         for item in json.loads(out).get("nftables", []):
@@ -97,8 +115,8 @@ class NftApplier:
     async def remove(self) -> None:
         """Delete the table (uninstall and tests); absent is fine."""
         async with self._lock:
-            await self.backend.run(f"add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n")
-            self._applied = None
+            await self.backend.run(_DROP_TABLE)
+            self._applied, self._present = None, False
 
 
 def nft_available(command: Sequence[str] = ("nft",)) -> str | None:

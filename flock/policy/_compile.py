@@ -133,6 +133,7 @@ class _Peers:
         return out
 
 
+@functools.lru_cache(maxsize=4096)
 def block_prefixes(block: IPBlock) -> tuple[IPNetwork, ...]:
     """*block*'s cidr minus its excepts, as disjoint prefixes."""
     nets: list[IPNetwork] = [block.cidr]
@@ -156,6 +157,12 @@ class _PortPlan:
     numeric: tuple[tuple[Protocol, int, int], ...] = ()
     named: tuple[tuple[str, Protocol], ...] = ()
     anything: bool = False
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_set(block: IPBlock) -> AddressSet:
+    name = f"b-{_id('block', block.cidr, block.except_)}"
+    return AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
 
 
 def _port_plan(ports: tuple[PolicyPort, ...]) -> _PortPlan:
@@ -219,10 +226,9 @@ class _RuleBuilder:
         return names
 
     def block_set(self, block: IPBlock) -> tuple[int, str]:
-        name = f"b-{_id('block', block.cidr, block.except_)}"
-        if name not in self.static:
-            self.static[name] = AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
-        return (block.cidr.version, name)
+        aset = _block_set(block)
+        self.static[aset.name] = aset
+        return (block.cidr.version, aset.name)
 
     def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int) -> str:
         name = f"n-{_id('named', tuple((n, p.value) for n, p in named))}-{family}"
@@ -297,7 +303,11 @@ class Compiler:
     )
     _pod_chains: dict[tuple[str, tuple[str, ...]], Chain] = attrs.field(init=False, factory=dict)
     _policies: tuple[NetworkPolicy, ...] = attrs.field(init=False, default=())
-    _by_namespace: dict[str, list[NetworkPolicy]] = attrs.field(init=False, factory=dict)
+    # (namespace, direction) → (policies whose pod selector has no matchLabels, {label pair: policies indexed by
+    # their selector's first matchLabels pair}): a pod need only try the policies one of its labels can satisfy
+    _index: dict[tuple[str, Direction], tuple[list[NetworkPolicy], dict[tuple[str, str], list[NetworkPolicy]]]] = (
+        attrs.field(init=False, factory=dict)
+    )
     _selection: dict[tuple[str, Labels, Direction], tuple[NetworkPolicy, ...]] = attrs.field(init=False, factory=dict)
 
     def _set_policies(self, policies: Iterable[NetworkPolicy]) -> None:
@@ -306,9 +316,14 @@ class Compiler:
             return
         self._policies = ordered
         self._selection.clear()
-        self._by_namespace = defaultdict(list)
+        self._index = {}
         for pol in ordered:
-            self._by_namespace[pol.namespace].append(pol)
+            for direction in pol.policy_types:
+                plain, by_pair = self._index.setdefault((pol.namespace, direction), ([], defaultdict(list)))
+                if pol.pod_selector.match_labels:
+                    by_pair[pol.pod_selector.match_labels[0]].append(pol)
+                else:
+                    plain.append(pol)
         keys = {p.key for p in ordered}
         self._chains = {k: v for k, v in self._chains.items() if k[0] in keys}
 
@@ -325,11 +340,10 @@ class Compiler:
         hit = self._selection.get(key)
         if hit is None:
             labels = pod.label_map
-            hit = self._selection[key] = tuple(
-                p
-                for p in self._by_namespace.get(pod.namespace, ())
-                if direction in p.policy_types and p.pod_selector.matches(labels)
-            )
+            plain, by_pair = self._index.get((pod.namespace, direction), ((), {}))
+            candidates = [*plain, *(p for pair in pod.labels for p in by_pair.get(pair, ()))]
+            candidates.sort(key=lambda p: p.key)  # the order of the jumps: by policy key
+            hit = self._selection[key] = tuple(p for p in candidates if p.pod_selector.matches(labels))
         return hit
 
     def compile(

@@ -16,11 +16,15 @@ import attrs
 import pytest
 import trio
 
+from flock.model import Allocation
 from flock.policy import (
     Endpoint,
+    Kind,
     Namespace,
     NetworkPolicy,
+    PolicyInputs,
     PolicyPod,
+    PolicyService,
     Protocol,
     compile_ruleset,
     evaluate,
@@ -28,6 +32,7 @@ from flock.policy import (
 from flock.policy._apply import NftApplier, nft_available
 from flock.policy._backend import LibNftables, NftCommand, NftError
 from flock.testing.netns import NetnsPool
+from flock.testing.policy import MemoryLocalPods
 from flock.testing.policy_net import Pod, PolicyNode, held_echo, open_held, probe, stop
 
 pytestmark = pytest.mark.root
@@ -246,3 +251,63 @@ async def test_restart_replaces_atomically_and_leaves_other_tables(world: World)
         assert fresh.applied is None
         after = await trio.to_thread.run_sync(lambda: run("nft", "list", "table", "inet", "flock").stdout)
         assert "pe-x" not in after and "jump pi-" in after
+
+
+async def test_service_gate_returns_with_the_pods_rules_in_the_kernel(world: World) -> None:
+    """The policy service over the real kernel: ensure() returns when the new pod is enforced."""
+    w = world
+    inputs, local = PolicyInputs(), MemoryLocalPods()
+    policies = _policies(DENY_X, ALLOW_Y_TO_A_80)
+    inputs.replace(Kind.NETWORK_POLICY, {p.key: p for p in policies})
+    inputs.replace(Kind.NAMESPACE, {n.name: n for n in w.namespaces})
+    inputs.replace(Kind.POD, {k: attrs.evolve(p, host_veth=None) for k, p in w.policy_pods.items()})
+    veths = {f"cid-{k}": w.pods[k].veth for k in w.pods}
+    svc = PolicyService(inputs, local, w.applier, "n1", veths.__getitem__)
+
+    def allocation(key: str) -> Allocation:
+        pod = w.pods[key]
+        ns, name = key.split("/")
+        return Allocation(
+            f"cid-{key}",
+            ns,
+            name,
+            "uid",
+            "eth0",
+            pod.netns.path,
+            ipaddress.IPv6Address(pod.ip6),
+            ipaddress.IPv4Address(pod.ip4),
+        )
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(allocation("y/c"))
+            await svc.ensure(allocation("y/c"))
+            c, a = w.pods["y/c"], w.pods["x/a"]
+            assert await trio.to_thread.run_sync(probe, c.netns, a.ip6, 81, "tcp"), "x/a not attached yet: open"
+            local.put(allocation("x/a"))
+            await svc.ensure(allocation("x/a"))
+            # no waiting, no polling: the moment ensure() returns, x/a is isolated as its policies say
+            assert not await trio.to_thread.run_sync(probe, c.netns, a.ip6, 81, "tcp")
+            assert await trio.to_thread.run_sync(probe, c.netns, a.ip4, 80, "tcp")
+            nursery.cancel_scope.cancel()
+
+
+async def test_nothing_isolated_means_no_table(world: World) -> None:
+    w = world
+
+    def listing() -> str:
+        return w.node.node.run("nft", "list", "tables").stdout
+
+    with trio.fail_after(60):
+        nothing = compile_ruleset([], w.namespaces, w.policy_pods.values(), w.policy_pods.values())
+        assert (await w.applier.apply(nothing)).mode == "removed"
+        assert "flock" not in await trio.to_thread.run_sync(listing)
+        assert (await w.applier.apply(nothing)).mode == "unchanged"
+        assert await w.applier.counters() == {}
+        _, result = await _apply(w, _policies(DENY_X))
+        assert result.mode == "full" and "inet flock" in await trio.to_thread.run_sync(listing)
+        # a new agent whose policies were all deleted meanwhile: the old table goes, in one transaction
+        fresh = NftApplier(w.applier.backend)
+        assert (await fresh.apply(nothing)).mode == "removed"
+        assert "flock" not in await trio.to_thread.run_sync(listing)
