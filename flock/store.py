@@ -49,7 +49,7 @@ import attrs
 import outcome
 import trio
 
-from flock import errors
+from flock.faults import StoreUnavailable
 from flock.model import Allocation, AllocationState
 
 FILENAME = "flock.db"
@@ -73,12 +73,12 @@ _COLUMNS = (
 )
 
 
-class StoreError(errors.CniError):
+class StoreError(StoreUnavailable):
     """The allocation database cannot be used; ``path`` says which file."""
 
     def __init__(self, path: os.PathLike | str, msg: str, details: str = "") -> None:
         self.path = Path(path)
-        super().__init__(errors.IO_ERROR, msg, f"{path}: {details}" if details else str(path))
+        super().__init__(msg, f"{path}: {details}" if details else str(path))
 
 
 def _create_v1(conn: sqlite3.Connection) -> None:

@@ -15,6 +15,7 @@ import pathlib
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import attrs
 import trio
@@ -47,6 +48,15 @@ class Backoff:
 
     def delay(self, failures: int) -> float:
         return min(self.maximum, self.initial * self.factor ** (failures - 1))
+
+
+class Notes(Protocol):
+    """Where the reloader says that BIRD lags behind (the agent's NodeState: /readyz notes)."""
+
+    def set_note(self, topic: str, text: str | None) -> None: ...
+
+
+NOTE_TOPIC = "bird"
 
 
 class ReloadError(Exception):
@@ -116,6 +126,8 @@ class BirdReloader:
     #: Completed ``birdc configure`` calls and failed attempts, for metrics.
     reloads: int = attrs.field(default=0, init=False)
     failures: int = attrs.field(default=0, init=False)
+    #: Told "BIRD not configured yet (retrying): …" while :attr:`last_error` is set.
+    notes: Notes | None = None
     #: Why the newest inputs are not applied yet (None once BIRD took them).
     last_error: str | None = attrs.field(default=None, init=False)
     _poked: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -159,12 +171,12 @@ class BirdReloader:
         while True:
             try:
                 await self.reconcile()
-                self.last_error = None
+                self._set_error(None)
                 return
             except ReloadError as exc:
                 attempt += 1
                 self.failures += 1
-                self.last_error = str(exc)
+                self._set_error(str(exc))
                 delay = self.backoff.delay(attempt)
                 log.warning(
                     "BIRD reload failed, retrying",
@@ -177,6 +189,14 @@ class BirdReloader:
                     },
                 )
                 await trio.sleep(delay)
+
+    def _set_error(self, error: str | None) -> None:
+        self.last_error = error
+        if self.notes is not None:
+            # BIRD runs beside the agent: pods get addresses and local routes
+            # without it; only announcing them waits, and the reloader retries.
+            note = None if error is None else f"BIRD not configured yet (retrying): {error}"
+            self.notes.set_note(NOTE_TOPIC, note)
 
     async def reconcile(self) -> bool:
         """One attempt; True if BIRD was told to reconfigure. Raises :class:`ReloadError`."""

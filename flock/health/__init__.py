@@ -1,6 +1,6 @@
-"""flock-agent's health endpoints and metrics."""
+"""flock-agent's health endpoints and metrics (prometheus-client, a registry of its own)."""
 
-from flock.health._metrics import LATENCY_BUCKETS, Metrics
-from flock.health._server import HealthServer
+from flock.health._metrics import CONTENT_TYPE, LATENCY_BUCKETS, Metrics
+from flock.health._server import HealthServer, Readiness
 
-__all__ = ["LATENCY_BUCKETS", "HealthServer", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "HealthServer", "Metrics", "Readiness"]

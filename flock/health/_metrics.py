@@ -1,74 +1,102 @@
-"""Prometheus text exposition (format 0.0.4) of the agent's counters."""
+"""flock-agent's metrics through prometheus-client, in a registry of their own.
+
+:class:`Metrics` owns a :class:`prometheus_client.CollectorRegistry` (never
+the library's global default one, so two agents in one test process or a
+library that registers its own metrics cannot collide), with the library's
+process and platform collectors, the CNI request counter and latency
+histogram, and whatever gauges the composition root registers (read when
+scraped, from their owners).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Seconds; an ADD is milliseconds normally, up to the 25 s deadline at worst.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-@attrs.define(eq=False)
-class _Histogram:
-    counts: list[int] = attrs.field(factory=lambda: [0] * len(LATENCY_BUCKETS))
-    total: float = 0.0
-    n: int = 0
+@attrs.frozen
+class _CounterFunction(Collector):
+    """A counter whose value its owner keeps (read when scraped)."""
 
-    def add(self, seconds: float) -> None:
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                self.counts[i] += 1
-        self.total += seconds
-        self.n += 1
+    name: str
+    documentation: str
+    read: Callable[[], float]
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self.read())
 
 
 @attrs.define(eq=False)
 class Metrics:
-    """Request counts and latencies by op, plus gauges read when scraped.
+    """Request counts and latencies by op, plus gauges and counters read when scraped."""
 
-    ``gauges`` maps a metric name to (help, callable returning
-    {label-value-tuple-string: value}) — see :meth:`render`.
-    """
+    registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=True))
+    _requests: Counter = attrs.field(init=False)
+    _latency: Histogram = attrs.field(init=False)
 
-    _requests: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
-    _latency: dict[str, _Histogram] = attrs.field(init=False, factory=dict)
-    gauges: dict[str, tuple[str, str, Callable[[], Mapping[str, float]]]] = attrs.field(init=False, factory=dict)
+    def __attrs_post_init__(self) -> None:
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self._requests = Counter(
+            "flock_cni_requests",
+            "CNI requests served by flock-agent, by op and result code (0: success).",
+            ["op", "code"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "flock_cni_request_duration_seconds",
+            "Time flock-agent took to answer a CNI request.",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
     def observe(self, op: str, code: int, seconds: float) -> None:
         """One request served: *code* 0 for success, else the CNI error code."""
-        key = (op, str(code))
-        self._requests[key] = self._requests.get(key, 0) + 1
-        self._latency.setdefault(op, _Histogram()).add(max(0.0, seconds))
+        self._requests.labels(op=op, code=str(code)).inc()
+        self._latency.labels(op=op).observe(max(0.0, seconds))
 
     def requests(self, op: str, code: int = 0) -> int:
-        return self._requests.get((op, str(code)), 0)
+        value = self.registry.get_sample_value("flock_cni_requests_total", {"op": op, "code": str(code)})
+        return int(value or 0)
 
-    def gauge(self, name: str, help_text: str, kind: str, read: Callable[[], Mapping[str, float]]) -> None:
-        """Export *read()* as *name*; its keys are label sets already rendered
-        (``state="committed"``) or ``""`` for none.  *kind* is gauge or counter."""
-        self.gauges[name] = (help_text, kind, read)
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Export ``read()`` as gauge *name*, read at each scrape."""
+        Gauge(name, documentation, registry=self.registry).set_function(read)
 
-    def render(self) -> str:
-        out = [
-            "# HELP flock_cni_requests_total CNI requests served by flock-agent, by op and result code (0: success).",
-            "# TYPE flock_cni_requests_total counter",
-        ]
-        for (op, code), n in sorted(self._requests.items()):
-            out.append(f'flock_cni_requests_total{{op="{op}",code="{code}"}} {n}')
-        out += [
-            "# HELP flock_cni_request_duration_seconds Time flock-agent took to answer a CNI request.",
-            "# TYPE flock_cni_request_duration_seconds histogram",
-        ]
-        for op, h in sorted(self._latency.items()):
-            for bound, count in zip(LATENCY_BUCKETS, h.counts):
-                out.append(f'flock_cni_request_duration_seconds_bucket{{op="{op}",le="{bound:g}"}} {count}')
-            out.append(f'flock_cni_request_duration_seconds_bucket{{op="{op}",le="+Inf"}} {h.n}')
-            out.append(f'flock_cni_request_duration_seconds_sum{{op="{op}"}} {h.total:.6f}')
-            out.append(f'flock_cni_request_duration_seconds_count{{op="{op}"}} {h.n}')
-        for name, (help_text, kind, read) in sorted(self.gauges.items()):
-            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            for labels, value in sorted(read().items()):
-                out.append(f"{name}{{{labels}}} {value:g}" if labels else f"{name} {value:g}")
-        return "\n".join(out) + "\n"
+    def labelled_gauge(
+        self, name: str, documentation: str, label: str, values: Sequence[str], read: Callable[[], Mapping[str, float]]
+    ) -> None:
+        """Export ``read()[value]`` as gauge *name* with ``label=value`` for each of *values*."""
+        gauge = Gauge(name, documentation, [label], registry=self.registry)
+
+        def reader(value: str) -> Callable[[], float]:
+            return lambda: read().get(value, 0.0)
+
+        for value in values:
+            gauge.labels(value).set_function(reader(value))
+
+    def counter(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Export ``read()`` as counter *name* (``_total`` is appended), its owner keeping the count."""
+        self.registry.register(_CounterFunction(name, documentation, read))
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of everything registered (see :data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

@@ -2,7 +2,7 @@
 
 from flock.fnv import fnv1a_32, fnv1a_64
 from flock.ipam._allocator import AddressConflict, Addresses, Allocator
-from flock.ipam._errors import ADDRESS_EXHAUSTED, AddressExhausted, AnnotationError
+from flock.ipam._errors import AnnotationError, IpamError, PoolExhausted
 from flock.ipam._identity import PodIdentity, app_name, image_name, pod_identity
 from flock.ipam._ipam import Ipam, node_layout
 from flock.ipam._layout import Layout, LayoutError, LayoutField, parse_layout
@@ -21,7 +21,6 @@ from flock.ipam._request import (
 
 __all__ = [
     "ADDRESSES",
-    "ADDRESS_EXHAUSTED",
     "ANYCAST",
     "CIDR4",
     "CIDR6",
@@ -29,16 +28,17 @@ __all__ = [
     "IPV6",
     "IP_ALGO",
     "AddressConflict",
-    "AddressExhausted",
     "Addresses",
     "Allocator",
     "AnnotationError",
     "Ipam",
+    "IpamError",
     "Layout",
     "LayoutError",
     "LayoutField",
     "PodIdentity",
     "PodRequest",
+    "PoolExhausted",
     "app_name",
     "effective_cidr",
     "fnv1a_32",

@@ -13,9 +13,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from flock import errors
 from flock.fnv import fnv1a_64
-from flock.ipam._errors import AddressExhausted, AnnotationError
+from flock.ipam._errors import AnnotationError, IpamError, PoolExhausted
 from flock.ipam._identity import PodIdentity
 from flock.ipam._layout import COUNTER, RANDOM, Layout
 from flock.ipam._request import ADDRESSES, ANYCAST, PodRequest
@@ -35,14 +34,12 @@ def _key(addr: IPAddress) -> _Key:
     return (addr.version, int(addr))
 
 
-class AddressConflict(errors.CniError):
+class AddressConflict(IpamError):
     """Two stored allocations claim one address (seen while seeding)."""
 
     def __init__(self, addr: IPAddress, holder: str, claimant: str) -> None:
         self.addr, self.holder, self.claimant = addr, holder, claimant
-        super().__init__(
-            errors.INTERNAL, "stored allocations conflict", f"{addr} is held by {holder} and claimed by {claimant}"
-        )
+        super().__init__("stored allocations conflict", f"{addr} is held by {holder} and claimed by {claimant}")
 
 
 @attrs.frozen
@@ -67,7 +64,7 @@ class Allocator:
     what the call took before raising).  Fixed ``addresses`` are exclusive to
     one container; ``anycast`` addresses may be shared by several.  Errors
     propagate as :class:`AnnotationError` (a fixed or anycast address someone
-    else holds) or :class:`AddressExhausted`; nothing is retried beyond the
+    else holds) or :class:`PoolExhausted`; nothing is retried beyond the
     layout's collision tries.
     """
 
@@ -229,7 +226,7 @@ class Allocator:
     def _pick4(self, cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Address:
         value = self._pool4(cidr).take(self._taken4)
         if value is None:
-            raise AddressExhausted(cidr, f"all {cidr.num_addresses - 3} usable addresses of {cidr} are in use")
+            raise PoolExhausted(cidr, f"all {cidr.num_addresses - 3} usable addresses of {cidr} are in use")
         return ipaddress.IPv4Address(value)
 
     def _pick6(
@@ -249,12 +246,12 @@ class Allocator:
                     ident = (start + step) % size
                     if ident and not self._taken((6, base + ident)):
                         return ipaddress.IPv6Address(base + ident)
-            raise AddressExhausted(cidr, f"no free random identifier in {cidr} after {TRIES} tries")
+            raise PoolExhausted(cidr, f"no free random identifier in {cidr} after {TRIES} tries")
         for n in range(TRIES):
             ident = self._layout_identifier(layout, host_bits, identity, n)
             if ident and not self._taken((6, base + ident)):
                 return ipaddress.IPv6Address(base + ident)
-        raise AddressExhausted(cidr, f"ip-algo {layout.text!r} collided {TRIES} times in {cidr}")
+        raise PoolExhausted(cidr, f"ip-algo {layout.text!r} collided {TRIES} times in {cidr}")
 
     def _layout_identifier(self, layout: Layout, host_bits: int, identity: PodIdentity, n: int) -> int:
         ident = 0

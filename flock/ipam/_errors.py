@@ -1,23 +1,20 @@
-"""The IPAM's errors: both are CniErrors, so they reach the runtime as they are."""
+"""The IPAM's typed errors.  They carry no CNI code: the pod handler's table
+(:mod:`flock.pods._cni_codes`) chooses it at the CNI boundary."""
 
 from __future__ import annotations
 
 import ipaddress
 from typing import Any
 
-from flock import errors
-
-# flock's own code for "no free address": not 11 (retrying the same ADD
-# cannot help until some pod goes away), not 50 (that claims the plugin as a
-# whole cannot serve ADD, which STATUS reports for the node block; a full
-# annotation sub-range leaves other pods unaffected), and not 7 (nothing in
-# the pod's configuration is wrong).  A code of its own lets operators and
-# metrics tell a full pool from a bad annotation.
-ADDRESS_EXHAUSTED = 110
+from flock.faults import Fault
 
 
-class AnnotationError(errors.CniError):
-    """A pod annotation flock cannot honour (CNI code 7).
+class IpamError(Fault, ValueError):
+    """Base of the IPAM's refusals (``msg`` short and stable, ``details`` naming the value)."""
+
+
+class AnnotationError(IpamError):
+    """A pod annotation flock cannot honour.
 
     ``annotation`` is the full key (``flock.fritzlab.net/cidr6``), ``value``
     the string the pod carries; ``details`` names both and what was expected.
@@ -27,16 +24,12 @@ class AnnotationError(errors.CniError):
         self.annotation = annotation
         self.value = value
         self.expected = expected
-        super().__init__(
-            errors.INVALID_CONFIG,
-            f"invalid pod annotation {annotation}",
-            f"{annotation}={value!r}: {expected}",
-        )
+        super().__init__(f"invalid pod annotation {annotation}", f"{annotation}={value!r}: {expected}")
 
 
-class AddressExhausted(errors.CniError):
-    """No free address in ``cidr`` (code :data:`ADDRESS_EXHAUSTED`)."""
+class PoolExhausted(IpamError):
+    """No free address in ``cidr``."""
 
     def __init__(self, cidr: ipaddress.IPv4Network | ipaddress.IPv6Network, why: str) -> None:
         self.cidr = cidr
-        super().__init__(ADDRESS_EXHAUSTED, f"no free IPv{cidr.version} address in {cidr}", why)
+        super().__init__(f"no free IPv{cidr.version} address in {cidr}", why)

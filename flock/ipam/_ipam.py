@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import random
 
 import attrs
@@ -13,8 +12,6 @@ from flock.ipam._identity import pod_identity
 from flock.ipam._layout import Layout, LayoutError, parse_layout
 from flock.ipam._request import PodRequest, parse_request
 from flock.model import NodeConfig, PodInfo
-
-log = logging.getLogger("flock.ipam")
 
 
 def node_layout(node: NodeConfig) -> Layout | None:
@@ -33,16 +30,17 @@ def node_layout(node: NodeConfig) -> Layout | None:
 class Ipam:
     """Turns pods into addresses on one node.
 
-    An invalid node-level ip-algo is logged once per distinct value and
-    ignored (pods fall back to random identifiers); everything else that goes
-    wrong propagates as a CniError from :meth:`allocate`.
+    An invalid node-level ip-algo is ignored (pods fall back to random
+    identifiers) and kept in :attr:`layout_problem` for the caller to report;
+    everything else that goes wrong propagates from :meth:`allocate` as an
+    :class:`~flock.ipam.IpamError`.  Pure: no logging, no I/O.
     """
 
     node: NodeConfig
     rng: random.Random = attrs.field(factory=random.Random)
     _allocator: Allocator = attrs.field(init=False)
     _layout: Layout | None = attrs.field(init=False, default=None)
-    _warned_algo: str | None = attrs.field(init=False, default=None)
+    _layout_problem: LayoutError | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._allocator = Allocator(self.rng)
@@ -56,6 +54,11 @@ class Ipam:
     def default_layout(self) -> Layout | None:
         return self._layout
 
+    @property
+    def layout_problem(self) -> LayoutError | None:
+        """Why the node-level ip-algo is ignored (None: there is none, or it is valid)."""
+        return self._layout_problem
+
     def set_node(self, node: NodeConfig) -> None:
         """Adopt a changed NodeConfig.  Holdings carry over; a changed block
         starts a fresh allocator (seeded with every holding) so no pool of
@@ -64,14 +67,18 @@ class Ipam:
         if (old.cidr6, old.cidr4) != (node.cidr6, node.cidr4):
             fresh = Allocator(self.rng)
             for container_id in list(self._allocator.containers()):
-                fresh.mark_in_use(container_id, self._allocator.held(container_id))
+                held = self._allocator.held(container_id)
+                if held is not None:
+                    fresh.mark_in_use(container_id, held)
             self._allocator = fresh
         self._resolve_layout()
 
     def full_blocks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """The node blocks of the default families with no free address left:
         non-empty means STATUS should report the pool exhausted."""
-        blocks = [self.node.cidr6] if self.node.families.ipv6 else []
+        blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = (
+            [self.node.cidr6] if self.node.families.ipv6 else []
+        )
         if self.node.families.ipv4 and self.node.cidr4 is not None:
             blocks.append(self.node.cidr4)
         return tuple(b for b in blocks if not self._allocator.has_free(b))
@@ -92,17 +99,6 @@ class Ipam:
 
     def _resolve_layout(self) -> None:
         try:
-            self._layout = node_layout(self.node)
+            self._layout, self._layout_problem = node_layout(self.node), None
         except LayoutError as exc:
-            self._layout = None
-            if self._warned_algo != self.node.ip_algo:
-                self._warned_algo = self.node.ip_algo
-                log.warning(
-                    "ignoring invalid node-level ip-algo",
-                    extra={
-                        "node": self.node.name,
-                        "annotation": "flock.fritzlab.net/ip-algo",
-                        "value": exc.value,
-                        "reason": exc.reason,
-                    },
-                )
+            self._layout, self._layout_problem = None, exc

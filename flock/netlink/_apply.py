@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from flock import errors
+from flock.faults import IfNameTaken, KernelRefused, NetnsUnusable, NodeUnprepared
 from flock.netlink import _conn, _nsenter
 from flock.netlink.desired import (
     Attachment,
@@ -49,8 +49,8 @@ FaultHook = Callable[[str], None]
 RTPROT_STATIC = 4
 
 
-def _fail(step: str, what: str, exc: BaseException) -> errors.CniError:
-    return errors.CniError(errors.IO_ERROR, f"netlink {step} failed", f"{what}: {exc}")
+def _fail(step: str, what: str, exc: BaseException) -> KernelRefused:
+    return KernelRefused(f"netlink {step} failed", f"{what}: {exc}")
 
 
 def ignore_codes(exc: NetlinkError, *codes: int) -> None:
@@ -58,8 +58,8 @@ def ignore_codes(exc: NetlinkError, *codes: int) -> None:
         raise exc
 
 
-def _netns_error(plan: PodPlan, why: str) -> errors.CniError:
-    return errors.CniError(errors.INVALID_ENV, "network namespace not found", f"netns={plan.netns!r}: {why}")
+def _netns_error(plan: PodPlan, why: str) -> NetnsUnusable:
+    return NetnsUnusable("network namespace not found", f"netns={plan.netns!r}: {why}")
 
 
 def _pod_netns_fd(plan: PodPlan) -> int:
@@ -107,8 +107,7 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
                 ignore_codes(exc, errno.ENODEV)
             continue
         if p is not None:
-            raise errors.CniError(
-                errors.INVALID_ENV,
+            raise IfNameTaken(
                 "interface already exists in the pod namespace",
                 f"ifName={p_name!r} in netns={plan.netns!r} is not flock's veth {h_name}",
             )
@@ -122,9 +121,7 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
     h = await _conn.link_by_name(host, h_name)
     p = await _conn.link_by_name(pod, p_name)
     if h is None or not peers_match(h, p):
-        raise errors.CniError(
-            errors.IO_ERROR, "netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation"
-        )
+        raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
     return h, p, created
 
 
@@ -185,7 +182,7 @@ async def setup_pod(
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
 ) -> Attachment:
-    """Make the kernel match *plan*.  CniError on failure; safe to re-run."""
+    """Make the kernel match *plan*.  A :mod:`flock.faults` error on failure; safe to re-run."""
     step = STEPS[0]
 
     def done(name: str) -> None:
@@ -424,14 +421,13 @@ async def prepare_node(
     except NetlinkError as exc:
         ignore_codes(exc, errno.ENETUNREACH, errno.EHOSTUNREACH)
     if uplink is None:
-        raise errors.CniError(
-            errors.INVALID_CONFIG,
+        raise NodeUnprepared(
             "node has no route for the pod gateway",
             f"proxy ARP for {gw} needs a unicast route to it out of a non-flock interface; set an uplink",
         )
     link = await _conn.link_by_name(host, uplink)
     if link is None:
-        raise errors.CniError(errors.INVALID_CONFIG, "uplink interface not found", f"uplink={uplink!r}")
+        raise NodeUnprepared("uplink interface not found", f"uplink={uplink!r}")
     await host.route(
         "replace", dst=f"{gw}/32", oif=link["index"], scope=253, proto=RTPROT_STATIC, table=_conn.MAIN_TABLE
     )

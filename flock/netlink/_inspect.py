@@ -10,7 +10,7 @@ import threading
 import attrs
 from pyroute2.netlink.exceptions import NetlinkError
 
-from flock import errors
+from flock.faults import KernelRefused
 from flock.netlink import _apply, _conn, _nsenter
 from flock.netlink.desired import DataplaneSettings, PodPlan, Route, Side, is_host_ifname
 
@@ -59,7 +59,7 @@ def _compare_routes(label: str, live: list[Route], wanted: tuple[Route, ...]) ->
 
 async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSettings) -> list[str]:
     """Every difference between *plan* and the kernel, one sentence each
-    (empty list: in sync).  Raises CniError only when the kernel cannot be read."""
+    (empty list: in sync).  Raises KernelRefused only when the kernel cannot be read."""
     diffs: list[str] = []
     h_name, p_name = plan.veth.host, plan.veth.pod
     try:
@@ -107,7 +107,7 @@ async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: Dataplan
         except _nsenter.NetnsMissing:
             diffs.append(f"pod: network namespace {plan.netns} missing")
     except (NetlinkError, OSError) as exc:
-        raise errors.CniError(errors.IO_ERROR, "netlink check failed", f"container {plan.container_id}: {exc}") from exc
+        raise KernelRefused("netlink check failed", f"container {plan.container_id}: {exc}") from exc
     return diffs
 
 
@@ -145,5 +145,5 @@ async def cleanup(
                     except NetlinkError as exc:
                         _apply.ignore_codes(exc, errno.ENODEV)
     except (NetlinkError, OSError) as exc:
-        raise errors.CniError(errors.IO_ERROR, "netlink cleanup failed", str(exc)) from exc
+        raise KernelRefused("netlink cleanup failed", str(exc)) from exc
     return CleanupReport(tuple(sorted(orphans)), tuple(routes))

@@ -21,7 +21,7 @@ import ipaddress
 
 import attrs
 
-from flock import errors
+from flock.faults import AllocationUnusable
 from flock.fnv import fnv1a_32
 from flock.model import Allocation, IPAddress
 
@@ -186,9 +186,8 @@ def _host_net(addr: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(f"{addr}/{addr.max_prefixlen}")
 
 
-def _invalid(alloc: Allocation, field: str, value: object, expected: str) -> errors.CniError:
-    return errors.CniError(
-        errors.INVALID_CONFIG,
+def _invalid(alloc: Allocation, field: str, value: object, expected: str) -> AllocationUnusable:
+    return AllocationUnusable(
         "cannot plan pod network",
         f"container {alloc.container_id}: {field}={value!r}: expected {expected}",
     )
@@ -206,7 +205,7 @@ def _anycast_nexthop(alloc: Allocation, host: str, addr: IPAddress) -> Nexthop:
 
 
 def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings()) -> PodPlan:
-    """The kernel state for *alloc*; CniError(INVALID_CONFIG) names a bad field."""
+    """The kernel state for *alloc*; :class:`~flock.faults.AllocationUnusable` names a bad field."""
     if (
         not alloc.if_name
         or len(alloc.if_name) > _IFNAMSIZ

@@ -9,8 +9,10 @@ opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
 worker thread is always in the agent's namespace.
 
 Error handling: nothing is retried here.  Kernel refusals propagate as
-:class:`~flock.errors.CniError` code 5 (IO_ERROR), a missing or invalid pod
-namespace as code 4 (INVALID_ENV), an unusable allocation as code 7, to the
+:class:`~flock.faults.KernelRefused`, a missing or invalid pod namespace as
+:class:`~flock.faults.NetnsUnusable`, an unusable allocation as
+:class:`~flock.faults.AllocationUnusable` (typed errors: the CNI code is
+chosen at the CNI boundary, :mod:`flock.pods._cni_codes`), to the
 caller (the ADD/DEL orchestration), which owns retries and deadlines.  Every
 operation is idempotent, so retrying means calling it again.  Cancellation
 takes effect when the running thread returns (threads are not abandoned), so
@@ -63,6 +65,18 @@ class NetlinkWorker:
         return await trio.to_thread.run_sync(
             functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
         )
+
+    @property
+    def gateway6(self) -> ipaddress.IPv6Address:
+        return self.settings.gateway6
+
+    @property
+    def gateway4(self) -> ipaddress.IPv4Address:
+        return self.settings.gateway4
+
+    def host_ifname(self, container_id: str) -> str:
+        """The host-side veth name of a container's pod."""
+        return host_ifname(container_id, self.settings.host_prefix)
 
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
@@ -142,7 +156,7 @@ class NetlinkWorker:
     async def prepare_node(self, uplink: str | None = None) -> None:
         """Forwarding on, and a unicast route to the IPv4 gateway out of a
         non-flock interface (added via *uplink* if missing) — what proxy ARP
-        needs.  CniError(INVALID_CONFIG) when neither exists."""
+        needs.  :class:`~flock.faults.NodeUnprepared` when neither exists."""
 
         async def apply() -> None:
             async with _conn.rtnl(self.host_netns) as host:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -54,6 +54,10 @@ class _ChildStatus:
             self.outer.started()
 
 
+def _specs(children: Iterable[ChildSpec]) -> tuple[ChildSpec, ...]:
+    return tuple(children)
+
+
 @attrs.define(eq=False)
 class Supervisor:
     """Runs *children* in order, each started only after the previous one is ready.
@@ -71,7 +75,7 @@ class Supervisor:
     """
 
     name: str
-    children: Sequence[ChildSpec] = attrs.field(converter=tuple)
+    children: Sequence[ChildSpec] = attrs.field(converter=_specs)
     intensity: RestartIntensity = RestartIntensity()
     rng: random.Random = attrs.field(factory=random.Random)
     _ready: set[str] = attrs.field(init=False, factory=set)

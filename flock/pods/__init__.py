@@ -1,33 +1,64 @@
-"""Pod lifecycle: the ADD/DEL/CHECK/STATUS/GC handler and the agent's start-up sequence."""
+"""Pod lifecycle: the ADD/DEL/CHECK/STATUS/GC handler and the node bring-up.
+
+Depends only on the protocols in ``_protocols`` (store, dataplane, pod
+lookup), on :class:`flock.state.NodeState` and on pure packages: importing
+it needs neither pyroute2 nor kubernetes-asyncio.  CNI error codes are
+chosen in one table (``_cni_codes``) from the typed errors in ``_errors``.
+"""
 
 from flock.pods._args import PodRef, pod_ref
-from flock.pods._crash import ENV as CRASH_POINT_ENV
-from flock.pods._crash import POINTS as CRASH_POINTS
-from flock.pods._crash import CrashPoint
-from flock.pods._handler import ADD_DEADLINE_S, CHECK_FAILED, POD_LOOKUP_DEADLINE_S, VALID_ATTACHMENTS, PodHandler
+from flock.pods._bringup import NODECONFIG_WAIT_S, PENDING_DELETES, NodeBringUp
+from flock.pods._cni_codes import ADDRESS_EXHAUSTED, CHECK_FAILED, CNI_CODES, cni_error
+from flock.pods._errors import (
+    AddTimedOut,
+    CheckFailed,
+    ContainerInUse,
+    InvalidCniArgs,
+    InvalidNetworkConfig,
+    NotReady,
+    PodLookupFailed,
+    PodNotFound,
+    PodOperationError,
+    Unavailable,
+    UnknownContainer,
+)
+from flock.pods._handler import ADD_DEADLINE_S, ADD_GATE, POD_LOOKUP_DEADLINE_S, VALID_ATTACHMENTS, PodHandler
 from flock.pods._locks import KeyedLocks
-from flock.pods._ports import AllocationStore, Dataplane, PodLookup
+from flock.pods._protocols import AllocationStore, Checkpoint, CleanupReport, Dataplane, NoCheckpoint, PodLookup
 from flock.pods._result import cni_result, prev_result_addresses, result_addresses
-from flock.pods._startup import NODECONFIG_WAIT_S, PENDING_DELETES, NodeConfigs, PodService
 
 __all__ = [
+    "ADDRESS_EXHAUSTED",
     "ADD_DEADLINE_S",
+    "ADD_GATE",
     "CHECK_FAILED",
-    "CRASH_POINTS",
-    "CRASH_POINT_ENV",
+    "CNI_CODES",
     "NODECONFIG_WAIT_S",
     "PENDING_DELETES",
     "POD_LOOKUP_DEADLINE_S",
     "VALID_ATTACHMENTS",
+    "AddTimedOut",
     "AllocationStore",
-    "CrashPoint",
+    "CheckFailed",
+    "Checkpoint",
+    "CleanupReport",
+    "ContainerInUse",
     "Dataplane",
+    "InvalidCniArgs",
+    "InvalidNetworkConfig",
     "KeyedLocks",
-    "NodeConfigs",
+    "NoCheckpoint",
+    "NodeBringUp",
+    "NotReady",
     "PodHandler",
     "PodLookup",
+    "PodLookupFailed",
+    "PodNotFound",
+    "PodOperationError",
     "PodRef",
-    "PodService",
+    "Unavailable",
+    "UnknownContainer",
+    "cni_error",
     "cni_result",
     "pod_ref",
     "prev_result_addresses",

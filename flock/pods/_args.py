@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-from flock import errors
 from flock.rpc import parse_cni_args
+
+from ._errors import InvalidCniArgs
 
 NAMESPACE, NAME, UID = "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_UID"
 # DNS-1123 label (namespace) / subdomain (pod name) characters; anything else
@@ -26,18 +27,19 @@ class PodRef:
         return f"{self.namespace}/{self.name}"
 
 
-def _bad(key: str, value: str, expected: str) -> errors.CniError:
-    return errors.CniError(errors.INVALID_ENV, "invalid CNI_ARGS", f"{key}={value!r}: expected {expected}")
+def _bad(key: str, value: str, expected: str) -> InvalidCniArgs:
+    return InvalidCniArgs("invalid CNI_ARGS", f"{key}={value!r}: expected {expected}")
 
 
 def pod_ref(args: str) -> PodRef:
-    """The pod named by CNI_ARGS; CniError (code 4) naming the key and value."""
+    """The pod named by CNI_ARGS; :class:`InvalidCniArgs` naming the key and value
+    (CNI_ARGS syntax errors from :func:`flock.rpc.parse_cni_args` are CniErrors)."""
     parsed = parse_cni_args(args)
     out = {}
     for key, limit in ((NAMESPACE, 63), (NAME, 253)):
         value = parsed.get(key, "")
         if not value:
-            raise errors.CniError(errors.INVALID_ENV, "invalid CNI_ARGS", f"{key} is required (CNI_ARGS={args!r})")
+            raise InvalidCniArgs("invalid CNI_ARGS", f"{key} is required (CNI_ARGS={args!r})")
         if len(value) > limit or not _NAME_CHARS.issuperset(value) or not value[0].isalnum() or not value[-1].isalnum():
             raise _bad(
                 key, value, f"a Kubernetes name (lower-case letters, digits, '-', '.'; at most {limit} characters)"

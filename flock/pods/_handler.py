@@ -3,7 +3,7 @@
 Ordering that makes the agent safe to kill at any instant: an ADD stores
 its allocation ``pending`` before the first kernel change and ``committed``
 after the last, so a restarted agent knows every address it ever handed out
-and which kernel objects are explained (see :mod:`flock.pods._startup`).
+and which kernel objects are explained (see :mod:`flock.pods._bringup`).
 
 Error handling: every failure reaches the runtime as a CniError naming the
 field and the value.  Nothing is retried here: the runtime retries ADD (a
@@ -17,24 +17,35 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
 
 from flock import errors
-from flock.ipam import Addresses, AddressExhausted, Ipam
-from flock.model import Allocation, AllocationState, PodInfo
-from flock.netlink import DataplaneSettings
+from flock.ipam import AddressConflict, Addresses, Ipam
+from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
 from flock.rpc import Request, check_cni_version, convert_result
-from flock.watchers import KubeError
+from flock.state import Gate, NodeState
 
 from ._args import PodRef, pod_ref
-from ._crash import CrashPoint
+from ._cni_codes import cni_error
+from ._errors import (
+    AddTimedOut,
+    CheckFailed,
+    ContainerInUse,
+    InvalidNetworkConfig,
+    NotReady,
+    PodLookupFailed,
+    PodNotFound,
+    Unavailable,
+    UnknownContainer,
+)
 from ._locks import KeyedLocks
-from ._ports import AllocationStore, Dataplane, PodLookup
+from ._protocols import AllocationStore, Checkpoint, Dataplane, NoCheckpoint, PodLookup
 from ._result import cni_result, prev_result_addresses, result_addresses
 
 log = logging.getLogger("flock.pods")
@@ -48,9 +59,10 @@ ADD_DEADLINE_S = 25.0
 POD_LOOKUP_DEADLINE_S = 10.0
 # Undoing a failed ADD's kernel changes must not hang the reply either.
 ROLLBACK_DEADLINE_S = 5.0
-# flock's own code: CHECK found the pod's network differs from what ADD made.
-CHECK_FAILED = 120
 VALID_ATTACHMENTS = "cni.dev/valid-attachments"
+# The readiness gate ADD waits behind: opened by the node bring-up once
+# start-up is done (declare it in the NodeState the handler is given).
+ADD_GATE = Gate("add", "start-up has not finished", label="ADD not served: ")
 
 Observer = Callable[[str, int, float], None]
 
@@ -63,80 +75,85 @@ def _no_observer(op: str, code: int, seconds: float) -> None:
 class PodHandler:
     """Serves the RPC server's requests (it is an :class:`flock.rpc.server.Handler`).
 
-    ADD answers code 11 until :meth:`enable_add` (start-up done); DEL, CHECK
-    and GC work from the start, as they need only the store and the kernel.
-    ``on_change`` is called after any change to the set of allocations (the
-    BIRD reloader's ``poke``); ``observe(op, code, seconds)`` records metrics.
+    ADD answers code 11 while ``state``'s :data:`ADD_GATE` is closed (the node
+    bring-up opens it after :meth:`rebuild`); DEL, CHECK and GC work from the
+    start, as they need only the store and the kernel.  Every change to the
+    set of allocations goes to ``state`` (its observers, such as the BIRD
+    follower, see it); ``observe(op, code, seconds)`` records metrics.
     """
 
-    store: AllocationStore
-    dataplane: Dataplane
-    settings: DataplaneSettings = DataplaneSettings()
-    pods: PodLookup | None = None
-    on_change: Callable[[], None] = lambda: None
+    # Wired once by the composition root; assigning them later raises.
+    store: AllocationStore = attrs.field(on_setattr=attrs.setters.frozen)
+    dataplane: Dataplane = attrs.field(on_setattr=attrs.setters.frozen)
+    pods: PodLookup = attrs.field(on_setattr=attrs.setters.frozen)
+    state: NodeState = attrs.field(on_setattr=attrs.setters.frozen)
     observe: Observer = _no_observer
-    crash: CrashPoint = CrashPoint()
+    checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
     add_deadline: float = ADD_DEADLINE_S
     clock: Callable[[], float] = time.time
+    rng: random.Random = attrs.field(factory=random.SystemRandom)
     _ipam: Ipam | None = attrs.field(init=False, default=None)
-    _not_ready: str = attrs.field(init=False, default="waiting for this node's NodeConfig")
-    _allocations: dict[str, Allocation] = attrs.field(init=False, factory=dict)
     _locks: KeyedLocks = attrs.field(init=False, factory=KeyedLocks)
-    _exhausted: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = attrs.field(init=False, factory=set)
-
-    # -- state the agent reads and sets --------------------------------------
 
     @property
     def ipam(self) -> Ipam | None:
+        """The allocator's index of held addresses (None before :meth:`rebuild`)."""
         return self._ipam
-
-    @property
-    def add_ready(self) -> bool:
-        return self._ipam is not None and not self._not_ready
-
-    @property
-    def not_ready_reason(self) -> str:
-        if self.add_ready:
-            return ""
-        return self._not_ready or "start-up has not finished"
-
-    @property
-    def allocations(self) -> Mapping[str, Allocation]:
-        """Every allocation this agent knows of (read-only view), pending ones included."""
-        return self._allocations
 
     @property
     def locks_in_use(self) -> int:
         return len(self._locks)
 
-    async def quiesce(self) -> None:
-        """Wait until no operation holds a container (call with ADD disabled,
-        so an ADD already under way cannot allocate from an IPAM being replaced)."""
+    # -- what the node bring-up drives ---------------------------------------
+
+    async def rebuild(self, node: NodeConfig) -> list[Allocation]:
+        """Rebuild the IPAM and the allocation view from the store, for *node*
+        (call with ADD's gate closed: an ADD already under way is waited for,
+        so none allocates from an IPAM being replaced).  Returns the
+        allocations kept; two rows claiming one address keep the committed one."""
         await self._locks.wait_idle()
-
-    def adopt(self, ipam: Ipam, rows: Iterable[Allocation]) -> None:
-        """Take the IPAM rebuilt at start-up and the rows it was built from."""
+        rows = await self.store.list()
+        ipam = Ipam(node, rng=self.rng)
+        _report_layout(ipam)
+        kept: list[Allocation] = []
+        # Committed rows first: if two rows claim one address, the pod that
+        # is really running keeps it.
+        for alloc in sorted(rows, key=lambda a: a.state is not AllocationState.COMMITTED):
+            try:
+                ipam.mark_in_use(alloc.container_id, Addresses.of(alloc))
+                kept.append(alloc)
+            except AddressConflict as exc:
+                log.error(
+                    "stored allocations conflict; this one is left out",
+                    extra={"container_id": alloc.container_id, "error": str(exc)},
+                )
         self._ipam = ipam
-        self._allocations = {a.container_id: a for a in rows}
+        self.state.load_allocations(kept)
+        # A DEL may have removed rows between the list and here: release those.
+        still = {a.container_id for a in await self.store.list()}
+        for cid in [c for c in self.state.allocations if c not in still]:
+            self.state.drop_allocation(cid)
+            ipam.release(cid)
+        self._publish_exhaustion()
+        return list(self.state.allocations.values())
 
-    def drop_missing(self, container_ids: set[str]) -> None:
-        """Release what rows no longer in the store held (DELs during a rebuild)."""
-        for cid in [c for c in self._allocations if c not in container_ids]:
-            del self._allocations[cid]
-            if self._ipam is not None:
-                self._ipam.release(cid)
-
-    def enable_add(self) -> None:
+    def apply_nodeconfig(self, node: NodeConfig) -> None:
+        """A NodeConfig change at run time: existing pods keep their addresses."""
         if self._ipam is None:
-            raise RuntimeError("enable_add before adopt")
-        self._not_ready = ""
+            raise RuntimeError("apply_nodeconfig before rebuild")
+        old = self._ipam.node
+        self._ipam.set_node(node)
+        if old.ip_algo != node.ip_algo:
+            _report_layout(self._ipam)
+        self._publish_exhaustion()
 
-    def disable_add(self, reason: str) -> None:
-        self._not_ready = reason
+    def _publish_exhaustion(self) -> None:
+        self.state.set_exhausted(self._ipam.full_blocks() if self._ipam is not None else ())
 
     # -- dispatch ------------------------------------------------------------
 
     async def __call__(self, request: Request) -> dict[str, Any]:
+        """One request; every failure leaves as a CniError (codes: :mod:`flock.pods._cni_codes`)."""
         began = trio.current_time()
         code = 0
         try:
@@ -144,12 +161,15 @@ class PodHandler:
                 request.op
             ]
             return await op(request)
-        except errors.CniError as err:
+        except Exception as exc:
+            err = cni_error(exc)
+            if err is None:
+                code = errors.INTERNAL
+                raise
             code = err.code
-            raise
-        except Exception:
-            code = errors.INTERNAL
-            raise
+            if err is exc:
+                raise
+            raise err from exc
         finally:
             self.observe(request.op, code, trio.current_time() - began)
 
@@ -159,14 +179,20 @@ class PodHandler:
         """Set up the pod; the result in the request's cniVersion."""
         version = check_cni_version(request.config)
         ref = pod_ref(request.args)
-        if not self.add_ready:
-            raise errors.CniError(errors.TRY_AGAIN_LATER, "agent not ready", self.not_ready_reason)
+        waiting = self.state.reason(ADD_GATE.name)
+        if waiting or self._ipam is None:
+            raise NotReady("agent not ready", waiting or ADD_GATE.initial_reason)
         with trio.move_on_after(self.add_deadline):
             async with self._locks.hold(request.container_id):
                 alloc = await self._add_locked(request, ref)
-            return convert_result(cni_result(alloc, self.settings), version)
-        raise errors.CniError(
-            errors.TRY_AGAIN_LATER,
+            result = cni_result(
+                alloc,
+                host_iface=self.dataplane.host_ifname(alloc.container_id),
+                gateway6=self.dataplane.gateway6,
+                gateway4=self.dataplane.gateway4,
+            )
+            return convert_result(result, version)
+        raise AddTimedOut(
             "ADD did not finish in time",
             f"container {request.container_id}: not done within {self.add_deadline:g} s; "
             "its allocation stays pending for a retry, DEL or GC",
@@ -186,18 +212,17 @@ class PodHandler:
             )
             self._hold(alloc)
         else:
-            self.crash.reached("before-pending")
+            self.checkpoint.reached("before-pending")
             alloc = await self._reserve(request, ref)
-            self.crash.reached("after-pending")
+            self.checkpoint.reached("after-pending")
         try:
             await self.dataplane.setup(alloc)
-            self.crash.reached("before-commit")
+            self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
         except Exception:
             await self._undo(alloc)
             raise
-        self._allocations[cid] = alloc
-        self.on_change()
+        self.state.put_allocation(alloc)
         log.info("pod network ready", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return alloc
 
@@ -208,10 +233,8 @@ class PodHandler:
         ipam = self._ipam
         try:
             held = ipam.allocate(request.container_id, pod)
-        except AddressExhausted as exc:
-            if exc.cidr in (ipam.node.cidr6, ipam.node.cidr4):
-                self._exhausted.add(exc.cidr)
-            raise
+        finally:
+            self._publish_exhaustion()
         now = self.clock()
         alloc = Allocation(
             container_id=request.container_id,
@@ -233,36 +256,29 @@ class PodHandler:
         except BaseException:
             # Not stored → no row will ever explain these addresses.
             ipam.release(request.container_id)
+            self._publish_exhaustion()
             raise
-        self._allocations[alloc.container_id] = alloc
+        self.state.put_allocation(alloc)
         return alloc
 
     async def _find_pod(self, ref: PodRef) -> PodInfo:
-        if self.pods is None:
-            raise errors.CniError(errors.TRY_AGAIN_LATER, "agent not ready", "the pod watcher is not running")
         with trio.move_on_after(POD_LOOKUP_DEADLINE_S) as lookup:
             try:
                 pod = await self.pods.lookup(ref.namespace, ref.name)
                 if pod is not None and ref.uid and pod.uid and pod.uid != ref.uid:
                     # The cache may still hold the previous pod of that name (a StatefulSet replica).
                     pod = await self.pods.fetch_pod(ref.namespace, ref.name)
-            except KubeError as exc:
-                raise errors.CniError(
-                    errors.TRY_AGAIN_LATER, "cannot read the pod from the API server", f"pod {ref.key}: {exc}"
-                ) from None
+            except PodLookupFailed as exc:
+                raise PodLookupFailed(exc.msg, f"pod {ref.key}: {exc.details}") from None
         if lookup.cancelled_caught:
-            raise errors.CniError(
-                errors.TRY_AGAIN_LATER,
+            raise PodLookupFailed(
                 "the API server did not answer",
                 f"pod {ref.key}: not in the informer cache and no answer to a direct GET within {POD_LOOKUP_DEADLINE_S:g} s",
             )
         if pod is None:
-            raise errors.CniError(
-                errors.TRY_AGAIN_LATER, "pod not found", f"pod {ref.key} does not exist on the API server"
-            )
+            raise PodNotFound("pod not found", f"pod {ref.key} does not exist on the API server")
         if ref.uid and pod.uid and pod.uid != ref.uid:
-            raise errors.CniError(
-                errors.TRY_AGAIN_LATER,
+            raise PodNotFound(
                 "pod UID differs",
                 f"K8S_POD_UID={ref.uid!r} but pod {ref.key} has uid {pod.uid!r}",
             )
@@ -285,15 +301,14 @@ class PodHandler:
         """Teardown → delete row → release addresses (DEL's order)."""
         await self.dataplane.teardown(alloc.container_id, netns or alloc.netns, if_name or alloc.if_name)
         await self.store.delete(alloc.container_id)
-        self._allocations.pop(alloc.container_id, None)
+        self.state.drop_allocation(alloc.container_id)
         if self._ipam is not None:
             self._ipam.release(alloc.container_id)
-        self._exhausted.clear()
+            self._publish_exhaustion()
         if alloc.anycast:
             # A vanished pod namespace takes a whole IPv4 multipath route
             # with it: rebuild the routes of the anycast pods that remain.
-            await self.dataplane.ensure_anycast([a for a in self._allocations.values() if a.anycast])
-        self.on_change()
+            await self.dataplane.ensure_anycast([a for a in self.state.allocations.values() if a.anycast])
 
     # -- DEL -----------------------------------------------------------------
 
@@ -317,19 +332,11 @@ class PodHandler:
         async with self._locks.hold(cid):
             alloc = await self.store.get(cid)
             if alloc is None:
-                raise errors.CniError(
-                    errors.UNKNOWN_CONTAINER,
-                    "unknown container",
-                    f"containerID={cid!r}: flock holds no allocation for it",
-                )
+                raise UnknownContainer("unknown container", f"containerID={cid!r}: flock holds no allocation for it")
             if alloc.state is AllocationState.PENDING:
-                raise errors.CniError(
-                    CHECK_FAILED, "ADD has not completed", f"containerID={cid!r}: the allocation is still pending"
-                )
+                raise CheckFailed("ADD has not completed", f"containerID={cid!r}: the allocation is still pending")
             if request.if_name != alloc.if_name:
-                raise errors.CniError(
-                    CHECK_FAILED, "interface differs", f"ifName={request.if_name!r}; ADD set up {alloc.if_name!r}"
-                )
+                raise CheckFailed("interface differs", f"ifName={request.if_name!r}; ADD set up {alloc.if_name!r}")
             wanted = {ipaddress.ip_interface(f"{a}/{a.max_prefixlen}") for a in result_addresses(alloc)}
             if prev != wanted:
                 parts = []
@@ -337,23 +344,22 @@ class PodHandler:
                     parts.append("missing from prevResult: " + ", ".join(missing))
                 if extra := sorted(map(str, prev - wanted)):
                     parts.append("in prevResult but not allocated: " + ", ".join(extra))
-                raise errors.CniError(CHECK_FAILED, "prevResult differs from the allocation", "; ".join(parts))
+                raise CheckFailed("prevResult differs from the allocation", "; ".join(parts))
             diffs = await self.dataplane.check(alloc)
         if diffs:
-            raise errors.CniError(CHECK_FAILED, "pod network differs from its allocation", "; ".join(diffs))
+            raise CheckFailed("pod network differs from its allocation", "; ".join(diffs))
         return {}
 
     # -- STATUS --------------------------------------------------------------
 
     async def status(self, request: Request) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
-        if not self.add_ready:
-            raise errors.CniError(errors.NOT_AVAILABLE, "agent not ready", self.not_ready_reason)
-        if self._exhausted:
-            blocks = ", ".join(sorted(map(str, self._exhausted)))
-            raise errors.CniError(
-                errors.NOT_AVAILABLE, "address pool exhausted", f"no free address in the node block {blocks}"
-            )
+        waiting = self.state.reason(ADD_GATE.name)
+        if waiting or self._ipam is None:
+            raise Unavailable("agent not ready", waiting or ADD_GATE.initial_reason)
+        if exhausted := self.state.exhausted:
+            blocks = ", ".join(sorted(map(str, exhausted)))
+            raise Unavailable("address pool exhausted", f"no free address in the node block {blocks}")
         return {}
 
     # -- GC ------------------------------------------------------------------
@@ -383,22 +389,19 @@ class PodHandler:
 
 def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
     if (alloc.namespace, alloc.pod) != (ref.namespace, ref.name):
-        raise errors.CniError(
-            errors.INVALID_ENV,
+        raise ContainerInUse(
             "container ID already in use",
             f"containerID={request.container_id!r} belongs to pod {alloc.namespace}/{alloc.pod}, not {ref.key}",
         )
     if alloc.if_name != request.if_name:
-        raise errors.CniError(
-            errors.INVALID_ENV,
+        raise ContainerInUse(
             "container ID already in use",
             f"ifName={request.if_name!r}: container {request.container_id} already has {alloc.if_name!r}",
         )
     if alloc.netns != request.netns:
         # Answering with the stored result would report a network the pod's
         # namespace does not have; the runtime must DEL the old attachment first.
-        raise errors.CniError(
-            errors.INVALID_ENV,
+        raise ContainerInUse(
             "container ID already in use",
             f"netns={request.netns!r}: container {request.container_id} is attached in {alloc.netns!r}",
         )
@@ -406,25 +409,35 @@ def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
 
 def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
     if VALID_ATTACHMENTS not in config:
-        raise errors.CniError(
-            errors.INVALID_CONFIG,
+        raise InvalidNetworkConfig(
             "GC needs valid attachments",
             f"the network configuration has no field {VALID_ATTACHMENTS!r}",
         )
     raw = config[VALID_ATTACHMENTS]
     if not isinstance(raw, list):
-        raise errors.CniError(
-            errors.INVALID_CONFIG, "invalid valid-attachments", f"{VALID_ATTACHMENTS}={raw!r}: expected a list"
-        )
+        raise InvalidNetworkConfig("invalid valid-attachments", f"{VALID_ATTACHMENTS}={raw!r}: expected a list")
     out = set()
     for i, item in enumerate(raw):
         cid = item.get("containerID") if isinstance(item, Mapping) else None
         ifname = item.get("ifname") if isinstance(item, Mapping) else None
         if not isinstance(cid, str) or not cid or not isinstance(ifname, str) or not ifname:
-            raise errors.CniError(
-                errors.INVALID_CONFIG,
+            raise InvalidNetworkConfig(
                 "invalid valid-attachments",
                 f'{VALID_ATTACHMENTS}[{i}]={item!r}: expected {{"containerID": …, "ifname": …}}',
             )
         out.add((cid, ifname))
     return out
+
+
+def _report_layout(ipam: Ipam) -> None:
+    problem = ipam.layout_problem
+    if problem is not None:
+        log.warning(
+            "ignoring invalid node-level ip-algo",
+            extra={
+                "node": ipam.node.name,
+                "annotation": "flock.fritzlab.net/ip-algo",
+                "value": problem.value,
+                "reason": problem.reason,
+            },
+        )

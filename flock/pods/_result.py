@@ -6,9 +6,9 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from flock import errors
 from flock.model import Allocation, IPAddress
-from flock.netlink import DataplaneSettings, host_ifname
+
+from ._errors import InvalidNetworkConfig
 
 IpInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -20,9 +20,11 @@ def result_addresses(alloc: Allocation) -> tuple[IPAddress, ...]:
     return tuple(a for a in (alloc.ip6, alloc.ip4) if a is not None) + tuple(alloc.addresses)
 
 
-def cni_result(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings()) -> dict[str, Any]:
+def cni_result(
+    alloc: Allocation, *, host_iface: str, gateway6: ipaddress.IPv6Address, gateway4: ipaddress.IPv4Address
+) -> dict[str, Any]:
     """The ADD result in CNI 1.1.0 form (the caller converts it to the requested version)."""
-    gateway = {6: str(settings.gateway6), 4: str(settings.gateway4)}
+    gateway = {6: str(gateway6), 4: str(gateway4)}
     ips = []
     for i, addr in enumerate(result_addresses(alloc)):
         item: dict[str, Any] = {"address": f"{addr}/{addr.max_prefixlen}", "interface": 1}
@@ -38,7 +40,7 @@ def cni_result(alloc: Allocation, settings: DataplaneSettings = DataplaneSetting
     return {
         "cniVersion": "1.1.0",
         "interfaces": [
-            {"name": host_ifname(alloc.container_id, settings.host_prefix)},
+            {"name": host_iface},
             {"name": alloc.if_name, "sandbox": alloc.netns},
         ],
         "ips": ips,
@@ -46,17 +48,15 @@ def cni_result(alloc: Allocation, settings: DataplaneSettings = DataplaneSetting
     }
 
 
-def _invalid(field: str, value: Any, expected: str) -> errors.CniError:
-    return errors.CniError(errors.INVALID_CONFIG, "invalid prevResult", f"{field}={value!r}: expected {expected}")
+def _invalid(field: str, value: Any, expected: str) -> InvalidNetworkConfig:
+    return InvalidNetworkConfig("invalid prevResult", f"{field}={value!r}: expected {expected}")
 
 
 def prev_result_addresses(config: Mapping[str, Any]) -> set[IpInterface]:
-    """The ``ips`` of the configuration's ``prevResult``; CniError (code 7)
+    """The ``ips`` of the configuration's ``prevResult``; :class:`InvalidNetworkConfig`
     naming the field when it is missing or malformed."""
     if "prevResult" not in config:
-        raise errors.CniError(
-            errors.INVALID_CONFIG, "CHECK needs prevResult", "the network configuration has no field 'prevResult'"
-        )
+        raise InvalidNetworkConfig("CHECK needs prevResult", "the network configuration has no field 'prevResult'")
     prev = config["prevResult"]
     if not isinstance(prev, Mapping):
         raise _invalid("prevResult", prev, "an object (the ADD result)")

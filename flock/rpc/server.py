@@ -70,7 +70,8 @@ class SocketInUse(RuntimeError):
 
 @attrs.define(eq=False)
 class RpcServer:
-    """Listens on *path*; :attr:`handler` may be replaced at any time (the next request uses it).
+    """Listens on *path* and hands each request to *handler* (given at construction;
+    without one, :class:`NotReadyHandler` answers).
 
     Error handling: every per-connection failure — garbage, a half line, a
     line over 1 MiB, a client that says nothing for ``read_deadline`` or
@@ -83,7 +84,7 @@ class RpcServer:
     """
 
     path: Path = attrs.field(converter=Path)
-    handler: Handler = attrs.field(factory=NotReadyHandler)
+    handler: Handler = attrs.field(factory=NotReadyHandler, on_setattr=attrs.setters.frozen)
     request_deadline: float = REQUEST_DEADLINE_S
     read_deadline: float = READ_DEADLINE_S
     drain_deadline: float = DRAIN_DEADLINE_S

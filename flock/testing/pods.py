@@ -8,15 +8,20 @@ tested against real namespaces in test_pods_integration.py.
 
 from __future__ import annotations
 
+import ipaddress
+import random
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import trio
 
-from flock import errors
-from flock.model import Allocation, AllocationState
-from flock.netlink import CleanupReport, host_ifname
+from flock.faults import StoreUnavailable
+from flock.model import Allocation, AllocationState, NodeConfig
+from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
+from flock.pods import ADD_GATE, PodHandler, PodLookup
 from flock.rpc import Request
+from flock.state import NodeState
 
 
 @attrs.define(eq=False)
@@ -34,7 +39,7 @@ class MemoryAllocations:
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         await trio.lowlevel.checkpoint()
         if container_id not in self.rows:
-            raise errors.CniError(errors.IO_ERROR, "no allocation to commit", container_id)
+            raise StoreUnavailable("no allocation to commit", container_id)
         row = self.rows[container_id] = attrs.evolve(
             self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
         )
@@ -55,11 +60,16 @@ class MemoryKernel:
 
     veths: dict[str, Allocation] = attrs.field(factory=dict)
     gate: trio.Event | None = None
-    fail_with: errors.CniError | None = None
+    fail_with: Exception | None = None
     setups: int = 0
     in_setup: int = 0
     most_in_setup: int = 0
     blackholes: tuple = ()
+    gateway6: ipaddress.IPv6Address = GATEWAY6
+    gateway4: ipaddress.IPv4Address = GATEWAY4
+
+    def host_ifname(self, container_id: str) -> str:
+        return host_ifname(container_id)
 
     async def setup(self, alloc: Allocation) -> None:
         self.setups += 1
@@ -114,3 +124,30 @@ def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str =
         args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}",
         config={**CONFIG, **config},
     )
+
+
+async def serving_handler(
+    pods: PodLookup,
+    node: NodeConfig,
+    *,
+    rows: MemoryAllocations | None = None,
+    kernel: MemoryKernel | None = None,
+    seed: int = 1,
+    ready: bool = True,
+    **kwargs: Any,
+) -> PodHandler:
+    """A pod handler over in-memory rows and kernel, rebuilt for *node* (its
+    ``state`` declares only ADD's gate, opened when *ready*)."""
+    state = NodeState(node.name, [ADD_GATE])
+    handler = PodHandler(
+        store=MemoryAllocations() if rows is None else rows,
+        dataplane=MemoryKernel() if kernel is None else kernel,
+        pods=pods,
+        state=state,
+        rng=random.Random(seed),
+        **kwargs,
+    )
+    await handler.rebuild(node)
+    if ready:
+        state.open_gate(ADD_GATE.name)
+    return handler

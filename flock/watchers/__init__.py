@@ -24,7 +24,7 @@ from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
 from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
 from ._informer import Backoff, Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
-from ._nodeconfig import NodeConfigWatcher
+from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._policy import PolicyWatcher
 from ._source import KubeSource
@@ -44,6 +44,7 @@ __all__ = [
     "KubeError",
     "KubeSource",
     "ListWatchSource",
+    "NodeConfigSink",
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import attrs
 import trio
@@ -13,6 +14,12 @@ from flock.model import InvalidObject, NodeConfig
 from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource, Object
 
 log = logging.getLogger("flock.watchers")
+
+
+class NodeConfigSink(Protocol):
+    """Where the watcher publishes what it sees (the agent's :class:`flock.state.NodeState`)."""
+
+    def nodeconfig_observed(self, current: NodeConfig | None, *, deleted: bool, refused: str | None) -> None: ...
 
 
 def _name_key(obj: Object) -> str:
@@ -26,12 +33,14 @@ class NodeConfigWatcher:
     An invalid spec is logged with the field and the value and ignored: the
     previous good value stays.  A deleted NodeConfig is logged and the last
     value stays too (pods keep their routes and BGP keeps announcing).
+    Every change of these is also published to *sink* (when given).
     Error handling: see :class:`Informer`.
     """
 
     source: ListWatchSource
     node: str
     settings: InformerSettings = InformerSettings()
+    sink: NodeConfigSink | None = None
     _current: NodeConfig | None = attrs.field(init=False, default=None)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _invalid: InvalidObject | None = attrs.field(init=False, default=None)
@@ -87,6 +96,12 @@ class NodeConfigWatcher:
     def _on_change(self, change: Change) -> None:
         if change.key != self.node:
             return
+        self._observe(change)
+        if self.sink is not None:
+            refused = None if self._invalid is None else str(self._invalid)
+            self.sink.nodeconfig_observed(self._current, deleted=self._deleted, refused=refused)
+
+    def _observe(self, change: Change) -> None:
         if change.type is ChangeType.DELETED:
             self._deleted = True
             log.warning("NodeConfig %s was deleted; keeping the last one", self.node, extra={"node": self.node})

@@ -7,10 +7,11 @@ import pytest
 import trio
 import trio.testing
 
-from flock.agent import EXIT_ESCALATED, Agent, AgentSettings, parse_args, serve
+from flock.agent import EXIT_ESCALATED, Agent, AgentSettings, compose, parse_args, run_agent, serve
 from flock.errors import CniError
 from flock.nursery import Backoff, ChildSpec, RestartIntensity
 from flock.rpc import Request, decode_response
+from flock.testing.pods import MemoryAllocations
 
 
 async def status(path) -> bytes:
@@ -24,43 +25,44 @@ async def status(path) -> bytes:
     return data
 
 
-def settings(tmp_path):
-    return AgentSettings(node="host001", socket=tmp_path / "run" / "flock.sock", state_dir=tmp_path / "state")
+def in_tmp(tmp_path, *flags: str) -> AgentSettings:
+    """The agent's settings from its flags, with the socket and state under *tmp_path*."""
+    sock, state = tmp_path / "run" / "flock.sock", tmp_path / "state"
+    argv = ["--node", "host001", "--socket", str(sock), "--state-dir", str(state), "--health-address", "127.0.0.1:0"]
+    return parse_args([*argv, *flags], {})[0]
 
 
-async def test_agent_serves_then_shuts_down_cleanly(tmp_path):
-    agent = Agent(settings(tmp_path))
+async def test_agent_without_an_api_server_serves_status_then_shuts_down_cleanly(tmp_path):
+    config = in_tmp(tmp_path, "--no-bird", "--kubeconfig", "/dev/null")
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            await nursery.start(agent.run)
-            assert [c.name for c in agent.children] == ["signals", "rpc"]
-            assert (tmp_path / "state").is_dir()
+            nursery.start_soon(run_agent, config)
+            # The tree never reports started (no API server): watch for the socket instead.
+            while not config.socket.exists():  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            assert (tmp_path / "state" / "flock.db").is_file()
             with pytest.raises(CniError) as info:
-                decode_response(await status(agent.settings.socket))
-            assert info.value.code == 50
-            await agent.shutdown()
-    assert not agent.settings.socket.exists()
-
-
-async def test_sigterm_to_ourselves_drains_and_returns(tmp_path):
-    agent = Agent(settings(tmp_path))
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(agent.run)
+                decode_response(await status(config.socket))
+            assert (info.value.code, info.value.msg) == (50, "agent not ready")
             os.kill(os.getpid(), signal.SIGTERM)
-    assert not agent.settings.socket.exists()
+    assert not config.socket.exists()
 
 
-def test_children_are_added_in_order(tmp_path):
+def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path):
+    names = [c.name for c in compose(in_tmp(tmp_path), store=MemoryAllocations()).children]
+    assert names == ["signals", "rpc", "health", "api", "pods", "bird"]
+    names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
+    assert names == ["signals", "rpc", "health", "api", "pods"]
+
+
+def test_child_names_are_unique(tmp_path):
     async def noop(*, task_status):
         task_status.started()
 
-    agent = Agent(settings(tmp_path))
-    agent.add_child(ChildSpec("bird", noop))
-    agent.add_child(ChildSpec("store", noop), before="rpc")
-    assert [c.name for c in agent.children] == ["signals", "store", "rpc", "bird"]
     with pytest.raises(ValueError):
-        agent.add_child(ChildSpec("rpc", noop))
+        Agent([ChildSpec("rpc", noop), ChildSpec("rpc", noop)])
+    with pytest.raises(ValueError):
+        Agent([ChildSpec("signals", noop)])
 
 
 def test_escalation_at_the_root_is_a_nonzero_exit(tmp_path):
@@ -68,10 +70,29 @@ def test_escalation_at_the_root_is_a_nonzero_exit(tmp_path):
         task_status.started()
         raise OSError("netlink socket closed")
 
-    agent = Agent(settings(tmp_path), intensity=RestartIntensity(max_restarts=2, period=60.0))
-    agent.add_child(ChildSpec("netlink", broken, backoff=Backoff(initial=1.0)))
-    assert serve(agent, clock=trio.testing.MockClock(autojump_threshold=0)) == EXIT_ESCALATED
-    assert not agent.settings.socket.exists()
+    agent = Agent(
+        [ChildSpec("netlink", broken, backoff=Backoff(initial=1.0))],
+        intensity=RestartIntensity(max_restarts=2, period=60.0),
+    )
+    assert serve(agent.run, clock=trio.testing.MockClock(autojump_threshold=0)) == EXIT_ESCALATED
+
+
+async def test_shutdown_drains_in_order_then_cancels_the_tree():
+    drained = []
+
+    async def drain(name):
+        drained.append(name)
+
+    async def forever(*, task_status):
+        task_status.started()
+        await trio.sleep_forever()
+
+    agent = Agent([ChildSpec("a", forever)], drains=[lambda: drain("rpc"), lambda: drain("other")])
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            await agent.shutdown()
+    assert drained == ["rpc", "other"]
 
 
 def test_cli(tmp_path):

@@ -160,6 +160,9 @@ def test_sigterm_with_adds_in_flight_loses_and_duplicates_nothing(lab):
         # late-0 is not on the API server yet: its ADD is still waiting when the drain ends.
         futures = {pod: pool.submit(lab.cni, "ADD", cids[pod], netns[pod], pod) for pod in netns}
         wait_for("ADDs in flight", lambda: sum(r.get("op") == "ADD" for r in agent.records()) >= 3)
+        # late-0's request must have reached the agent (not merely be on its way), or the
+        # SIGTERM finds it unconnected and it hears "not reachable" instead of "shutting down".
+        wait_for("late-0 in the agent", lambda: any(r.get("container_id") == cids["late-0"] for r in agent.records()))
         agent.proc.send_signal(signal.SIGTERM)
         first = {pod: f.result() for pod, f in futures.items()}
     assert agent.wait_exit() == 0

@@ -3,17 +3,15 @@ pod watcher against the flock/testing API store when the API server misbehaves."
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 
 from flock import errors
-from flock.ipam import Ipam
+from flock.agent import PodWatcherLookup
 from flock.model import NodeConfig
-from flock.pods import POD_LOOKUP_DEADLINE_S, PodHandler
+from flock.pods import POD_LOOKUP_DEADLINE_S
 from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
-from flock.testing.pods import MemoryAllocations, MemoryKernel, request
+from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher, TransientKubeError
 
 NODE = "host001"
@@ -44,9 +42,7 @@ async def test_add_for_a_pod_the_cache_lacks_is_11_when_the_api_server_fails(aut
     source.mode = mode
     watcher = PodWatcher(source, NODE)
     rows, kernel = MemoryAllocations(), MemoryKernel()
-    handler = PodHandler(store=rows, dataplane=kernel, pods=watcher)
-    handler.adopt(Ipam(NODE_CONFIG, rng=random.Random(1)), [])
-    handler.enable_add()
+    handler = await serving_handler(PodWatcherLookup(watcher), NODE_CONFIG, rows=rows, kernel=kernel)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(watcher.run)
@@ -65,9 +61,7 @@ async def test_a_late_pod_is_served_once_the_api_server_answers_again(autojump_c
     api = Store()
     source = TroubledGets(api, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(source, NODE)
-    handler = PodHandler(store=MemoryAllocations(), dataplane=MemoryKernel(), pods=watcher)
-    handler.adopt(Ipam(NODE_CONFIG, rng=random.Random(1)), [])
-    handler.enable_add()
+    handler = await serving_handler(PodWatcherLookup(watcher), NODE_CONFIG)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(watcher.run)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from flock.agent import DEFAULT_HEALTH_ADDRESS, parse_args
 from flock.health import HealthServer, Metrics
-from flock.node import compose
+from flock.state import Gate, NodeState
 
 
 async def http(port: int, raw: bytes) -> tuple[int, str]:
@@ -21,14 +22,23 @@ async def http(port: int, raw: bytes) -> tuple[int, str]:
     return int(head.split()[1]), body.decode()
 
 
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The exposition parsed by prometheus-client's own parser: (name, sorted labels) → value."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
 async def test_probes_and_metrics_over_http():
-    missing = ["NodeConfig host001 not loaded"]
+    state = NodeState("host001", [Gate("nodeconfig", "NodeConfig host001 not loaded")])
     metrics = Metrics()
     metrics.observe("ADD", 0, 0.003)
     metrics.observe("ADD", 0, 0.2)
     metrics.observe("ADD", 11, 25.0)
-    metrics.gauge("flock_allocations", "Pod allocations.", "gauge", lambda: {'state="committed"': 2.0})
-    server = HealthServer("127.0.0.1", 0, lambda: list(missing), metrics.render)
+    metrics.labelled_gauge("flock_allocations", "Pod allocations.", "state", ["committed"], lambda: {"committed": 2})
+    server = HealthServer("127.0.0.1", 0, readiness=state, metrics=metrics)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
@@ -36,17 +46,27 @@ async def test_probes_and_metrics_over_http():
             get = lambda path: http(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # noqa: E731
             assert await get("/healthz") == (200, "ok\n")
             assert await get("/readyz") == (503, "not ready:\n- NodeConfig host001 not loaded\n")
-            missing.clear()
-            assert await get("/readyz?verbose=1") == (200, "ready\n")
+            state.set_note("bird", "BIRD not configured yet (retrying): no socket")
+            state.open_gate("nodeconfig")
+            assert await get("/readyz?verbose=1") == (
+                200,
+                "ready\nnotes:\n- BIRD not configured yet (retrying): no socket\n",
+            )
             status, text = await get("/metrics")
             assert status == 200
-            assert 'flock_cni_requests_total{op="ADD",code="0"} 2' in text
-            assert 'flock_cni_requests_total{op="ADD",code="11"} 1' in text
-            assert 'flock_cni_request_duration_seconds_bucket{op="ADD",le="0.005"} 1' in text
-            assert 'flock_cni_request_duration_seconds_bucket{op="ADD",le="0.25"} 2' in text
-            assert 'flock_cni_request_duration_seconds_bucket{op="ADD",le="+Inf"} 3' in text
-            assert 'flock_cni_request_duration_seconds_count{op="ADD"} 3' in text
-            assert 'flock_allocations{state="committed"} 2' in text and "# TYPE flock_allocations gauge" in text
+            got = samples(text)
+            assert got[("flock_cni_requests_total", (("code", "0"), ("op", "ADD")))] == 2
+            assert got[("flock_cni_requests_total", (("code", "11"), ("op", "ADD")))] == 1
+            assert got[("flock_cni_request_duration_seconds_bucket", (("le", "0.005"), ("op", "ADD")))] == 1
+            assert got[("flock_cni_request_duration_seconds_bucket", (("le", "0.25"), ("op", "ADD")))] == 2
+            assert got[("flock_cni_request_duration_seconds_bucket", (("le", "+Inf"), ("op", "ADD")))] == 3
+            assert got[("flock_cni_request_duration_seconds_count", (("op", "ADD"),))] == 3
+            assert (
+                got[("flock_allocations", (("state", "committed"),))] == 2 and "# TYPE flock_allocations gauge" in text
+            )
+            # The library's process and platform collectors, in the agent's own registry.
+            assert got[("process_open_fds", ())] > 0 and any(name == "python_info" for name, _ in got)
+            assert metrics.requests("ADD") == 2 and metrics.requests("ADD", 11) == 1
             assert (await get("/nope"))[0] == 404
             assert (await http(port, b"POST /readyz HTTP/1.0\r\n\r\n"))[0] == 405
             assert (await http(port, b"garbage\r\n\r\n"))[0] == 400
@@ -93,5 +113,9 @@ def test_agent_cli_flags(tmp_path):
         with pytest.raises(SystemExit) as info:
             parse_args(["--node", "n1", *bad], {})
         assert info.value.code == 2
-    names = [c.name for c in compose(parse_args(["--node", "n1", "--no-bird"], {})[0]).children]
-    assert names == ["signals", "store", "rpc", "health", "node"]
+
+
+def test_two_agents_in_one_process_have_registries_of_their_own():
+    first, second = Metrics(), Metrics()
+    first.observe("DEL", 0, 0.001)
+    assert (first.requests("DEL"), second.requests("DEL")) == (1, 0)

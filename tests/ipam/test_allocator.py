@@ -5,15 +5,15 @@ import random
 import pytest
 
 from flock.ipam import (
-    ADDRESS_EXHAUSTED,
     AddressConflict,
     Addresses,
-    AddressExhausted,
     AnnotationError,
     Ipam,
+    PoolExhausted,
     fnv1a_64,
 )
 from flock.model import Allocation
+from flock.pods import ADDRESS_EXHAUSTED, cni_error
 from flock.testing.ipam import P, node, pod, replica
 
 A = ipaddress.ip_address
@@ -76,9 +76,9 @@ def test_collision_increments_n_then_exhausts_naming_the_cidr():
     im = ipam(ip_algo="namespace:16,app:16,pod:24,n:8")  # every host bit fixed but n
     got = [im.allocate(f"c{i}", pod("same")).ip6 for i in range(16)]
     assert [ident(a) & 0xFF for a in got] == list(range(16))
-    with pytest.raises(AddressExhausted) as info:
+    with pytest.raises(PoolExhausted) as info:
         im.allocate("c16", pod("same"))
-    assert info.value.code == ADDRESS_EXHAUSTED
+    assert cni_error(info.value).code == ADDRESS_EXHAUSTED  # the CNI table's choice
     assert "2001:db8:0:1::/64" in str(info.value)
     assert "collided 16 times" in info.value.details
     assert im.allocator.held("c16") is None
@@ -95,7 +95,7 @@ def test_random_v6_small_range_finds_the_last_free_identifier_then_exhausts():
     ask = pod("a", annotations={"cidr6": "2001:db8:0:1:ff::/126"})
     got = {im.allocate(f"c{i}", ask).ip6 for i in range(3)}
     assert got == {A("2001:db8:0:1:ff::1"), A("2001:db8:0:1:ff::2"), A("2001:db8:0:1:ff::3")}
-    with pytest.raises(AddressExhausted, match=r"2001:db8:0:1:ff::/126"):
+    with pytest.raises(PoolExhausted, match=r"2001:db8:0:1:ff::/126"):
         im.allocate("c3", ask)
 
 
@@ -103,17 +103,17 @@ def test_v4_skips_network_first_host_and_broadcast_and_exhausts():
     im = ipam(cidr4="198.51.100.0/28")
     got = [im.allocate(f"c{i}", pod(f"p{i}")).ip4 for i in range(13)]
     assert got == [A(f"198.51.100.{i}") for i in range(2, 15)]
-    with pytest.raises(AddressExhausted) as info:
+    with pytest.raises(PoolExhausted) as info:
         im.allocate("c13", pod("p13"))
     assert "198.51.100.0/28" in info.value.msg
-    assert info.value.code == ADDRESS_EXHAUSTED
+    assert cni_error(info.value).code == ADDRESS_EXHAUSTED  # the CNI table's choice
 
 
 def test_v4_slash30_has_one_address():
     im = ipam()
     ask = pod("a", annotations={"cidr4": "198.51.100.4/30"})
     assert im.allocate("c1", ask).ip4 == A("198.51.100.6")
-    with pytest.raises(AddressExhausted, match=r"198\.51\.100\.4/30"):
+    with pytest.raises(PoolExhausted, match=r"198\.51\.100\.4/30"):
         im.allocate("c2", ask)
 
 
@@ -143,7 +143,7 @@ def test_dual_stack_is_all_or_nothing():
     full = pod("a", annotations={"cidr4": "198.51.100.4/30"})
     im.allocate("c1", full)
     before = im.allocator.in_use()
-    with pytest.raises(AddressExhausted):
+    with pytest.raises(PoolExhausted):
         im.allocate(
             "c2",
             pod(
@@ -217,21 +217,18 @@ def test_mark_in_use_seeds_and_rejects_conflicting_rows():
     assert im.allocate("c2", pod("b")).ip4 == A("198.51.100.2")
 
 
-def test_invalid_node_ip_algo_is_logged_once_and_ignored(caplog):
-    caplog.set_level(logging.WARNING, logger="flock.ipam")
+def test_invalid_node_ip_algo_is_ignored_and_kept_as_the_problem_without_logging(caplog):
+    caplog.set_level(logging.DEBUG)
     im = ipam(ip_algo="namespace:16")
     assert im.default_layout is None
-    im.set_node(node(ip_algo="namespace:16"))
+    assert im.layout_problem.value == "namespace:16" and "no room for uniqueness" in im.layout_problem.reason
     assert im.allocate("c1", pod("a")).ip6 is not None
-    warnings = [r for r in caplog.records if r.name == "flock.ipam"]
-    assert len(warnings) == 1
-    assert warnings[0].value == "namespace:16" and "no room for uniqueness" in warnings[0].reason
     im.set_node(node(ip_algo="random:72"))  # valid syntax, too wide for the /64
     assert im.default_layout is None
-    assert len([r for r in caplog.records if r.name == "flock.ipam"]) == 2
-    assert "has 64 host bits" in caplog.records[-1].reason
+    assert "has 64 host bits" in im.layout_problem.reason
+    assert caplog.records == []  # the IPAM is pure: the pod handler reports the problem
     im.set_node(node(ip_algo=ALGO))
-    assert im.default_layout.text == ALGO
+    assert im.default_layout.text == ALGO and im.layout_problem is None
     # a pod-level ip-algo that is invalid is an error, not a warning
     with pytest.raises(AnnotationError):
         im.allocate("c2", pod("b", annotations={"ip-algo": "namespace:16"}))

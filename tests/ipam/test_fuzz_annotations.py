@@ -21,13 +21,14 @@ from flock.ipam import (
     IP_ALGO,
     IPV4,
     IPV6,
-    AddressExhausted,
     AnnotationError,
     Ipam,
     LayoutError,
+    PoolExhausted,
     parse_layout,
     parse_request,
 )
+from flock.pods import cni_error
 from flock.testing.ipam import node, pod
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -176,7 +177,7 @@ def check_verdict(annotations: dict[str, str]) -> None:
     try:
         req = parse_request(annotations, NODE, None)
     except AnnotationError as err:
-        assert err.code == INVALID_CONFIG
+        assert cni_error(err).code == INVALID_CONFIG
         assert err.annotation in annotations or err.annotation in (IPV6, IPV4, CIDR4)
         assert err.details.startswith(f"{err.annotation}={err.value!r}"[:1000])  # long details are cut in the middle
         if err.annotation in annotations:
@@ -228,7 +229,7 @@ def test_regressions_now_rejected_naming_the_annotation(key, value, reason):
     # with ValueError (5000 digits, '²') before.
     with pytest.raises(AnnotationError) as info:
         parse_request({key: value}, NODE, None)
-    assert info.value.code == INVALID_CONFIG and info.value.annotation == key and info.value.value == value
+    assert cni_error(info.value).code == INVALID_CONFIG and info.value.annotation == key and info.value.value == value
     assert reason in info.value.details
 
 
@@ -241,7 +242,7 @@ def test_allocate_leaves_no_holding_when_the_annotations_are_bad(annotations):
     p = pod(annotations={k.removeprefix("flock.fritzlab.net/"): v for k, v in annotations.items()})
     try:
         held = ipam.allocate("c1", p)
-    except (AnnotationError, AddressExhausted):
+    except (AnnotationError, PoolExhausted):
         assert ipam.allocator.in_use() == before and ipam.allocator.held("c1") is None
         return
     for addr in (held.ip6, held.ip4):

@@ -7,7 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flock.ipam import AddressExhausted, AnnotationError, Ipam
+from flock.ipam import AnnotationError, Ipam, PoolExhausted
 from flock.testing.ipam import node, pod
 
 LAYOUTS = (None, "n:4", "random:3", "pod:2,n:3", "namespace:2,random:2", "app:1,n:1,random:1")
@@ -80,7 +80,7 @@ def test_no_duplicates_and_every_address_is_legal(case):
         try:
             request = im.request(the_pod)
             got = im.allocate(cid, the_pod)
-        except (AddressExhausted, AnnotationError):
+        except (PoolExhausted, AnnotationError):
             assert im.allocator.held(cid) is None
             continue
         live[cid] = (request, got)

@@ -3,6 +3,7 @@ import ipaddress
 import pytest
 
 from flock.ipam import AnnotationError, PodRequest, parse_request
+from flock.pods import cni_error
 from flock.testing.ipam import P, node
 
 N = ipaddress.ip_network
@@ -122,12 +123,12 @@ def test_each_annotation_error_names_key_and_value(annotations, nc, key, value, 
     with pytest.raises(AnnotationError) as info:
         req(annotations, nc)
     err = info.value
-    assert err.code == 7
+    assert cni_error(err).code == 7
     assert err.annotation == P + key
     assert err.value == value
     assert f"{P + key}={value!r}" in err.details
     assert words in err.details
-    assert err.to_dict()["details"] == err.details
+    assert cni_error(err).to_dict()["details"] == err.details
 
 
 def test_node_layout_too_wide_for_a_pod_subrange_names_cidr6():

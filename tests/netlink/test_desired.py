@@ -7,6 +7,7 @@ import hypothesis.strategies as st
 import pytest
 
 from flock import errors
+from flock.faults import AllocationUnusable
 from flock.model import Allocation
 from flock.netlink import (
     GATEWAY4,
@@ -25,6 +26,7 @@ from flock.netlink import (
     is_host_ifname,
     pod_plan,
 )
+from flock.pods import cni_error
 
 ip = ipaddress.ip_address
 net = ipaddress.ip_network
@@ -145,10 +147,10 @@ def test_blackholes_for_node_blocks_sorted_and_deduplicated():
         ({"ip6": None, "anycast": ["2001:db8:aa::1"]}, "anycast"),
     ],
 )
-def test_bad_allocations_are_cni_errors_naming_the_field(kwargs, field):
-    with pytest.raises(errors.CniError) as info:
+def test_bad_allocations_are_typed_errors_naming_the_field(kwargs, field):
+    with pytest.raises(AllocationUnusable) as info:
         pod_plan(alloc(**kwargs))
-    assert info.value.code == errors.INVALID_CONFIG
+    assert cni_error(info.value).code == errors.INVALID_CONFIG
     assert f"{field}=" in info.value.details
 
 

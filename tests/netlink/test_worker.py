@@ -10,8 +10,10 @@ import pytest
 import trio
 
 from flock import errors
+from flock.faults import IfNameTaken, NetnsUnusable, NodeUnprepared
 from flock.model import Allocation
 from flock.netlink import ROUTE_PROTOCOL, STEPS, NetlinkWorker, host_ifname
+from flock.pods import cni_error
 from flock.testing.netns import netns_pool
 
 ip = ipaddress.ip_address
@@ -213,9 +215,9 @@ async def test_setup_refuses_missing_netns_without_creating_it(pool, node):
         w = await worker_for(node)
         ghost = pool.create("pod")
         pool.delete(ghost)
-        with pytest.raises(errors.CniError) as info:
+        with pytest.raises(NetnsUnusable) as info:
             await w.setup(alloc("c1", ghost))
-        assert info.value.code == errors.INVALID_ENV and ghost.path in info.value.details
+        assert cni_error(info.value).code == errors.INVALID_ENV and ghost.path in info.value.details
         assert not os.path.exists(ghost.path)
         assert flock_state(node) == ([], "")
 
@@ -226,9 +228,9 @@ async def test_setup_refuses_a_netns_path_that_is_no_namespace(pool, node, tmp_p
         plain = tmp_path / "netns"
         plain.write_text("")
         a = Allocation("c1", "default", "c1", "u", "eth0", str(plain), ip6=ip("2001:db8::5"))
-        with pytest.raises(errors.CniError) as info:
+        with pytest.raises(NetnsUnusable) as info:
             await w.setup(a)
-        assert info.value.code == errors.INVALID_ENV and str(plain) in info.value.details
+        assert cni_error(info.value).code == errors.INVALID_ENV and str(plain) in info.value.details
         assert await w.check(a) == [
             f"host {host_ifname('c1')}: interface missing",
             f"pod: network namespace {plain} missing",
@@ -241,9 +243,9 @@ async def test_setup_refuses_a_foreign_interface_named_ifname(pool, node):
         pod = pool.create("pod")
         pool.veth(pod, "eth0", pool.create("other"), "x0")
         w = await worker_for(node)
-        with pytest.raises(errors.CniError) as info:
+        with pytest.raises(IfNameTaken) as info:
             await w.setup(alloc("c1", pod))
-        assert "ifName='eth0'" in info.value.details
+        assert "ifName='eth0'" in info.value.details and cni_error(info.value).code == errors.INVALID_ENV
 
 
 async def test_cleanup_removes_orphans_and_keeps_explained_pods(pool, node):
@@ -334,7 +336,7 @@ async def test_prepare_node_without_route_or_uplink_is_a_clear_error(pool):
     with trio.fail_after(20):
         bare = pool.create("node")
         w = NetlinkWorker(host_netns=bare.path)
-        with pytest.raises(errors.CniError) as info:
+        with pytest.raises(NodeUnprepared) as info:
             await w.prepare_node()
         assert "169.254.1.1" in info.value.details
         assert bare.run("sysctl", "-n", "net.ipv4.ip_forward").stdout.strip() == "1"

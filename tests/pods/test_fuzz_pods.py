@@ -10,20 +10,18 @@ address is held twice."""
 
 from __future__ import annotations
 
-import random
-
 import attrs
 import trio
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flock import errors
-from flock.ipam import ADDRESS_EXHAUSTED, AnnotationError, Ipam, parse_request
+from flock.ipam import AnnotationError, parse_request
 from flock.model import AllocationState, NodeConfig, PodInfo
-from flock.pods import CHECK_FAILED, PodHandler
+from flock.pods import ADDRESS_EXHAUSTED, CHECK_FAILED, PodHandler
 from flock.rpc import Request
 from flock.testing import nodeconfig_object, pod_object
-from flock.testing.pods import CONFIG, MemoryAllocations, MemoryKernel
+from flock.testing.pods import CONFIG, MemoryAllocations, MemoryKernel, serving_handler
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NODE_NAME = "host001"
@@ -132,11 +130,9 @@ def make_pods(ann_by_name: dict[str, dict[str, str]]) -> DictPods:
     return pods
 
 
-def new_handler(pods: DictPods) -> tuple[PodHandler, MemoryAllocations, MemoryKernel]:
+async def new_handler(pods: DictPods) -> tuple[PodHandler, MemoryAllocations, MemoryKernel]:
     rows, kernel = MemoryAllocations(), MemoryKernel()
-    handler = PodHandler(store=rows, dataplane=kernel, pods=pods)
-    handler.adopt(Ipam(NODE, rng=random.Random(7)), [])
-    handler.enable_add()
+    handler = await serving_handler(pods, NODE, rows=rows, kernel=kernel, seed=7)
     return handler, rows, kernel
 
 
@@ -151,7 +147,7 @@ def snapshot(handler: PodHandler, rows: MemoryAllocations, kernel: MemoryKernel)
     return (
         dict(rows.rows),
         dict(kernel.veths),
-        dict(handler.allocations),
+        dict(handler.state.allocations),
         ipam.allocator.in_use(),
         {c: ipam.allocator.held(c) for c in ipam.allocator.containers()},
     )
@@ -159,11 +155,11 @@ def snapshot(handler: PodHandler, rows: MemoryAllocations, kernel: MemoryKernel)
 
 def assert_consistent(handler: PodHandler, rows: MemoryAllocations, kernel: MemoryKernel) -> None:
     ipam = handler.ipam
-    assert set(rows.rows) == set(handler.allocations) == set(ipam.allocator.containers())
+    assert set(rows.rows) == set(handler.state.allocations) == set(ipam.allocator.containers())
     assert set(kernel.veths) <= set(rows.rows)
     seen = {}
     for cid, alloc in rows.rows.items():
-        assert handler.allocations[cid] == alloc
+        assert handler.state.allocations[cid] == alloc
         held = ipam.allocator.held(cid)
         assert (held.ip6, held.ip4, held.anycast, held.addresses) == (
             alloc.ip6,
@@ -184,12 +180,15 @@ def assert_consistent(handler: PodHandler, rows: MemoryAllocations, kernel: Memo
 
 def assert_named(err: errors.CniError, ann: dict[str, str], args: str) -> None:
     """The error says which input was wrong."""
-    if isinstance(err, AnnotationError):
-        assert err.code == errors.INVALID_CONFIG and err.annotation.startswith(A)
-        assert err.details.startswith(f"{err.annotation}={err.value!r}"[:1000])  # long details are cut in the middle
-        assert err.annotation in ann or err.annotation in (A + "ipv6", A + "ipv4", A + "cidr4")
-        if err.annotation in ann and err.annotation not in (A + "addresses", A + "anycast"):
-            assert err.value == ann[err.annotation]
+    cause = err.__cause__
+    if isinstance(cause, AnnotationError):
+        assert err.code == errors.INVALID_CONFIG and cause.annotation.startswith(A)
+        assert err.details.startswith(
+            f"{cause.annotation}={cause.value!r}"[:1000]
+        )  # long details are cut in the middle
+        assert cause.annotation in ann or cause.annotation in (A + "ipv6", A + "ipv4", A + "cidr4")
+        if cause.annotation in ann and cause.annotation not in (A + "addresses", A + "anycast"):
+            assert cause.value == ann[cause.annotation]
     elif err.code == ADDRESS_EXHAUSTED:
         assert err.msg.startswith("no free IPv")
     elif err.code == errors.INVALID_ENV:
@@ -213,7 +212,7 @@ KERNEL_FAILURE = errors.CniError(errors.IO_ERROR, "netlink veth failed", "inject
 @given(annotations(), cni_args, st.integers(0, 5).map(lambda i: i == 0))
 def test_add_succeeds_inside_the_effective_cidrs_or_fails_cleanly(ann, args, kernel_fails):
     async def scenario():
-        handler, rows, kernel = new_handler(make_pods({"web-0": ann, "web-1": {}}))
+        handler, rows, kernel = await new_handler(make_pods({"web-0": ann, "web-1": {}}))
         await handler(request("ADD", "keep0001", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-1"))
         before = snapshot(handler, rows, kernel)
         kernel.fail_with = KERNEL_FAILURE if kernel_fails else None
@@ -265,7 +264,7 @@ prev_results = st.one_of(
 @given(prev_results)
 def test_check_with_any_prev_result_answers_or_names_the_field(prev):
     async def scenario():
-        handler, rows, kernel = new_handler(make_pods({"web-0": {A + "ipv4": "true"}}))
+        handler, rows, kernel = await new_handler(make_pods({"web-0": {A + "ipv4": "true"}}))
         args = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
         result = await handler(request("ADD", "c0ffee01", args))
         before = snapshot(handler, rows, kernel)
@@ -314,7 +313,7 @@ attachments = st.one_of(
 @given(attachments)
 def test_gc_keeps_exactly_the_valid_attachments_or_names_the_field(valid):
     async def scenario():
-        handler, rows, kernel = new_handler(make_pods({"web-0": {}, "web-1": {A + "anycast": "203.0.113.10"}}))
+        handler, rows, kernel = await new_handler(make_pods({"web-0": {}, "web-1": {A + "anycast": "203.0.113.10"}}))
         await handler(request("ADD", "c0ffee01", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"))
         await handler(request("ADD", "c0ffee02", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-1"))
         before = snapshot(handler, rows, kernel)
@@ -348,7 +347,7 @@ op_step = st.tuples(
 def test_random_interleavings_keep_store_handler_and_ipam_in_agreement(ann_by_name, batches):
     async def scenario():
         pods = make_pods({name: ann_by_name.get(name, {}) for name in NAMES})
-        handler, rows, kernel = new_handler(pods)
+        handler, rows, kernel = await new_handler(pods)
         start = snapshot(handler, rows, kernel)
 
         async def one(op, cid, name, if_name):
@@ -407,7 +406,7 @@ def test_non_ascii_pod_uid_is_code_4_not_try_again():
     # Regression: str.isalnum() let 'é' through, so the ADD failed with code 11
     # ("pod UID differs") and the runtime retried it forever.
     async def scenario():
-        handler, rows, kernel = new_handler(make_pods({"web-0": {}}))
+        handler, rows, kernel = await new_handler(make_pods({"web-0": {}}))
         try:
             await handler(request("ADD", "c0ffee01", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=é"))
         except errors.CniError as err:

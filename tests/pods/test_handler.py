@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import random
+import logging
 
 import pytest
 import trio
 
 from flock import errors
-from flock.ipam import ADDRESS_EXHAUSTED, Ipam
 from flock.model import AllocationState, NodeConfig
-from flock.pods import ADD_DEADLINE_S, CHECK_FAILED, KeyedLocks, PodHandler
+from flock.pods import ADD_DEADLINE_S, ADDRESS_EXHAUSTED, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
 from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
-from flock.testing.pods import MemoryAllocations, MemoryKernel, request
+from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher
 
 NODE = "host001"
@@ -32,16 +31,10 @@ async def handler_running(api: Store, *, ready: bool = True):
     watcher = PodWatcher(source, NODE)
     kernel = MemoryKernel()
     rows = MemoryAllocations()
-    pokes = []
-    handler = PodHandler(
-        store=rows, dataplane=kernel, pods=watcher, on_change=lambda: pokes.append(trio.current_time())
-    )
-    handler.adopt(Ipam(NODE_CONFIG, rng=random.Random(1)), [])
-    if ready:
-        handler.enable_add()
+    handler = await serving_handler(watcher, NODE_CONFIG, rows=rows, kernel=kernel, ready=ready)
     async with trio.open_nursery() as nursery:
         await nursery.start(watcher.run)
-        yield handler, kernel, rows, source, pokes
+        yield handler, kernel, rows, source, handler.state
         nursery.cancel_scope.cancel()
 
 
@@ -52,7 +45,7 @@ def held(handler: PodHandler) -> set[str]:
 async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojump_clock):
     api = Store()
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, source, pokes):
+        async with handler_running(api) as (handler, kernel, rows, source, state):
 
             async def create_later():
                 await trio.sleep(1.25)
@@ -65,7 +58,7 @@ async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojum
             assert source.gets == []  # the watch delivered it: no direct GET
             assert [ip["address"].endswith("/128") for ip in result["ips"]] == [True]
             assert rows.rows["c0ffee01"].state is AllocationState.COMMITTED
-            assert pokes == [1.25]
+            assert state.allocations == rows.rows  # the view BIRD and the metrics read
 
 
 async def test_add_falls_back_to_one_direct_get_after_three_seconds(autojump_clock):
@@ -143,12 +136,14 @@ async def test_bad_annotations_fail_with_code_7_and_leave_nothing(autojump_clock
     api = Store()
     api.create(PODS, pod_object("default", "web-0", NODE, annotations=annotations))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, pokes):
+        async with handler_running(api) as (handler, kernel, rows, _, state):
+            version = state.version
             with pytest.raises(errors.CniError) as info:
                 await handler(request("ADD"))
             assert info.value.code == errors.INVALID_CONFIG
             assert field in info.value.details and repr(value) in info.value.details
-            assert (rows.rows, kernel.veths, kernel.setups, held(handler), pokes) == ({}, {}, 0, set(), [])
+            assert (rows.rows, kernel.veths, kernel.setups, held(handler)) == ({}, {}, 0, set())
+            assert state.version == version  # nothing for BIRD or the metrics to see
 
 
 @pytest.mark.parametrize(
@@ -282,7 +277,7 @@ async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
             valid = [{"containerID": "c0ffee0b", "ifname": "eth0"}, {"containerID": "c0ffee0c", "ifname": "eth1"}]
             assert await handler(request("GC", **{"cni.dev/valid-attachments": valid})) == {}
             assert set(rows.rows) == set(kernel.veths) == held(handler) == {"c0ffee0b"}
-            assert set(handler.allocations) == {"c0ffee0b"}
+            assert set(handler.state.allocations) == {"c0ffee0b"}
 
 
 async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refused(autojump_clock):
@@ -333,3 +328,17 @@ async def test_keyed_locks_wait_idle(autojump_clock):
             assert len(locks) == 2 and locks.busy("a")
             await locks.wait_idle()
             assert trio.current_time() == 5 and len(locks) == 0
+
+
+async def test_an_invalid_node_ip_algo_is_logged_by_the_handler_once_per_nodeconfig(autojump_clock, caplog):
+    caplog.set_level(logging.WARNING, logger="flock.pods")
+    obj = nodeconfig_object(NODE, "2001:db8:0:1::/64")
+    obj["metadata"]["annotations"] = {A + "ip-algo": "pod:8"}
+    node = NodeConfig.from_object(obj)
+    handler = await serving_handler(PodWatcher(StoreSource(Store(), PODS, f"spec.nodeName={NODE}"), NODE), node)
+    warned = [r for r in caplog.records if r.getMessage() == "ignoring invalid node-level ip-algo"]
+    assert len(warned) == 1 and warned[0].value == "pod:8" and "no room for uniqueness" in warned[0].reason
+    handler.apply_nodeconfig(node)  # the same ip-algo again: nothing new to say
+    handler.apply_nodeconfig(NodeConfig.from_object(nodeconfig_object(NODE, "2001:db8:0:1::/64")))
+    assert len([r for r in caplog.records if r.getMessage() == "ignoring invalid node-level ip-algo"]) == 1
+    assert handler.ipam.layout_problem is None

@@ -123,9 +123,9 @@ def test_add_check_del_gc_through_the_real_plugin(lab):
 
     # Metrics count what happened.
     status, text = agent.get("/metrics")
-    assert status == 200 and 'flock_cni_requests_total{op="ADD",code="0"} 4' in text
-    assert 'flock_cni_requests_total{op="ADD",code="7"} 1' in text
-    assert 'flock_allocations{state="committed"} 1' in text
+    assert status == 200 and 'flock_cni_requests_total{code="0",op="ADD"} 4.0' in text
+    assert 'flock_cni_requests_total{code="7",op="ADD"} 1.0' in text
+    assert 'flock_allocations{state="committed"} 1.0' in text
     assert agent.get("/healthz") == (200, "ok\n")
     assert agent.stop() == 0
 

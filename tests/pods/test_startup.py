@@ -12,7 +12,8 @@ import trio
 
 from flock import errors
 from flock.model import Allocation, AllocationState, NodeConfig
-from flock.pods import PodHandler, PodService
+from flock.pods import ADD_GATE, NodeBringUp, PodHandler
+from flock.state import NODECONFIG_GATE, Gate, NodeState
 from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request
 from flock.watchers import NodeConfigWatcher, PodWatcher
@@ -28,18 +29,11 @@ def row(cid: str, state: AllocationState, ip6: str, ip4: str | None = None) -> A
 
 
 def setup(api: Store, rows: MemoryAllocations, kernel: MemoryKernel, tmp_path):
-    nodeconfigs = NodeConfigWatcher(StoreSource(api, NODECONFIGS, f"metadata.name={NODE}"), NODE)
+    state = NodeState(NODE, [Gate(NODECONFIG_GATE, f"NodeConfig {NODE} not loaded"), ADD_GATE])
+    nodeconfigs = NodeConfigWatcher(StoreSource(api, NODECONFIGS, f"metadata.name={NODE}"), NODE, sink=state)
     pods = PodWatcher(StoreSource(api, PODS, f"spec.nodeName={NODE}"), NODE)
-    handler = PodHandler(store=rows, dataplane=kernel, pods=pods)
-    service = PodService(
-        handler=handler,
-        store=rows,
-        dataplane=kernel,
-        nodeconfigs=nodeconfigs,
-        node_name=NODE,
-        pending_deletes=tmp_path / "pending-deletes",
-        rng=random.Random(7),
-    )
+    handler = PodHandler(store=rows, dataplane=kernel, pods=pods, state=state, rng=random.Random(7))
+    service = NodeBringUp(handler=handler, dataplane=kernel, state=state, pending_deletes=tmp_path / "pending-deletes")
     return nodeconfigs, pods, handler, service
 
 
@@ -66,7 +60,7 @@ async def test_add_is_11_until_the_nodeconfig_arrives_and_a_late_one_is_logged_l
             assert len(loud) == 1 and "no valid NodeConfig named host001 after 60 s" in loud[0].getMessage()
             api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
             await trio.sleep(0.5)
-            assert handler.add_ready and trio.current_time() == 61.5
+            assert handler.state.ready and trio.current_time() == 61.5
             assert kernel.blackholes == (ipaddress.ip_network("2001:db8:0:1::/64"),)
             result = await handler(request("ADD"))
             assert ipaddress.ip_interface(result["ips"][0]["address"]).ip in ipaddress.ip_network("2001:db8:0:1::/64")
@@ -115,8 +109,7 @@ async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresse
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
-    pokes = []
-    handler.on_change = lambda: pokes.append(trio.current_time())
+    state = handler.state
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(nodeconfigs.run)
@@ -127,11 +120,11 @@ async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresse
             obj["spec"] = {"cidr6": "2001:db8:0:2::/64", "bgp": {"asn": 64512, "routerID": "192.0.2.11", "peers": []}}
             api.update(NODECONFIGS, obj)
             await trio.sleep(0.1)
-            assert service.node.cidr6 == ipaddress.ip_network("2001:db8:0:2::/64")
+            assert state.nodeconfig.cidr6 == ipaddress.ip_network("2001:db8:0:2::/64")
+            assert handler.ipam.node == state.nodeconfig
             assert kernel.blackholes == (ipaddress.ip_network("2001:db8:0:2::/64"),)
-            assert len(pokes) == 3  # start-up, the first ADD, the change
             second = await handler(request("ADD", cid="c0ffee0b", pod="b"))
             assert ipaddress.ip_interface(second["ips"][0]["address"]).ip in ipaddress.ip_network("2001:db8:0:2::/64")
             assert await handler(request("ADD", cid="c0ffee0a", pod="a")) == first
-            assert isinstance(service.node, NodeConfig)
+            assert isinstance(state.nodeconfig, NodeConfig)
             nursery.cancel_scope.cancel()

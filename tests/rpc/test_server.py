@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -107,8 +108,7 @@ async def test_existing_loose_directory_is_tightened(tmp_path):
             nursery.cancel_scope.cancel()
 
 
-async def test_handler_is_swappable_and_its_bugs_stay_in_the_request(sock_path):
-    server = RpcServer(sock_path)
+async def test_the_handler_is_given_at_construction_and_its_bugs_stay_in_the_request(sock_path):
 
     async def ready(request):
         if request.op == "CHECK":
@@ -119,9 +119,14 @@ async def test_handler_is_swappable_and_its_bugs_stay_in_the_request(sock_path):
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
+            await nursery.start(RpcServer(sock_path).run)  # no handler: ADD is "try again later"
             assert await code_of(sock_path, req().encode()) == 11
-            server.handler = ready
+            nursery.cancel_scope.cancel()
+        server = RpcServer(sock_path, handler=ready)
+        with pytest.raises(attrs.exceptions.FrozenAttributeError):
+            server.handler = ready  # wired once, by the composition root
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
             assert (await call(sock_path, req()))["seen"] == "prod/web-0"
             assert await code_of(sock_path, req("CHECK").encode()) == 100
             assert await code_of(sock_path, req("GC").encode()) == 100

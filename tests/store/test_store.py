@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from flock.model import Allocation, AllocationState
+from flock.pods import cni_error
 from flock.store import FILENAME, MIGRATIONS, StoreError, SyncStore, open_store
 
 A = ipaddress.ip_address
@@ -118,7 +119,7 @@ def test_garbage_file_is_an_error_and_is_left_alone(tmp_path):
     path.write_bytes(junk)
     with pytest.raises(StoreError, match="unreadable or corrupt") as info:
         SyncStore.open(tmp_path)
-    assert info.value.code == 5
+    assert cni_error(info.value).code == 5
     assert str(path) in info.value.details
     assert path.read_bytes() == junk
 

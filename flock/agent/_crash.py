@@ -16,7 +16,7 @@ import attrs
 
 from flock.netlink import STEPS
 
-log = logging.getLogger("flock.pods")
+log = logging.getLogger("flock.agent")
 
 ENV = "FLOCK_CRASH_POINT"
 POINTS = ("before-pending", "after-pending", *(f"setup:{s}" for s in STEPS), "before-commit")
@@ -24,7 +24,7 @@ POINTS = ("before-pending", "after-pending", *(f"setup:{s}" for s in STEPS), "be
 
 @attrs.frozen
 class CrashPoint:
-    """Where to die (None: nowhere, the default)."""
+    """Where to die (None: nowhere, the default); a :class:`flock.pods.Checkpoint`."""
 
     name: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(POINTS)))
 

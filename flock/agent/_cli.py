@@ -1,0 +1,107 @@
+"""flock-agent's command line → :class:`AgentSettings` (frozen; every service reads its part)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+DEFAULT_SOCKET = Path("/run/flock/flock.sock")
+DEFAULT_STATE_DIR = Path("/var/lib/flock")
+DEFAULT_HEALTH_ADDRESS = ("127.0.0.1", 9464)
+DEFAULT_BIRD_CONFIG = Path("/etc/flock/bird/bird.conf")
+DEFAULT_BIRD_SOCKET = Path("/run/flock/bird.ctl")
+
+
+@attrs.frozen
+class AgentSettings:
+    node: str
+    socket: Path = DEFAULT_SOCKET
+    state_dir: Path = DEFAULT_STATE_DIR
+    kubeconfig: Path | None = None  # None: in-cluster config (used by the watchers)
+    health_address: tuple[str, int] = DEFAULT_HEALTH_ADDRESS
+    bird: bool = True  # False: no BIRD on this node (nothing is rendered or reloaded)
+    bird_config: Path = DEFAULT_BIRD_CONFIG
+    bird_socket: Path = DEFAULT_BIRD_SOCKET
+    bgp_lab_timers: bool = False  # short BGP timers (labs, tests)
+    host_netns: str | None = None  # the node's network namespace (None: the agent's own)
+    uplink: str | None = None  # interface for the pod gateway's route if the node has none
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464")
+    return host, int(port)
+
+
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
+    """The settings and the parsed flags (logging flags are not settings); exits 2 on a bad flag."""
+    parser = argparse.ArgumentParser(prog="flock-agent", description="flock's node agent")
+    parser.add_argument("--node", default=environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
+    parser.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help="CNI RPC socket (default: %(default)s)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="allocation store directory (default: %(default)s)"
+    )
+    parser.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig file (default: in-cluster)")
+    parser.add_argument(
+        "--health-address",
+        type=_host_port,
+        default=DEFAULT_HEALTH_ADDRESS,
+        metavar="HOST:PORT",
+        help="/healthz, /readyz and /metrics (default: 127.0.0.1:9464)",
+    )
+    parser.add_argument(
+        "--bird-config", type=Path, default=DEFAULT_BIRD_CONFIG, help="rendered BIRD config (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--bird-socket", type=Path, default=DEFAULT_BIRD_SOCKET, help="BIRD control socket (default: %(default)s)"
+    )
+    parser.add_argument("--no-bird", action="store_true", help="no BIRD on this node: render and reload nothing")
+    parser.add_argument(
+        "--bgp-lab-timers", action="store_true", help="short BGP timers (labs and tests, not production)"
+    )
+    parser.add_argument(
+        "--host-netns",
+        default=None,
+        metavar="PATH",
+        help="network namespace holding the node's interfaces and routes (default: the agent's own)",
+    )
+    parser.add_argument(
+        "--uplink",
+        default=None,
+        metavar="IFACE",
+        help="interface for a route to the pod gateway 169.254.1.1 when the node has none",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    args = parser.parse_args(argv)
+    if not args.node:
+        parser.error("--node is required (or set NODE_NAME)")
+    if not args.socket.is_absolute():
+        parser.error(f"--socket {args.socket}: expected an absolute path")
+    if args.kubeconfig is not None and not os.access(args.kubeconfig, os.R_OK):
+        parser.error(f"--kubeconfig {args.kubeconfig}: not a readable file")
+    if args.host_netns is not None and not os.path.exists(args.host_netns):
+        parser.error(f"--host-netns {args.host_netns}: no such namespace file")
+    for flag, path in (("--bird-config", args.bird_config), ("--bird-socket", args.bird_socket)):
+        if not path.is_absolute():
+            parser.error(f"{flag} {path}: expected an absolute path")
+    settings = AgentSettings(
+        node=args.node,
+        socket=args.socket,
+        state_dir=args.state_dir,
+        kubeconfig=args.kubeconfig,
+        health_address=args.health_address,
+        bird=not args.no_bird,
+        bird_config=args.bird_config,
+        bird_socket=args.bird_socket,
+        bgp_lab_timers=args.bgp_lab_timers,
+        host_netns=args.host_netns,
+        uplink=args.uplink,
+    )
+    return settings, args

@@ -1,0 +1,170 @@
+"""The composition root: every service of flock-agent, built with its dependencies.
+
+:func:`compose` is the only place that chooses concrete classes (the SQLite
+store, the pyroute2 netlink worker, the Kubernetes watchers, BIRD) and the
+only place that wires services together, by passing each one what it needs
+to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
+
+    flock-agent                 (flock.agent.Agent; the store is opened before it)
+    ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
+    ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
+    ├── health                  /healthz /readyz /metrics (flock.health)
+    ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
+    │   ├── nodeconfig-watcher  → NodeState.nodeconfig
+    │   └── pod-watcher         → pod lookups for ADD
+    ├── pods                    flock.pods.NodeBringUp: start-up, opens ADD, then NodeConfig changes
+    └── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
+
+State: :class:`flock.state.NodeState` (NodeConfig in force, allocation view,
+readiness gates, notes) is built here and handed to every service that
+reads or changes it; services observe it with ``wait_changed``.
+
+Degraded but serving (``/readyz`` stays 200 and lists them as notes, each
+with a gauge): the NodeConfig deleted (the last one stays in force — routes
+and BGP announcements are kept; a restarted agent waits for a new one), a
+NodeConfig update refused as invalid (the previous one stays), BIRD not
+configured yet (pods get addresses and local routes without it; the reloader
+retries).  Fatal at start (exit 1 at once, one ``flock-agent: fatal:`` line on
+stderr): an unusable state directory or database, another agent on the socket.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+
+from flock.bird import BgpTimers, BirdReloader, RenderSettings
+from flock.health import HealthServer, Metrics
+from flock.model import AllocationState
+from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
+from flock.nursery import ChildSpec
+from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler
+from flock.rpc.server import RpcServer, SocketInUse
+from flock.state import NodeState
+from flock.store import StoreError, open_store
+
+from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink, WatcherFactory, nodeconfig_gate
+from ._bird import BirdFollower, bird_inputs
+from ._cli import AgentSettings
+from ._crash import CrashPoint
+from ._root import Agent, FatalStartError, check_state_dir
+
+log = logging.getLogger("flock.agent")
+
+NO_CRASH = CrashPoint()
+
+STORE_REMEDY = (
+    "Restore the file from a backup, or move it (with its -wal and -shm files) aside to start empty: "
+    "the pods running on this node then lose their network and must be recreated"
+)
+
+
+def node_state(node: str) -> NodeState:
+    """The node's state with every readiness gate, in the order /readyz lists them."""
+    return NodeState(node, [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE])
+
+
+def compose(
+    settings: AgentSettings,
+    *,
+    store: AllocationStore,
+    crash: CrashPoint = NO_CRASH,
+    watchers: tuple[WatcherFactory, ...] = (),
+) -> Agent:
+    """flock-agent for *settings* over the open allocation *store* (see the module doc)."""
+    state = node_state(settings.node)
+    metrics = Metrics()
+    netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
+    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers)
+    handler = PodHandler(
+        store=store, dataplane=netlink, pods=api, state=state, observe=metrics.observe, checkpoint=crash
+    )
+    bringup = NodeBringUp(
+        handler=handler,
+        dataplane=netlink,
+        state=state,
+        pending_deletes=settings.socket.parent / PENDING_DELETES,
+        prepare=functools.partial(netlink.prepare_node, settings.uplink),
+    )
+    rpc = RpcServer(settings.socket, handler=handler)
+    host, port = settings.health_address
+    health = HealthServer(host, port, readiness=state, metrics=metrics)
+    _node_metrics(metrics, state)
+    services = [
+        # Another agent on the socket does not go away by restarting: exit at once.
+        ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
+        ChildSpec("health", health.run),
+        ChildSpec("api", api.run),
+        ChildSpec("pods", bringup.run),
+    ]
+    if settings.bird:
+        reloader = BirdReloader(
+            config_path=settings.bird_config,
+            control_socket=settings.bird_socket,
+            settings=RenderSettings(
+                route_protocol=ROUTE_PROTOCOL, bgp_timers=BgpTimers() if settings.bgp_lab_timers else None
+            ),
+            inputs=functools.partial(bird_inputs, state),
+            notes=state,
+        )
+        _bird_metrics(metrics, reloader)
+        services.append(ChildSpec("bird", BirdFollower(state, reloader).run))
+    return Agent(services, drains=[rpc.drain])
+
+
+def _node_metrics(metrics: Metrics, state: NodeState) -> None:
+    metrics.labelled_gauge(
+        "flock_allocations",
+        "Pod allocations this agent holds, by state.",
+        "state",
+        [s.value for s in AllocationState],
+        lambda: {s.value: float(n) for s, n in state.allocation_counts().items()},
+    )
+    metrics.gauge("flock_ready", "1 when /readyz passes.", lambda: float(state.ready))
+    metrics.gauge(
+        "flock_nodeconfig_deleted",
+        "1 while this node's NodeConfig is deleted and the last one is in force.",
+        lambda: float(state.nodeconfig_deleted),
+    )
+    metrics.gauge(
+        "flock_nodeconfig_refused",
+        "1 while the newest NodeConfig is invalid and the previous one is in force.",
+        lambda: float(state.nodeconfig_refused is not None),
+    )
+
+
+def _bird_metrics(metrics: Metrics, reloader: BirdReloader) -> None:
+    metrics.counter("flock_bird_reloads", "Successful birdc configure calls.", lambda: float(reloader.reloads))
+    metrics.gauge(
+        "flock_bird_pending",
+        "1 while BIRD has not taken the newest config (reloader retrying).",
+        lambda: float(reloader.last_error is not None),
+    )
+    metrics.counter(
+        "flock_bird_reload_failures", "Failed BIRD check/configure attempts.", lambda: float(reloader.failures)
+    )
+
+
+async def run_agent(
+    settings: AgentSettings,
+    *,
+    crash: CrashPoint = NO_CRASH,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Check the state directory, open the store (DEL and CHECK need nothing
+    more), then run the composed tree until a signal.  An unusable state
+    directory or database raises :class:`FatalStartError`."""
+    check_state_dir(settings.state_dir)
+    log.info("starting", extra={"node": settings.node, "socket": str(settings.socket)})
+    try:
+        async with open_store(settings.state_dir) as store:
+            log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
+            await compose(settings, store=store, crash=crash).run(task_status=task_status)
+    except StoreError as exc:
+        # Only opening (or closing) can raise it here: the tree's failures
+        # reach this far as SupervisorEscalation.  A corrupt or unreadable
+        # database stays so across restarts: exit at once, naming it.
+        raise FatalStartError(f"{exc}. {STORE_REMEDY}") from exc
+    log.info("stopped")

@@ -1,0 +1,162 @@
+"""The node bring-up: the agent's start-up sequence, then its following of NodeConfig changes.
+
+DESIGN ("Startup"): store open (DEL and CHECK are served from there) → wait
+for this node's NodeConfig → IPAM rebuilt from the stored rows → kernel
+objects no committed row explains cleaned → pending deletes replayed → ADD
+served.  Pending rows keep their addresses (the runtime retries that ADD,
+which must get the same addresses, or sends DEL/GC); their half-made kernel
+state is removed here and rebuilt by the retry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import attrs
+import trio
+
+from flock import errors, logs
+from flock.faults import Fault, NodeUnprepared
+from flock.model import AllocationState, NodeConfig
+from flock.rpc import Request
+from flock.state import NodeState
+
+from ._errors import InvalidCniArgs
+from ._handler import ADD_GATE, PodHandler
+from ._protocols import Dataplane
+
+log = logging.getLogger("flock.pods")
+
+# DESIGN: how long start-up waits for the NodeConfig before it says so loudly
+# (it keeps waiting; ADD answers 11 and readiness stays false meanwhile).
+NODECONFIG_WAIT_S = 60.0
+PENDING_DELETES = "pending-deletes"
+
+
+@attrs.define(eq=False)
+class NodeBringUp:
+    """Supervised service: runs start-up, then applies NodeConfig changes.
+
+    Reads the NodeConfig from ``state`` (the NodeConfig watcher publishes it
+    there) and opens :data:`ADD_GATE` once ADD can be served; ``started()``
+    then.  Error handling: a pending-delete file that cannot be read is logged
+    and removed; one whose DEL fails is logged and kept for the next start.
+    Failures of the store or the kernel during start-up propagate to the
+    supervisor, which restarts this service (the sequence is idempotent).  A
+    node without a route for the pod gateway (``prepare``) is logged and does
+    not stop start-up.
+    """
+
+    handler: PodHandler
+    dataplane: Dataplane
+    state: NodeState
+    pending_deletes: Path
+    prepare: Callable[[], Awaitable[None]] | None = None
+    nodeconfig_wait: float = NODECONFIG_WAIT_S
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        add = ADD_GATE.name
+        self.state.close_gate(add, f"waiting for NodeConfig {self.state.node_name}")
+        try:
+            node = await self._wait_for_node()
+            self.state.close_gate(add, "rebuilding allocations")
+            if self.prepare is not None:
+                try:
+                    await self.prepare()
+                except NodeUnprepared as exc:
+                    log.error("node preparation failed; IPv4 pods may lack their gateway", extra={"error": str(exc)})
+            await self._rebuild(node)
+            await self.replay_pending_deletes()
+            self.state.open_gate(add)
+            log.info("serving ADD", extra={"node": node.name, "cidr6": str(node.cidr6), "cidr4": str(node.cidr4)})
+            task_status.started()
+            await self._follow(node)
+        finally:
+            self.state.close_gate(add, "the node's services are restarting")
+
+    async def _wait_for_node(self) -> NodeConfig:
+        waited = 0.0
+        while True:
+            with trio.move_on_after(self.nodeconfig_wait):
+                seen = self.state.version
+                while (node := self.state.nodeconfig) is None:
+                    seen = await self.state.wait_changed(seen)
+                return node
+            waited += self.nodeconfig_wait
+            reason = f"no valid NodeConfig named {self.state.node_name} after {waited:g} s"
+            self.state.close_gate(ADD_GATE.name, reason)
+            log.error(
+                reason + "; ADD answers 'try again later' and /readyz fails until one exists",
+                extra={"node": self.state.node_name},
+            )
+
+    async def _rebuild(self, node: NodeConfig) -> None:
+        kept = await self.handler.rebuild(node)
+        committed = [a for a in kept if a.state is AllocationState.COMMITTED]
+        report = await self.dataplane.cleanup([a.container_id for a in committed])
+        await self.dataplane.ensure_anycast([a for a in committed if a.anycast])
+        await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
+        log.info(
+            "allocations rebuilt",
+            extra={
+                "committed": len(committed),
+                "pending": len(kept) - len(committed),
+                "orphan_interfaces": list(report.interfaces),
+                "orphan_routes": list(report.routes),
+            },
+        )
+
+    async def replay_pending_deletes(self) -> int:
+        """Apply the DELs the shim recorded while no agent answered; how many were applied."""
+        applied = 0
+        try:
+            paths = sorted(self.pending_deletes.glob("*.json"))
+        except OSError as exc:
+            log.error(
+                "cannot read the pending-deletes queue",
+                extra={"directory": str(self.pending_deletes), "error": str(exc)},
+            )
+            return 0
+        for path in paths:
+            try:
+                request = Request.decode(path.read_bytes())
+                if request.op != "DEL":
+                    raise InvalidCniArgs("not a DEL", f"op={request.op!r}")
+            except (errors.CniError, InvalidCniArgs, OSError) as exc:
+                log.error("dropping an unreadable pending delete", extra={"file": str(path), "error": str(exc)})
+                path.unlink(missing_ok=True)
+                continue
+            with logs.bound(container_id=request.container_id, pod=request.pod, op="DEL"):
+                try:
+                    await self.handler.delete(request)
+                except (errors.CniError, Fault) as exc:
+                    log.error(
+                        "pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)}
+                    )
+                    continue
+                path.unlink(missing_ok=True)
+                applied += 1
+                log.info("applied a pending delete")
+        return applied
+
+    async def _follow(self, applied: NodeConfig) -> None:
+        """NodeConfig changes at run time: existing pods keep their addresses."""
+        seen = -1
+        while True:
+            seen = await self.state.wait_changed(seen)
+            node = self.state.nodeconfig
+            if node is None or node == applied:
+                continue
+            self.handler.apply_nodeconfig(node)
+            await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
+            log.info(
+                "NodeConfig changed",
+                extra={
+                    "cidr6": str(node.cidr6),
+                    "cidr4": str(node.cidr4),
+                    "was": {"cidr6": str(applied.cidr6), "cidr4": str(applied.cidr4)},
+                },
+            )
+            applied = node

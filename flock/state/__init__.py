@@ -1,0 +1,6 @@
+"""The node's running state and its one owner (NodeConfig in force, allocations, readiness)."""
+
+from flock.state._gated import gated
+from flock.state._node_state import NODECONFIG_GATE, Gate, NodeState
+
+__all__ = ["NODECONFIG_GATE", "Gate", "NodeState", "gated"]

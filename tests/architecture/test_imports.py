@@ -1,0 +1,169 @@
+"""The shape of the import graph: no cycle anywhere in flock/, and the layers
+that must not need the kernel or the API client import without them.
+
+The cycle check reads every module with :mod:`ast` (nothing is imported) and
+takes every ``import`` statement, at module level and inside functions, except
+those under ``if TYPE_CHECKING:`` (annotations only, never executed).  An
+import of ``a.b.c`` depends on ``a.b.c`` and on the packages ``a.b`` and
+``a`` that Python initialises first — except a module's own enclosing
+packages: a package's ``__init__`` re-exporting its private modules, which
+import their siblings through it, is how every package here is built and is
+not a cycle between layers.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flock
+
+ROOT = Path(flock.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and (
+        (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: list[str] = []
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets.append(base)
+            targets += [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        for target in targets:
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                dep = ".".join(parts[:i])
+                if dep in modules and dep != name and dep not in own:
+                    graph[name].add(dep)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (cycle := visit(dep)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_there_is_no_import_cycle_in_flock():
+    graph = import_graph()
+    assert len(graph) > 50 and "flock.pods._handler" in graph["flock.pods._bringup"]
+    assert "flock.state" in graph["flock.pods._handler"]  # cross-package edges are seen
+    assert find_cycle(graph) is None, " → ".join(find_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+BLOCKED = ("pyroute2", "kubernetes_asyncio", "aiohttp")
+_BLOCKER = """
+import importlib.abc, sys
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is blocked for this test")
+        return None
+sys.meta_path.insert(0, Blocked())
+import {module}
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in {blocked!r})
+assert not leaked, leaked
+"""
+
+
+@pytest.mark.parametrize("module", ["flock.pods", "flock.state", "flock.ipam", "flock.health"])
+def test_layer_imports_without_the_kernel_or_api_libraries(module):
+    """The pod lifecycle and the pure layers need neither pyroute2 nor kubernetes-asyncio."""
+    code = _BLOCKER.format(blocked=set(BLOCKED), module=module)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_blocker_really_blocks():
+    code = _BLOCKER.format(blocked=set(BLOCKED), module="flock.netlink")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "pyroute2" in out.stderr and "is blocked for this test" in out.stderr
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph[todo.pop()]:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        # The pod lifecycle sees the store, kernel and API only through its protocols.
+        ("flock.pods", ("flock.agent", "flock.netlink", "flock.watchers", "flock.store", "flock.bird", "flock.health")),
+        # The node's state is a leaf: values and a change signal.
+        ("flock.state", ("flock.agent", "flock.pods", "flock.netlink", "flock.watchers", "flock.store", "flock.ipam")),
+        ("flock.ipam", ("flock.agent", "flock.pods", "flock.netlink", "flock.watchers", "flock.store", "flock.state")),
+        # Everyone may raise a fault; faults depend on nothing.
+        ("flock.faults", ("flock",)),
+    ],
+)
+def test_layers_do_not_reach_what_they_must_not_know(layer, forbidden):
+    graph = import_graph()
+    bad = sorted(m for m in reachable(graph, layer) if any(m == f or m.startswith(f + ".") for f in forbidden))
+    assert bad == [], f"{layer} reaches {bad}"
