@@ -64,7 +64,16 @@ from ._model import (
 )
 from ._reference import Endpoint, evaluate
 from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, ServiceSet
-from ._service import POLICY_GATE, LocalPods, PolicyGate, PolicyService, Readiness, RulesetApplier, Watermark
+from ._service import (
+    POLICY_GATE,
+    WAITING_FOR_WATCHERS,
+    LocalPods,
+    PolicyGate,
+    PolicyService,
+    Readiness,
+    RulesetApplier,
+    Watermark,
+)
 from ._simulate import Packet, forward_verdict
 
 __all__ = [
@@ -73,6 +82,7 @@ __all__ = [
     "INGRESS_MAP",
     "NAMESPACE_NAME_LABEL",
     "POLICY_GATE",
+    "WAITING_FOR_WATCHERS",
     "AddressSet",
     "ApplyResult",
     "Chain",
