@@ -175,7 +175,7 @@ class PolicyService:
             snap = self.inputs.snapshot()
             mark = self.watermark.watermark if self.watermark is not None else 0
             local_version = self.local.version
-            allocations = self.local.allocations
+            allocations = dict(self.local.allocations)  # a copy: the owner's view may be live
             # The node's state changes for many reasons (readiness, NodeConfig): only the
             # watchers' snapshot and this node's attachments matter here.
             if snap.complete and seen != (snap.generation, allocations):
