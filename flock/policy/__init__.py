@@ -38,7 +38,15 @@ The compiler is a pure function::
 
 ``pods`` are all pods known cluster-wide; ``local_pods`` are this node's
 attached pods (``host_veth`` set, addresses from the allocation); a local pod
-overrides the cluster-wide entry with the same key.
+overrides the cluster-wide entry with the same key.  :class:`Compiler` is the
+same with caches (the agent's); :func:`evaluate` is the reference semantics.
+
+The rest: :class:`NftApplier` (full replace or incremental diff, one
+transaction each) over :class:`LibNftables` or :class:`NftCommand`, and
+:class:`PolicyService`, the supervised loop (snapshot + this node's
+allocations → compile → apply, retried with backoff, readiness gate
+:data:`POLICY_GATE`, :class:`PolicyMetrics`) whose :meth:`PolicyService.ensure`
+is the ADD gate (:class:`PolicyGate`).
 """
 
 from ._apply import ApplyResult, NftApplier
