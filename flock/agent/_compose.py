@@ -12,6 +12,8 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
     │   └── pod-watcher         → pod lookups for ADD
+    │   └── policy-watchers     NetworkPolicy, Namespace, Pod (cluster-wide) → PolicyInputs
+    ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── pods                    flock.pods.NodeBringUp: start-up, opens ADD, then NodeConfig changes
     └── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
 
@@ -41,6 +43,7 @@ from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec
 from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler
+from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
 from flock.rpc.server import RpcServer, SocketInUse
 from flock.state import NodeState
 from flock.store import StoreError, open_store
@@ -49,6 +52,7 @@ from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink
 from ._bird import BirdFollower, bird_inputs
 from ._cli import AgentSettings
 from ._crash import CrashPoint
+from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import Agent, FatalStartError, check_state_dir
 
 log = logging.getLogger("flock.agent")
@@ -63,7 +67,10 @@ STORE_REMEDY = (
 
 def node_state(node: str) -> NodeState:
     """The node's state with every readiness gate, in the order /readyz lists them."""
-    return NodeState(node, [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE])
+    return NodeState(
+        node,
+        [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE, POLICY_READY_GATE],
+    )
 
 
 def compose(
@@ -77,9 +84,28 @@ def compose(
     state = node_state(settings.node)
     metrics = Metrics()
     netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
-    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers)
+    policy_inputs = PolicyInputs()
+    policy_link = PolicyLink(policy_inputs)
+    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=(*watchers, policy_link.watchers))
+    policy = PolicyService(
+        inputs=policy_inputs,
+        local=state,
+        # in-process libnftables on a thread of its own, in the node's namespace (the kernel side of --host-netns)
+        applier=NftApplier(default_backend(settings.host_netns)),
+        node=settings.node,
+        host_ifname=netlink.host_ifname,
+        readiness=state,
+        watermark=policy_link,
+        metrics=PolicyMetrics(metrics.registry),
+    )
     handler = PodHandler(
-        store=store, dataplane=netlink, pods=api, state=state, observe=metrics.observe, checkpoint=crash
+        store=store,
+        dataplane=netlink,
+        pods=api,
+        state=state,
+        observe=metrics.observe,
+        checkpoint=crash,
+        policy=policy,
     )
     bringup = NodeBringUp(
         handler=handler,
@@ -97,6 +123,7 @@ def compose(
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
         ChildSpec("api", api.run),
+        ChildSpec("policy", policy.run),
         ChildSpec("pods", bringup.run),
     ]
     if settings.bird:

@@ -45,7 +45,7 @@ from ._errors import (
     UnknownContainer,
 )
 from ._locks import KeyedLocks
-from ._protocols import AllocationStore, Checkpoint, Dataplane, NoCheckpoint, PodLookup
+from ._protocols import AllocationStore, Checkpoint, Dataplane, NoCheckpoint, NoPolicy, PodLookup, PolicyGate
 from ._result import cni_result, prev_result_addresses, result_addresses
 
 log = logging.getLogger("flock.pods")
@@ -89,6 +89,7 @@ class PodHandler:
     state: NodeState = attrs.field(on_setattr=attrs.setters.frozen)
     observe: Observer = _no_observer
     checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
+    policy: PolicyGate = attrs.field(factory=NoPolicy)
     add_deadline: float = ADD_DEADLINE_S
     clock: Callable[[], float] = time.time
     rng: random.Random = attrs.field(factory=random.SystemRandom)
@@ -217,6 +218,8 @@ class PodHandler:
             self.checkpoint.reached("after-pending")
         try:
             await self.dataplane.setup(alloc)
+            # NetworkPolicy before the pod runs: its rules and set memberships are in the kernel first.
+            await self.policy.ensure(alloc)
             self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
         except Exception:

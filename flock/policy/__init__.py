@@ -38,7 +38,15 @@ The compiler is a pure function::
 
 ``pods`` are all pods known cluster-wide; ``local_pods`` are this node's
 attached pods (``host_veth`` set, addresses from the allocation); a local pod
-overrides the cluster-wide entry with the same key.
+overrides the cluster-wide entry with the same key.  :class:`Compiler` is the
+same with caches (the agent's); :func:`evaluate` is the reference semantics.
+
+The rest: :class:`NftApplier` (full replace or incremental diff, one
+transaction each) over :class:`LibNftables` or :class:`NftCommand`, and
+:class:`PolicyService`, the supervised loop (snapshot + this node's
+allocations → compile → apply, retried with backoff, readiness gate
+:data:`POLICY_GATE`, :class:`PolicyMetrics`) whose :meth:`PolicyService.ensure`
+is the ADD gate (:class:`PolicyGate`).
 """
 
 from ._apply import ApplyResult, NftApplier
@@ -64,7 +72,16 @@ from ._model import (
 )
 from ._reference import Endpoint, evaluate
 from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, ServiceSet
-from ._service import POLICY_GATE, LocalPods, PolicyGate, PolicyService, Readiness, RulesetApplier, Watermark
+from ._service import (
+    POLICY_GATE,
+    WAITING_FOR_WATCHERS,
+    LocalPods,
+    PolicyGate,
+    PolicyService,
+    Readiness,
+    RulesetApplier,
+    Watermark,
+)
 from ._simulate import Packet, forward_verdict
 
 __all__ = [
@@ -73,6 +90,7 @@ __all__ = [
     "INGRESS_MAP",
     "NAMESPACE_NAME_LABEL",
     "POLICY_GATE",
+    "WAITING_FOR_WATCHERS",
     "AddressSet",
     "ApplyResult",
     "Chain",

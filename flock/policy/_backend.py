@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import ctypes.util
+import logging
 import os
 import queue
 import threading
@@ -21,6 +22,8 @@ from typing import Protocol
 
 import attrs
 import trio
+
+log = logging.getLogger("flock.policy")
 
 LIBNFTABLES = "libnftables.so.1"
 _NFT_CTX_OUTPUT_JSON = 1 << 4
@@ -141,9 +144,10 @@ class LibNftables:
         self._thread.join(timeout=10)
 
 
-def default_backend() -> NftBackend:
-    """libnftables when it loads, else the ``nft`` command."""
+def default_backend(netns: str | None = None) -> NftBackend:
+    """libnftables in *netns* (a path; None: this process's) when it loads, else the ``nft`` command there."""
     try:
-        return LibNftables()
-    except OSError:
-        return NftCommand()
+        return LibNftables(netns)
+    except OSError as exc:
+        log.warning("libnftables unusable (%s): running nft for each change", exc, extra={"op": "policy"})
+        return NftCommand(("nsenter", f"--net={netns}", "nft") if netns is not None else ("nft",))

@@ -34,7 +34,7 @@ from ._ruleset import Ruleset
 log = logging.getLogger("flock.policy")
 
 POLICY_GATE = "policy"
-WAITING_FOR_WATCHERS = "policy: waiting for the first lists of NetworkPolicies, Namespaces and Pods"
+WAITING_FOR_WATCHERS = "waiting for the first lists of NetworkPolicies, Namespaces and Pods"
 COUNTERS_EVERY_S = 15.0
 APPLY_BACKOFF = Backoff(initial=0.2, factor=2.0, cap=30.0, jitter=0.2)
 
@@ -128,11 +128,13 @@ class PolicyService:
     def last_error(self) -> str | None:
         return self._last_error
 
-    def local_pods(self, snap: PolicySnapshot) -> tuple[list[PolicyPod], dict[str, tuple]]:
+    def local_pods(
+        self, snap: PolicySnapshot, allocations: Mapping[str, Allocation]
+    ) -> tuple[list[PolicyPod], dict[str, tuple]]:
         """This node's attachments whose pod the watchers know, as local PolicyPods."""
         pods: list[PolicyPod] = []
         covered: dict[str, tuple] = {}
-        for cid, alloc in self.local.allocations.items():
+        for cid, alloc in allocations.items():
             known = snap.pods.get(f"{alloc.namespace}/{alloc.pod}")
             if known is None:
                 continue  # labels unknown: left out; ensure() keeps its ADD waiting
@@ -168,14 +170,19 @@ class PolicyService:
 
     async def _apply_loop(self) -> None:
         attempt = 0
+        seen: tuple[int, Mapping[str, Allocation]] | None = None  # what the applied ruleset was compiled from
         while True:
             snap = self.inputs.snapshot()
             mark = self.watermark.watermark if self.watermark is not None else 0
             local_version = self.local.version
-            if snap.complete:
+            allocations = dict(self.local.allocations)  # a copy: the owner's view may be live
+            # The node's state changes for many reasons (readiness, NodeConfig): only the
+            # watchers' snapshot and this node's attachments matter here.
+            if snap.complete and seen != (snap.generation, allocations):
                 try:
-                    await self._apply(snap, mark)
+                    await self._apply(snap, mark, allocations)
                     attempt = 0
+                    seen = (snap.generation, allocations)
                 except NftError as exc:
                     self._failed(exc)
                     delay = self.backoff.delay(attempt, self.rand())
@@ -189,9 +196,9 @@ class PolicyService:
                     continue
             await self._wait_for_change(snap.generation, local_version)
 
-    async def _apply(self, snap: PolicySnapshot, mark: int) -> None:
+    async def _apply(self, snap: PolicySnapshot, mark: int, allocations: Mapping[str, Allocation]) -> None:
         started = time.perf_counter()
-        local, covered = self.local_pods(snap)
+        local, covered = self.local_pods(snap, allocations)
         ruleset = self._compiler.compile(snap.policies.values(), snap.namespaces.values(), snap.pods.values(), local)
         result = await self.applier.apply(ruleset)
         seconds = time.perf_counter() - started
@@ -242,7 +249,7 @@ class PolicyService:
             self.metrics.failures.inc()
         if self.readiness is not None:
             first_line = (exc.stderr.strip().splitlines() or [""])[0][:200]
-            self.readiness.close_gate(POLICY_GATE, f"policy: nftables refused the ruleset: {first_line}")
+            self.readiness.close_gate(POLICY_GATE, f"nftables refused the ruleset: {first_line}")
 
     async def _wait_for_change(self, generation: int, local_version: int) -> None:
         async with trio.open_nursery() as nursery:

@@ -29,7 +29,7 @@ class MemoryLocalPods:
 
     @property
     def allocations(self) -> Mapping[str, Allocation]:
-        return dict(self._allocations)
+        return self._allocations  # a live view, as NodeState's: readers must copy what they keep
 
     async def wait_changed(self, since: int) -> int:
         while self._version <= since:

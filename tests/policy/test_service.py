@@ -128,7 +128,7 @@ async def test_refused_transactions_retry_with_backoff_and_close_readiness(autoj
             await trio.sleep(0.1)
             assert (
                 gates.gates[POLICY_GATE]
-                == "policy: nftables refused the ruleset: Error: Could not process rule: No such file or directory"
+                == "nftables refused the ruleset: Error: Could not process rule: No such file or directory"
             )
             assert svc.last_error is not None and svc.applied is None
             await trio.sleep(5)
