@@ -29,6 +29,14 @@ class AgentSettings:
     bgp_lab_timers: bool = False  # short BGP timers (labs, tests)
     host_netns: str | None = None  # the node's network namespace (None: the agent's own)
     uplink: str | None = None  # interface for the pod gateway's route if the node has none
+    namespace: str = "kube-system"  # the agent's own namespace: where BGP password Secrets are read
+
+
+def _service_account_namespace() -> str | None:
+    try:
+        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -77,6 +85,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         metavar="IFACE",
         help="interface for a route to the pod gateway 169.254.1.1 when the node has none",
     )
+    parser.add_argument(
+        "--namespace",
+        default=environ.get("POD_NAMESPACE") or _service_account_namespace() or "kube-system",
+        help="the agent's namespace, where BGP password Secrets are read "
+        "(default: $POD_NAMESPACE, else the service account's, else kube-system)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -103,5 +117,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         bgp_lab_timers=args.bgp_lab_timers,
         host_netns=args.host_netns,
         uplink=args.uplink,
+        namespace=args.namespace,
     )
     return settings, args

@@ -3,8 +3,8 @@ namespaces), shipped like ``trio.testing``: the fake API server here, network
 namespace helpers in ``flock.testing.netns``."""
 
 from ._admission import NAME_LABEL
-from ._objects import namespace_object, network_policy_object, nodeconfig_object, pod_object
-from ._resources import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, RESOURCES, Resource
+from ._objects import namespace_object, network_policy_object, nodeconfig_object, pod_object, secret_object
+from ._resources import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, RESOURCES, SECRETS, Resource
 from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
@@ -18,6 +18,7 @@ __all__ = [
     "NODECONFIGS",
     "PODS",
     "RESOURCES",
+    "SECRETS",
     "ApiServer",
     "Resource",
     "StatusError",
@@ -28,6 +29,7 @@ __all__ = [
     "network_policy_object",
     "nodeconfig_object",
     "pod_object",
+    "secret_object",
     "serving",
     "write_kubeconfig",
 ]

@@ -62,3 +62,14 @@ def network_policy_object(namespace: str, name: str, spec: Mapping[str, Any]) ->
         "metadata": {"namespace": namespace, "name": name},
         "spec": dict(spec),
     }
+
+
+def secret_object(namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """An Opaque Secret with *data* given as plain strings (``stringData``, as kubectl sends it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"namespace": namespace, "name": name},
+        "type": "Opaque",
+        "stringData": dict(data),
+    }

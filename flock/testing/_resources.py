@@ -35,4 +35,5 @@ NAMESPACES = Resource(group="", version="v1", plural="namespaces", kind="Namespa
 NETWORKPOLICIES = Resource(
     group="networking.k8s.io", version="v1", plural="networkpolicies", kind="NetworkPolicy", namespaced=True
 )
-RESOURCES = (PODS, NODECONFIGS, NAMESPACES, NETWORKPOLICIES)
+SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
+RESOURCES = (PODS, NODECONFIGS, SECRETS, NAMESPACES, NETWORKPOLICIES)

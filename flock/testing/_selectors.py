@@ -15,6 +15,7 @@ SUPPORTED_FIELDS = {
     "NodeConfig": ("metadata.name", "metadata.namespace"),
     "Namespace": ("metadata.name", "metadata.namespace", "status.phase"),
     "NetworkPolicy": ("metadata.name", "metadata.namespace"),
+    "Secret": ("metadata.name", "metadata.namespace", "type"),
 }
 
 

@@ -22,11 +22,19 @@ With NetworkPolicy (see :mod:`flock.watchers._policy`), one informer watches eve
 from ._bridge import AsyncioBridge, open_bridge
 from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
-from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
+from ._errors import (
+    KubeApiError,
+    KubeError,
+    ResourceExpired,
+    ResourceVersionTooLarge,
+    TransientKubeError,
+    error_for_status,
+)
 from ._informer import Backoff, Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._policy import PolicyWatcher
+from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
@@ -50,7 +58,11 @@ __all__ = [
     "PodWatcher",
     "PolicyWatcher",
     "ResourceExpired",
+    "ResourceVersionTooLarge",
+    "SecretWatcher",
     "TransientKubeError",
+    "decode_secret",
+    "error_for_status",
     "in_cluster_configuration",
     "open_bridge",
     "open_kube_client",
