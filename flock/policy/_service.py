@@ -213,6 +213,10 @@ class PolicyService:
         if self.metrics is not None:
             self.metrics.applied(ruleset, mode, seconds)
         self._publish(mark)
+        if self.watermark is not None and self.inputs.snapshot().generation == snap.generation:
+            # Progress that arrived while the transaction ran (no change since the snapshot): it is in
+            # too.  _follow_watermark skipped it then (generation not applied yet) and waits for more.
+            self._publish(self.watermark.watermark)
         if mode != "unchanged":
             log.info(
                 "policy ruleset applied",
