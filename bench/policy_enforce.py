@@ -106,7 +106,9 @@ async def one_change(plan: LabPlan, pairs: list[tuple[str, Endpoint, Endpoint]],
             nursery.start_soon(policy_wait)
     missing = [name for name, _, _ in pairs if name not in per_node] + ([] if waited else ["policy wait"])
     if missing:
-        raise RuntimeError(f"not seen within {ROUND_LIMIT_S:g} s: {', '.join(missing)} (target {target}, agents at {applied})")
+        raise RuntimeError(
+            f"not seen within {ROUND_LIMIT_S:g} s: {', '.join(missing)} (target {target}, agents at {applied})"
+        )
     return {"every_node": max(per_node.values()), "nodes": per_node, "policy_wait": waited[0]}
 
 

@@ -70,8 +70,10 @@ class _KindFeed:
     refused: dict[str, InvalidObject] = attrs.field(factory=dict)
     listed: bool = False
     resource_version: str = ""
+    keys: set[str] = attrs.field(factory=set)  # what this stream has put in ``inputs``
 
     def on_change(self, change: Change) -> None:
+        self.keys.discard(change.key)
         if change.type is ChangeType.DELETED:
             self.refused.pop(change.key, None)
             self.inputs.delete(self.kind, change.key)
@@ -92,6 +94,7 @@ class _KindFeed:
             )
             return
         self.refused.pop(change.key, None)
+        self.keys.add(change.key)
         if self.kind is Kind.NETWORK_POLICY:
             self.inputs.set_policy(value)
         elif self.kind is Kind.NAMESPACE:
@@ -100,6 +103,12 @@ class _KindFeed:
             self.inputs.set_pod(value)
 
     def on_listed(self) -> None:
+        # The inputs may outlive this stream (a new API client, new watchers): what an
+        # earlier stream put there and this list does not hold is gone from the cluster.
+        snap = self.inputs.snapshot()
+        held = {Kind.NETWORK_POLICY: snap.policies, Kind.NAMESPACE: snap.namespaces, Kind.POD: snap.pods}[self.kind]
+        for key in set(held) - self.keys:
+            self.inputs.delete(self.kind, key)
         self.listed = True
         self.inputs.mark_synced(self.kind)
         self.progressed()

@@ -255,3 +255,31 @@ async def test_over_http_bookmarks_move_the_watermark_and_faults_converge(tmp_pa
                 snap = await caught_up()
                 assert sorted(snap.policies) == ["y/allow"] and sorted(snap.namespaces) == ["x", "y"]
                 assert snap.complete and inputs.snapshot().synced == frozenset(Kind)
+
+
+async def test_inputs_outliving_their_watchers_lose_what_went_while_no_one_watched(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The agent keeps one PolicyInputs across API reconnects; each client gets new watchers.
+    store = Store()
+    store.create(NAMESPACES, namespace_object("x", {"ns": "x"}))
+    store.create(NETWORKPOLICIES, network_policy_object("x", "stays", DENY))
+    store.create(NETWORKPOLICIES, network_policy_object("x", "goes", DENY))
+    store.create(PODS, serving_pod("x", "a", NODE, "2001:db8:0:1::a"))
+    first, inputs = watchers(store)
+    with trio.fail_after(30):
+        async with serving(first):
+            assert sorted(inputs.snapshot().policies) == ["x/goes", "x/stays"]
+        store.delete(NETWORKPOLICIES, "goes", "x")  # while no one watches
+        store.delete(PODS, "a", "x")
+        store.patch(NAMESPACES, "x", {"metadata": {"labels": {"ns": "xx"}}})
+        second = PolicyWatcher(
+            StoreSource(store, NETWORKPOLICIES),
+            StoreSource(store, NAMESPACES),
+            inputs,
+            StoreSource(store, PODS),
+            SETTINGS,
+        )
+        async with serving(second):
+            assert as_dicts(inputs.snapshot()) == expected(store)
+            assert sorted(inputs.snapshot().policies) == ["x/stays"] and inputs.snapshot().pods == {}
