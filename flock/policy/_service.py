@@ -214,8 +214,8 @@ class PolicyService:
             self.metrics.applied(ruleset, mode, seconds)
         self._publish(mark)
         if self.watermark is not None and self.inputs.snapshot().generation == snap.generation:
-            # BOOKMARKs that moved the watermark while the transaction ran found nothing applied to
-            # publish for; with no change since the snapshot, the kernel reflects them too.
+            # Progress that arrived while the transaction ran (no change since the snapshot): it is in
+            # too.  _follow_watermark skipped it then (generation not applied yet) and waits for more.
             self._publish(self.watermark.watermark)
         if mode != "unchanged":
             log.info(
