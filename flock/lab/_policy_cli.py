@@ -32,8 +32,8 @@ def _family(text: str) -> int:
 
 
 def add_commands(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-    pod: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: argparse._SubParsersAction,
+    pod: argparse._SubParsersAction,
     pod_add: argparse.ArgumentParser,
     common: argparse.ArgumentParser,
 ) -> None:

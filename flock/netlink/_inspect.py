@@ -6,26 +6,27 @@ from __future__ import annotations
 import errno
 import ipaddress
 import threading
+from typing import Any
 
 import attrs
 from pyroute2.netlink.exceptions import NetlinkError
 
 from flock.faults import KernelRefused
 from flock.netlink import _apply, _conn, _nsenter
-from flock.netlink.desired import DataplaneSettings, PodPlan, Route, Side
+from flock.netlink.desired import Address, DataplaneSettings, PodPlan, Route, Side
 
 
-def _is_up(msg) -> bool:
+def _is_up(msg: Any) -> bool:
     return bool(msg["flags"] & 1)
 
 
-def _addrgenmode(msg) -> int | None:
+def _addrgenmode(msg: Any) -> int | None:
     spec = msg.get("IFLA_AF_SPEC")
     inet6 = spec.get("AF_INET6") if spec is not None else None
     return inet6.get("IFLA_INET6_ADDR_GEN_MODE") if inet6 is not None else None
 
 
-def _compare_addresses(label: str, live: list, wanted) -> list[str]:
+def _compare_addresses(label: str, live: list, wanted: tuple[Address, ...]) -> list[str]:
     out = []
     have = {(a.address, a.prefixlen): a for a in live}
     for addr in wanted:
@@ -43,7 +44,7 @@ def _compare_addresses(label: str, live: list, wanted) -> list[str]:
 
 def _compare_routes(label: str, live: list[Route], wanted: tuple[Route, ...]) -> list[str]:
     out = []
-    by_dst = {}
+    by_dst: dict[ipaddress.IPv4Network | ipaddress.IPv6Network, list[Route]] = {}
     for r in live:
         by_dst.setdefault(r.dst, []).append(r)
     for route in wanted:
@@ -109,6 +110,29 @@ async def check_pod(plan: PodPlan, *, pod_netns: int, host_netns: str | None, se
     except (NetlinkError, OSError) as exc:
         raise KernelRefused("netlink check failed", f"container {plan.container_id}: {exc}") from exc
     return diffs
+
+
+async def read_macs(plan: PodPlan, *, pod_netns: int | None, host_netns: str | None) -> tuple[str, str]:
+    """The MAC addresses of the pod's veth ends as the kernel has them now
+    (host side, pod side); "" for an end that is missing or not the other's
+    peer (*pod_netns* None: the pod's namespace is gone).  Raises
+    KernelRefused only when the kernel cannot be read."""
+    try:
+        async with _conn.rtnl(host_netns) as host:
+            h = await _conn.link_by_name(host, plan.veth.host)
+        if h is None:
+            return "", ""
+        host_mac = h.get("IFLA_ADDRESS", "") or ""
+        if pod_netns is None:
+            return host_mac, ""
+        try:
+            async with _conn.rtnl(pod_netns) as pod:
+                p = await _conn.link_by_name(pod, plan.veth.pod)
+        except _nsenter.NetnsMissing:
+            return host_mac, ""
+        return host_mac, (p.get("IFLA_ADDRESS", "") or "") if _apply.peers_match(h, p) else ""
+    except (NetlinkError, OSError) as exc:
+        raise KernelRefused("netlink read failed", f"container {plan.container_id}: {exc}") from exc
 
 
 @attrs.frozen

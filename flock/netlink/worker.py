@@ -35,7 +35,7 @@ import trio
 from flock import errors, faults
 from flock.model import Allocation
 from flock.netlink import _apply, _conn, _inspect, _nsenter
-from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
+from flock.netlink.desired import AppliedPlan, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
 
@@ -117,13 +117,13 @@ class NetlinkWorker:
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> Attachment:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> AppliedPlan:
         """Create or converge the pod's veth, addresses, sysctls and routes,
         and add it to the multipath route of each of its anycast addresses.
         *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
         plan = self.plan(alloc)
         with self.pod_netns(alloc, netns_fd) as fd:
-            attachment = await self._run(
+            applied = await self._run(
                 _apply.setup_pod,
                 plan,
                 pod_netns=fd,
@@ -133,7 +133,7 @@ class NetlinkWorker:
                 fault=self.fault,
             )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
-        return attachment
+        return applied
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything
@@ -159,6 +159,16 @@ class NetlinkWorker:
                 )
         except NetnsNotFound:
             return [f"pod: network namespace {errors.quote(alloc.netns)} missing"]
+
+    async def macs(self, alloc: Allocation, netns_fd: int | None = None) -> tuple[str, str]:
+        """The live MAC addresses of the pod's host and pod interfaces ("" where
+        missing, the pod's namespace included); *netns_fd* as for :meth:`check`."""
+        plan = self.plan(alloc)
+        try:
+            with self.pod_netns(alloc, netns_fd) as fd:
+                return await self._run(_inspect.read_macs, plan, pod_netns=fd, host_netns=self.host_netns)
+        except faults.NetnsUnusable:
+            return await self._run(_inspect.read_macs, plan, pod_netns=None, host_netns=self.host_netns)
 
     async def cleanup(self, explained_container_ids: Iterable[str]) -> _inspect.CleanupReport:
         """Remove flock-owned host veths and routes no allocation explains."""

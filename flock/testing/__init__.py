@@ -9,7 +9,7 @@ from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
 from ._status import StatusError
-from ._store import Store
+from ._store import ObjectStore
 
 __all__ = [
     "NAMESPACES",
@@ -20,9 +20,9 @@ __all__ = [
     "RESOURCES",
     "SECRETS",
     "ApiServer",
+    "ObjectStore",
     "Resource",
     "StatusError",
-    "Store",
     "StoreSource",
     "kubeconfig",
     "namespace_object",

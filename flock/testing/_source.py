@@ -1,4 +1,4 @@
-"""An informer source reading a :class:`Store` directly, without HTTP.
+"""An informer source reading an :class:`ObjectStore` directly, without HTTP.
 
 Same semantics as the fake API server (it is the same store: resourceVersions,
 field selectors, 410 for compacted versions, ERROR events), minus the sockets,
@@ -22,7 +22,7 @@ from flock.watchers import ResourceExpired, TransientKubeError, error_for_status
 from ._resources import Resource
 from ._selectors import FieldSelector
 from ._status import StatusError
-from ._store import Store
+from ._store import ObjectStore
 
 
 @attrs.define(eq=False)
@@ -34,7 +34,7 @@ class StoreSource:
     ``bookmark_seconds`` sends a BOOKMARK at the store's version after that long without an event.
     """
 
-    store: Store
+    store: ObjectStore
     resource: Resource
     field_selector: str = ""
     fail_lists: int = 0
@@ -45,10 +45,10 @@ class StoreSource:
     bookmark_seconds: float | None = None
     _open: set[trio.MemorySendChannel[Mapping[str, Any]]] = attrs.field(init=False, factory=set)
 
-    def restart_server(self, store: Store | None = None) -> None:
+    def restart_server(self, store: ObjectStore | None = None) -> None:
         """The API server restarts: open watches break (connection reset) and
         from now on *store* answers (default: an empty one, as after a wipe)."""
-        self.store = store if store is not None else Store()
+        self.store = store if store is not None else ObjectStore()
         for send in list(self._open):
             send.close()
         self._open.clear()

@@ -49,7 +49,7 @@ class _Change:
 class Subscription:
     """One open watch: which objects it sees and where its events go."""
 
-    store: Store
+    store: ObjectStore
     resource: Resource
     namespace: str | None
     selector: FieldSelector
@@ -101,7 +101,7 @@ class Subscription:
 
 
 @attrs.define(eq=False)
-class Store:
+class ObjectStore:
     """Objects of every known resource, with etcd-like resourceVersions."""
 
     history_limit: int = DEFAULT_HISTORY
@@ -271,7 +271,7 @@ class Store:
         sub = Subscription(self, resource, namespace, selector, deliver)
         with self._lock:
             if since in (None, "", "0"):
-                for (res, ns, _), obj in self._objects.items():
+                for (res, _, _), obj in self._objects.items():
                     if res == resource and sub.sees(obj):
                         deliver({"type": "ADDED", "object": obj})
             else:
@@ -399,4 +399,4 @@ def _not_found(resource: Resource, name: str) -> StatusError:
     return StatusError(404, f'{group} "{name}" not found', details={"name": name, "kind": resource.plural})
 
 
-__all__ = ["Store", "Subscription"]
+__all__ = ["ObjectStore", "Subscription"]

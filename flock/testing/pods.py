@@ -16,12 +16,13 @@ from typing import Any
 import attrs
 import trio
 
-from flock.faults import KernelRefused, StoreUnavailable
+from flock.faults import KernelRefused
 from flock.model import Allocation, AllocationState, NodeConfig
-from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
+from flock.netlink import GATEWAY4, GATEWAY6, AppliedPlan, CleanupReport, fnv1a_32, host_ifname, pod_plan
 from flock.pods import ADD_GATE, PodHandler, PodLookup
 from flock.rpc import Request
 from flock.state import NodeState
+from flock.store import AllocationNotFound
 
 
 @attrs.define(eq=False)
@@ -39,7 +40,7 @@ class MemoryAllocations:
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         await trio.lowlevel.checkpoint()
         if container_id not in self.rows:
-            raise StoreUnavailable("no allocation to commit", container_id)
+            raise AllocationNotFound(":memory:", "no allocation to commit", container_id)
         row = self.rows[container_id] = attrs.evolve(
             self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
         )
@@ -52,6 +53,13 @@ class MemoryAllocations:
     async def list(self, state: AllocationState | None = None) -> list[Allocation]:
         await trio.lowlevel.checkpoint()
         return [a for a in self.rows.values() if state is None or a.state is state]
+
+
+def fake_macs(container_id: str) -> tuple[str, str]:
+    """MemoryKernel's stand-ins for the kernel's random veth MACs (host, pod)."""
+    h = fnv1a_32(container_id)
+    host, pod = (":".join(["0a", "58", *(f"{b >> s & 255:02x}" for s in (24, 16, 8, 0))]) for b in (h, h ^ 1))
+    return host, pod
 
 
 @attrs.define(eq=False)
@@ -73,7 +81,7 @@ class MemoryKernel:
     def host_ifname(self, container_id: str) -> str:
         return host_ifname(container_id)
 
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> None:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> AppliedPlan:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)
@@ -86,6 +94,11 @@ class MemoryKernel:
                 raise self.fail_with
         finally:
             self.in_setup -= 1
+        return AppliedPlan(pod_plan(alloc), *fake_macs(alloc.container_id))
+
+    async def macs(self, alloc: Allocation, netns_fd: int | None = None) -> tuple[str, str]:
+        await trio.lowlevel.checkpoint()
+        return fake_macs(alloc.container_id) if alloc.container_id in self.veths else ("", "")
 
     async def node_addresses(self) -> frozenset:
         await trio.lowlevel.checkpoint()
@@ -115,7 +128,7 @@ class MemoryKernel:
         await trio.lowlevel.checkpoint()
         return []
 
-    async def ensure_blackholes(self, cidrs) -> None:
+    async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         await trio.lowlevel.checkpoint()
         self.blackholes = tuple(c for c in cidrs if c is not None)
 
@@ -123,7 +136,7 @@ class MemoryKernel:
 CONFIG = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock"}
 
 
-def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config) -> Request:
+def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config: Any) -> Request:
     return Request(
         op,
         container_id=cid,

@@ -30,7 +30,7 @@ from ._errors import (
     TransientKubeError,
     error_for_status,
 )
-from ._informer import Backoff, Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._policy import PolicyWatcher
@@ -40,7 +40,6 @@ from ._source import KubeSource
 __all__ = [
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
-    "Backoff",
     "Change",
     "ChangeListener",
     "ChangeType",

@@ -10,7 +10,6 @@ import ipaddress
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +17,22 @@ from pathlib import Path
 import pytest
 import trio
 
-from flock.lab import LabError, LabPlan, down, load_pods, pod_add, pod_check, pod_del, reachability, summary, up
+from flock.lab import (
+    CniParams,
+    LabError,
+    LabPlan,
+    down,
+    exec_conflist,
+    load_conflist,
+    load_pods,
+    pod_add,
+    pod_check,
+    pod_del,
+    reachability,
+    status_text,
+    summary,
+    up,
+)
 from flock.lab._bird import parse_protocols
 from flock.lab._check import matrix_text, wait_anycast_routes
 from flock.lab._lifecycle import lab_namespaces
@@ -51,7 +65,7 @@ def test_plan_uses_documentation_ranges_and_lab_prefixed_namespaces(tmp_path: Pa
     assert [str(n.cidr4) for n in plan.nodes[3:5]] == ["198.51.100.192/26", "203.0.113.0/26"]
     assert [str(n.addr6) for n in plan.nodes[:2]] == ["2001:db8:ffff::101", "2001:db8:ffff::102"]
     assert all(n.netns.startswith(f"flab-{plan.id}-") for n in plan.nodes) and plan.fabric_netns.startswith("flab-")
-    with pytest.raises(ValueError, match="--nodes 9: expected 1..8"):
+    with pytest.raises(ValueError, match=r"--nodes 9: expected 1\.\.8"):
         LabPlan.make(tmp_path, 9)
 
 
@@ -130,7 +144,8 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
 
             # A crashed lab (keeper killed, its children left running) is cleaned by the next up.
             os.kill(state.keeper.pid, signal.SIGKILL)
-            while is_running(state.keeper):
+            # Another process, not our child: nothing to wait on.
+            while is_running(state.keeper):  # noqa: ASYNC110
                 await trio.sleep(0.01)
             state = await up(plan)
             pids += [state.keeper.pid, *(r.pid for r in process_refs(directory).values())]
@@ -138,15 +153,37 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
             with pytest.raises(LabError, match="a lab is running in"):
                 await up(plan)  # a running lab is never torn down by up
 
-            # The CLI on the same lab: status as JSON.
-            cli = await trio.run_process(
-                [sys.executable, "-m", "flock.lab.cli", "status", "--json", "--dir", str(directory)],
-                capture_stdout=True,
-                capture_stderr=True,
-            )
-            doc = json.loads(cli.stdout)
-            assert [n["agent"]["ready"] for n in doc["nodes"]] == [True, True]
-            assert [s["established"] for n in doc["nodes"] for s in n["bgp"]] == [True, True]
+            # An attachment the lab did not make (a runtime's container without a pod, as podman
+            # attaches it through the node's conflist) is listed by status too.
+            outside = f"fl-out-{plan.id}"
+            await trio.run_process(["ip", "netns", "add", outside])
+            node1 = plan.nodes[0]
+            conflist = load_conflist(node1.cni_conf)
+            att = CniParams("c0ffee0ut", f"/run/netns/{outside}", "eth0", "IgnoreUnknown=1;K8S_POD_NAME=app_1")
+            try:
+                added = await exec_conflist(node1.netns, str(node1.cni_bin), conflist, "ADD", att)
+                assert added.ok, added
+                # The CLI on the same lab: status as JSON.
+                cli = await trio.run_process(
+                    [sys.executable, "-m", "flock.lab.cli", "status", "--json", "--dir", str(directory)],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                )
+                doc = json.loads(cli.stdout)
+                assert [n["agent"]["ready"] for n in doc["nodes"]] == [True, True]
+                assert [s["established"] for n in doc["nodes"] for s in n["bgp"]] == [True, True]
+                (held,) = doc["attachments"]
+                assert (held["node"], held["made_by"], held["pod"], held["label"]) == (
+                    "node1",
+                    "runtime",
+                    None,
+                    "app_1",
+                )
+                assert held["ipv6"] == [added.json["ips"][0]["address"].split("/")[0]]
+                assert "container app_1  node1   runtime" in status_text(doc)
+                assert (await exec_conflist(node1.netns, str(node1.cni_bin), conflist, "DEL", att)).ok
+            finally:
+                await trio.run_process(["ip", "netns", "del", outside], check=False)
 
             await down(directory)
             assert _leftovers(directory, plan.id, pids) == []
@@ -154,8 +191,7 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
     finally:
         with trio.move_on_after(30, shield=True):
             await down(directory)
-        if directory.exists():
-            subprocess.run(["rm", "-rf", "--", str(directory)], check=False)
+            await trio.run_process(["rm", "-rf", "--", str(directory)], check=False)
     assert load_procs(directory) == {}
 
 
@@ -172,7 +208,9 @@ async def test_keeper_restarts_what_exits_and_stops_everything(tmp_path: Path) -
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(keeper.run)
-            while keeper.restarts["crashes"] < 1 or "up" not in (tmp_path / "stubborn.log").read_text():
+            stubborn_log = trio.Path(tmp_path / "stubborn.log")
+            # A child process's output: nothing in this process to wait on.
+            while keeper.restarts["crashes"] < 1 or "up" not in await stubborn_log.read_text():  # noqa: ASYNC110
                 await trio.sleep(0.05)
             status = json.loads((tmp_path / "procs.json").read_text())
             pids = {name: p["pid"] for name, p in status["processes"].items()}
@@ -212,4 +250,4 @@ async def test_demo_command_passes_and_leaves_nothing(require_root: None, requir
     finally:
         with trio.move_on_after(30, shield=True):
             await down(directory)
-        subprocess.run(["rm", "-rf", "--", str(directory)], check=False)
+            await trio.run_process(["rm", "-rf", "--", str(directory)], check=False)

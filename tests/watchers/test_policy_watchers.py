@@ -24,7 +24,7 @@ from flock.testing import (
     NETWORKPOLICIES,
     PODS,
     ApiServer,
-    Store,
+    ObjectStore,
     StoreSource,
     namespace_object,
     network_policy_object,
@@ -56,7 +56,7 @@ def serving_pod(namespace: str, name: str, node: str, ip: str, **labels: str) ->
 BOOKMARK_S = 0.5
 
 
-def watchers(store: Store, own_pods: bool = True) -> tuple[PolicyWatcher, PolicyInputs]:
+def watchers(store: ObjectStore, own_pods: bool = True) -> tuple[PolicyWatcher, PolicyInputs]:
     inputs = PolicyInputs()
     watcher = PolicyWatcher(
         StoreSource(store, NETWORKPOLICIES, bookmark_seconds=BOOKMARK_S),
@@ -68,7 +68,7 @@ def watchers(store: Store, own_pods: bool = True) -> tuple[PolicyWatcher, Policy
     return watcher, inputs
 
 
-def expected(store: Store) -> dict[str, dict[str, Any]]:
+def expected(store: ObjectStore) -> dict[str, dict[str, Any]]:
     """What the inputs must hold: every object of the store, as policy values."""
     from flock.policy import PolicyPod
 
@@ -89,7 +89,7 @@ def as_dicts(snap: PolicySnapshot) -> dict[str, dict[str, Any]]:
 
 
 async def test_inputs_follow_every_kind_and_generation_moves_only_on_change(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(NAMESPACES, namespace_object("x", {"ns": "x"}))
     store.create(NAMESPACES, namespace_object("y", {"ns": "y"}))
     store.create(PODS, serving_pod("x", "a", NODE, "2001:db8:0:1::a", pod="a"))
@@ -131,7 +131,7 @@ async def test_inputs_follow_every_kind_and_generation_moves_only_on_change(auto
 
 
 async def test_one_pod_informer_feeds_the_node_cache_and_the_policy_inputs(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(PODS, serving_pod("x", "a", NODE, "2001:db8:0:1::a"))
     store.create(PODS, serving_pod("x", "b", "node2", "2001:db8:0:2::b"))
     policy, inputs = watchers(store, own_pods=False)
@@ -261,7 +261,7 @@ async def test_inputs_outliving_their_watchers_lose_what_went_while_no_one_watch
     autojump_clock: trio.abc.Clock,
 ) -> None:
     # The agent keeps one PolicyInputs across API reconnects; each client gets new watchers.
-    store = Store()
+    store = ObjectStore()
     store.create(NAMESPACES, namespace_object("x", {"ns": "x"}))
     store.create(NETWORKPOLICIES, network_policy_object("x", "stays", DENY))
     store.create(NETWORKPOLICIES, network_policy_object("x", "goes", DENY))
