@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+from flock.nursery import Backoff
 from flock.policy import Kind, Namespace, NetworkPolicy, PolicyInputs, PolicySnapshot
 from flock.testing import (
     NAME_LABEL,
@@ -31,13 +32,11 @@ from flock.testing import (
     pod_object,
     serving,
 )
-from flock.watchers import Backoff, ChangeType, InformerSettings, PodWatcher, PolicyWatcher, open_kube_client
+from flock.watchers import ChangeType, InformerSettings, PodWatcher, PolicyWatcher, open_kube_client
 
 NODE = "node1"
 SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
-FAST = InformerSettings(
-    watch_seconds=2, request_seconds=1, relist_seconds=600, backoff=Backoff(initial=0.05, maximum=0.4)
-)
+FAST = InformerSettings(watch_seconds=2, request_seconds=1, relist_seconds=600, backoff=Backoff(initial=0.05, cap=0.4))
 DENY: dict[str, Any] = {"podSelector": {}}
 ALLOW_FROM_Y: dict[str, Any] = {
     "podSelector": {"matchLabels": {"pod": "a"}},
