@@ -37,7 +37,7 @@ from pathlib import Path
 from stats import parallel_rounds, rerun_in_node_namespace, summary  # bench/stats.py
 
 from flock.shim_bundle import build_shim
-from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import NETWORKPOLICIES, NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.testing.netns import netns_pool
 
 PLUGIN_DIR = "/usr/lib/cni"
@@ -247,7 +247,16 @@ def wait_ready(agent: subprocess.Popen, log: Path) -> int:
     raise RuntimeError("flock-agent did not become ready:\n" + log.read_text()[-2000:])
 
 
-def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
+# --policy: every bench pod is selected by a NetworkPolicy, so each ADD waits for its chains and set memberships.
+BENCH_POLICY = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"namespace": "bench", "name": "bench-ingress"},
+    "spec": {"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}], "ports": [{"port": 80}]}]},
+}
+
+
+def inside(parallel: list[int], rounds: list[int], before: str | None, policy: bool = False) -> dict:
     results: dict = {}
     seq = [0]
     with (
@@ -267,6 +276,9 @@ def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
                 f.start(api, work / "kubeconfig")
             for f in flocks:
                 f.ready()
+            if policy:
+                api.create(NETWORKPOLICIES, BENCH_POLICY)
+                time.sleep(1)  # the agents apply it (nothing to enforce yet: no bench pod exists)
             impls = [*flocks, Ptp(str(work / "host-local"))]
             for n, r in zip(parallel, rounds, strict=True):
                 figures = measure(impls, pool, api, n, r, seq)
@@ -312,20 +324,30 @@ def main() -> None:
     ap.add_argument(
         "--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side"
     )
+    ap.add_argument("--policy", action="store_true", help="a NetworkPolicy selects every bench pod")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parallel, rounds = parallel_rounds(ap, args)
     if args.inside:
-        results = inside(parallel, rounds, args.before)
+        results = inside(parallel, rounds, args.before, args.policy)
         print(
             json.dumps(
-                {"bench": "pods", "parallel": parallel, "rounds": rounds, "before": args.before, "results": results}
+                {
+                    "bench": "pods",
+                    "parallel": parallel,
+                    "rounds": rounds,
+                    "before": args.before,
+                    "policy": args.policy,
+                    "results": results,
+                }
             )
         )
         return
     extra = ["--parallel", args.parallel, "--rounds", args.rounds]
     if args.before:
         extra += ["--before", os.path.abspath(args.before)]
+    if args.policy:
+        extra.append("--policy")
     returncode = rerun_in_node_namespace(__file__, extra)
     sys.exit(returncode)
 

@@ -12,6 +12,8 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
     │   └── pod-watcher         → pod lookups for ADD
+    │   └── policy-watchers     NetworkPolicy, Namespace, Pod (cluster-wide) → PolicyInputs
+    ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── pods                    flock.pods.NodeBringUp: start-up, opens ADD, then NodeConfig changes
     └── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
 
@@ -42,6 +44,7 @@ from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec
 from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler
+from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
 from flock.rpc.server import RpcServer, SocketInUse
 from flock.state import NodeState
 from flock.store import StoreError, open_store
@@ -50,6 +53,7 @@ from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink
 from ._bird import BirdFollower, bgp_passwords, bird_inputs, session_monitor
 from ._cli import AgentSettings
 from ._crash import CrashPoint
+from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import Agent, FatalStartError, check_state_dir
 
 log = logging.getLogger("flock.agent")
@@ -64,7 +68,10 @@ STORE_REMEDY = (
 
 def node_state(node: str) -> NodeState:
     """The node's state with every readiness gate, in the order /readyz lists them."""
-    return NodeState(node, [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE])
+    return NodeState(
+        node,
+        [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE, POLICY_READY_GATE],
+    )
 
 
 def compose(
@@ -80,7 +87,20 @@ def compose(
     netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
     if settings.bird:
         watchers = (*watchers, bgp_passwords(settings.namespace, state))
-    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers)
+    policy_inputs = PolicyInputs()
+    policy_link = PolicyLink(policy_inputs)
+    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=(*watchers, policy_link.watchers))
+    policy = PolicyService(
+        inputs=policy_inputs,
+        local=state,
+        # in-process libnftables on a thread of its own, in the node's namespace (the kernel side of --host-netns)
+        applier=NftApplier(default_backend(settings.host_netns)),
+        node=settings.node,
+        host_ifname=netlink.host_ifname,
+        readiness=state,
+        watermark=policy_link,
+        metrics=PolicyMetrics(metrics.registry),
+    )
     handler = PodHandler(
         store=store,
         dataplane=netlink,
@@ -89,6 +109,7 @@ def compose(
         observe=metrics.observe,
         stage=metrics.stage,
         checkpoint=crash,
+        policy=policy,
     )
     bringup = NodeBringUp(
         handler=handler,
@@ -106,6 +127,7 @@ def compose(
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
         ChildSpec("api", api.run),
+        ChildSpec("policy", policy.run),
         ChildSpec("pods", bringup.run),
     ]
     if settings.bird:

@@ -4,7 +4,10 @@ from flock.lab._check import Probe, matrix_text, reachability, summary, wait_any
 from flock.lab._lifecycle import agent_ready, api_client, down, up
 from flock.lab._nsio import in_netns, netns_path, run_in
 from flock.lab._plan import LabPlan, NodePlan
-from flock.lab._pods import CniFailure, LabPod, load_pods, pod_add, pod_check, pod_del
+from flock.lab._pods import CniFailure, LabPod, load_pods, pod_add, pod_check, pod_del, pod_label
+from flock.lab._policy import apply_objects, delete, ns_add, ns_label, server_version, wait_applied
+from flock.lab._ports import PortSpec
+from flock.lab._probe import Endpoint, ProbeResult, matrix, probe_all, probe_one
 from flock.lab._runtime import CniParams, PluginOutcome, exec_conflist, exec_plugin, load_conflist
 from flock.lab._state import LabError, LabState, load_procs, load_state, process_refs
 from flock.lab._status import status, status_text
@@ -12,15 +15,20 @@ from flock.lab._status import status, status_text
 __all__ = [
     "CniFailure",
     "CniParams",
+    "Endpoint",
     "LabError",
     "LabPlan",
     "LabPod",
     "LabState",
     "NodePlan",
     "PluginOutcome",
+    "PortSpec",
     "Probe",
+    "ProbeResult",
     "agent_ready",
     "api_client",
+    "apply_objects",
+    "delete",
     "down",
     "exec_conflist",
     "exec_plugin",
@@ -29,17 +37,25 @@ __all__ = [
     "load_pods",
     "load_procs",
     "load_state",
+    "matrix",
     "matrix_text",
     "netns_path",
+    "ns_add",
+    "ns_label",
     "pod_add",
     "pod_check",
     "pod_del",
+    "pod_label",
+    "probe_all",
+    "probe_one",
     "process_refs",
     "reachability",
     "run_in",
+    "server_version",
     "status",
     "status_text",
     "summary",
     "up",
     "wait_anycast_routes",
+    "wait_applied",
 ]

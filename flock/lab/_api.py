@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from typing import Any
 
@@ -32,8 +33,12 @@ class ApiClient:
         path = f"{res.prefix}/namespaces/{namespace}/{res.plural}" if res.namespaced else f"{res.prefix}/{res.plural}"
         return path if name is None else f"{path}/{name}"
 
-    async def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-        status, data = await trio.to_thread.run_sync(http_in, self.netns, self.host, self.port, method, path, body)
+    async def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        status, data = await trio.to_thread.run_sync(
+            http_in, self.netns, self.host, self.port, method, path, body, 5.0, content_type
+        )
         if status >= 300:
             raise ApiError(method, path, status, data)
         return json.loads(data)
@@ -58,3 +63,19 @@ class ApiClient:
     async def list(self, res: Resource) -> list[dict[str, Any]]:
         path = f"{res.prefix}/{res.plural}"
         return (await self._call("GET", path))["items"]
+
+    async def replace(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self._call("PUT", self._path(res, meta.get("namespace"), meta["name"]), obj)
+
+    async def patch(
+        self, res: Resource, name: str, patch: dict[str, Any], namespace: str | None = None, subresource: str = ""
+    ) -> dict[str, Any]:
+        """A JSON merge patch (``subresource="status"``: the status only, as the kubelet writes it)."""
+        path = self._path(res, namespace, name) + (f"/{subresource}" if subresource else "")
+        return await self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    async def list_with_version(self, res: Resource) -> tuple[builtins.list[dict[str, Any]], int]:
+        """Every object of *res* and the list's resourceVersion (the API server's newest)."""
+        body = await self._call("GET", f"{res.prefix}/{res.plural}")
+        return body["items"], int(body["metadata"]["resourceVersion"])

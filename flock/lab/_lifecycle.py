@@ -53,6 +53,8 @@ from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
 from flock.testing import NODECONFIGS, SECRETS, write_kubeconfig
 
 READY_DEADLINE_S = 60.0
+# BOOKMARKs move every agent's watches on while nothing changes: `policy wait` needs no more than this.
+APISERVER_BOOKMARK_S = 0.2
 KILL_WAIT_S = 5.0
 SPEC_FILE = "spec.json"
 KEEPER_LOG = "keeper.log"
@@ -154,6 +156,8 @@ def process_specs(plan: LabPlan, nodes: bool = True) -> list[ProcessSpec]:
                 str(FABRIC6),
                 "--port",
                 str(APISERVER_PORT),
+                "--bookmark-interval",
+                str(APISERVER_BOOKMARK_S),
             ),
             plan.dir / "apiserver.log",
             env,

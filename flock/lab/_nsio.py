@@ -16,7 +16,7 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -43,11 +43,11 @@ async def run_in(
     )
 
 
-def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> socket.socket:
-    """A TCP socket connected to host:port from inside *netns* (blocking)."""
+def _on_fresh_thread_in(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
+    """``make()`` on a new OS thread that first enters *netns*; the thread then ends (blocking)."""
     outcome: list[Any] = []
 
-    def enter_and_connect() -> None:
+    def enter_and_make() -> None:
         try:
             fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -57,11 +57,11 @@ def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> sock
                     raise OSError(err, f"setns({netns}): {os.strerror(err)}")
             finally:
                 os.close(fd)
-            outcome.append(socket.create_connection((host, port), timeout=connect_timeout))
+            outcome.append(make())
         except OSError as exc:
             outcome.append(exc)
 
-    thread = threading.Thread(target=enter_and_connect, name=f"connect-in-{netns}", daemon=True)
+    thread = threading.Thread(target=enter_and_make, name=f"in-{netns}", daemon=True)
     thread.start()
     thread.join()
     if isinstance(outcome[0], OSError):
@@ -69,8 +69,31 @@ def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> sock
     return outcome[0]
 
 
+def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> socket.socket:
+    """A TCP socket connected to host:port from inside *netns* (blocking)."""
+    return _on_fresh_thread_in(netns, lambda: socket.create_connection((host, port), timeout=connect_timeout))
+
+
+def socket_in(netns: str, family: int, kind: int) -> socket.socket:
+    """A new non-blocking socket of *netns* (blocking call; the socket stays in *netns* wherever it is used)."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(family, kind)
+        sock.setblocking(False)
+        return sock
+
+    return _on_fresh_thread_in(netns, make)
+
+
 def http_in(
-    netns: str, host: str, port: int, method: str, path: str, body: Any = None, io_timeout: float = 5.0
+    netns: str,
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    io_timeout: float = 5.0,
+    content_type: str = "application/json",
 ) -> tuple[int, bytes]:
     """One HTTP/1.1 request from inside *netns*; (status, body). Blocking."""
     sock = connect_in(netns, host, port, io_timeout)
@@ -79,7 +102,7 @@ def http_in(
     try:
         payload = None if body is None else json.dumps(body).encode()
         headers = (
-            {"Content-Type": "application/json", "Accept": "application/json"}
+            {"Content-Type": content_type, "Accept": "application/json"}
             if payload is not None
             else {"Accept": "application/json"}
         )

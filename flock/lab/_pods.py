@@ -21,10 +21,13 @@ from flock.lab._api import ApiError
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import netns_path
 from flock.lab._plan import LabPlan, NodePlan
+from flock.lab._podserver import start_server, stop_server
+from flock.lab._ports import PortSpec
+from flock.lab._procs import ProcRef
 from flock.lab._runtime import CniParams, PluginOutcome, exec_conflist, load_conflist
 from flock.lab._state import LabError
 from flock.model import ANNOTATION_PREFIX
-from flock.testing import PODS, pod_object
+from flock.testing import NAMESPACES, PODS, namespace_object, pod_object
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
@@ -41,6 +44,9 @@ class LabPod:
     annotations: Mapping[str, str] = attrs.field(hash=False)
     result: Mapping[str, Any] = attrs.field(hash=False)  # the CNI result of ADD
     if_name: str = "eth0"
+    labels: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    ports: tuple[PortSpec, ...] = ()  # declared containerPorts; TCP and UDP ones are served
+    server: ProcRef | None = None  # the pod's port server (flock.lab._serve)
 
     @property
     def key(self) -> str:
@@ -66,12 +72,30 @@ class LabPod:
         raw = self.annotations.get(ANNOTATION_PREFIX + "anycast", "")
         return [a.strip() for a in raw.split(",") if a.strip()]
 
+    @property
+    def port_specs(self) -> tuple[PortSpec, ...]:
+        return self.ports
+
     def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "annotations": dict(self.annotations), "result": dict(self.result)}
+        return {
+            **attrs.asdict(self, recurse=False),
+            "annotations": dict(self.annotations),
+            "result": dict(self.result),
+            "labels": dict(self.labels),
+            "ports": [p.to_json() for p in self.ports],
+            "server": None if self.server is None else attrs.asdict(self.server),
+        }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LabPod:
-        return cls(**obj)
+        server = obj.get("server")
+        return cls(
+            **{
+                **obj,
+                "ports": tuple(PortSpec.from_json(p) for p in obj.get("ports", ())),
+                "server": None if server is None else ProcRef(**server),
+            }
+        )
 
 
 def parse_pod_key(key: str) -> tuple[str, str]:
@@ -81,6 +105,17 @@ def parse_pod_key(key: str) -> tuple[str, str]:
             f"pod {key!r}: expected NAMESPACE/NAME in lowercase letters, digits and '-' (e.g. default/web-1)"
         )
     return namespace, name
+
+
+def parse_labels(pairs: Sequence[str], option: str = "--label") -> dict[str, str]:
+    """``KEY=VALUE`` pairs, as they are (the API server checks the syntax)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise LabError(f"{option} {pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
 
 
 def parse_annotations(pairs: Sequence[str]) -> dict[str, str]:
@@ -162,6 +197,30 @@ async def _call(
     return await exec_conflist(node.netns, str(node.cni_bin), conflist, command, att, prev)
 
 
+async def ensure_namespace(plan: LabPlan, namespace: str) -> None:
+    """Create the Namespace (no labels of its own) unless it exists: ``pod add`` into a new namespace works."""
+    api = api_client(plan)
+    try:
+        await api.get(NAMESPACES, namespace)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        try:
+            await api.create(NAMESPACES, namespace_object(namespace))
+        except ApiError as again:
+            if again.status != 409:
+                raise
+
+
+def pod_status(pod: LabPod, node: NodePlan) -> dict[str, Any]:
+    """The status the kubelet would write once the sandbox runs: podIPs from the CNI result."""
+    ips = pod.addresses(6) + pod.addresses(4)
+    status: dict[str, Any] = {"phase": "Running", "hostIP": str(node.addr6), "podIPs": [{"ip": ip} for ip in ips]}
+    if ips:
+        status["podIP"] = ips[0]
+    return status
+
+
 async def pod_add(
     plan: LabPlan,
     node_name: str,
@@ -169,9 +228,14 @@ async def pod_add(
     annotations: Mapping[str, str] | None = None,
     image: str = "registry.example/app:1",
     owner: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    ports: Sequence[PortSpec] = (),
 ) -> LabPod:
-    """Create the Pod, its namespace, and ADD it through the node's installed shim.
+    """Create the Pod (and its Namespace if need be), its network namespace, ADD it
+    through the node's installed shim, write its status, and start its port server.
 
+    *labels* default to ``app=<name>``.  A pod that declares ports is dual-stack
+    unless an ``ipv4`` annotation says otherwise, and serves each TCP and UDP port.
     A failed ADD is undone as a runtime undoes it (DEL, namespace and Pod
     removed) and raises :class:`CniFailure` with the plugin's error."""
     namespace, name = parse_pod_key(key)
@@ -182,7 +246,21 @@ async def pod_add(
     if _cache_path(plan, namespace, name).exists():
         raise LabError(f"pod {key} exists already (flock-lab pod del {key} first)")
     annotations = dict(annotations or {})
-    obj = pod_object(namespace, name, node.name, annotations=annotations, image=image, labels={"app": name})
+    if ports:
+        annotations.setdefault(ANNOTATION_PREFIX + "ipv4", "true")
+    labels = dict(labels) if labels else {"app": name}
+    names = [p.name for p in ports if p.name]
+    if len(set(names)) != len(names):
+        raise LabError(f"pod {key}: port names must be unique, got {', '.join(names)}")
+    obj = pod_object(
+        namespace,
+        name,
+        node.name,
+        annotations=annotations,
+        image=image,
+        labels=labels,
+        ports=[p.container_port() for p in ports],
+    )
     if owner is not None:
         kind, sep, owner_name = owner.partition("/")
         if not sep or not kind or not owner_name:
@@ -197,9 +275,21 @@ async def pod_add(
             }
         ]
     api = api_client(plan)
+    await ensure_namespace(plan, namespace)
     created = await api.create(PODS, obj)
     netns = _pod_netns(plan, namespace, name)
-    pod = LabPod(namespace, name, node.name, created["metadata"]["uid"], secrets.token_hex(32), netns, annotations, {})
+    pod = LabPod(
+        namespace,
+        name,
+        node.name,
+        created["metadata"]["uid"],
+        secrets.token_hex(32),
+        netns,
+        annotations,
+        {},
+        labels=created["metadata"].get("labels") or {},
+        ports=tuple(ports),
+    )
     try:
         await trio.to_thread.run_sync(_make_netns, netns)
         outcome = await _call(plan, node, "ADD", pod.cni_params, None)
@@ -207,15 +297,36 @@ async def pod_add(
             raise CniFailure("ADD", key, outcome)
         pod = attrs.evolve(pod, result=outcome.json)
         _save(plan, pod)
+        await api.patch(PODS, name, {"status": pod_status(pod, node)}, namespace, subresource="status")
+        served = [p for p in ports if p.protocol in ("TCP", "UDP")]
+        if served:
+            ref = await start_server(netns, key, served, plan.pods_dir / f"{namespace}_{name}.serve")
+            pod = attrs.evolve(pod, server=ref)
+            _save(plan, pod)
     except BaseException:
         with trio.move_on_after(10, shield=True):
+            if pod.server is not None:
+                await stop_server(pod.server)
             await _call(plan, node, "DEL", pod.cni_params, None)
             await trio.to_thread.run_sync(_delete_netns, netns)
             try:
                 await api.delete(PODS, name, namespace)
             except (ApiError, OSError):
                 pass
+            _cache_path(plan, namespace, name).unlink(missing_ok=True)
         raise
+    return pod
+
+
+async def pod_label(plan: LabPlan, key: str, set_labels: Mapping[str, str], remove: Sequence[str]) -> LabPod:
+    """Set and remove labels of the Pod (one merge patch); the lab's record follows."""
+    pod = load_pod(plan, key)
+    if not set_labels and not remove:
+        raise LabError(f"pod label {key}: nothing to change (give KEY=VALUE pairs or --remove KEY)")
+    patch: dict[str, Any] = {**{k: None for k in remove}, **dict(set_labels)}
+    updated = await api_client(plan).patch(PODS, pod.name, {"metadata": {"labels": patch}}, pod.namespace)
+    pod = attrs.evolve(pod, labels=updated["metadata"].get("labels") or {})
+    _save(plan, pod)
     return pod
 
 
@@ -232,6 +343,8 @@ async def pod_del(plan: LabPlan, key: str) -> LabPod:
     """DEL with the cached result, then the namespace, the Pod object and the cache entry.
     A failed DEL raises CniFailure and keeps everything, so it can be retried."""
     pod = load_pod(plan, key)
+    if pod.server is not None:
+        await stop_server(pod.server)
     outcome = await _call(plan, plan.node(pod.node), "DEL", pod.cni_params, pod.result)
     if not outcome.ok:
         raise CniFailure("DEL", key, outcome)
@@ -242,4 +355,6 @@ async def pod_del(plan: LabPlan, key: str) -> LabPod:
         if exc.status != 404:
             raise
     _cache_path(plan, pod.namespace, pod.name).unlink()
+    for leftover in plan.pods_dir.glob(f"{pod.namespace}_{pod.name}.serve*"):
+        leftover.unlink()
     return pod

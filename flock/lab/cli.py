@@ -16,7 +16,10 @@ from flock.lab._check import matrix_text, reachability, summary, wait_anycast_ro
 from flock.lab._image import add_image_arguments, image_settings
 from flock.lab._lifecycle import down, up
 from flock.lab._plan import DEFAULT_DIR, LabPlan
-from flock.lab._pods import LabPod, load_pods, parse_annotations, pod_add, pod_check, pod_del
+from flock.lab._pods import LabPod, load_pods, parse_annotations, parse_labels, pod_add, pod_check, pod_del
+from flock.lab._policy_cli import add_commands as add_policy_commands
+from flock.lab._policy_cli import run_command as run_policy_command
+from flock.lab._ports import PortSpec
 from flock.lab._state import LabError, require_state
 from flock.lab._status import status, status_text
 
@@ -70,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_image_arguments(s)
     pod = sub.add_parser("pod", help="add, check or delete a pod").add_subparsers(dest="pod_command", required=True)
     s = pod.add_parser("add", parents=[common], help="create a Pod and attach it through the installed CNI plugin")
+    pod_add_parser = s
     s.add_argument("node")
     s.add_argument("pod", metavar="NAMESPACE/NAME")
     s.add_argument(
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("del", "CNI DEL, then remove the pod"), ("check", "CNI CHECK with the cached result")):
         s = pod.add_parser(name, parents=[common], help=what)
         s.add_argument("pod", metavar="NAMESPACE/NAME")
+    add_policy_commands(sub, pod, pod_add_parser, common)
     return p
 
 
@@ -172,6 +177,8 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "demo":
         return await _demo(args)
+    if (code := await run_policy_command(args)) is not None:
+        return code
     state = require_state(args.dir)
     plan = state.plan
     if args.command == "status":
@@ -181,7 +188,16 @@ async def run(args: argparse.Namespace) -> int:
     if args.command == "check":
         return await _check(args, plan)
     if args.pod_command == "add":
-        pod = await pod_add(plan, args.node, args.pod, parse_annotations(args.annotation), args.image, args.owner)
+        pod = await pod_add(
+            plan,
+            args.node,
+            args.pod,
+            parse_annotations(args.annotation),
+            args.image,
+            args.owner,
+            labels=parse_labels(args.label),
+            ports=[PortSpec.parse(p) for p in args.port],
+        )
         _out(args, pod.to_json(), json.dumps(dict(pod.result), indent=2))
         return 0
     if args.pod_command == "check":

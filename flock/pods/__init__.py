@@ -24,7 +24,16 @@ from flock.pods._errors import (
 )
 from flock.pods._handler import ADD_DEADLINE_S, ADD_GATE, POD_LOOKUP_DEADLINE_S, VALID_ATTACHMENTS, PodHandler
 from flock.pods._locks import KeyedLocks
-from flock.pods._protocols import AllocationStore, Checkpoint, CleanupReport, Dataplane, NoCheckpoint, PodLookup
+from flock.pods._protocols import (
+    AllocationStore,
+    Checkpoint,
+    CleanupReport,
+    Dataplane,
+    NoCheckpoint,
+    NoPolicy,
+    PodLookup,
+    PolicyGate,
+)
 from flock.pods._result import cni_result, prev_result_addresses, result_addresses
 from flock.rpc import PENDING_DELETES  # the shim's journal of DELs, replayed at start-up
 
@@ -49,6 +58,7 @@ __all__ = [
     "InvalidNetworkConfig",
     "KeyedLocks",
     "NoCheckpoint",
+    "NoPolicy",
     "NodeBringUp",
     "NotReady",
     "PodHandler",
@@ -57,6 +67,7 @@ __all__ = [
     "PodNotFound",
     "PodOperationError",
     "PodRef",
+    "PolicyGate",
     "Unavailable",
     "UnknownContainer",
     "cni_error",

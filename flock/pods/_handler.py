@@ -46,7 +46,7 @@ from ._errors import (
     UnknownContainer,
 )
 from ._locks import KeyedLocks
-from ._protocols import AllocationStore, Checkpoint, Dataplane, NoCheckpoint, PodLookup
+from ._protocols import AllocationStore, Checkpoint, Dataplane, NoCheckpoint, NoPolicy, PodLookup, PolicyGate
 from ._result import cni_result, prev_result_addresses, prev_result_macs, result_addresses
 
 log = logging.getLogger("flock.pods")
@@ -114,6 +114,7 @@ class PodHandler:
     observe: Observer = _no_observer
     stage: StageObserver = _no_stage
     checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
+    policy: PolicyGate = attrs.field(factory=NoPolicy)
     add_deadline: float = ADD_DEADLINE_S
     clock: Callable[[], float] = time.time
     rng: random.Random = attrs.field(factory=random.SystemRandom)
@@ -261,6 +262,9 @@ class PodHandler:
         try:
             macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
             lap("netlink")
+            # NetworkPolicy before the pod runs: its rules and set memberships are in the kernel first.
+            await self.policy.ensure(alloc)
+            lap("policy")
             self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
             lap("store_commit")

@@ -72,6 +72,22 @@ class PodLookup(Protocol):
     async def fetch_pod(self, namespace: str, name: str) -> PodInfo | None: ...
 
 
+class PolicyGate(Protocol):
+    """NetworkPolicy before the pod runs: ADD awaits :meth:`ensure` after the
+    netlink setup and before it commits (flock.policy.PolicyService is one).
+    It returns once this node's kernel enforces the pod's policies; ADD's
+    deadline bounds the wait."""
+
+    async def ensure(self, alloc: Allocation) -> None: ...
+
+
+class NoPolicy:
+    """No NetworkPolicy enforcement (tests of ADD alone)."""
+
+    async def ensure(self, alloc: Allocation) -> None:
+        return None
+
+
 class Checkpoint(Protocol):
     """Told each named step of ADD as it is reached (the crash tests kill the agent there)."""
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, status_object
-from ._store import ObjectStore
+from ._store import ObjectStore, merge_patch
 
 log = logging.getLogger("flock.testing.apiserver")
 
@@ -200,6 +200,20 @@ class HttpFrontend:
                 return _json(self.store.patch(res, name, await _body(request), ns))
             return _json(self.store.delete(res, name, ns))
 
+        async def status(request: web.Request) -> web.StreamResponse:
+            ns, name = request.match_info.get("namespace"), request.match_info["name"]
+            if request.method == "GET":
+                return _json(self.store.get(res, name, ns))
+            body = await _body(request)
+            if request.method == "PUT":
+                rv = (body.get("metadata") or {}).get("resourceVersion")
+                return _json(self.store.set_status(res, name, body.get("status"), ns, rv))
+            if request.content_type not in _MERGE_PATCH_TYPES:
+                raise StatusError(415, f"flock.testing applies merge patches only, got {request.content_type}")
+            current = self.store.get(res, name, ns)
+            merged = merge_patch(current.get("status"), body.get("status") or {})
+            return _json(self.store.set_status(res, name, merged, ns, current["metadata"]["resourceVersion"]))
+
         if res.namespaced:
             app.router.add_get(f"{res.prefix}/{res.plural}", collection)
             base = f"{res.prefix}/namespaces/{{namespace}}/{res.plural}"
@@ -209,6 +223,8 @@ class HttpFrontend:
         app.router.add_route("POST", base, collection)
         for method in ("GET", "PUT", "PATCH", "DELETE"):
             app.router.add_route(method, base + "/{name}", item)
+        for method in ("GET", "PUT", "PATCH"):
+            app.router.add_route(method, base + "/{name}/status", status)
 
     async def _list_or_watch(self, request: web.Request, res: Resource, ns: str | None) -> web.StreamResponse:
         q = request.query

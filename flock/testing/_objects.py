@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -14,9 +14,16 @@ def pod_object(
     annotations: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     image: str = "registry.example/app:1",
+    ports: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A Pod as a client would POST it (``spec.containers`` filled in, as the API requires)."""
-    spec: dict[str, Any] = {"containers": [{"name": "app", "image": image}]}
+    """A Pod as a client would POST it (``spec.containers`` filled in, as the API requires).
+
+    *ports* are the container's ``ports`` (``{"name": "http", "containerPort": 80, "protocol": "TCP"}``).
+    """
+    container: dict[str, Any] = {"name": "app", "image": image}
+    if ports:
+        container["ports"] = [dict(p) for p in ports]
+    spec: dict[str, Any] = {"containers": [container]}
     if node:
         spec["nodeName"] = node
     return {
@@ -39,6 +46,21 @@ def nodeconfig_object(name: str, cidr6: str = "2001:db8:0:1::/64", **spec: Any) 
         "kind": "NodeConfig",
         "metadata": {"name": name},
         "spec": {"cidr6": cidr6, **spec},
+    }
+
+
+def namespace_object(name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Namespace; the API server adds the ``kubernetes.io/metadata.name`` label."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels or {})}}
+
+
+def network_policy_object(namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A networking.k8s.io/v1 NetworkPolicy with *spec* as it is."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": dict(spec),
     }
 
 

@@ -31,5 +31,9 @@ PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=Tr
 NODECONFIGS = Resource(
     group="flock.fritzlab.net", version="v1alpha1", plural="nodeconfigs", kind="NodeConfig", namespaced=False
 )
+NAMESPACES = Resource(group="", version="v1", plural="namespaces", kind="Namespace", namespaced=False)
+NETWORKPOLICIES = Resource(
+    group="networking.k8s.io", version="v1", plural="networkpolicies", kind="NetworkPolicy", namespaced=True
+)
 SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
-RESOURCES = (PODS, NODECONFIGS, SECRETS)
+RESOURCES = (PODS, NODECONFIGS, SECRETS, NAMESPACES, NETWORKPOLICIES)

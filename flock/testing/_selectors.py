@@ -13,6 +13,8 @@ from ._status import StatusError
 SUPPORTED_FIELDS = {
     "Pod": ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"),
     "NodeConfig": ("metadata.name", "metadata.namespace"),
+    "Namespace": ("metadata.name", "metadata.namespace", "status.phase"),
+    "NetworkPolicy": ("metadata.name", "metadata.namespace"),
     "Secret": ("metadata.name", "metadata.namespace", "type"),
 }
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ._http import HttpFrontend
-from ._resources import NODECONFIGS, PODS, SECRETS, Resource
+from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector
 from ._store import ObjectStore
 
@@ -155,6 +155,9 @@ class ApiServer:
     def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         return self.store.get(resource, name, namespace)
 
+    def set_status(self, resource: Resource, name: str, status: Any, namespace: str | None = None) -> dict[str, Any]:
+        return self.store.set_status(resource, name, status, namespace)
+
     def list(self, resource: Resource, field_selector: str = "") -> list[dict[str, Any]]:
         items, _ = self.store.list(resource, None, FieldSelector.parse(field_selector, resource.kind))
         return [json.loads(json.dumps(o)) for o in items]
@@ -193,12 +196,12 @@ def load_objects(store: ObjectStore, path: str | os.PathLike[str]) -> int:
     """Create the objects in a JSON file (a list, or a List object with ``items``); returns how many."""
     data = json.loads(Path(path).read_text())
     items = data.get("items", []) if isinstance(data, dict) else data
-    by_kind = {r.kind: r for r in (PODS, NODECONFIGS, SECRETS)}
+    by_kind = {r.kind: r for r in RESOURCES}
     for obj in items:
         kind = obj.get("kind") if isinstance(obj, dict) else None
         if kind not in by_kind:
             raise SystemExit(
-                f"{os.fspath(path)}: cannot load object of kind {kind!r}: expected Pod, NodeConfig or Secret"
+                f"{os.fspath(path)}: cannot load object of kind {kind!r}: expected one of {', '.join(by_kind)}"
             )
         store.create(by_kind[kind], obj)
     return len(items)

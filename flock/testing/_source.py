@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -30,7 +30,8 @@ class StoreSource:
     """List/watch/get *resource* objects of *store* matching *field_selector*.
 
     ``fail_lists`` makes the next lists raise TransientKubeError (a 5xx burst);
-    ``watch_seconds_cap`` ends watches early, cleanly (a proxy with a short timeout).
+    ``watch_seconds_cap`` ends watches early, cleanly (a proxy with a short timeout);
+    ``bookmark_seconds`` sends a BOOKMARK at the store's version after that long without an event.
     """
 
     store: ObjectStore
@@ -41,6 +42,7 @@ class StoreSource:
     lists: int = 0  # lists served
     watches: int = 0  # watches opened
     watch_seconds_cap: float | None = None  # end every watch this soon (a proxy cutting streams)
+    bookmark_seconds: float | None = None
     _open: set[trio.MemorySendChannel[Mapping[str, Any]]] = attrs.field(init=False, factory=set)
 
     def restart_server(self, store: ObjectStore | None = None) -> None:
@@ -108,18 +110,31 @@ class StoreSource:
         self._open.add(send)
         try:
             with receive:
-                yield _Events(receive, trio.current_time() + timeout_seconds)
+                yield _Events(receive, trio.current_time() + timeout_seconds, self.bookmark_seconds, self._bookmark)
         finally:
             self._open.discard(send)
             sub.close()
 
+    def _bookmark(self) -> Mapping[str, Any]:
+        return {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": self.resource.kind,
+                "apiVersion": self.resource.api_version,
+                "metadata": {"resourceVersion": str(self.store.resource_version)},
+            },
+        }
+
 
 @attrs.define(eq=False)
 class _Events:
-    """Events until *deadline* (the server's timeoutSeconds) or an ERROR event."""
+    """Events until *deadline* (the server's timeoutSeconds) or an ERROR event;
+    a BOOKMARK after *bookmark_seconds* without one."""
 
     receive: trio.MemoryReceiveChannel[Mapping[str, Any]]
     deadline: float
+    bookmark_seconds: float | None
+    bookmark: Callable[[], Mapping[str, Any]]
     done: bool = False
 
     def __aiter__(self) -> _Events:
@@ -129,7 +144,16 @@ class _Events:
         if not self.done:
             with trio.move_on_at(self.deadline):
                 try:
-                    event = await self.receive.receive()
+                    if self.bookmark_seconds is None:
+                        event = await self.receive.receive()
+                    else:
+                        with trio.move_on_after(self.bookmark_seconds):
+                            event = await self.receive.receive()
+                            self.done = event.get("type") == "ERROR"
+                            return event
+                        # Writes on this thread deliver synchronously, so nothing older than
+                        # the store's version is still on its way (writers on other threads: no bookmarks).
+                        return self.bookmark()
                 except trio.EndOfChannel:
                     raise TransientKubeError("connection reset: the API server restarted") from None
                 self.done = event.get("type") == "ERROR"

@@ -23,7 +23,8 @@ from typing import Any
 
 import attrs
 
-from ._resources import PODS, SECRETS, Resource
+from ._admission import admit, invalid
+from ._resources import SECRETS, Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, expired
 
@@ -157,6 +158,7 @@ class ObjectStore:
                 )
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
+            meta["generation"] = 1
             return self._commit(resource, key, "ADDED", None, new)
 
     def update(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
@@ -178,9 +180,28 @@ class ObjectStore:
             old = self._objects.get((resource, self._ns(resource, namespace), name))
             if old is None:
                 raise _not_found(resource, name)
-            merged = _merge_patch(copy.deepcopy(dict(old)), patch)
+            merged = merge_patch(copy.deepcopy(dict(old)), patch)
             merged.setdefault("metadata", {})["name"] = name
             return self._replace_locked(resource, self._validated(resource, merged, namespace))
+
+    def set_status(
+        self,
+        resource: Resource,
+        name: str,
+        status: Any,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace only ``status`` (the ``/status`` subresource, as the kubelet writes podIPs)."""
+        with self._lock:
+            old = self._objects.get((resource, self._ns(resource, namespace), name))
+            if old is None:
+                raise _not_found(resource, name)
+            new = copy.deepcopy(dict(old))
+            new["status"] = copy.deepcopy(status)
+            if resource_version:
+                new["metadata"]["resourceVersion"] = resource_version
+            return self._replace_locked(resource, self._validated(resource, new, namespace))
 
     def _replace_locked(self, resource: Resource, new: dict[str, Any]) -> dict[str, Any]:
         meta = new["metadata"]
@@ -198,6 +219,12 @@ class ObjectStore:
             )
         meta["uid"] = old["metadata"]["uid"]
         meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        # As kube-apiserver: the generation counts changes of the desired state (spec), not of metadata or status.
+        generation = old["metadata"].get("generation", 1)
+        meta["generation"] = generation + 1 if new.get("spec") != old.get("spec") else generation
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return copy.deepcopy(dict(old))  # a write that changes nothing is no change: no new version, no event
         return self._commit(resource, key, "MODIFIED", old, new)
 
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -306,10 +333,10 @@ class ObjectStore:
         new = copy.deepcopy(dict(obj))
         meta = new.setdefault("metadata", {})
         if not isinstance(meta, dict):
-            raise _invalid(resource, "?", "metadata", meta, "must be an object")
+            raise invalid(resource, "?", "metadata", meta, "must be an object")
         name = meta.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise _invalid(resource, str(name), "metadata.name", name, "must be a lowercase RFC 1123 subdomain")
+            raise invalid(resource, str(name), "metadata.name", name, "must be a lowercase RFC 1123 subdomain")
         if resource.namespaced:
             ns = namespace or meta.get("namespace") or "default"
             if meta.get("namespace") not in (None, ns):
@@ -321,18 +348,8 @@ class ObjectStore:
             meta.pop("namespace", None)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
         if resource == SECRETS:
-            return _secret(new, name)
-        spec = new.get("spec")
-        if not isinstance(spec, dict):
-            raise _invalid(resource, name, "spec", spec, "Required value")
-        if resource == PODS:
-            containers = spec.get("containers")
-            if not isinstance(containers, list) or not containers:
-                raise _invalid(resource, name, "spec.containers", containers, "Required value")
-            for i, c in enumerate(containers):
-                if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
-                    raise _invalid(resource, name, f"spec.containers[{i}]", c, "name and image are required")
-        return new
+            return _secret(new, str(name))
+        return admit(resource, new)
 
 
 def _secret(new: dict[str, Any], name: str) -> dict[str, Any]:
@@ -340,28 +357,28 @@ def _secret(new: dict[str, Any], name: str) -> dict[str, Any]:
     (base64), every ``data`` value base64, keys as Kubernetes allows them."""
     data = new.get("data") or {}
     if not isinstance(data, dict):
-        raise _invalid(SECRETS, name, "data", "<object>", "must be a map of key to base64 value")
+        raise invalid(SECRETS, name, "data", "<object>", "must be a map of key to base64 value")
     string_data = new.pop("stringData", None) or {}
     if not isinstance(string_data, dict):
-        raise _invalid(SECRETS, name, "stringData", "<object>", "must be a map of key to string")
+        raise invalid(SECRETS, name, "stringData", "<object>", "must be a map of key to string")
     for key, value in string_data.items():
         if not isinstance(value, str):
-            raise _invalid(SECRETS, name, f"stringData[{key}]", "<value>", "must be a string")
+            raise invalid(SECRETS, name, f"stringData[{key}]", "<value>", "must be a string")
         data[key] = base64.b64encode(value.encode()).decode()
     for key, value in data.items():
         if not isinstance(key, str) or not _SECRET_KEY.match(key):
-            raise _invalid(SECRETS, name, "data", key, "keys must consist of alphanumeric characters, '-', '_' or '.'")
+            raise invalid(SECRETS, name, "data", key, "keys must consist of alphanumeric characters, '-', '_' or '.'")
         try:
             base64.b64decode(value, validate=True)
         except (TypeError, ValueError):
             # Never echo a value: it is a secret.
-            raise _invalid(SECRETS, name, f"data[{key}]", "<value>", "must be base64") from None
+            raise invalid(SECRETS, name, f"data[{key}]", "<value>", "must be base64") from None
     new["data"] = data
     new.setdefault("type", "Opaque")
     return new
 
 
-def _merge_patch(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     result = dict(target) if isinstance(target, Mapping) else {}
@@ -369,7 +386,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = _merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value)
     return result
 
 
@@ -380,14 +397,6 @@ def _now() -> str:
 def _not_found(resource: Resource, name: str) -> StatusError:
     group = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
     return StatusError(404, f'{group} "{name}" not found', details={"name": name, "kind": resource.plural})
-
-
-def _invalid(resource: Resource, name: str, field: str, value: Any, why: str) -> StatusError:
-    return StatusError(
-        422,
-        f'{resource.kind} "{name}" is invalid: {field}: {why} (got {value!r})',
-        details={"name": name, "kind": resource.kind, "causes": [{"field": field, "message": why}]},
-    )
 
 
 __all__ = ["ObjectStore", "Subscription"]

@@ -1,4 +1,5 @@
-"""This node's NodeConfig and pods from the API server (list+watch informers).
+"""This node's NodeConfig and pods, and the cluster's NetworkPolicies, Namespaces
+and Pods, from the API server (list+watch informers).
 
 The only package (with flock.testing) that imports asyncio or kubernetes-asyncio.
 The agent opens one client and hands the watchers to its supervisor::
@@ -11,6 +12,11 @@ The agent opens one client and hands the watchers to its supervisor::
     cfg = await nodeconfig.wait_changed(last_seen)               # NodeConfig changed
     with pods.subscribe() as changes: async for c in changes: …  # pod added/modified/deleted
     pod = await pods.lookup(namespace, name)                     # ADD: ≤3 s in cache, then one GET
+
+With NetworkPolicy (see :mod:`flock.watchers._policy`), one informer watches every pod::
+
+        policy = PolicyWatcher(kube.network_policies(), kube.namespaces(), inputs)
+        pods = PodWatcher(kube.all_pods(), node, listeners=(policy.pod_listener,))
 """
 
 from ._bridge import AsyncioBridge, open_bridge
@@ -24,9 +30,10 @@ from ._errors import (
     TransientKubeError,
     error_for_status,
 )
-from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._policy import PolicyWatcher
 from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
@@ -34,6 +41,7 @@ __all__ = [
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
     "Change",
+    "ChangeListener",
     "ChangeType",
     "ClientConfigError",
     "Informer",
@@ -47,6 +55,7 @@ __all__ = [
     "NodeConfigWatcher",
     "PodChange",
     "PodWatcher",
+    "PolicyWatcher",
     "ResourceExpired",
     "ResourceVersionTooLarge",
     "SecretWatcher",

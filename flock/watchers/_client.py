@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 import trio
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi, NetworkingV1Api
 
 from ._bridge import AsyncioBridge, open_bridge
 from ._config import in_cluster_configuration, kubeconfig_configuration
@@ -43,6 +43,33 @@ class KubeClient:
         return KubeSource(
             self.bridge, f"pods on {node}", core.list_pod_for_all_namespaces, get_pod, f"spec.nodeName={node}"
         )
+
+    def all_pods(self) -> KubeSource:
+        """Every pod in the cluster (NetworkPolicy peers live on every node)."""
+        core = CoreV1Api(self.api_client)
+
+        async def get_pod(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await core.read_namespaced_pod(name, namespace or "default", **kw)
+
+        return KubeSource(self.bridge, "pods (cluster-wide)", core.list_pod_for_all_namespaces, get_pod)
+
+    def network_policies(self) -> KubeSource:
+        """networking.k8s.io/v1 NetworkPolicies in every namespace."""
+        net = NetworkingV1Api(self.api_client)
+
+        async def get_policy(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await net.read_namespaced_network_policy(name, namespace or "default", **kw)
+
+        return KubeSource(self.bridge, "networkpolicies", net.list_network_policy_for_all_namespaces, get_policy)
+
+    def namespaces(self) -> KubeSource:
+        """Every Namespace (their labels are what namespaceSelectors match)."""
+        core = CoreV1Api(self.api_client)
+
+        async def get_namespace(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await core.read_namespace(name, **kw)
+
+        return KubeSource(self.bridge, "namespaces", core.list_namespace, get_namespace)
 
     def nodeconfig(self, name: str) -> KubeSource:
         """The NodeConfig named *name* (cluster-scoped)."""

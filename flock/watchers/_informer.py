@@ -64,6 +64,20 @@ class Change:
     object: Object  # the new state; for DELETED the last state known
 
 
+class ChangeListener(Protocol):
+    """Another consumer of one informer's stream, called synchronously and in order."""
+
+    def on_change(self, change: Change) -> None:
+        """Every change, right after the informer's own *on_change*."""
+
+    def on_listed(self) -> None:
+        """A full list has been applied (every change it found was delivered before)."""
+
+    def on_progress(self, resource_version: str) -> None:
+        """The informer's resourceVersion moved (an event, a list or a BOOKMARK), after
+        every change up to it was delivered."""
+
+
 class HistoryReset(Exception):
     """A watch event older than what the cache has seen: the API server's store was reset or restored."""
 
@@ -78,6 +92,7 @@ class Informer:
 
     *key* names an object in the cache; *on_change* is called synchronously,
     in order, for every change (including the differences a relist finds).
+    *listeners* follow the same stream (one informer feeding several caches).
 
     Error handling: 410 Gone (at watch start or as an ERROR event) and "too
     large resource version" (the API server came back with a history that
@@ -97,6 +112,7 @@ class Informer:
     settings: InformerSettings = InformerSettings()
     name: str = "informer"
     rng: random.Random = attrs.field(factory=random.Random)
+    listeners: tuple[ChangeListener, ...] = ()
     _objects: dict[str, Object] = attrs.field(init=False, factory=dict)
     _resource_version: str = attrs.field(init=False, default="")
     _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -183,16 +199,19 @@ class Informer:
         """Swap in a fresh list, emitting only what differs from the cache."""
         old, new = self._objects, {self.key(obj): obj for obj in items}
         self._objects = new
-        self._set_resource_version(resource_version)
         for key, obj in new.items():
             before = old.get(key)
             if before is None:
-                self.on_change(Change(ChangeType.ADDED, key, obj))
+                self._emit(Change(ChangeType.ADDED, key, obj))
             elif _rv(before) != _rv(obj) or before != obj:
-                self.on_change(Change(ChangeType.MODIFIED, key, obj))
+                self._emit(Change(ChangeType.MODIFIED, key, obj))
         for key, obj in old.items():
             if key not in new:
-                self.on_change(Change(ChangeType.DELETED, key, obj))
+                self._emit(Change(ChangeType.DELETED, key, obj))
+        # The version moves after the changes it covers were delivered (see ChangeListener.on_progress).
+        self._set_resource_version(resource_version)
+        for listener in self.listeners:
+            listener.on_listed()
 
     def _apply(self, event: Object) -> None:
         kind, obj = event.get("type"), event.get("object") or {}
@@ -209,17 +228,25 @@ class Informer:
             raise HistoryReset(
                 f"event at resourceVersion {rv} after {self._resource_version}: the server's history restarted"
             )
-        self._set_resource_version(rv)
         if kind == "DELETED":
             if self._objects.pop(key, None) is not None:
-                self.on_change(Change(ChangeType.DELETED, key, obj))
-            return
-        change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
-        self._objects[key] = obj
-        self.on_change(Change(change, key, obj))
+                self._emit(Change(ChangeType.DELETED, key, obj))
+        else:
+            change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
+            self._objects[key] = obj
+            self._emit(Change(change, key, obj))
+        # The version moves after the change it covers was delivered (see ChangeListener.on_progress).
+        self._set_resource_version(rv)
+
+    def _emit(self, change: Change) -> None:
+        self.on_change(change)
+        for listener in self.listeners:
+            listener.on_change(change)
 
     def _set_resource_version(self, resource_version: str) -> None:
         if resource_version and resource_version != self._resource_version:
             self._resource_version = resource_version
             self._advanced.set()
             self._advanced = trio.Event()
+            for listener in self.listeners:
+                listener.on_progress(resource_version)

@@ -1,5 +1,10 @@
 """The pods scheduled on this node, as :class:`flock.model.PodInfo`, by namespace/name.
 
+Its source may be this node's pods (``spec.nodeName=<node>``) or every pod in
+the cluster: the cache keeps this node's, and *listeners* (the policy
+watcher) follow every change of the one informer, so an agent watches the
+cluster's pods once, not twice.
+
 ADD often arrives before the watch has delivered its pod: :meth:`PodWatcher.wait_for_pod`
 returns at once when the pod is cached and otherwise wakes the moment the
 watch delivers it; :meth:`PodWatcher.lookup` adds DESIGN's bound (≤ 3 s, then
@@ -18,7 +23,7 @@ import trio
 
 from flock.model import PodInfo
 
-from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource, Object
+from ._informer import Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource, Object
 
 log = logging.getLogger("flock.watchers")
 
@@ -30,6 +35,11 @@ POD_CACHE_WAIT_SECONDS = 3.0
 class PodChange:
     type: ChangeType
     pod: PodInfo  # for DELETED, the last state known
+
+
+def _node_of(obj: Object) -> str:
+    spec = obj.get("spec")
+    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
 
 
 def _pod_key(obj: Object) -> str:
@@ -49,13 +59,16 @@ class PodWatcher:
     node: str
     settings: InformerSettings = InformerSettings()
     cache_wait_seconds: float = POD_CACHE_WAIT_SECONDS
+    listeners: tuple[ChangeListener, ...] = ()
     _pods: dict[str, PodInfo] = attrs.field(init=False, factory=dict)
     _waiters: dict[str, trio.lowlevel.ParkingLot] = attrs.field(init=False, factory=dict)
     _subscribers: set[trio.MemorySendChannel[PodChange]] = attrs.field(init=False, factory=set)
     _informer: Informer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._informer = Informer(self.source, _pod_key, self._on_change, self.settings, name=f"pods on {self.node}")
+        self._informer = Informer(
+            self.source, _pod_key, self._on_change, self.settings, name=f"pods on {self.node}", listeners=self.listeners
+        )
 
     @property
     def informer(self) -> Informer:
@@ -135,16 +148,20 @@ class PodWatcher:
             send.close()
 
     def _on_change(self, change: Change) -> None:
-        if change.type is ChangeType.DELETED:
+        if change.type is ChangeType.DELETED or _node_of(change.object) != self.node:
             pod = self._pods.pop(change.key, None)
             if pod is None:
                 return
+            change = Change(ChangeType.DELETED, change.key, change.object)
         else:
             try:
                 pod = PodInfo.from_object(change.object)
             except (ValueError, TypeError, AttributeError) as exc:
                 log.error("pod %s: cannot read it: %s", change.key, exc, extra={"pod": change.key})
                 return
+            # ADDED/MODIFIED as this cache sees it: a pod bound here after it was seen unbound is new here.
+            kind = ChangeType.MODIFIED if change.key in self._pods else ChangeType.ADDED
+            change = Change(kind, change.key, change.object)
             self._pods[change.key] = pod
             if (lot := self._waiters.pop(change.key, None)) is not None:
                 lot.unpark_all()

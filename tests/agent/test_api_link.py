@@ -71,7 +71,11 @@ async def test_config_is_retried_then_watchers_publish_and_lookups_work(autojump
             await trio.sleep(3)
             assert attempts == [0.0, 1.0, 3.0]  # backoff 1 s, 2 s
             assert extra_clients == [StoreClient(api)]  # a watcher added on the same connection
-            assert state.not_ready() == ["ADD not served: start-up has not finished"]  # only the bring-up's gate
+            # only the bring-up's gate and the policy service's (neither runs here)
+            assert state.not_ready() == [
+                "ADD not served: start-up has not finished",
+                "NetworkPolicy not enforced: waiting for the first lists of NetworkPolicies, Namespaces and Pods",
+            ]
             assert str(state.nodeconfig.cidr6) == "2001:db8:0:1::/64"
             assert (await link.lookup("default", "web-0")).name == "web-0"
             with pytest.raises(PodLookupFailed, match="connection refused"):

@@ -455,7 +455,7 @@ def test_patterns_accept_only_what_ipaddress_parses(patterns, text):
 # --- RBAC -------------------------------------------------------------------
 
 
-def test_rbac_grants_only_read_on_pods_and_nodeconfigs():
+def test_rbac_grants_only_read_on_pods_namespaces_networkpolicies_and_nodeconfigs():
     objects = all_objects()
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     grants = set()
@@ -467,7 +467,12 @@ def test_rbac_grants_only_read_on_pods_and_nodeconfigs():
                     grants.add((group, resource, verb))
     assert grants == {
         (group, resource, verb)
-        for group, resource in (("", "pods"), ("flock.fritzlab.net", "nodeconfigs"))
+        for group, resource in (
+            ("", "pods"),
+            ("", "namespaces"),
+            ("networking.k8s.io", "networkpolicies"),
+            ("flock.fritzlab.net", "nodeconfigs"),
+        )
         for verb in ("get", "list", "watch")
     }
     (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]

@@ -1,0 +1,80 @@
+"""NetworkPolicy in the agent: the cluster-wide watchers on each API client, and the policy service.
+
+One :class:`flock.policy.PolicyInputs` outlives API reconnects; each new
+client gets new watchers (NetworkPolicy, Namespace and every Pod) that fill
+it.  :class:`PolicyLink` is also the service's :class:`flock.policy.Watermark`:
+it follows whichever watcher is current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from flock.nursery import ChildSpec
+from flock.policy import POLICY_GATE, WAITING_FOR_WATCHERS, PolicyInputs
+from flock.state import Gate
+from flock.watchers import KubeClient, PolicyWatcher
+
+POLICY_READY_GATE = Gate(POLICY_GATE, WAITING_FOR_WATCHERS, label="NetworkPolicy not enforced: ")
+
+
+@attrs.define(eq=False)
+class PolicyLink:
+    """Builds the policy watchers for an API client (an ``ApiLink`` watcher factory)."""
+
+    inputs: PolicyInputs
+    _current: PolicyWatcher | None = attrs.field(init=False, default=None)
+    _replaced: trio.Event = attrs.field(init=False, factory=trio.Event)
+
+    def watchers(self, client: KubeClient) -> Sequence[ChildSpec]:
+        watcher = PolicyWatcher(client.network_policies(), client.namespaces(), self.inputs, pods=client.all_pods())
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            self._set(watcher)
+            try:
+                await watcher.run(task_status=task_status)
+            finally:
+                if self._current is watcher:
+                    self._set(None)
+
+        return [ChildSpec("policy-watchers", run)]
+
+    def _set(self, watcher: PolicyWatcher | None) -> None:
+        self._current = watcher
+        self._replaced.set()
+        self._replaced = trio.Event()
+
+    @property
+    def watermark(self) -> int:
+        return self._current.watermark if self._current is not None else 0
+
+    async def wait_watermark(self, resource_version: int) -> int:
+        while True:
+            watcher, replaced = self._current, self._replaced
+            if watcher is None:
+                await replaced.wait()
+                continue
+            mark = await _until_replaced(watcher, replaced, resource_version)
+            if mark is not None:
+                return mark
+
+
+async def _until_replaced(watcher: PolicyWatcher, replaced: trio.Event, resource_version: int) -> int | None:
+    """*watcher*'s watermark once it reaches *resource_version*; None if the watcher is replaced first."""
+    result: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def follow() -> None:
+            result.append(await watcher.wait_watermark(resource_version))
+            nursery.cancel_scope.cancel()
+
+        async def swapped() -> None:
+            await replaced.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(follow)
+        nursery.start_soon(swapped)
+    return result[0] if result else None

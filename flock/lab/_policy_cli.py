@@ -1,0 +1,188 @@
+"""The NetworkPolicy commands of ``flock-lab`` (their arguments and what they print).
+
+``ns add|label``, ``pod label``, ``apply``, ``delete``, ``probe``, ``matrix``
+and ``policy wait``; :mod:`flock.lab.cli` adds them to its parser and hands
+them their arguments.  Exit codes: 0 done (probe: connected), 1 refused or
+not as wanted (probe: blocked; policy wait: timed out), 2 the command could
+not do its job (probe, matrix and policy wait only; other commands exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import trio
+
+from flock.lab._pods import parse_labels, pod_label
+from flock.lab._policy import POLICY_WAIT_S, apply, delete, ns_add, ns_label, server_version, wait_applied
+from flock.lab._probe import matrix, probe, truth_tables
+from flock.lab._state import LabError, require_state
+
+COMMANDS = ("ns", "apply", "delete", "probe", "matrix", "policy")
+EXIT_ERROR = 2
+
+
+def _family(text: str) -> int:
+    if text not in ("4", "6"):
+        raise argparse.ArgumentTypeError(f"--family {text!r}: expected 6 or 4")
+    return int(text)
+
+
+def add_commands(
+    sub: argparse._SubParsersAction,
+    pod: argparse._SubParsersAction,
+    pod_add: argparse.ArgumentParser,
+    common: argparse.ArgumentParser,
+) -> None:
+    """Add the policy commands to flock-lab's parser (*pod*: the ``pod`` subcommands)."""
+    pod_add.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="pod label (default: app=NAME)"
+    )
+    pod_add.add_argument(
+        "--port",
+        action="append",
+        default=[],
+        metavar="[NAME=]PORT/PROTO",
+        help="containerPort (TCP, UDP or SCTP); the pod serves each TCP and UDP port on IPv6 and IPv4",
+    )
+    s = pod.add_parser("label", parents=[common], help="set or remove labels of a pod")
+    s.add_argument("pod", metavar="NAMESPACE/NAME")
+    s.add_argument("labels", nargs="*", metavar="KEY=VALUE")
+    s.add_argument("--remove", action="append", default=[], metavar="KEY")
+
+    ns = sub.add_parser("ns", help="namespaces and their labels").add_subparsers(dest="ns_command", required=True)
+    s = ns.add_parser("add", parents=[common], help="create a Namespace (the API server labels it with its name)")
+    s.add_argument("namespace")
+    s.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    s = ns.add_parser("label", parents=[common], help="set or remove labels of a Namespace")
+    s.add_argument("namespace")
+    s.add_argument("labels", nargs="*", metavar="KEY=VALUE")
+    s.add_argument("--remove", action="append", default=[], metavar="KEY")
+
+    s = sub.add_parser("apply", parents=[common], help="create or replace NetworkPolicies and Namespaces from YAML")
+    s.add_argument("file", metavar="FILE", help="YAML, one or more documents ('-': standard input)")
+    s = sub.add_parser("delete", parents=[common], help="delete networkpolicy NS/NAME (or namespace NAME)")
+    s.add_argument("kind", metavar="networkpolicy")
+    s.add_argument("name", metavar="NS/NAME")
+
+    s = sub.add_parser(
+        "probe", parents=[common], help="one TCP connect or UDP echo; exit 0 connected, 1 blocked, 2 error"
+    )
+    s.add_argument("source", metavar="FROM", help="NS/POD or a node name")
+    s.add_argument("target", metavar="TO", help="NS/POD, a node name or an address")
+    s.add_argument("port", metavar="PORT/PROTO")
+    s.add_argument("--family", type=_family, default=None, help="6 (default) or 4")
+    s = sub.add_parser("matrix", parents=[common], help="every pod to every pod on every port, concurrently")
+    s.add_argument(
+        "--port", action="append", default=[], metavar="PORT/PROTO", help="default: every TCP/UDP port pods declare"
+    )
+    s.add_argument("--family", type=_family, default=6, help="6 (default) or 4")
+
+    policy = sub.add_parser("policy", help="NetworkPolicy enforcement").add_subparsers(
+        dest="policy_command", required=True
+    )
+    s = policy.add_parser(
+        "wait", parents=[common], help="return when every agent has applied the latest policy objects"
+    )
+    s.add_argument("--timeout", type=float, default=POLICY_WAIT_S, help="seconds (default %(default)s)")
+
+
+def _out(args: argparse.Namespace, doc: Any, text: str) -> None:
+    print(json.dumps(doc, indent=2) if args.json else text, flush=True)
+
+
+def _error(args: argparse.Namespace, message: str) -> int:
+    if args.json:
+        print(json.dumps({"error": message}), flush=True)
+    print(f"flock-lab: {message}", file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
+async def run_command(args: argparse.Namespace) -> int | None:
+    """Run a policy command; None when *args* is not one (or is ``pod add``/``del``/``check``)."""
+    if args.command == "pod" and args.pod_command == "label":
+        plan = require_state(args.dir).plan
+        pod = await pod_label(plan, args.pod, parse_labels(args.labels, "label"), args.remove)
+        _out(args, {"pod": pod.key, "labels": dict(pod.labels)}, f"pod/{pod.key} labeled: {_labels(pod.labels)}")
+        return 0
+    if args.command not in COMMANDS:
+        return None
+    if args.command in ("probe", "matrix", "policy"):
+        try:
+            return await _measure(args)
+        except LabError as exc:
+            return _error(args, str(exc))
+    plan = require_state(args.dir).plan
+    if args.command == "ns":
+        if args.ns_command == "add":
+            obj, created = await ns_add(plan, args.namespace, parse_labels(args.label))
+            what = "created" if created else "exists; labels set"
+        else:
+            obj = await ns_label(plan, args.namespace, parse_labels(args.labels, "label"), args.remove)
+            what = "labeled"
+        labels = obj["metadata"].get("labels") or {}
+        _out(
+            args,
+            {"namespace": args.namespace, "labels": labels},
+            f"namespace/{args.namespace} {what}: {_labels(labels)}",
+        )
+        return 0
+    if args.command == "apply":
+        done = await apply(plan, args.file)
+        _out(args, {"applied": done}, "\n".join(f"{d['object']} {d['action']}" for d in done))
+        return 0
+    gone = await delete(plan, args.kind, args.name)
+    _out(args, {"deleted": gone}, f"{gone} deleted")
+    return 0
+
+
+async def _measure(args: argparse.Namespace) -> int:
+    plan = require_state(args.dir).plan
+    if args.command == "probe":
+        r = await probe(plan, args.source, args.target, args.port, args.family)
+        if r.error:
+            return _error(args, f"probe {r.source} → {r.target} {r.port} IPv{r.family}: {r.reason}")
+        doc = {**r.to_json(), "address": r.address, "result": r.reason}
+        verdict = "connected" if r.connected else f"blocked ({r.reason})"
+        _out(args, doc, f"{r.source} → {r.target} [{r.address}] {r.port} IPv{r.family}: {verdict}")
+        return 0 if r.connected else 1
+    if args.command == "matrix":
+        pods, ports, results = await matrix(plan, args.port, args.family)
+        if not pods:
+            return _error(args, "matrix: the lab has no pods (flock-lab pod add …)")
+        if not ports:
+            return _error(args, "matrix: no TCP or UDP port to probe (give --port PORT/PROTO)")
+        _out(args, {"results": [r.to_json() for r in results]}, truth_tables(pods, ports, results, args.family))
+        errors = [r for r in results if r.error]
+        for r in errors[:5]:
+            print(f"flock-lab: {r.source} → {r.target} {r.port}: {r.reason}", file=sys.stderr)
+        return EXIT_ERROR if errors else 0
+    target = await server_version(plan)
+    applied: dict[str, int | None] = {}
+    start = trio.current_time()
+    with trio.move_on_after(args.timeout):
+        await wait_applied(plan, target, applied)
+    ok = all(v is not None and v >= target for v in applied.values())
+    doc = {"resourceVersion": target, "nodes": applied, "ok": ok, "waited": round(trio.current_time() - start, 3)}
+    missing = [node for node, v in doc["nodes"].items() if v is None]
+    if missing and not doc["ok"]:
+        return _error(
+            args,
+            f"policy wait: the agents on {', '.join(missing)} do not report flock_policy_applied_resource_version "
+            "on their /metrics (an agent without NetworkPolicy support?)",
+        )
+    behind = ", ".join(f"{n} at {v}" for n, v in doc["nodes"].items() if v is None or v < doc["resourceVersion"])
+    text = (
+        f"every agent has applied resourceVersion {doc['resourceVersion']} ({doc['waited']} s)"
+        if doc["ok"]
+        else f"timed out after {args.timeout:g} s waiting for resourceVersion {doc['resourceVersion']}: {behind}"
+    )
+    _out(args, doc, text)
+    return 0 if doc["ok"] else 1
+
+
+def _labels(labels: dict[str, str] | Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(dict(labels).items())) or "(none)"

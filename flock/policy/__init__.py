@@ -1,0 +1,141 @@
+"""NetworkPolicy: a pure compiler and an nftables applier.
+
+README-interface (how the watchers feed the policy service)
+-----------------------------------------------------------
+
+Values (``flock.policy._model``), each with a validating ``from_object(dict)``
+that takes the Kubernetes object in its JSON (camelCase) form and raises
+:class:`flock.model.InvalidObject` naming the bad field (log it, skip the object):
+
+- :class:`NetworkPolicy` (``policy_types`` defaulted exactly as the API server
+  does), :class:`PolicyRule`, :class:`Peer`, :class:`LabelSelector` (with
+  :class:`Requirement` matchExpressions), :class:`IPBlock`, :class:`PolicyPort`;
+- :class:`Namespace` (name, labels; ``kubernetes.io/metadata.name`` is implied);
+- :class:`PolicyPod` (namespace, name, labels, addresses from status.podIPs,
+  named container ports, node; ``host_veth`` is None from the API object and is
+  set by the agent only for pods attached on this node; ``selectable`` False
+  for hostNetwork and Succeeded/Failed pods).
+
+The cluster-wide watchers (policy-lab: NetworkPolicy, Namespace, Pod in every
+namespace) write into ONE :class:`PolicyInputs` built by the composition root
+and passed to them and to the policy service::
+
+    inputs = PolicyInputs()
+    # watcher, after each (re)list:  inputs.replace(Kind.POD, {p.key: p for p in pods})   (also marks synced)
+    # watcher, per watch event:      inputs.set_pod(p) / inputs.delete(Kind.POD, "ns/name")
+    #                                inputs.set_policy(p) / inputs.delete(Kind.NETWORK_POLICY, "ns/name")
+    #                                inputs.set_namespace(n) / inputs.delete(Kind.NAMESPACE, "name")
+    # policy service:                snap = inputs.snapshot(); snap = await inputs.wait_changed(snap.generation)
+
+Keys: ``"ns/name"`` for policies and pods, the name for namespaces.  Setting an
+equal value is a no-op (no wake-up).  The service applies nothing until all
+three kinds are synced (``snapshot().complete``), so after a restart the old
+kernel table stays until a ruleset from a complete view replaces it.
+
+The compiler is a pure function::
+
+    compile_ruleset(policies, namespaces, pods, local_pods) -> Ruleset
+
+``pods`` are all pods known cluster-wide; ``local_pods`` are this node's
+attached pods (``host_veth`` set, addresses from the allocation); a local pod
+overrides the cluster-wide entry with the same key.  :class:`Compiler` is the
+same with caches (the agent's); :func:`evaluate` is the reference semantics.
+
+The rest: :class:`NftApplier` (full replace or incremental diff, one
+transaction each) over :class:`LibNftables` or :class:`NftCommand`, and
+:class:`PolicyService`, the supervised loop (snapshot + this node's
+allocations → compile → apply, retried with backoff, readiness gate
+:data:`POLICY_GATE`, :class:`PolicyMetrics`) whose :meth:`PolicyService.ensure`
+is the ADD gate (:class:`PolicyGate`).
+"""
+
+from ._apply import ApplyResult, NftApplier
+from ._backend import LibNftables, NftBackend, NftCommand, NftError, default_backend
+from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
+from ._inputs import Kind, PolicyInputs, PolicySnapshot, PolicySource
+from ._metrics import PolicyMetrics
+from ._model import (
+    NAMESPACE_NAME_LABEL,
+    Direction,
+    IPBlock,
+    LabelSelector,
+    NamedPort,
+    Namespace,
+    NetworkPolicy,
+    Operator,
+    Peer,
+    PolicyPod,
+    PolicyPort,
+    PolicyRule,
+    Protocol,
+    Requirement,
+)
+from ._reference import Endpoint, evaluate
+from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, ServiceSet
+from ._service import (
+    POLICY_GATE,
+    WAITING_FOR_WATCHERS,
+    LocalPods,
+    PolicyGate,
+    PolicyService,
+    Readiness,
+    RulesetApplier,
+    Watermark,
+)
+from ._simulate import Packet, forward_verdict
+
+__all__ = [
+    "EGRESS_MAP",
+    "HOST_VETH",
+    "INGRESS_MAP",
+    "NAMESPACE_NAME_LABEL",
+    "POLICY_GATE",
+    "WAITING_FOR_WATCHERS",
+    "AddressSet",
+    "ApplyResult",
+    "Chain",
+    "Compiler",
+    "Direction",
+    "Endpoint",
+    "IPBlock",
+    "InvalidLocalPod",
+    "Kind",
+    "LabelSelector",
+    "LibNftables",
+    "LocalPods",
+    "Match",
+    "NamedPort",
+    "Namespace",
+    "NetworkPolicy",
+    "NftApplier",
+    "NftBackend",
+    "NftCommand",
+    "NftError",
+    "Operator",
+    "Packet",
+    "Peer",
+    "PolicyGate",
+    "PolicyInputs",
+    "PolicyMetrics",
+    "PolicyPod",
+    "PolicyPort",
+    "PolicyRule",
+    "PolicyService",
+    "PolicySnapshot",
+    "PolicySource",
+    "Protocol",
+    "Readiness",
+    "Requirement",
+    "Rule",
+    "Ruleset",
+    "RulesetApplier",
+    "ServiceSet",
+    "Watermark",
+    "block_prefixes",
+    "compile_ruleset",
+    "default_backend",
+    "evaluate",
+    "forward_verdict",
+    "pod_chain",
+    "policy_chain",
+]

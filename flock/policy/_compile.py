@@ -1,0 +1,437 @@
+"""(policies, namespaces, pods, local pods) → the :class:`Ruleset` for this node.  Pure.
+
+Sets are keyed by what selects their members, not by policy, so policies
+sharing a selector share a set, and pod churn changes set elements, never
+rules.  Named ports go into one (address, protocol, port) set per port name,
+protocol and family over every pod that declares the name: a rule's peer match
+and that set together say "a peer, on the port it calls *name*".
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from ._model import (
+    NAMESPACE_NAME_LABEL,
+    Direction,
+    IPAddress,
+    IPBlock,
+    Labels,
+    LabelSelector,
+    Namespace,
+    NetworkPolicy,
+    Peer,
+    PolicyPod,
+    PolicyPort,
+    PolicyRule,
+    Protocol,
+)
+from ._ruleset import AddressSet, Chain, IPNetwork, Match, PortSet, Rule, Ruleset, ServiceSet
+
+# flock's own host veth names (flock.netlink): the only pod-derived text in a chain name.
+HOST_VETH = re.compile(r"flock[0-9a-f]{8}\Z")
+
+FAMILIES = (6, 4)
+
+
+class InvalidLocalPod(ValueError):
+    """A local pod without a flock host veth name: a bug in the caller, not API input."""
+
+
+@functools.lru_cache(maxsize=65536)
+def _id(*parts: object) -> str:
+    """A short stable name part for hashable *parts* (their repr: no enums in there, whose repr is slow)."""
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
+def policy_chain(policy_key: str, direction: Direction) -> str:
+    return ("pi-" if direction is Direction.INGRESS else "pe-") + _id("policy", policy_key)
+
+
+def pod_chain(veth: str, direction: Direction) -> str:
+    return ("in-" if direction is Direction.INGRESS else "eg-") + veth
+
+
+@attrs.frozen
+class _Group:
+    """Selectable pods sharing namespace and labels: selectors see them as one."""
+
+    namespace: str
+    labels: Labels
+    addresses: tuple[IPAddress, ...]
+    label_map: Mapping[str, str] = attrs.field(hash=False, eq=False)
+
+
+class _Peers:
+    """The cluster's selectable pods, indexed for selector matching."""
+
+    def __init__(self, pods: Iterable[PolicyPod], namespaces: Mapping[str, Namespace]) -> None:
+        grouped: dict[tuple[str, Labels], list[IPAddress]] = defaultdict(list)
+        self.named: dict[tuple[str, Protocol], list[tuple[IPAddress, Protocol, int]]] = defaultdict(list)
+        for pod in pods:
+            if not pod.selectable or not pod.addresses:
+                continue
+            grouped[(pod.namespace, pod.labels)].extend(pod.addresses)
+            for np in pod.named_ports:
+                self.named[(np.name, np.protocol)].extend((a, np.protocol, np.port) for a in pod.addresses)
+        # Families some pod has an address of: rules for a family no pod has would match nothing
+        # (IPv6-only clusters, flock's default, get half the rules); the first IPv4 pod adds them.
+        versions = {a.version for addrs in grouped.values() for a in addrs}
+        self.families = tuple(f for f in FAMILIES if f in versions)
+        self.groups = [_Group(ns, labels, tuple(addrs), dict(labels)) for (ns, labels), addrs in grouped.items()]
+        self.by_namespace: dict[str, list[_Group]] = defaultdict(list)
+        self.by_label: dict[tuple[str, str], list[_Group]] = defaultdict(list)
+        for g in self.groups:
+            self.by_namespace[g.namespace].append(g)
+            for pair in g.labels:
+                self.by_label[pair].append(g)
+        self.namespaces = namespaces
+        self._ns_match: dict[LabelSelector, frozenset[str]] = {}
+
+    def namespace_labels(self, name: str) -> Mapping[str, str]:
+        ns = self.namespaces.get(name)
+        return ns.label_map if ns is not None else {NAMESPACE_NAME_LABEL: name}
+
+    def _namespaces_matching(self, selector: LabelSelector) -> frozenset[str]:
+        """The namespaces with selectable pods whose labels *selector* matches."""
+        hit = self._ns_match.get(selector)
+        if hit is None:
+            hit = self._ns_match[selector] = frozenset(
+                n for n in self.by_namespace if selector.matches(self.namespace_labels(n))
+            )
+        return hit
+
+    def select(
+        self, namespace: str | None, ns_selector: LabelSelector | None, pod_selector: LabelSelector | None
+    ) -> list[IPAddress]:
+        """Addresses of pods in *namespace* (or in namespaces *ns_selector* picks) matching *pod_selector*."""
+        allowed = self._namespaces_matching(ns_selector) if ns_selector is not None else None
+        candidates: list[_Group]
+        if pod_selector is not None and pod_selector.match_labels:
+            candidates = min((self.by_label.get(pair, []) for pair in pod_selector.match_labels), key=len)
+        elif namespace is not None:
+            candidates = self.by_namespace.get(namespace, [])
+        elif allowed is not None:
+            candidates = [g for n in allowed for g in self.by_namespace[n]]
+        else:
+            candidates = self.groups
+        out: list[IPAddress] = []
+        for g in candidates:
+            if namespace is not None and g.namespace != namespace:
+                continue
+            if allowed is not None and g.namespace not in allowed:
+                continue
+            if pod_selector is not None and not pod_selector.matches(g.label_map):
+                continue
+            out.extend(g.addresses)
+        return out
+
+
+@functools.lru_cache(maxsize=4096)
+def block_prefixes(block: IPBlock) -> tuple[IPNetwork, ...]:
+    """*block*'s cidr minus its excepts, as disjoint prefixes."""
+    nets: list[IPNetwork] = [block.cidr]
+    for exc in block.except_:
+        nxt: list[IPNetwork] = []
+        for net in nets:
+            if net.subnet_of(exc):  # type: ignore[arg-type]
+                continue
+            if exc.subnet_of(net):  # type: ignore[arg-type]
+                nxt.extend(net.address_exclude(exc))  # type: ignore[arg-type]
+            else:
+                nxt.append(net)
+        nets = nxt
+    return tuple(sorted(nets, key=lambda n: (n.network_address, n.prefixlen)))
+
+
+@attrs.frozen
+class _PortPlan:
+    """A rule's ports: numeric alternatives (inline when one range, else a port set) and named ones."""
+
+    numeric: tuple[tuple[Protocol, int, int], ...] = ()
+    named: tuple[tuple[str, Protocol], ...] = ()
+    anything: bool = False
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_set(block: IPBlock) -> AddressSet:
+    name = f"b-{_id('block', block.cidr, block.except_)}"
+    return AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
+
+
+def _port_plan(ports: tuple[PolicyPort, ...]) -> _PortPlan:
+    if not ports:
+        return _PortPlan(anything=True)
+    numeric: dict[Protocol, list[tuple[int, int]]] = {}
+    whole: set[Protocol] = set()
+    named: set[tuple[str, Protocol]] = set()
+    for p in ports:
+        if isinstance(p.port, str):
+            named.add((p.port, p.protocol))
+        elif p.port is None:
+            whole.add(p.protocol)
+        else:
+            numeric.setdefault(p.protocol, []).append((p.port, p.end_port or p.port))
+    flat: list[tuple[Protocol, int, int]] = []
+    for proto in Protocol:
+        if proto in whole:
+            flat.append((proto, 0, 65535))
+        elif proto in numeric:
+            flat.extend((proto, lo, hi) for lo, hi in _merge_ranges(numeric[proto]))
+    return _PortPlan(tuple(flat), tuple(sorted(named, key=lambda t: (t[0], t[1].value))))
+
+
+def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+# What a set's elements are computed from: ("pods", scope, namespace selector, pod selector, family)
+# or ("named", ((port name, protocol), ...), family).  Blocks and port sets are static.
+SetSpec = tuple
+
+
+@attrs.define(eq=False)
+class _PolicyChains:
+    """Rules of one policy and direction, independent of pods: cacheable while the policy is unchanged."""
+
+    chain: Chain | None  # None: the policy allows nothing in this direction
+    specs: dict[str, SetSpec]  # dynamic sets the body references
+    static: dict[str, AddressSet | PortSet]  # static sets it references
+
+
+@attrs.define(eq=False)
+class _RuleBuilder:
+    families: tuple[int, ...]
+    specs: dict[str, SetSpec] = attrs.field(factory=dict)
+    static: dict[str, AddressSet | PortSet] = attrs.field(factory=dict)
+
+    def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str]]:
+        scope = policy.namespace if peer.namespace_selector is None else None
+        key = _id("pods", scope, peer.namespace_selector, peer.pod_selector)
+        names = [(f, f"p-{key}-{f}") for f in self.families]
+        for family, name in names:
+            self.specs[name] = ("pods", scope, peer.namespace_selector, peer.pod_selector, family)
+        return names
+
+    def block_set(self, block: IPBlock) -> tuple[int, str]:
+        aset = _block_set(block)
+        self.static[aset.name] = aset
+        return (block.cidr.version, aset.name)
+
+    def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int) -> str:
+        name = f"n-{_id('named', tuple((n, p.value) for n, p in named))}-{family}"
+        self.specs[name] = ("named", named, family)
+        return name
+
+    def port_match(self, plan: _PortPlan) -> Match:
+        if len(plan.numeric) == 1:
+            proto, lo, hi = plan.numeric[0]
+            return Match(protocol=proto, ports=() if (lo, hi) == (0, 65535) else ((lo, hi),))
+        name = f"q-{_id('ports', tuple((p.value, lo, hi) for p, lo, hi in plan.numeric))}"
+        self.static.setdefault(name, PortSet(name, frozenset(plan.numeric)))
+        return Match(portset=name)
+
+    def rules(self, policy: NetworkPolicy, rule: PolicyRule, direction: Direction) -> list[Rule]:
+        peers: list[tuple[int | None, str | None]]
+        if not rule.peers:
+            peers = [(None, None)]
+        else:
+            peers = []
+            for peer in rule.peers:
+                if peer.ip_block is not None:
+                    peers.append(self.block_set(peer.ip_block))
+                else:
+                    peers.extend(self.selector_sets(policy, peer))
+        plan = _port_plan(rule.ports)
+        numeric = self.port_match(plan) if plan.numeric else None
+        out: list[Rule] = []
+        for family, addr_set in peers:
+            saddr, daddr = (addr_set, None) if direction is Direction.INGRESS else (None, addr_set)
+            if plan.anything:
+                out.append(Rule(Match(family, saddr, daddr), "accept"))
+            if numeric is not None:
+                out.append(Rule(attrs.evolve(numeric, family=family, saddr=saddr, daddr=daddr), "accept"))
+            if plan.named:
+                for fam in (family,) if family is not None else self.families:
+                    out.append(Rule(Match(fam, saddr, daddr, service=self.service_set(plan.named, fam)), "accept"))
+        return out
+
+
+def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...], name: str) -> _PolicyChains:
+    builder = _RuleBuilder(families)
+    rules = policy.ingress if direction is Direction.INGRESS else policy.egress
+    body = tuple(r for rule in rules for r in builder.rules(policy, rule, direction))
+    return _PolicyChains(Chain(name, body) if body else None, builder.specs, builder.static)
+
+
+def _check_local(pods: Iterable[PolicyPod]) -> list[PolicyPod]:
+    out = sorted(pods, key=lambda p: p.key)
+    for p in out:
+        if p.host_veth is None or not HOST_VETH.match(p.host_veth):
+            raise InvalidLocalPod(
+                f"local pod {p.key}: host_veth={str(p.host_veth)[:32]!r}: expected flock + 8 hex digits"
+            )
+    return out
+
+
+@attrs.define(eq=False)
+class Compiler:
+    """:func:`compile_ruleset` with memory: the same result, faster on the next, similar input.
+
+    Caches are keyed by the input values they derive from (a policy's rules
+    by the policy value and the families in use; a pod's selecting policies
+    by its namespace and labels, dropped whenever the policies change), so a
+    reused compiler returns exactly what a fresh one would.  Pod churn then
+    costs the set memberships, not the rules.
+    """
+
+    # (policy key, direction) → (the policy, families, its chain): checked by identity, then equality
+    _chains: dict[tuple[str, Direction], tuple[NetworkPolicy, tuple[int, ...], _PolicyChains]] = attrs.field(
+        init=False, factory=dict
+    )
+    _pod_chains: dict[tuple[str, tuple[str, ...]], Chain] = attrs.field(init=False, factory=dict)
+    _policies: tuple[NetworkPolicy, ...] = attrs.field(init=False, default=())
+    # (namespace, direction) → (policies whose pod selector has no matchLabels, {label pair: policies indexed by
+    # their selector's first matchLabels pair}): a pod need only try the policies one of its labels can satisfy
+    _index: dict[tuple[str, Direction], tuple[list[NetworkPolicy], dict[tuple[str, str], list[NetworkPolicy]]]] = (
+        attrs.field(init=False, factory=dict)
+    )
+    _selection: dict[tuple[str, Labels, Direction], tuple[NetworkPolicy, ...]] = attrs.field(init=False, factory=dict)
+
+    def _set_policies(self, policies: Iterable[NetworkPolicy]) -> None:
+        ordered = tuple(sorted(policies, key=lambda p: p.key))
+        if ordered == self._policies:
+            return
+        self._policies = ordered
+        self._selection.clear()
+        self._index = {}
+        for pol in ordered:
+            for direction in pol.policy_types:
+                plain, by_pair = self._index.setdefault((pol.namespace, direction), ([], defaultdict(list)))
+                if pol.pod_selector.match_labels:
+                    by_pair[pol.pod_selector.match_labels[0]].append(pol)
+                else:
+                    plain.append(pol)
+        keys = {p.key for p in ordered}
+        self._chains = {k: v for k, v in self._chains.items() if k[0] in keys}
+
+    def _policy_chains(self, pol: NetworkPolicy, direction: Direction, families: tuple[int, ...]) -> _PolicyChains:
+        hit = self._chains.get((pol.key, direction))
+        if hit is not None and (hit[0] is pol or hit[0] == pol) and hit[1] == families:
+            return hit[2]
+        pc = _policy_chains(pol, direction, families, policy_chain(pol.key, direction))
+        self._chains[(pol.key, direction)] = (pol, families, pc)
+        return pc
+
+    def _selecting(self, pod: PolicyPod, direction: Direction) -> tuple[NetworkPolicy, ...]:
+        key = (pod.namespace, pod.labels, direction)
+        hit = self._selection.get(key)
+        if hit is None:
+            labels = pod.label_map
+            plain, by_pair = self._index.get((pod.namespace, direction), ((), {}))
+            candidates = [*plain, *(p for pair in pod.labels for p in by_pair.get(pair, ()))]
+            candidates.sort(key=lambda p: p.key)  # the order of the jumps: by policy key
+            hit = self._selection[key] = tuple(p for p in candidates if p.pod_selector.matches(labels))
+        return hit
+
+    def compile(
+        self,
+        policies: Iterable[NetworkPolicy],
+        namespaces: Iterable[Namespace],
+        pods: Iterable[PolicyPod],
+        local_pods: Iterable[PolicyPod],
+    ) -> Ruleset:
+        locals_ = _check_local(local_pods)
+        self._set_policies(policies)
+        everyone = {p.key: p for p in pods}
+        everyone.update((p.key, p) for p in locals_)
+        peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})
+        families = peers.families
+
+        chains: dict[str, Chain] = {}
+        policy_chains: dict[str, str] = {}
+        egress_map: dict[str, str] = {}
+        ingress_map: dict[str, str] = {}
+        specs: dict[str, SetSpec] = {}
+        static: dict[str, AddressSet | PortSet] = {}
+        for pod in locals_:
+            assert pod.host_veth is not None
+            for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
+                selecting = self._selecting(pod, direction)
+                if not selecting:
+                    continue  # not isolated in this direction
+                targets: list[str] = []
+                for pol in selecting:
+                    pc = self._policy_chains(pol, direction, families)
+                    if pc.chain is None:
+                        continue  # a policy allowing nothing needs no chain: the pod's drop does it
+                    name = pc.chain.name
+                    targets.append(name)
+                    if name not in chains:
+                        chains[name] = pc.chain
+                        policy_chains[name] = pol.key
+                        specs.update(pc.specs)
+                        static.update(pc.static)
+                chain = pod_chain(pod.host_veth, direction)
+                jump_key = (chain, tuple(targets))
+                cached = self._pod_chains.get(jump_key)
+                if cached is None:
+                    jumps = [Rule(Match(), f"jump {t}", counter=False) for t in targets]
+                    cached = self._pod_chains[jump_key] = Chain(chain, (*jumps, Rule(Match(), "drop")))
+                chains[chain] = cached
+                vmap[pod.host_veth] = chain
+
+        address_sets: dict[str, AddressSet] = {n: s for n, s in static.items() if isinstance(s, AddressSet)}
+        port_sets: dict[str, PortSet] = {n: s for n, s in static.items() if isinstance(s, PortSet)}
+        service_sets: dict[str, ServiceSet] = {}
+        selected: dict[tuple[object, ...], list[IPAddress]] = {}
+        for name, spec in specs.items():
+            if spec[0] == "pods":
+                _, scope, ns_sel, pod_sel, family = spec
+                members = selected.get((scope, ns_sel, pod_sel))
+                if members is None:
+                    members = selected[(scope, ns_sel, pod_sel)] = peers.select(scope, ns_sel, pod_sel)
+                address_sets[name] = AddressSet(
+                    name, family, False, frozenset(a for a in members if a.version == family)
+                )
+            else:
+                _, named, family = spec
+                elements = (m for key in named for m in peers.named.get(key, ()) if m[0].version == family)
+                service_sets[name] = ServiceSet(name, family, frozenset(elements))
+        return Ruleset(
+            chains=dict(sorted(chains.items())),
+            address_sets=dict(sorted(address_sets.items())),
+            service_sets=dict(sorted(service_sets.items())),
+            port_sets=dict(sorted(port_sets.items())),
+            egress_map=egress_map,
+            ingress_map=ingress_map,
+            policy_chains=policy_chains,
+        )
+
+
+def compile_ruleset(
+    policies: Iterable[NetworkPolicy],
+    namespaces: Iterable[Namespace],
+    pods: Iterable[PolicyPod],
+    local_pods: Iterable[PolicyPod],
+) -> Ruleset:
+    """The ruleset enforcing *policies* for *local_pods* (each with ``host_veth``).
+
+    *pods* are every pod known cluster-wide (peers); a local pod replaces the
+    entry with its key.  Raises :class:`InvalidLocalPod` for a local pod whose
+    ``host_veth`` is not a flock veth name.  (:class:`Compiler` computes the
+    same, reusing what did not change since its last call.)
+    """
+    return Compiler().compile(policies, namespaces, pods, local_pods)

@@ -1,0 +1,112 @@
+"""The policy service's metrics, in a prometheus-client registry the composition root passes in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ._model import Direction
+from ._ruleset import Ruleset
+
+
+@attrs.define(eq=False)
+class _KernelCounters(Collector):
+    """Per-policy and per-pod packet/byte counters as last read from the kernel (by the service)."""
+
+    # (namespace, policy, direction) → (packets, bytes); (namespace, pod, direction) → dropped (packets, bytes)
+    policies: dict[tuple[str, str, str], tuple[int, int]] = attrs.field(factory=dict)
+    drops: dict[tuple[str, str, str], tuple[int, int]] = attrs.field(factory=dict)
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "policy", "direction"]
+        packets = CounterMetricFamily(
+            "flock_policy_accepted_packets",
+            "New connections' packets a NetworkPolicy accepted on this node.",
+            labels=labels,
+        )
+        octets = CounterMetricFamily("flock_policy_accepted_bytes", "Bytes of those packets.", labels=labels)
+        for (ns, name, direction), (p, b) in sorted(self.policies.items()):
+            packets.add_metric([ns, name, direction], p)
+            octets.add_metric([ns, name, direction], b)
+        dropped = CounterMetricFamily(
+            "flock_policy_dropped_packets",
+            "Packets of new connections dropped because no policy allowed them, by local pod.",
+            labels=["namespace", "pod", "direction"],
+        )
+        for (ns, pod, direction), (p, _) in sorted(self.drops.items()):
+            dropped.add_metric([ns, pod, direction], p)
+        yield packets
+        yield octets
+        yield dropped
+
+
+@attrs.define(eq=False)
+class PolicyMetrics:
+    registry: CollectorRegistry
+    rules: Gauge = attrs.field(init=False)
+    sets: Gauge = attrs.field(init=False)
+    chains: Gauge = attrs.field(init=False)
+    isolated: Gauge = attrs.field(init=False)
+    apply_seconds: Gauge = attrs.field(init=False)
+    applies: Counter = attrs.field(init=False)
+    failures: Counter = attrs.field(init=False)
+    applied_resource_version: Gauge = attrs.field(init=False)
+    kernel: _KernelCounters = attrs.field(init=False, factory=_KernelCounters)
+
+    def __attrs_post_init__(self) -> None:
+        r = self.registry
+        self.rules = Gauge("flock_policy_rules", "Rules in table inet flock.", registry=r)
+        self.sets = Gauge("flock_policy_sets", "Named sets and maps in table inet flock.", registry=r)
+        self.chains = Gauge(
+            "flock_policy_chains", "Chains in table inet flock (besides the two base chains).", registry=r
+        )
+        self.isolated = Gauge(
+            "flock_policy_isolated_pods", "Local pods isolated by some policy, by direction.", ["direction"], registry=r
+        )
+        self.apply_seconds = Gauge(
+            "flock_policy_last_apply_seconds", "How long the last applied change took (compile + nft).", registry=r
+        )
+        self.applies = Counter(
+            "flock_policy_applies", "Rulesets applied, by mode (full, incremental).", ["mode"], registry=r
+        )
+        self.failures = Counter("flock_policy_apply_failures", "Transactions nftables refused.", registry=r)
+        self.applied_resource_version = Gauge(
+            "flock_policy_applied_resource_version",
+            "The API resourceVersion through which every NetworkPolicy, Namespace and Pod is in this node's kernel.",
+            registry=r,
+        )
+        r.register(self.kernel)
+
+    def applied(self, ruleset: Ruleset, mode: str, seconds: float) -> None:
+        self.rules.set(ruleset.rule_count)
+        self.sets.set(ruleset.set_count)
+        self.chains.set(len(ruleset.chains))
+        self.isolated.labels(direction="Ingress").set(len(ruleset.ingress_map))
+        self.isolated.labels(direction="Egress").set(len(ruleset.egress_map))
+        self.apply_seconds.set(seconds)
+        if mode != "unchanged":
+            self.applies.labels(mode=mode).inc()
+
+    def counters(
+        self, ruleset: Ruleset, per_chain: Mapping[str, tuple[int, int]], pods_by_veth: Mapping[str, tuple[str, str]]
+    ) -> None:
+        """Turn the kernel's per-chain counters into per-policy and per-pod figures."""
+        policies: dict[tuple[str, str, str], tuple[int, int]] = {}
+        for chain, key in ruleset.policy_chains.items():
+            ns, _, name = key.partition("/")
+            direction = Direction.INGRESS.value if chain.startswith("pi-") else Direction.EGRESS.value
+            policies[(ns, name, direction)] = per_chain.get(chain, (0, 0))
+        drops: dict[tuple[str, str, str], tuple[int, int]] = {}
+        for direction, vmap in (
+            (Direction.INGRESS.value, ruleset.ingress_map),
+            (Direction.EGRESS.value, ruleset.egress_map),
+        ):
+            for veth, chain in vmap.items():
+                ns, name = pods_by_veth.get(veth, ("", veth))
+                drops[(ns, name, direction)] = per_chain.get(chain, (0, 0))
+        self.kernel.policies = policies
+        self.kernel.drops = drops

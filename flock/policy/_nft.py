@@ -1,0 +1,266 @@
+"""A :class:`Ruleset` → nft(8) script text.  Pure.
+
+Two forms, each ONE transaction when fed to ``nft -f -``:
+
+- :func:`render_full` replaces the whole table: ``add table`` (so the delete
+  cannot fail), ``delete table``, then the table with everything in it.  The
+  kernel applies the batch atomically, so no packet ever sees an empty or
+  half-built table.
+- :func:`render_update` turns the applied ruleset into the new one in place:
+  new sets and chains first, changed chains flushed and refilled, element
+  deletes and adds, then removed chains and sets.  Pod churn is elements
+  only; counters of untouched chains keep counting.
+
+What reaches the text: names flock made (checked against :data:`NAME`),
+addresses and networks (``ipaddress`` values, printed by ``ipaddress``),
+protocols from an enum and port numbers (ints).  Anything else is a bug and
+raises :class:`RenderError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from typing import cast
+
+from ._model import IPAddress, Protocol
+from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Match, PortSet, Rule, Ruleset, ServiceSet
+
+TABLE = "flock"
+FAMILY = "inet"
+NAME = re.compile(r"[a-z][a-z0-9-]{0,62}\Z")
+EGRESS_CHAIN = "egress"
+INGRESS_CHAIN = "ingress"
+_BASE = (
+    (EGRESS_CHAIN, 0, "iifname", EGRESS_MAP),
+    (INGRESS_CHAIN, 1, "oifname", INGRESS_MAP),
+)
+_PROTO = {Protocol.TCP: "tcp", Protocol.UDP: "udp", Protocol.SCTP: "sctp"}
+
+
+class RenderError(ValueError):
+    """Something that is not a flock-made name, an address or a port was about to reach nft syntax."""
+
+
+def _name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise RenderError(f"not a flock identifier: {str(name)[:40]!r}")
+    return name
+
+
+def _port(port: int) -> str:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise RenderError(f"not a port number: {str(port)[:16]!r}")
+    return str(port)
+
+
+def _addr(value: object) -> str:
+    if not isinstance(
+        value, ipaddress.IPv4Address | ipaddress.IPv6Address | ipaddress.IPv4Network | ipaddress.IPv6Network
+    ):
+        raise RenderError(f"not an address: {str(value)[:48]!r}")
+    return str(value)
+
+
+def _ip(family: int) -> str:
+    return "ip6" if family == 6 else "ip"
+
+
+def render_match(m: Match) -> list[str]:
+    out: list[str] = []
+    fam = m.family
+    if m.saddr is not None:
+        out.append(f"{_ip(fam or 6)} saddr @{_name(m.saddr)}")
+    if m.daddr is not None:
+        out.append(f"{_ip(fam or 6)} daddr @{_name(m.daddr)}")
+    if fam is not None and m.saddr is None and m.daddr is None and m.service is None:
+        out.append("meta nfproto " + ("ipv6" if fam == 6 else "ipv4"))
+    if m.protocol is not None:
+        out.append(f"meta l4proto {_PROTO[m.protocol]}")
+        if m.ports:
+            items = [_port(lo) if lo == hi else f"{_port(lo)}-{_port(hi)}" for lo, hi in m.ports]
+            out.append("th dport " + (items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"))
+    if m.portset is not None:
+        out.append(f"meta l4proto . th dport @{_name(m.portset)}")
+    if m.service is not None:
+        out.append(f"{_ip(fam or 6)} daddr . meta l4proto . th dport @{_name(m.service)}")
+    return out
+
+
+def render_rule(rule: Rule) -> str:
+    parts = render_match(rule.match)
+    if rule.counter:
+        parts.append("counter")
+    if rule.verdict in ("accept", "drop"):
+        parts.append(rule.verdict)
+    elif rule.verdict.startswith("jump "):
+        parts.append("jump " + _name(rule.verdict[5:]))
+    else:
+        raise RenderError(f"not a verdict: {rule.verdict[:32]!r}")
+    return " ".join(parts)
+
+
+def _set_type(s: AddressSet | ServiceSet) -> str:
+    addr = "ipv6_addr" if s.family == 6 else "ipv4_addr"
+    if isinstance(s, ServiceSet):
+        return f"type {addr} . inet_proto . inet_service"
+    return f"type {addr}" + ("; flags interval" if s.interval else "")
+
+
+def _element(s: AddressSet | ServiceSet, e: object) -> str:
+    if isinstance(s, ServiceSet):
+        addr, proto, port = cast(tuple[IPAddress, Protocol, int], e)
+        return f"{_addr(addr)} . {_PROTO[proto]} . {_port(port)}"
+    return _addr(e)
+
+
+def _sorted_elements(s: AddressSet | ServiceSet, elements: Iterable[object]) -> list[str]:
+    return sorted(_element(s, e) for e in elements)
+
+
+def _map_element(veth: str, chain: str) -> str:
+    return f'"{_name(veth)}" : jump {_name(chain)}'
+
+
+def _chunks(items: list[str], size: int = 2000) -> Iterable[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _all_sets(rs: Ruleset) -> dict[str, AddressSet | ServiceSet]:
+    return {**rs.address_sets, **rs.service_sets}
+
+
+def _port_set(t: str, ps: PortSet, declare: str) -> str:
+    items = ", ".join(
+        f"{_PROTO[proto]} . {_port_or_zero(lo)}" + (f"-{_port(hi)}" if hi != lo else "")
+        for proto, lo, hi in sorted(ps.elements, key=lambda e: (e[0].value, e[1], e[2]))
+    )
+    return f"{declare} {_name(ps.name)} {{ type inet_proto . inet_service; flags interval; elements = {{ {items} }}; }}"
+
+
+def _port_or_zero(port: int) -> str:
+    return "0" if port == 0 else _port(port)
+
+
+def render_full(rs: Ruleset) -> str:
+    """The whole table, replacing whatever ``inet flock`` held, in one transaction."""
+    t = f"{FAMILY} {TABLE}"
+    lines = [f"add table {t}", f"delete table {t}", f"table {t} {{"]
+    for map_name in (EGRESS_MAP, INGRESS_MAP):
+        lines.append(f"\tmap {map_name} {{ type ifname : verdict; }}")
+    for s in _all_sets(rs).values():
+        lines.append(f"\tset {_name(s.name)} {{ {_set_type(s)}; }}")
+    for ps in rs.port_sets.values():
+        lines.append("\t" + _port_set(t, ps, "set"))
+    for name, prio, key, map_name in _BASE:
+        lines.append(f"\tchain {name} {{")
+        lines.append(f"\t\ttype filter hook forward priority {prio}; policy accept;")
+        lines.append("\t\tct state established,related accept")
+        lines.append(f"\t\t{key} vmap @{map_name}")
+        lines.append("\t}")
+    for chain in rs.chains.values():
+        lines.append(f"\tchain {_name(chain.name)} {{")
+        lines.extend(f"\t\t{render_rule(r)}" for r in chain.rules)
+        lines.append("\t}")
+    lines.append("}")
+    # elements after the table block: every chain a map element jumps to exists by then
+    for s in _all_sets(rs).values():
+        for chunk in _chunks(_sorted_elements(s, s.elements)):
+            lines.append(f"add element {t} {s.name} {{ {', '.join(chunk)} }}")
+    for map_name, vmap in ((EGRESS_MAP, rs.egress_map), (INGRESS_MAP, rs.ingress_map)):
+        items = [_map_element(v, c) for v, c in sorted(vmap.items())]
+        for chunk in _chunks(items):
+            lines.append(f"add element {t} {map_name} {{ {', '.join(chunk)} }}")
+    return "\n".join(lines) + "\n"
+
+
+def _element_changes(
+    t: str, name: str, s: AddressSet | ServiceSet, old: Iterable[object], new: Iterable[object]
+) -> tuple[list[str], list[str]]:
+    old_set, new_set = frozenset(old), frozenset(new)
+    removed = _sorted_elements(s, old_set - new_set)
+    added = _sorted_elements(s, new_set - old_set)
+    dels = [f"delete element {t} {name} {{ {', '.join(c)} }}" for c in _chunks(removed)]
+    adds = [f"add element {t} {name} {{ {', '.join(c)} }}" for c in _chunks(added)]
+    return dels, adds
+
+
+def _map_changes(t: str, name: str, old: Mapping[str, str], new: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    removed = sorted(k for k in old if old[k] != new.get(k))
+    added = sorted(k for k in new if new[k] != old.get(k))
+    dels = [
+        f"delete element {t} {name} {{ {', '.join(chr(34) + _name(k) + chr(34) for k in c)} }}"
+        for c in _chunks(removed)
+    ]
+    adds = [f"add element {t} {name} {{ {', '.join(_map_element(k, new[k]) for k in c)} }}" for c in _chunks(added)]
+    return dels, adds
+
+
+def render_update(old: Ruleset, new: Ruleset) -> str:
+    """The transaction turning the applied *old* into *new*; "" when nothing changes."""
+    t = f"{FAMILY} {TABLE}"
+    old_sets, new_sets = _all_sets(old), _all_sets(new)
+    head: list[str] = []
+    rules: list[str] = []
+    dels: list[str] = []
+    adds: list[str] = []
+    tail: list[str] = []
+
+    for name, s in new_sets.items():
+        prev = old_sets.get(name)
+        if prev is not None and prev.declaration != s.declaration:
+            raise RenderError(f"set {name} changed its type: set names must encode their type")
+        if prev is None:
+            head.append(f"add set {t} {_name(name)} {{ {_set_type(s)}; }}")
+        d, a = _element_changes(t, name, s, prev.elements if prev is not None else (), s.elements)
+        dels += d
+        adds += a
+    head += [_port_set(t, ps, f"add set {t}") for n, ps in new.port_sets.items() if n not in old.port_sets]
+    for name, chain in new.chains.items():
+        prev_chain = old.chains.get(name)
+        if prev_chain is chain or prev_chain == chain:
+            continue
+        if prev_chain is None:
+            head.append(f"add chain {t} {_name(name)}")
+        else:
+            rules.append(f"flush chain {t} {_name(name)}")
+        rules.extend(f"add rule {t} {name} {render_rule(r)}" for r in chain.rules)
+    for map_name, o, n in (
+        (EGRESS_MAP, old.egress_map, new.egress_map),
+        (INGRESS_MAP, old.ingress_map, new.ingress_map),
+    ):
+        d, a = _map_changes(t, map_name, o, n)
+        dels += d
+        adds += a
+    removed_chains = [c for c in old.chains if c not in new.chains]
+    tail += [f"flush chain {t} {_name(c)}" for c in removed_chains]
+    tail += [f"delete chain {t} {c}" for c in removed_chains]
+    tail += [f"delete set {t} {_name(n)}" for n in old_sets if n not in new_sets]
+    tail += [f"delete set {t} {_name(n)}" for n in old.port_sets if n not in new.port_sets]
+    lines = head + rules + dels + adds + tail
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def summarize(old: Ruleset | None, new: Ruleset) -> dict[str, int]:
+    """Counts for the one log line per applied change."""
+    if old is None:
+        return {"chains": len(new.chains), "rules": new.rule_count, "sets": new.set_count}
+    old_sets, new_sets = _all_sets(old), _all_sets(new)
+    changed = sum(1 for n, c in new.chains.items() if old.chains.get(n) is not c and old.chains.get(n) != c)
+    elements_added = sum(
+        len(frozenset(s.elements) - frozenset(old_sets[n].elements if n in old_sets else ()))
+        for n, s in new_sets.items()
+    )
+    elements_removed = sum(
+        len(frozenset(s.elements) - frozenset(new_sets[n].elements if n in new_sets else ()))
+        for n, s in old_sets.items()
+    )
+    return {
+        "chains_changed": changed,
+        "chains_removed": sum(1 for n in old.chains if n not in new.chains),
+        "elements_added": elements_added,
+        "elements_removed": elements_removed,
+        "pods_isolated": len(set(new.egress_map) | set(new.ingress_map)),
+    }

@@ -1,0 +1,295 @@
+"""The policy service: watchers' snapshot + this node's attachments → compile → one nftables transaction.
+
+Also the ADD gate: :meth:`PolicyService.ensure` returns once a ruleset that
+includes the new pod (its chains, its addresses in every set it belongs to)
+is in the kernel.
+
+Error handling: a transaction nft refuses changed nothing (batches are
+atomic); it is counted, the readiness gate closes with nft's message, and the
+same (or a newer) ruleset is retried with backoff — never a partial one.  A
+bug (a ruleset the renderer refuses) propagates to the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import attrs
+import trio
+
+from flock.model import Allocation
+from flock.nursery import Backoff
+
+from ._backend import NftError
+from ._compile import Compiler
+from ._inputs import PolicySnapshot, PolicySource
+from ._metrics import PolicyMetrics
+from ._model import PolicyPod
+from ._ruleset import Ruleset
+
+log = logging.getLogger("flock.policy")
+
+POLICY_GATE = "policy"
+WAITING_FOR_WATCHERS = "waiting for the first lists of NetworkPolicies, Namespaces and Pods"
+COUNTERS_EVERY_S = 15.0
+APPLY_BACKOFF = Backoff(initial=0.2, factor=2.0, cap=30.0, jitter=0.2)
+
+
+class LocalPods(Protocol):
+    """This node's attachments, pending and committed (flock.state.NodeState is one)."""
+
+    @property
+    def version(self) -> int: ...
+
+    async def wait_changed(self, since: int) -> int: ...
+
+    @property
+    def allocations(self) -> Mapping[str, Allocation]: ...
+
+
+class Readiness(Protocol):
+    def open_gate(self, gate: str) -> None: ...
+
+    def close_gate(self, gate: str, reason: str) -> None: ...
+
+
+class Watermark(Protocol):
+    """How far the watchers reflect the cluster (flock.watchers.PolicyWatcher)."""
+
+    @property
+    def watermark(self) -> int: ...
+
+    async def wait_watermark(self, resource_version: int) -> int: ...
+
+
+class RulesetApplier(Protocol):
+    async def apply(self, ruleset: Ruleset) -> object: ...
+
+    async def counters(self) -> dict[str, tuple[int, int]]: ...
+
+
+class PolicyGate(Protocol):
+    """What ADD awaits after the netlink setup, before it commits (within its deadline)."""
+
+    async def ensure(self, alloc: Allocation) -> None: ...
+
+
+def _addresses(alloc: Allocation) -> tuple:
+    addrs = [a for a in (alloc.ip6, alloc.ip4) if a is not None]
+    addrs += [a for a in alloc.addresses if a not in addrs]
+    return tuple(addrs)
+
+
+@attrs.frozen
+class _Applied:
+    generation: int
+    ruleset: Ruleset
+    covered: Mapping[str, tuple]  # container ID → addresses its chains and memberships were compiled with
+    pods_by_veth: Mapping[str, tuple[str, str]]
+
+
+@attrs.define(eq=False)
+class PolicyService:
+    """Supervised service keeping ``table inet flock`` equal to what the policies say.
+
+    *host_ifname* maps a container ID to flock's host veth name
+    (flock.netlink.host_ifname).  *readiness* gets gate :data:`POLICY_GATE`
+    closed while nothing complete is applied or nft refuses; *watermark*
+    feeds the ``flock_policy_applied_resource_version`` gauge.
+    """
+
+    inputs: PolicySource
+    local: LocalPods
+    applier: RulesetApplier
+    node: str
+    host_ifname: Callable[[str], str]
+    readiness: Readiness | None = None
+    watermark: Watermark | None = None
+    metrics: PolicyMetrics | None = None
+    backoff: Backoff = APPLY_BACKOFF
+    counters_every: float = COUNTERS_EVERY_S
+    rand: Callable[[], float] = random.random
+    _compiler: Compiler = attrs.field(init=False, factory=Compiler)
+    _applied: _Applied | None = attrs.field(init=False, default=None)
+    _applied_event: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _failures: int = attrs.field(init=False, default=0)
+    _last_error: str | None = attrs.field(init=False, default=None)
+    _mark: int = attrs.field(init=False, default=0)
+
+    @property
+    def applied(self) -> Ruleset | None:
+        return self._applied.ruleset if self._applied is not None else None
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    def local_pods(
+        self, snap: PolicySnapshot, allocations: Mapping[str, Allocation]
+    ) -> tuple[list[PolicyPod], dict[str, tuple]]:
+        """This node's attachments whose pod the watchers know, as local PolicyPods."""
+        pods: list[PolicyPod] = []
+        covered: dict[str, tuple] = {}
+        for cid, alloc in allocations.items():
+            known = snap.pods.get(f"{alloc.namespace}/{alloc.pod}")
+            if known is None:
+                continue  # labels unknown: left out; ensure() keeps its ADD waiting
+            addrs = _addresses(alloc)
+            pods.append(
+                attrs.evolve(known, addresses=addrs, node=self.node, host_veth=self.host_ifname(cid), selectable=True)
+            )
+            covered[cid] = addrs
+        return pods, covered
+
+    async def ensure(self, alloc: Allocation) -> None:
+        """Return once the kernel holds a ruleset compiled with *alloc* as a local pod.
+
+        The caller bounds the wait (ADD's deadline); a cancelled wait changes nothing.
+        """
+        if not alloc.namespace:
+            # A container without a Kubernetes Pod (podman, nerdctl): no policy can select it,
+            # and as a peer it is matched by its addresses (ipBlock) alone — nothing to wait for.
+            return
+        want = _addresses(alloc)
+        while True:
+            applied = self._applied
+            if applied is not None and applied.covered.get(alloc.container_id) == want:
+                return
+            await self._applied_event.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Apply, then follow changes; started() at once (readiness says whether a ruleset is in)."""
+        if self.readiness is not None:
+            self.readiness.close_gate(POLICY_GATE, WAITING_FOR_WATCHERS)
+        async with trio.open_nursery() as nursery:
+            if self.watermark is not None:
+                nursery.start_soon(self._follow_watermark)
+            nursery.start_soon(self._read_counters)
+            task_status.started()
+            await self._apply_loop()
+
+    async def _apply_loop(self) -> None:
+        attempt = 0
+        seen: tuple[int, Mapping[str, Allocation]] | None = None  # what the applied ruleset was compiled from
+        while True:
+            snap = self.inputs.snapshot()
+            mark = self.watermark.watermark if self.watermark is not None else 0
+            local_version = self.local.version
+            allocations = dict(self.local.allocations)  # a copy: the owner's view may be live
+            # The node's state changes for many reasons (readiness, NodeConfig): only the
+            # watchers' snapshot and this node's attachments matter here.
+            if snap.complete and seen != (snap.generation, allocations):
+                try:
+                    await self._apply(snap, mark, allocations)
+                    attempt = 0
+                    seen = (snap.generation, allocations)
+                except NftError as exc:
+                    self._failed(exc)
+                    delay = self.backoff.delay(attempt, self.rand())
+                    attempt += 1
+                    log.error(
+                        "nftables refused the policy ruleset; retrying in %.1f s",
+                        delay,
+                        extra={"op": "policy", "error": str(exc)[:500], "attempt": attempt},
+                    )
+                    await trio.sleep(delay)
+                    continue
+            await self._wait_for_change(snap.generation, local_version)
+
+    async def _apply(self, snap: PolicySnapshot, mark: int, allocations: Mapping[str, Allocation]) -> None:
+        started = time.perf_counter()
+        local, covered = self.local_pods(snap, allocations)
+        ruleset = self._compiler.compile(snap.policies.values(), snap.namespaces.values(), snap.pods.values(), local)
+        result = await self.applier.apply(ruleset)
+        seconds = time.perf_counter() - started
+        mode = getattr(result, "mode", "full")
+        pods_by_veth = {p.host_veth: (p.namespace, p.name) for p in local if p.host_veth is not None}
+        self._applied = _Applied(snap.generation, ruleset, covered, pods_by_veth)
+        self._applied_event.set()
+        self._applied_event = trio.Event()
+        self._last_error = None
+        if self.readiness is not None:
+            self.readiness.open_gate(POLICY_GATE)
+        if self.metrics is not None:
+            self.metrics.applied(ruleset, mode, seconds)
+        self._publish(mark)
+        if self.watermark is not None and self.inputs.snapshot().generation == snap.generation:
+            # Progress that arrived while the transaction ran (no change since the snapshot): it is in
+            # too.  _follow_watermark skipped it then (generation not applied yet) and waits for more.
+            self._publish(self.watermark.watermark)
+        if mode != "unchanged":
+            log.info(
+                "policy ruleset applied",
+                extra={
+                    "op": "policy",
+                    "mode": mode,
+                    "seconds": round(seconds, 4),
+                    "generation": snap.generation,
+                    "resource_version": mark,
+                    "policies": len(snap.policies),
+                    "local_pods": len(local),
+                    **getattr(result, "summary", {}),
+                },
+            )
+
+    @property
+    def applied_resource_version(self) -> int:
+        return self._mark
+
+    def _publish(self, mark: int) -> None:
+        if mark > self._mark:
+            self._mark = mark
+            if self.metrics is not None:
+                self.metrics.applied_resource_version.set(mark)
+
+    def _failed(self, exc: NftError) -> None:
+        self._failures += 1
+        self._last_error = str(exc)[:500]
+        if self.metrics is not None:
+            self.metrics.failures.inc()
+        if self.readiness is not None:
+            first_line = (exc.stderr.strip().splitlines() or [""])[0][:200]
+            self.readiness.close_gate(POLICY_GATE, f"nftables refused the ruleset: {first_line}")
+
+    async def _wait_for_change(self, generation: int, local_version: int) -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def inputs() -> None:
+                await self.inputs.wait_changed(generation)
+                nursery.cancel_scope.cancel()
+
+            async def local() -> None:
+                await self.local.wait_changed(local_version)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(inputs)
+            nursery.start_soon(local)
+
+    async def _follow_watermark(self) -> None:
+        """Between changes BOOKMARKs move the watermark on: publish it while the applied snapshot is the newest."""
+        assert self.watermark is not None
+        seen = 0
+        while True:
+            seen = await self.watermark.wait_watermark(seen + 1)
+            applied = self._applied
+            if applied is None:
+                continue
+            if applied.generation == self.inputs.snapshot().generation:
+                self._publish(self.watermark.watermark)  # read with the generation check, no await between
+
+    async def _read_counters(self) -> None:
+        while True:
+            await trio.sleep(self.counters_every)
+            applied = self._applied
+            if applied is None or self.metrics is None:
+                continue
+            try:
+                per_chain = await self.applier.counters()
+            except (NftError, ValueError) as exc:
+                log.warning("could not read the policy counters", extra={"op": "policy", "error": str(exc)[:300]})
+                continue
+            self.metrics.counters(applied.ruleset, per_chain, applied.pods_by_veth)

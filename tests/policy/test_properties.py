@@ -1,0 +1,211 @@
+"""The compiled rulesets of a two-node cluster, run packet by packet, agree with the reference evaluator.
+
+Policies are generated as Kubernetes objects (dicts) and go through
+``from_object``; every construct of networking.k8s.io/v1 appears: policyTypes
+given or defaulted, ingress/egress rules, podSelector / namespaceSelector /
+both / ipBlock with except peers, matchLabels and all four operators, empty
+selectors, TCP/UDP/SCTP, numeric, named and endPort ports.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+
+import attrs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flock.fnv import fnv1a_32
+from flock.policy import (
+    Compiler,
+    Endpoint,
+    Namespace,
+    NetworkPolicy,
+    Packet,
+    PolicyPod,
+    Protocol,
+    compile_ruleset,
+    evaluate,
+    forward_verdict,
+)
+
+NODES = {"n1": ("2001:db8:ffff::1", "198.51.100.1"), "n2": ("2001:db8:ffff::2", "198.51.100.2")}
+EXTERNAL = ("2001:db8:ff::5", "203.0.113.5", "2001:db8:1::ff")  # the last: inside n1's pod range, no pod
+KEYS = ("app", "role", "team")
+VALUES = ("a", "b", "c")
+PORTS = ((80, Protocol.TCP), (81, Protocol.TCP), (80, Protocol.UDP), (53, Protocol.UDP), (80, Protocol.SCTP))
+NAMED = (("http", 80, "TCP"), ("alt", 81, "TCP"), ("dns", 53, "UDP"), ("http", 81, "TCP"), ("sig", 80, "SCTP"))
+CIDRS = {
+    "2001:db8::/32": ["2001:db8:1::/64", "2001:db8:2::/112", "2001:db8:ff::/48"],
+    "2001:db8:1::/64": ["2001:db8:1::/126", "2001:db8:1::10/124"],
+    "2001:db8:2::/64": [],
+    "192.0.2.0/24": ["192.0.2.128/25", "192.0.2.0/30"],
+    "0.0.0.0/0": ["192.0.2.0/24"],
+    "::/0": ["2001:db8:ffff::/48"],
+}
+
+labels = st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=3)
+
+
+@st.composite
+def selectors(draw: st.DrawFn) -> dict:
+    sel: dict = {}
+    ml = draw(labels)
+    if ml:
+        sel["matchLabels"] = ml
+    exprs = []
+    for _ in range(draw(st.integers(0, 2))):
+        op = draw(st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]))
+        e = {"key": draw(st.sampled_from(KEYS)), "operator": op}
+        if op in ("In", "NotIn"):
+            e["values"] = draw(st.lists(st.sampled_from(VALUES), min_size=1, max_size=2))
+        exprs.append(e)
+    if exprs:
+        sel["matchExpressions"] = exprs
+    return sel
+
+
+@st.composite
+def peers(draw: st.DrawFn) -> dict:
+    kind = draw(st.sampled_from(["pod", "ns", "both", "block"]))
+    if kind == "block":
+        cidr = draw(st.sampled_from(sorted(CIDRS)))
+        block: dict = {"cidr": cidr}
+        excepts = draw(st.lists(st.sampled_from(CIDRS[cidr]), unique=True)) if CIDRS[cidr] else []
+        if excepts:
+            block["except"] = excepts
+        return {"ipBlock": block}
+    peer: dict = {}
+    if kind in ("pod", "both"):
+        peer["podSelector"] = draw(selectors())
+    if kind in ("ns", "both"):
+        peer["namespaceSelector"] = draw(selectors())
+    return peer
+
+
+@st.composite
+def ports(draw: st.DrawFn) -> dict:
+    p: dict = {}
+    proto = draw(st.sampled_from([None, "TCP", "UDP", "SCTP"]))
+    if proto:
+        p["protocol"] = proto
+    kind = draw(st.sampled_from(["none", "num", "range", "named"]))
+    if kind == "num":
+        p["port"] = draw(st.sampled_from([53, 80, 81, 82]))
+    elif kind == "range":
+        p["port"] = draw(st.sampled_from([50, 80]))
+        p["endPort"] = draw(st.sampled_from([80, 81, 90]))
+    elif kind == "named":
+        p["port"] = draw(st.sampled_from(["http", "alt", "dns", "sig", "nope"]))
+    return p
+
+
+@st.composite
+def rules(draw: st.DrawFn, peer_key: str) -> dict:
+    r: dict = {}
+    if draw(st.booleans()):
+        r[peer_key] = draw(st.lists(peers(), max_size=2))
+    if draw(st.booleans()):
+        r["ports"] = draw(st.lists(ports(), max_size=2))
+    return r
+
+
+@st.composite
+def policies(draw: st.DrawFn, index: int) -> dict:
+    spec: dict = {"podSelector": draw(selectors())}
+    if draw(st.booleans()):
+        spec["ingress"] = draw(st.lists(rules("from"), max_size=2))
+    if draw(st.booleans()):
+        spec["egress"] = draw(st.lists(rules("to"), max_size=2))
+    if draw(st.booleans()):
+        spec["policyTypes"] = draw(
+            st.lists(st.sampled_from(["Ingress", "Egress"]), min_size=1, max_size=2, unique=True)
+        )
+    ns = draw(st.sampled_from(["x", "y", "z"]))
+    return {"metadata": {"namespace": ns, "name": f"p{index}"}, "spec": spec}
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[list[NetworkPolicy], list[Namespace], list[PolicyPod]]:
+    namespaces = [
+        Namespace.from_object({"metadata": {"name": name, "labels": draw(labels)}})
+        for name in ("x", "y", "z")
+        if name != "z" or draw(st.booleans())  # z may be unknown to the watcher: only its name label
+    ]
+    pods = []
+    counter = itertools.count(1)
+    for ns in ("x", "y", "z"):
+        for name in draw(st.lists(st.sampled_from(["a", "b", "c"]), unique=True, max_size=3)):
+            node = draw(st.sampled_from(sorted(NODES)))
+            n = next(counter)
+            sub = 1 if node == "n1" else 2
+            ips = [{"ip": f"2001:db8:{sub}::{n:x}"}]
+            if draw(st.booleans()):
+                ips.append({"ip": f"192.0.2.{n + (0 if node == 'n1' else 128)}"})
+            container_ports = [
+                {"name": nm, "containerPort": num, "protocol": proto}
+                for nm, num, proto in draw(st.lists(st.sampled_from(NAMED), max_size=2, unique_by=lambda t: t[0]))
+            ]
+            obj = {
+                "metadata": {"namespace": ns, "name": name, "labels": draw(labels)},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "ports": container_ports}]},
+                "status": {"podIPs": ips, "phase": "Running"},
+            }
+            pods.append(PolicyPod.from_object(obj))
+    pols = [NetworkPolicy.from_object(draw(policies(i))) for i in range(draw(st.integers(0, 4)))]
+    return pols, namespaces, pods
+
+
+def _veth(pod: PolicyPod) -> str:
+    return f"flock{fnv1a_32(pod.key):08x}"
+
+
+def _simulated(rulesets: dict, src: Endpoint, dst: Endpoint, port: int, proto: Protocol) -> bool:
+    src_node = src.pod.node if src.pod else src.node
+    dst_node = dst.pod.node if dst.pod else dst.node
+    pkt = Packet(src.address, dst.address, proto, port)
+    if src_node is not None and src_node == dst_node:
+        if src.pod is None or dst.pod is None:
+            return True  # node ↔ its own pods: input/output hooks, never forward
+        return forward_verdict(rulesets[src_node], attrs.evolve(pkt, iif=_veth(src.pod), oif=_veth(dst.pod)))
+    if src.pod is not None and not forward_verdict(rulesets[src_node], attrs.evolve(pkt, iif=_veth(src.pod))):
+        return False
+    return dst.pod is None or forward_verdict(rulesets[dst_node], attrs.evolve(pkt, oif=_veth(dst.pod)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_compiled_rulesets_agree_with_the_reference(cluster) -> None:
+    pols, namespaces, pods = cluster
+    rulesets = {}
+    for node in NODES:
+        local = [_with_veth(p) for p in pods if p.node == node]
+        rulesets[node] = compile_ruleset(pols, namespaces, pods, local)
+    endpoints = [Endpoint(a, pod=p) for p in pods for a in p.addresses]
+    endpoints += [Endpoint(ipaddress.ip_address(a), node=n) for n, addrs in NODES.items() for a in addrs]
+    endpoints += [Endpoint(ipaddress.ip_address(a)) for a in EXTERNAL]
+    for src, dst in itertools.product(endpoints, endpoints):
+        if src.address.version != dst.address.version or src.address == dst.address:
+            continue
+        if src.pod is None and dst.pod is None:
+            continue
+        for port, proto in PORTS:
+            want = evaluate(pols, namespaces, src, dst, port, proto)
+            got = _simulated(rulesets, src, dst, port, proto)
+            assert got == want, (src, dst, port, proto, pols)
+
+
+def _with_veth(pod: PolicyPod) -> PolicyPod:
+    return attrs.evolve(pod, host_veth=_veth(pod))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), clusters())
+def test_a_reused_compiler_returns_what_a_fresh_one_does(one, two) -> None:
+    compiler = Compiler()
+    mixes = [one, two, (one[0], one[1], two[2]), (two[0], one[1], one[2]), one]
+    for pols, namespaces, pods in mixes:
+        for node in NODES:
+            local = [_with_veth(p) for p in pods if p.node == node]
+            assert compiler.compile(pols, namespaces, pods, local) == compile_ruleset(pols, namespaces, pods, local)

@@ -1,0 +1,235 @@
+"""The policy service on a virtual clock: when it applies, the ADD gate, retries, readiness, metrics."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
+
+from flock.fnv import fnv1a_32
+from flock.model import Allocation
+from flock.policy import (
+    POLICY_GATE,
+    Kind,
+    Namespace,
+    NetworkPolicy,
+    NftError,
+    PolicyInputs,
+    PolicyMetrics,
+    PolicyPod,
+    PolicyService,
+    Ruleset,
+)
+from flock.policy._service import WAITING_FOR_WATCHERS
+from flock.testing.policy import GateRecorder, MemoryLocalPods, MemoryWatermark
+
+
+@attrs.define(eq=False)
+class ScriptedApplier:
+    """Applies nothing; refuses the first *refuse* calls as nft would, records the rest (with the virtual time)."""
+
+    refuse: int = 0
+    applied: list[tuple[float, Ruleset]] = attrs.field(factory=list)
+    calls: int = 0
+
+    async def apply(self, ruleset: Ruleset) -> object:
+        self.calls += 1
+        await trio.sleep(0.001)  # a transaction takes a moment
+        if self.calls <= self.refuse:
+            raise NftError(1, "Error: Could not process rule: No such file or directory\nmore")
+        self.applied.append((trio.current_time(), ruleset))
+        return None
+
+    async def counters(self) -> dict[str, tuple[int, int]]:
+        return {}
+
+
+def veth(cid: str) -> str:
+    return f"flock{fnv1a_32(cid):08x}"
+
+
+def alloc(cid: str, key: str, ip6: str) -> Allocation:
+    ns, name = key.split("/")
+    return Allocation(cid, ns, name, "uid", "eth0", "/run/netns/x", ipaddress.IPv6Address(ip6), None)
+
+
+WEB = PolicyPod("x", "web", {"app": "web"}, (ipaddress.ip_address("2001:db8:9::1"),), node="n1")  # API's view
+DENY = NetworkPolicy.from_object({"metadata": {"namespace": "x", "name": "deny"}, "spec": {"podSelector": {}}})
+
+
+def complete(inputs: PolicyInputs, policies=(), pods=()) -> None:
+    inputs.replace(Kind.NETWORK_POLICY, {p.key: p for p in policies})
+    inputs.replace(Kind.NAMESPACE, {"x": Namespace("x")})
+    inputs.replace(Kind.POD, {p.key: p for p in pods})
+
+
+def service(inputs, local, applier, **kw) -> PolicyService:
+    return PolicyService(inputs, local, applier, "n1", veth, rand=lambda: 0.0, **kw)
+
+
+async def test_nothing_applied_before_every_kind_is_listed(autojump_clock: trio.abc.Clock) -> None:
+    inputs, local, applier, gates = PolicyInputs(), MemoryLocalPods(), ScriptedApplier(), GateRecorder()
+    svc = service(inputs, local, applier, readiness=gates)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            inputs.replace(Kind.NETWORK_POLICY, {DENY.key: DENY})
+            inputs.replace(Kind.NAMESPACE, {})
+            await trio.sleep(5)
+            assert applier.applied == [] and gates.gates[POLICY_GATE] == WAITING_FOR_WATCHERS
+            inputs.replace(Kind.POD, {})
+            await trio.sleep(1)
+            assert len(applier.applied) == 1 and gates.gates[POLICY_GATE] is None
+            nursery.cancel_scope.cancel()
+
+
+async def test_add_waits_for_its_chain_and_the_pods_labels(autojump_clock: trio.abc.Clock) -> None:
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    svc = service(inputs, local, applier)
+    complete(inputs, [DENY])
+    a = alloc("c1", "x/web", "2001:db8:1::1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(1)
+            local.put(a)  # the handler stored the pending allocation; the watchers do not know the pod yet
+            with trio.move_on_after(3) as waited:
+                await svc.ensure(a)
+            assert waited.cancelled_caught, "ensure returned before the pod's labels were known"
+            inputs.set_pod(WEB)
+            began = trio.current_time()
+            await svc.ensure(a)
+            assert trio.current_time() - began < 0.01
+            rs = applier.applied[-1][1]
+            assert rs.ingress_map == {veth("c1"): f"in-{veth('c1')}"}
+            # the allocation's address, not the API's (podIPs is not set until ADD returns)
+            assert svc.applied is rs
+            # DEL: the chain goes with the allocation
+            local.drop("c1")
+            await trio.sleep(1)
+            assert applier.applied[-1][1].ingress_map == {}
+            nursery.cancel_scope.cancel()
+
+
+async def test_add_of_a_container_without_a_pod_does_not_wait(autojump_clock: trio.abc.Clock) -> None:
+    # podman/nerdctl attachments have no Pod object: no policy selects them, no label will ever come.
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    svc = service(inputs, local, applier)
+    complete(inputs, [DENY])
+    podless = Allocation(
+        "c2", "", "web-container", "", "eth0", "/run/netns/y", ipaddress.IPv6Address("2001:db8:1::2"), None
+    )
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(podless)
+            began = trio.current_time()
+            await svc.ensure(podless)
+            assert trio.current_time() == began
+            nursery.cancel_scope.cancel()
+
+
+async def test_refused_transactions_retry_with_backoff_and_close_readiness(autojump_clock: trio.abc.Clock) -> None:
+    inputs, local, gates = PolicyInputs(), MemoryLocalPods(), GateRecorder()
+    applier = ScriptedApplier(refuse=3)
+    metrics = PolicyMetrics(CollectorRegistry())
+    svc = service(inputs, local, applier, readiness=gates, metrics=metrics)
+    complete(inputs, [DENY], [WEB])
+    local.put(alloc("c1", "x/web", "2001:db8:1::1"))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(0.1)
+            assert (
+                gates.gates[POLICY_GATE]
+                == "nftables refused the ruleset: Error: Could not process rule: No such file or directory"
+            )
+            assert svc.last_error is not None and svc.applied is None
+            await trio.sleep(5)
+            # rand() = 0 draws the low edge of the ±20 % band: delays 0.16, 0.32, 0.64 s (0.2 s doubling),
+            # so attempts at 0, 0.161, 0.482, 1.123, each taking 1 ms
+            assert [round(t, 3) for t, _ in applier.applied] == [1.124]
+            assert gates.gates[POLICY_GATE] is None and svc.last_error is None
+            assert metrics.registry.get_sample_value("flock_policy_apply_failures_total") == 3
+            assert metrics.registry.get_sample_value("flock_policy_rules") == 1  # the pod chain's drop
+            nursery.cancel_scope.cancel()
+
+
+async def test_applied_resource_version_follows_bookmarks_only_when_current(autojump_clock: trio.abc.Clock) -> None:
+    inputs, local, applier, mark = PolicyInputs(), MemoryLocalPods(), ScriptedApplier(), MemoryWatermark()
+    metrics = PolicyMetrics(CollectorRegistry())
+    svc = service(inputs, local, applier, watermark=mark, metrics=metrics)
+    mark.move(10)
+    complete(inputs)
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("flock_policy_applied_resource_version")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(1)
+            assert gauge() == 10
+            mark.move(12)  # a bookmark: nothing changed, the kernel still reflects everything
+            await trio.testing.wait_all_tasks_blocked()
+            assert gauge() == 12
+            nursery.cancel_scope.cancel()
+    # a change the service has not applied yet holds the gauge back
+    inputs2, applier2, mark2 = PolicyInputs(), ScriptedApplier(refuse=1000), MemoryWatermark()
+    svc2 = service(inputs2, MemoryLocalPods(), applier2, watermark=mark2, metrics=PolicyMetrics(CollectorRegistry()))
+    complete(inputs2)
+    mark2.move(20)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc2.run)
+            await trio.sleep(1)
+            mark2.move(25)
+            await trio.sleep(1)
+            assert svc2.applied_resource_version == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_bookmarks_during_an_apply_are_published_once_it_is_in(autojump_clock: trio.abc.Clock) -> None:
+    # Found by the lab's policy wait: the watermark moved while nft ran, and nothing moved it again.
+    inputs, mark = PolicyInputs(), MemoryWatermark()
+
+    @attrs.define(eq=False)
+    class BookmarkedApplier(ScriptedApplier):
+        async def apply(self, ruleset: Ruleset) -> object:
+            mark.move(mark.watermark + 5)  # the other kinds' bookmarks catch up meanwhile
+            return await super().apply(ruleset)
+
+    metrics = PolicyMetrics(CollectorRegistry())
+    svc = service(inputs, MemoryLocalPods(), BookmarkedApplier(), watermark=mark, metrics=metrics)
+    mark.move(10)
+    complete(inputs)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(1)
+            assert svc.applied_resource_version == 15
+            inputs.set_policy(DENY)  # a change: applied with the watermark of its snapshot, then the moved one
+            await trio.sleep(1)
+            assert svc.applied_resource_version == 20
+            assert metrics.registry.get_sample_value("flock_policy_applied_resource_version") == 20
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("burst", [1, 20])
+async def test_a_burst_of_changes_is_one_apply_after_the_current(autojump_clock: trio.abc.Clock, burst: int) -> None:
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    svc = service(inputs, local, applier)
+    complete(inputs, [], [WEB])
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(1)
+            for i in range(burst):
+                inputs.set_pod(attrs.evolve(WEB, name=f"p{i}"))
+            await trio.sleep(1)
+            assert len(applier.applied) == 2
+            nursery.cancel_scope.cancel()
