@@ -10,10 +10,21 @@ Every failure becomes the CNI error object on stdout and exit status 1:
 
 - bad configuration JSON → 6; unsupported ``cniVersion`` → 1; a missing or
   invalid ``CNI_*`` variable → 4 (all checked before dialling);
+- ADD or CHECK whose ``CNI_NETNS`` cannot be opened as a network namespace → 4
+  naming the path and the OS error (the namespace travels to the agent as an
+  fd: wire version 2); a DEL without one goes ahead by container ID;
+- a request over the shared size limit (``MAX_REQUEST_BYTES``) → 4, except a
+  DEL, which is sent without its configuration (it needs none);
 - agent unreachable or silent past the call's deadline: ADD, CHECK and GC → 11
-  (try again later), STATUS → 50, DEL → the request is recorded under
-  ``<socket dir>/pending-deletes/`` for the agent to replay, and succeeds;
+  (try again later), STATUS → 50, DEL → the request is recorded in flock's
+  own pending-deletes directory for the agent to replay, and succeeds;
 - an error the agent answers is passed through unchanged.
+
+The pending-deletes directory is never derived from the request (the
+configuration's ``socket`` only says where to dial): it is
+``/run/flock/pending-deletes`` unless the installer baked another one into
+the bundle (``flock/_site.py``, from its own ``--socket``) or the runtime's
+environment sets ``FLOCK_PENDING_DELETES``.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from types import MappingProxyType
 
 from flock.errors import (
     DECODE_ERROR,
+    INCOMPATIBLE_PROTOCOL,
     INTERNAL,
     INVALID_CONFIG,
     INVALID_ENV,
@@ -32,17 +44,29 @@ from flock.errors import (
     NOT_AVAILABLE,
     TRY_AGAIN_LATER,
     CniError,
+    quote,
 )
-from flock.rpc.cniresult import LATEST_VERSION, check_cni_version, convert_result, version_reply
+from flock.rpc.cniresult import (
+    LATEST_VERSION,
+    SUPPORTED_VERSIONS,
+    check_cni_version,
+    convert_result,
+    version_reply,
+)
 from flock.rpc.wire import (
+    FD_OPS,
+    FD_OPTIONAL_OPS,
     MAX_JSON_DEPTH,
+    MAX_REQUEST_BYTES,
     OPS,
+    PROTOCOL_VERSION,
     REQUIRED_FIELDS,
     LineReader,
     Request,
     decode_response,
     field_error,
     json_too_deep,
+    too_large,
 )
 
 TYPE_CHECKING = False
@@ -51,13 +75,22 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/run/flock/flock.sock"
 PENDING_DELETES = "pending-deletes"
+DEFAULT_PENDING_DELETES_DIR = "/run/flock/" + PENDING_DELETES
+PENDING_DELETES_ENV = "FLOCK_PENDING_DELETES"
 
 # Bound on one whole call (connect + send + reply).  Longer than the agent's
 # own 25 s ADD deadline, so the agent's answer (code 11) normally wins; the
 # configuration key ``rpcTimeout`` (seconds) overrides it.
 RPC_TIMEOUT_S = 30.0
-# Upper bound on ``rpcTimeout``: anything longer is a typo (and inf overflows settimeout).
-RPC_TIMEOUT_MAX_S = 3600.0
+# The sane range of ``rpcTimeout``: shorter cannot even connect under load
+# (and 1e-300 would journal every DEL); longer is a typo.
+RPC_TIMEOUT_MIN_S = 0.1
+RPC_TIMEOUT_MAX_S = 300.0
+# The namespace is opened as the agent will use it; O_NONBLOCK and O_NOCTTY
+# keep a FIFO or a terminal named as CNI_NETNS from blocking or adopting us.
+NETNS_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+_NS_GET_NSTYPE = 0xB703  # linux/nsfs.h
+_CLONE_NEWNET = 0x40000000
 # sun_path is 108 bytes on Linux, the terminating NUL included.
 _MAX_SOCKET_PATH_BYTES = 107
 
@@ -82,13 +115,21 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
             raise CniError(
                 INVALID_ENV,
                 "invalid CNI_COMMAND",
-                "CNI_COMMAND={!r}; expected one of VERSION, {}".format(command, ", ".join(OPS)),
+                "CNI_COMMAND={}; expected one of VERSION, {}".format(quote(command), ", ".join(OPS)),
             )
+        if len(stdin) > MAX_REQUEST_BYTES and command != "DEL":
+            raise too_large("request", len(stdin))
         config = _parse_config(stdin, lenient=False)
         cni_version = check_cni_version(config)
         request = _build_request(command, env, config)
         socket_path, timeout = _settings(config)
-        result = _exchange(request, socket_path, timeout)
+        netns_fd = _open_netns(command, request.netns)
+        try:
+            request.netns_fd = netns_fd
+            result = _exchange(request, socket_path, timeout, pending_deletes_dir(env))
+        finally:
+            if netns_fd is not None:
+                os.close(netns_fd)
         if command == "ADD":
             _print(stdout, convert_result(result, cni_version))
         return 0
@@ -98,7 +139,8 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         _print(
             stdout,
             {
-                "cniVersion": requested if isinstance(requested, str) else LATEST_VERSION,
+                # Only a version flock knows is echoed: a 100 KB one is not.
+                "cniVersion": requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION,
                 "code": err.code,
                 "msg": err.msg,
                 "details": err.details,
@@ -145,7 +187,7 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
         invalid = field_error(field, env.get(name, ""))
         if invalid is not None:
             msg, expected = invalid
-            raise CniError(INVALID_ENV, msg, f"{name}={env[name]!r}: {expected}")
+            raise CniError(INVALID_ENV, msg, f"{name}={quote(env[name])}: {expected}")
     return Request(
         op=command,
         container_id=env.get("CNI_CONTAINERID", ""),
@@ -154,6 +196,7 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
         args=env.get("CNI_ARGS", ""),
         path=env.get("CNI_PATH", ""),
         config=config,
+        version=PROTOCOL_VERSION,
     )
 
 
@@ -163,24 +206,70 @@ def _settings(config: dict[str, Any]) -> tuple[str, float]:
         raise CniError(
             INVALID_CONFIG,
             "invalid network configuration",
-            f"socket={socket_path!r}: expected an absolute path of at most {_MAX_SOCKET_PATH_BYTES} bytes without NUL",
+            f"socket={quote(socket_path)}: expected an absolute path of at most {_MAX_SOCKET_PATH_BYTES} bytes without NUL",
         )
     timeout = config.get("rpcTimeout", RPC_TIMEOUT_S)
     # Compared before float(): an integer too large for a float must not escape as OverflowError,
     # and inf / 1e300 overflow socket.settimeout.
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= RPC_TIMEOUT_MAX_S:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not RPC_TIMEOUT_MIN_S <= timeout <= RPC_TIMEOUT_MAX_S
+    ):
         raise CniError(
             INVALID_CONFIG,
             "invalid network configuration",
-            f"rpcTimeout={timeout!r}: expected a number of seconds in (0, {RPC_TIMEOUT_MAX_S:g}]",
+            f"rpcTimeout={quote(timeout)}: expected a number of seconds from {RPC_TIMEOUT_MIN_S:g} to {RPC_TIMEOUT_MAX_S:g}",
         )
     return socket_path, float(timeout)
 
 
+def _open_netns(command: str, path: str) -> int | None:
+    """CNI_NETNS opened as the fd the request carries (None: the op sends none).
+
+    ADD and CHECK need it: failing to open it, or finding it is not a network
+    namespace, is code 4 naming the path and why.  A DEL sends it when it
+    can and goes ahead without it otherwise (the sandbox may be gone).
+    """
+    if command not in FD_OPS + FD_OPTIONAL_OPS or not path:
+        return None
+    try:
+        return _open_netns_fd(path)
+    except OSError as exc:
+        if command in FD_OPTIONAL_OPS:
+            return None
+        reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.errno is not None else str(exc)
+        raise CniError(INVALID_ENV, "cannot open the network namespace", f"CNI_NETNS={quote(path)}: {reason}") from None
+
+
+def _open_netns_fd(path: str) -> int:
+    """Open *path* and check it is a network namespace (OSError otherwise):
+    stat first, so a FIFO or a device is never opened, nor sent an ioctl."""
+    import errno
+    import fcntl
+    import stat
+
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a network namespace")
+    fd = os.open(path, NETNS_OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a network namespace")
+        try:
+            kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
+        except OSError:
+            raise OSError(errno.EINVAL, "not a network namespace") from None
+        if kind != _CLONE_NEWNET:
+            raise OSError(errno.EINVAL, "a namespace, but not a network namespace")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _is_socket_path(value: object) -> bool:
     """An absolute path the kernel can take as an AF_UNIX address.  A NUL would
-    silently cut the path short (the kernel reads up to the first NUL) and
-    misplace the pending-deletes directory beside it."""
+    silently cut the path short (the kernel reads up to the first NUL)."""
     if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
         return False
     try:
@@ -189,21 +278,36 @@ def _is_socket_path(value: object) -> bool:
         return False
 
 
-def _exchange(request: Request, socket_path: str, timeout: float) -> dict[str, Any]:
+def _exchange(request: Request, socket_path: str, timeout: float, journal: str) -> dict[str, Any]:
+    line = request.encode()
+    if len(line) > MAX_REQUEST_BYTES:
+        if request.op != "DEL":
+            raise too_large("request", len(line))
+        # A DEL needs only the container ID (and names the netns and ifName for the log).
+        request = request.without_config()
+        line = request.encode()
     try:
-        return decode_response(_call(socket_path, request.encode(), timeout))
+        try:
+            return decode_response(_call(socket_path, line, timeout, request.netns_fd))
+        except CniError as err:
+            if err.code != INCOMPATIBLE_PROTOCOL or request.version == 1:
+                raise
+            # An agent from before version 2 (mid-upgrade): ask it by path, as it expects.
+            return decode_response(_call(socket_path, request.as_version(1).encode(), timeout))
     except AgentUnreachable as exc:
         if request.op == "DEL":
-            # The agent replays this queue at start; DEL is idempotent, so a
-            # DEL the agent did receive before going quiet is harmless to repeat.
-            _record_pending_delete(socket_path, request)
+            # The agent replays this queue at start and while running; DEL is
+            # idempotent, so a DEL the agent did receive before going quiet is
+            # harmless to repeat.
+            _record_pending_delete(request, journal)
             return {}
         code = NOT_AVAILABLE if request.op == "STATUS" else TRY_AGAIN_LATER
         raise CniError(code, "flock-agent is not reachable", f"{socket_path}: {exc}") from None
 
 
-def _call(socket_path: str, line: bytes, timeout: float) -> bytes:
-    """Send *line*, return the reply line; the whole exchange ends within *timeout*."""
+def _call(socket_path: str, line: bytes, timeout: float, netns_fd: int | None = None) -> bytes:
+    """Send *line* (with *netns_fd* as SCM_RIGHTS on its first bytes), return
+    the reply line; the whole exchange ends within *timeout*."""
     import socket
     import time
 
@@ -215,9 +319,21 @@ def _call(socket_path: str, line: bytes, timeout: float) -> bytes:
             sock.connect(socket_path)
         except OSError as exc:
             raise AgentUnreachable(f"connect: {exc}") from None
-        reader = LineReader()
+        reader = LineReader(what="response")
         try:
-            sock.sendall(line)
+            try:
+                if netns_fd is not None:
+                    # sendmsg, not socket.send_fds (3.9+): the shim runs on 3.8 too.
+                    import array
+
+                    fds = array.array("i", [netns_fd])
+                    sent = sock.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+                    line = line[sent:]
+                sock.sendall(line)
+            except (BrokenPipeError, ConnectionResetError):
+                # The agent answered early (a refused request) and closed: its
+                # reply, if any, is still readable below.
+                pass
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -235,15 +351,33 @@ def _call(socket_path: str, line: bytes, timeout: float) -> bytes:
         sock.close()
 
 
-def _record_pending_delete(socket_path: str, request: Request) -> None:
-    """Write the request as ``pending-deletes/<containerID>.json``, atomically and durably."""
-    directory = os.path.join(os.path.dirname(socket_path), PENDING_DELETES)
+def pending_deletes_dir(env: Mapping[str, str]) -> str:
+    """flock's own journal directory (see the module doc), never taken from a
+    request: ``FLOCK_PENDING_DELETES`` in the runtime's environment (an absolute
+    path; set by whoever runs the runtime, as for tests and the lab), else
+    the installer's setting, else ``/run/flock/pending-deletes``."""
+    override = env.get(PENDING_DELETES_ENV, "")
+    if override.startswith("/") and "\0" not in override:
+        return override
+    try:
+        from flock._site import PENDING_DELETES_DIR  # type: ignore[import-not-found]
+    except ImportError:
+        return DEFAULT_PENDING_DELETES_DIR
+    return PENDING_DELETES_DIR
+
+
+def _record_pending_delete(request: Request, directory: str) -> None:
+    """Write the DEL as ``<pending-deletes>/<containerID>.json``, atomically and
+    durably.  The record is small (no configuration, no fd) and always replayable."""
+    # Version 1: no fd to carry, and any agent, older ones included, replays it.
+    record = request.without_config().as_version(1)
     final = os.path.join(directory, request.container_id + ".json")
     tmp = os.path.join(directory, f".{request.container_id}.{os.getpid()}.tmp")
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(request.encode())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
+            f.write(record.encode())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)

@@ -24,6 +24,34 @@ INCOMPATIBLE_PROTOCOL = 202
 # the 1 MiB request limit would otherwise make an error reply over that limit,
 # which the shim refuses ("message too long") instead of showing the error.
 MAX_DETAILS_CHARS = 4096
+# Longest ``msg`` kept (messages are short fixed sentences; this is a backstop).
+MAX_MSG_CHARS = 256
+# How much of one input value an error quotes (see :func:`quote`).
+QUOTE_CHARS = 128
+
+
+def quote(value: object, limit: int = QUOTE_CHARS) -> str:
+    """``repr`` of an input value for an error message, at most about *limit*
+    characters: a 100 KB string or a deep object is named by its head and
+    its size, never echoed whole (and never fully repr'd: that alone could
+    take seconds)."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}…({len(value)} characters)"
+    size = ""
+    if isinstance(value, (dict, list)) and len(value) > 16:
+        size = f" of {len(value)} items"
+        value = dict(list(value.items())[:16]) if isinstance(value, dict) else value[:16]
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deeply>"
+    if size:
+        return f"{text[:limit]}…({type(value).__name__}{size})"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({type(value).__name__} of {len(text)} characters)"
 
 
 class CniError(Exception):
@@ -39,6 +67,8 @@ class CniError(Exception):
             # (what was expected); the middle is the value's bulk.
             half = MAX_DETAILS_CHARS // 2
             details = f"{details[:half]} …({len(details) - 2 * half} characters cut)… {details[-half:]}"
+        if len(msg) > MAX_MSG_CHARS:
+            msg = msg[:MAX_MSG_CHARS] + "…"
         super().__init__(code, msg, details)
         self.code = int(code)
         self.msg = msg

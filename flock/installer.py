@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 import attrs
 
 from flock import logs
+from flock.cni_shim import PENDING_DELETES
 from flock.rpc.cniresult import SUPPORTED_VERSIONS
 from flock.shim_bundle import shim_archive
 
@@ -243,13 +244,13 @@ def write_atomic(path: Path, data: bytes, mode: int) -> bool:
     return True
 
 
-def shim_bytes(python: str) -> bytes:
+def shim_bytes(python: str, pending_deletes: str | None = None) -> bytes:
     """The shim as one file: a shebang running the host's *python* with ``-IS``
     (isolated from PYTHON* variables and site-packages: the shim needs only
     the standard library, and skipping ``site`` saves start-up time on every
     pod start), then the zipapp.  Byte-identical for identical sources, so an
     unchanged shim is not rewritten."""
-    return shim_archive(prefix=f"#!{python} -IS\n".encode())
+    return shim_archive(prefix=f"#!{python} -IS\n".encode(), pending_deletes=pending_deletes)
 
 
 def configs_loaded_before(conf_dir: Path, name: str) -> list[str]:
@@ -277,7 +278,10 @@ def install(config: InstallConfig) -> InstallResult:
     config.conf_dir.mkdir(parents=True, exist_ok=True)
 
     shim = config.bin_dir / PLUGIN_TYPE
-    shim_changed = write_atomic(shim, shim_bytes(python.path), 0o755)
+    # The shim journals DELs beside the agent's socket as the installer knows
+    # it (flock's own run directory), never beside a socket a request names.
+    journal = str(PurePosixPath(config.socket).parent / PENDING_DELETES)
+    shim_changed = write_atomic(shim, shim_bytes(python.path, journal), 0o755)
     conflist = config.conf_dir / CONFLIST_NAME
     conflist_changed = write_atomic(
         conflist, conflist_bytes(config.network_name, config.socket, config.cni_version), 0o644

@@ -88,6 +88,31 @@ def _block(kind: str, name: str, field: str, raw: Any, network: type, max_prefix
     return block
 
 
+MAX_ANNOUNCE_RANGES = 64
+
+
+def _announce_ranges(kind: str, name: str, raw: Any) -> tuple[Any, ...]:
+    """spec.announceRanges: at most 64 unicast CIDRs without host bits (the CRD's CEL rules say the same)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_ANNOUNCE_RANGES:
+        raise InvalidObject(kind, name, "spec.announceRanges", raw, f"a list of at most {MAX_ANNOUNCE_RANGES} CIDRs")
+    out: list[Any] = []
+    for i, item in enumerate(raw):
+        field = f"spec.announceRanges[{i}]"
+        try:
+            if "/" not in _plain(item):
+                raise ValueError("no prefix length")
+            net = ipaddress.ip_network(item, strict=True)
+        except (TypeError, ValueError):
+            raise InvalidObject(kind, name, field, item, "a CIDR such as 2001:db8:53::/48") from None
+        first = net.network_address
+        if first.is_multicast or first.is_loopback or first.is_link_local or net.prefixlen == 0:
+            raise InvalidObject(kind, name, field, item, "a unicast range (not multicast, loopback, link-local or all)")
+        out.append(net)
+    return tuple(out)
+
+
 def _asn(kind: str, name: str, field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4294967295:
         raise InvalidObject(kind, name, field, value, "an AS number 1..4294967295")
@@ -105,6 +130,8 @@ class NodeConfig:
     bgp: BgpConfig | None = None
     ip_algo: str | None = None  # raw node-level annotation; validated by flock.ipam
     resource_version: str = ""
+    # spec.announceRanges: where pods' anycast/addresses may come from besides the node blocks.
+    announce_ranges: tuple[IPv6Network | IPv4Network, ...] = ()
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeConfig:
@@ -178,6 +205,8 @@ class NodeConfig:
                 peers.append(BgpPeer(pname, addr, _asn(kind, name, field + ".asn", p.get("asn"))))
             bgp = BgpConfig(asn, router_id, tuple(peers))
 
+        announce_ranges = _announce_ranges(kind, name, spec.get("announceRanges"))
+
         annotations = _get(obj, "metadata.annotations") or {}
         if not isinstance(annotations, Mapping):
             raise InvalidObject(kind, name, "metadata.annotations", annotations, "an object of strings")
@@ -192,6 +221,7 @@ class NodeConfig:
             bgp=bgp,
             ip_algo=ip_algo,
             resource_version=str(_get(obj, "metadata.resourceVersion", "")),
+            announce_ranges=announce_ranges,
         )
 
 

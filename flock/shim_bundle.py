@@ -33,10 +33,19 @@ _PACKAGE_INIT = b'"""flock CNI plugin bundle: see flock.cni_shim."""\n'
 _EPOCH = (2020, 1, 1, 0, 0, 0)
 
 
-def shim_archive(prefix: bytes = b"") -> bytes:
-    """*prefix* (the shebang line) + a zip holding ``__main__`` and the shim's modules."""
+def site_module(pending_deletes: str) -> bytes:
+    """``flock/_site.py``: the installer's settings the shim reads (never a
+    request's): where it journals DELs the agent could not take."""
+    return f"PENDING_DELETES_DIR = {pending_deletes!r}\n".encode()
+
+
+def shim_archive(prefix: bytes = b"", pending_deletes: str | None = None) -> bytes:
+    """*prefix* (the shebang line) + a zip holding ``__main__`` and the shim's
+    modules, and the pending-deletes directory when given (else the shim's default)."""
     package = Path(flock.__file__).parent
     members = {"__main__.py": _MAIN, "flock/__init__.py": _PACKAGE_INIT, "flock/rpc/__init__.py": _PACKAGE_INIT}
+    if pending_deletes is not None:
+        members["flock/_site.py"] = site_module(pending_deletes)
     for rel in SHIM_MODULES:
         members["flock/" + rel] = (package / rel).read_bytes()
     for name in [n for n in members if n.startswith("flock/")]:
@@ -63,7 +72,7 @@ def _unchecked_pyc(source: bytes, filename: str) -> bytes:
     )
 
 
-def build_shim(dest: Path, python: str = "/usr/bin/env python3") -> None:
+def build_shim(dest: Path, python: str = "/usr/bin/env python3", pending_deletes: str | None = None) -> None:
     """Write the executable shim to *dest* atomically (temp file, fsync, rename), mode 0755.
 
     *python* is the shebang's interpreter command, e.g. ``/usr/bin/python3 -IS``
@@ -71,7 +80,7 @@ def build_shim(dest: Path, python: str = "/usr/bin/env python3") -> None:
     Errors (OSError) propagate; a failed build leaves *dest* untouched.
     """
     dest = Path(dest)
-    data = shim_archive(prefix=b"#!" + python.encode() + b"\n")
+    data = shim_archive(prefix=b"#!" + python.encode() + b"\n", pending_deletes=pending_deletes)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

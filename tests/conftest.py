@@ -23,3 +23,14 @@ def require_bird() -> None:
     for tool in ("bird", "birdc"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: install Debian's bird2 (scripts/bootstrap does)")
+
+
+@pytest.fixture(scope="module")
+def pod_netns_path():
+    """A real network namespace (its /run/netns path) for CNI_NETNS: the shim opens it."""
+    from flock.testing.netns import netns_pool
+
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (network namespaces); CI runs as root")
+    with netns_pool("fl-pod-") as pool:
+        yield pool.create("pod").path

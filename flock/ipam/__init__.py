@@ -2,6 +2,7 @@
 
 from flock.fnv import fnv1a_32, fnv1a_64
 from flock.ipam._allocator import AddressConflict, Addresses, Allocator
+from flock.ipam._claims import MAX_CLAIMS_PER_POD, allowed_ranges, claim_refusal
 from flock.ipam._errors import AnnotationError, IpamError, PoolExhausted
 from flock.ipam._identity import PodIdentity, app_name, image_name, pod_identity
 from flock.ipam._ipam import Ipam, node_layout
@@ -27,6 +28,7 @@ __all__ = [
     "IPV4",
     "IPV6",
     "IP_ALGO",
+    "MAX_CLAIMS_PER_POD",
     "AddressConflict",
     "Addresses",
     "Allocator",
@@ -39,7 +41,9 @@ __all__ = [
     "PodIdentity",
     "PodRequest",
     "PoolExhausted",
+    "allowed_ranges",
     "app_name",
+    "claim_refusal",
     "effective_cidr",
     "fnv1a_32",
     "fnv1a_64",

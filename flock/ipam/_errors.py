@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from flock.errors import quote
 from flock.faults import Fault
 
 
@@ -24,7 +25,7 @@ class AnnotationError(IpamError):
         self.annotation = annotation
         self.value = value
         self.expected = expected
-        super().__init__(f"invalid pod annotation {annotation}", f"{annotation}={value!r}: {expected}")
+        super().__init__(f"invalid pod annotation {annotation}", f"{annotation}={quote(value, 512)}: {expected}")
 
 
 class PoolExhausted(IpamError):

@@ -11,7 +11,7 @@ from flock.ipam._allocator import Addresses, Allocator
 from flock.ipam._identity import pod_identity
 from flock.ipam._layout import Layout, LayoutError, parse_layout
 from flock.ipam._request import PodRequest, parse_request
-from flock.model import NodeConfig, PodInfo
+from flock.model import IPAddress, NodeConfig, PodInfo
 
 
 def node_layout(node: NodeConfig) -> Layout | None:
@@ -41,6 +41,7 @@ class Ipam:
     _allocator: Allocator = attrs.field(init=False)
     _layout: Layout | None = attrs.field(init=False, default=None)
     _layout_problem: LayoutError | None = attrs.field(init=False, default=None)
+    _node_addresses: frozenset[IPAddress] = attrs.field(init=False, factory=frozenset)
 
     def __attrs_post_init__(self) -> None:
         self._allocator = Allocator(self.rng)
@@ -73,6 +74,10 @@ class Ipam:
             self._allocator = fresh
         self._resolve_layout()
 
+    def set_node_addresses(self, addresses: frozenset[IPAddress]) -> None:
+        """The node's own interface addresses, which no pod may claim."""
+        self._node_addresses = frozenset(addresses)
+
     def full_blocks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """The node blocks of the default families with no free address left:
         non-empty means STATUS should report the pool exhausted."""
@@ -84,7 +89,7 @@ class Ipam:
         return tuple(b for b in blocks if not self._allocator.has_free(b))
 
     def request(self, pod: PodInfo) -> PodRequest:
-        return parse_request(pod.annotations, self.node, self._layout)
+        return parse_request(pod.annotations, self.node, self._layout, self._node_addresses)
 
     def allocate(self, container_id: str, pod: PodInfo) -> Addresses:
         """Parse *pod*'s annotations and allocate; see :meth:`Allocator.allocate`."""

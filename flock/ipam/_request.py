@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from flock.ipam._claims import MAX_CLAIMS_PER_POD, allowed_ranges, claim_refusal
 from flock.ipam._errors import AnnotationError
 from flock.ipam._layout import Layout, LayoutError, parse_layout
 from flock.model import ANNOTATION_PREFIX, IPAddress, NodeConfig
@@ -54,7 +55,12 @@ def effective_cidr(block: Network, candidates: tuple[Network, ...], annotation: 
     raise AnnotationError(annotation, raw, f"a CIDR that overlaps this node's block {block}")
 
 
-def parse_request(annotations: Mapping[str, str], node: NodeConfig, node_layout: Layout | None) -> PodRequest:
+def parse_request(
+    annotations: Mapping[str, str],
+    node: NodeConfig,
+    node_layout: Layout | None,
+    node_addresses: frozenset[IPAddress] = frozenset(),
+) -> PodRequest:
     """Resolve a pod's annotations against its node.
 
     *node_layout* is the node-level ip-algo already validated by the caller
@@ -104,8 +110,15 @@ def parse_request(annotations: Mapping[str, str], node: NodeConfig, node_layout:
                 f"ip-algo {layout.text!r} needs {layout.bits} bits but {cidr6} has {host_bits} host bits",
             )
 
-    anycast = _addresses(annotations, ANYCAST, node)
-    addresses = _addresses(annotations, ADDRESSES, node)
+    # Counted before anything is parsed: 5,000 addresses are refused at once.
+    claims = sum(annotations.get(key, "").count(",") + 1 for key in (ANYCAST, ADDRESSES) if annotations.get(key))
+    if claims > MAX_CLAIMS_PER_POD:
+        key = ANYCAST if ANYCAST in annotations else ADDRESSES
+        raise AnnotationError(
+            key, annotations[key], f"at most {MAX_CLAIMS_PER_POD} addresses in {ANYCAST} and {ADDRESSES} together"
+        )
+    anycast = _addresses(annotations, ANYCAST, node, node_addresses)
+    addresses = _addresses(annotations, ADDRESSES, node, node_addresses)
     both = set(anycast) & set(addresses)
     if both:
         raise AnnotationError(ADDRESSES, annotations[ADDRESSES], f"{sorted(map(str, both))[0]} is also in {ANYCAST}")
@@ -162,9 +175,13 @@ def _plain(item: str) -> str:
     return item
 
 
-def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tuple[IPAddress, ...]:
+def _addresses(
+    annotations: Mapping[str, str], key: str, node: NodeConfig, node_addresses: frozenset[IPAddress]
+) -> tuple[IPAddress, ...]:
     raw = annotations.get(key, "")
     out: list[IPAddress] = []
+    seen: set[IPAddress] = set()
+    specials = _special_addresses(node) if key in annotations else {}
     for item in _items(annotations, key):
         try:
             addr = ipaddress.ip_address(_plain(item))
@@ -175,11 +192,20 @@ def _addresses(annotations: Mapping[str, str], key: str, node: NodeConfig) -> tu
             raise AnnotationError(key, raw, f"{item!r} is an IPv4-mapped IPv6 address; write the IPv4 address")
         if addr.is_unspecified or addr.is_multicast or addr.is_loopback or addr.is_link_local:
             raise AnnotationError(key, raw, f"{item!r} is not a unicast address a pod can own")
-        if addr in out:
+        if addr in seen:
             raise AnnotationError(key, raw, f"{item!r} appears twice")
-        special = _special_addresses(node).get(addr)
+        seen.add(addr)
+        special = specials.get(addr)
         if special:
             raise AnnotationError(key, raw, f"{item!r} is the {special}, which no pod may own")
+        refusal = claim_refusal(addr, node, node_addresses)
+        if refusal is not None:
+            raise AnnotationError(
+                key,
+                raw,
+                f"{item!r} is {refusal}; a pod may claim global unicast addresses in {', '.join(allowed_ranges(node))}"
+                " (not the node's own addresses, router ID or BGP peers)",
+            )
         out.append(addr)
     return tuple(out)
 

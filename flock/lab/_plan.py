@@ -31,6 +31,9 @@ NODE_ASN_BASE = 64512
 FABRIC6 = ipaddress.IPv6Address("2001:db8:ffff::1")
 FABRIC4 = ipaddress.IPv4Address("192.0.2.1")
 FABRIC_PREFIX6, FABRIC_PREFIX4 = 64, 26
+# Where lab pods may claim anycast/addresses: a documentation /48 and the
+# upper half of 192.0.2.0/24 (the fabric and the nodes use the lower /26).
+ANNOUNCE_RANGES = (ipaddress.ip_network("2001:db8:53::/48"), ipaddress.ip_network("192.0.2.128/25"))
 APISERVER_PORT = 6443
 HEALTH_ADDRESS = "127.0.0.1:9464"  # inside each node's namespace
 UPLINK = "uplink"
@@ -94,6 +97,8 @@ class NodePlan:
                 "cidr6": str(self.cidr6),
                 "cidr4": str(self.cidr4),
                 "families": {"ipv6": True, "ipv4": False},
+                # The lab's service range for anycast/addresses (the fabric's own /26 stays out).
+                "announceRanges": [str(a) for a in ANNOUNCE_RANGES],
                 "bgp": {
                     "asn": self.asn,
                     "routerID": str(self.addr4),

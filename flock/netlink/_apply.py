@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import os
+import logging
 import threading
 from collections.abc import Callable
 
@@ -29,6 +29,7 @@ from flock.netlink.desired import (
     anycast_routes,
     blackhole_routes,
     host_ifname,
+    is_host_ifname,
 )
 
 # The order setup applies things in; a fault hook is called after each.
@@ -44,6 +45,8 @@ STEPS = (
     "host-routes",
     "anycast",
 )
+
+log = logging.getLogger("flock.netlink")
 
 FaultHook = Callable[[str], None]
 RTPROT_STATIC = 4
@@ -62,11 +65,35 @@ def _netns_error(plan: PodPlan, why: str) -> NetnsUnusable:
     return NetnsUnusable("network namespace not found", f"netns={plan.netns!r}: {why}")
 
 
-def _pod_netns_fd(plan: PodPlan) -> int:
-    try:
-        return _nsenter.open_netns(plan.netns)
-    except _nsenter.NetnsMissing:
-        raise _netns_error(plan, "no such file") from None
+OWNER_PREFIX = "flock:"
+_IFALIASZ = 255  # usable bytes of IFLA_IFALIAS
+
+
+def owner_marker(container_id: str) -> str:
+    """The ifalias flock sets on a host veth it made: ``flock:<container ID>``."""
+    return (OWNER_PREFIX + container_id)[:_IFALIASZ]
+
+
+def owned_by_flock(msg, settings: DataplaneSettings, container_id: str | None = None) -> bool:
+    """Whether the host link *msg* is provably flock's: a veth with flock's
+    name (of *container_id*, if given) whose ifalias is flock's marker (of
+    that container).  A veth with flock's name and no alias at all is one an
+    agent made before it set markers, or one cut short between creation and
+    marking (both flock's: nobody else picks these names and leaves no alias)."""
+    name = msg.get("IFLA_IFNAME") or ""
+    if msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) != "veth":
+        return False
+    if container_id is not None:
+        if name != host_ifname(container_id, settings.host_prefix):
+            return False
+    elif not is_host_ifname(name, settings.host_prefix):
+        return False
+    alias = msg.get("IFLA_IFALIAS") or ""
+    if not alias:
+        return True
+    if container_id is not None:
+        return alias == owner_marker(container_id)
+    return alias.startswith(OWNER_PREFIX)
 
 
 def peers_match(host_msg, pod_msg) -> bool:
@@ -79,7 +106,7 @@ def peers_match(host_msg, pod_msg) -> bool:
     )
 
 
-async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int):
+async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int, settings: DataplaneSettings):
     """Host link message, pod link message for a verified pair, and whether
     this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod
@@ -97,6 +124,11 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
         h = await _conn.link_by_name(host, h_name)
         p = await _conn.link_by_name(pod, p_name)
         if h is not None:
+            if not owned_by_flock(h, settings, plan.container_id):
+                raise IfNameTaken(
+                    "host interface name taken",
+                    f"{h_name} exists on the node but is not flock's veth for container {plan.container_id}",
+                )
             if peers_match(h, p):
                 return h, p, False
             # A stale pair from an earlier attempt whose peer is not this
@@ -177,12 +209,14 @@ async def delete_route(ipr: AsyncIPRoute, live: _conn.LiveRoute) -> None:
 async def setup_pod(
     plan: PodPlan,
     *,
+    pod_netns: int,
     host_netns: str | None,
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
 ) -> Attachment:
-    """Make the kernel match *plan*.  A :mod:`flock.faults` error on failure; safe to re-run."""
+    """Make the kernel match *plan* in the pod namespace *pod_netns* (a
+    verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to re-run."""
     step = STEPS[0]
 
     def done(name: str) -> None:
@@ -191,12 +225,17 @@ async def setup_pod(
             fault(name)
         step = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
 
-    pod_fd = _pod_netns_fd(plan)
+    pod_fd = pod_netns
     try:
-        async with _conn.rtnl(host_netns) as host, _conn.rtnl(plan.netns) as pod:
-            h, p, fresh = await _ensure_veth(host, pod, plan, pod_fd)
+        async with _conn.rtnl(host_netns) as host, _conn.rtnl(pod_fd) as pod:
+            h, p, fresh = await _ensure_veth(host, pod, plan, pod_fd, settings)
             hi, pi = h["index"], p["index"]
             done("veth")
+
+            # The marker that lets teardown and cleanup prove the veth is flock's.
+            marker = owner_marker(plan.container_id)
+            if h.get("IFLA_IFALIAS") != marker:
+                await host.link("set", index=hi, ifalias=marker)
 
             # addrgenmode none before the link first goes up, so the kernel never
             # adds its own link-local next to fe80::1.
@@ -260,8 +299,6 @@ async def setup_pod(
         raise _fail(
             step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc
         ) from exc
-    finally:
-        os.close(pod_fd)
 
 
 async def _join_anycast(
@@ -346,40 +383,38 @@ async def ensure_anycast(host: AsyncIPRoute, plans: list[PodPlan], settings: Dat
 
 async def teardown_pod(
     container_id: str,
-    netns: str | None,
-    if_name: str | None,
     *,
     host_netns: str | None,
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
 ) -> None:
-    """Remove the pod's veth and flock routes through it.  Anything already
-    gone (netns, interface, route) counts as removed."""
+    """Remove the pod's host veth (its peer in the pod goes with it) and flock
+    routes through it.  Anything already gone counts as removed.
+
+    Works by container ID alone and never enters the pod's namespace: the
+    namespace may be gone, unopenable or not the pod's at all, and the only
+    interface flock may delete is the host veth it can prove it made (name,
+    kind and ownership marker, see :func:`owned_by_flock`).  A same-named
+    link that is not flock's is left alone.
+    """
     name = host_ifname(container_id, settings.host_prefix)
     try:
         async with _conn.rtnl(host_netns) as host:
             link = await _conn.link_by_name(host, name)
-            if link is not None:
-                with anycast_lock:
-                    await leave_routes(host, {name}, settings, oif=link["index"])
-                try:
-                    await host.link("del", index=link["index"])
-                except NetlinkError as exc:
-                    ignore_codes(exc, errno.ENODEV)
+            if link is None:
                 return
-        # No host side: like ptp, remove ifName from the pod namespace if a
-        # veth remains there (its peer lives under another name).
-        if netns and if_name:
+            if not owned_by_flock(link, settings, container_id):
+                log.warning(
+                    "not deleting a link flock cannot prove it made",
+                    extra={"container_id": container_id, "interface": name, "alias": link.get("IFLA_IFALIAS")},
+                )
+                return
+            with anycast_lock:
+                await leave_routes(host, {name}, settings, oif=link["index"])
             try:
-                async with _conn.rtnl(netns) as pod:
-                    p = await _conn.link_by_name(pod, if_name)
-                    if p is not None and p.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth":
-                        try:
-                            await pod.link("del", index=p["index"])
-                        except NetlinkError as exc:
-                            ignore_codes(exc, errno.ENODEV)
-            except _nsenter.NetnsMissing:
-                pass
+                await host.link("del", index=link["index"])
+            except NetlinkError as exc:
+                ignore_codes(exc, errno.ENODEV)
     except (NetlinkError, OSError) as exc:
         raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
 

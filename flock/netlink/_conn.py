@@ -54,8 +54,9 @@ def _netlink_socket_fd() -> int:
 
 
 @contextlib.asynccontextmanager
-async def rtnl(netns: str | None) -> AsyncIterator[AsyncIPRoute]:
-    """An AsyncIPRoute whose socket lives in *netns* (a path; None: this thread's).
+async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
+    """An AsyncIPRoute whose socket lives in *netns* (a path, a borrowed
+    namespace fd; None: this thread's).
 
     The socket is opened on a throw-away thread (see _nsenter), so the calling
     thread never changes namespace and a missing namespace is never created.
@@ -182,6 +183,16 @@ async def addresses(ipr: AsyncIPRoute, index: int) -> list[LiveAddress]:
         req["family"] = family
         req["index"] = index
         out += _addresses_from(m for m in await _dump(ipr, req, RTM_GETADDR) if m["index"] == index)
+    return out
+
+
+async def all_addresses(ipr: AsyncIPRoute) -> list[LiveAddress]:
+    """Every address on every interface (both families)."""
+    out = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        req = ifaddrmsg()
+        req["family"] = family
+        out += _addresses_from(await _dump(ipr, req, RTM_GETADDR))
     return out
 
 

@@ -12,7 +12,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from flock.faults import KernelRefused
 from flock.netlink import _apply, _conn, _nsenter
-from flock.netlink.desired import DataplaneSettings, PodPlan, Route, Side, is_host_ifname
+from flock.netlink.desired import DataplaneSettings, PodPlan, Route, Side
 
 
 def _is_up(msg) -> bool:
@@ -57,7 +57,7 @@ def _compare_routes(label: str, live: list[Route], wanted: tuple[Route, ...]) ->
     return out
 
 
-async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: DataplaneSettings) -> list[str]:
+async def check_pod(plan: PodPlan, *, pod_netns: int, host_netns: str | None, settings: DataplaneSettings) -> list[str]:
     """Every difference between *plan* and the kernel, one sentence each
     (empty list: in sync).  Raises KernelRefused only when the kernel cannot be read."""
     diffs: list[str] = []
@@ -90,7 +90,7 @@ async def check_pod(plan: PodPlan, *, host_netns: str | None, settings: Dataplan
                             f"host: anycast route {dst} lacks nexthop {m.nexthop}" + (f" (have {r})" if r else "")
                         )
         try:
-            async with _conn.rtnl(plan.netns) as pod:
+            async with _conn.rtnl(pod_netns) as pod:
                 p = await _conn.link_by_name(pod, p_name)
                 pl = f"pod {p_name}"
                 if p is None:
@@ -127,8 +127,11 @@ async def cleanup(
     Blackholes are left to ensure_blackholes."""
     try:
         async with _conn.rtnl(host_netns) as host:
-            names = set((await _conn.link_names(host)).values())
-            orphans = {n for n in names if is_host_ifname(n, settings.host_prefix) and n not in explained_ifnames}
+            orphans = {
+                m.get("IFLA_IFNAME")
+                async for m in await host.link("dump")
+                if m.get("IFLA_IFNAME") not in explained_ifnames and _apply.owned_by_flock(m, settings)
+            }
             with anycast_lock:
                 routes = await _apply.leave_routes(host, orphans, settings)
                 for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, all_links=True):

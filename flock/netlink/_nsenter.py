@@ -16,8 +16,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -25,10 +27,116 @@ from typing import TypeVar
 T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
+# linux/nsfs.h: _IO(0xb7, 0x3).  Only nsfs implements it, so an answer proves
+# the fd is a namespace; the value says which kind.
+NS_GET_NSTYPE = 0xB703
+
+# What a namespace "file" is opened with.  O_NONBLOCK: a FIFO or a device
+# handed in as CNI_NETNS must not block the open (nsfs ignores the flag);
+# O_NOCTTY: a terminal must not become ours.
+OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+
+# The network namespaces no pod may be given: flock's own and the node's.
+NODE_NETNS_FILES = ("/proc/self/ns/net", "/proc/1/ns/net")
 
 
 class NetnsMissing(FileNotFoundError):
     """The namespace path does not exist (or is not a namespace any more)."""
+
+
+class NetnsUnusable(ValueError):
+    """An fd or path that must not be used as a pod's network namespace.
+
+    ``reason`` says why in a few words (it ends up in a CNI error's details).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def node_netns_ids(host_netns: str | None = None) -> frozenset[tuple[int, int]]:
+    """Identities of the namespaces a pod must never get: this process's,
+    PID 1's (the host's init, when visible) and the configured node netns."""
+    out = set()
+    for path in (*NODE_NETNS_FILES, *((host_netns,) if host_netns else ())):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # /proc/1 may be hidden (hidepid); the others exist
+        out.add((st.st_dev, st.st_ino))
+    return frozenset(out)
+
+
+def check_netns_fd(fd: int, refused: frozenset[tuple[int, int]] = frozenset()) -> tuple[int, int]:
+    """Verify *fd* is a network namespace not in *refused*; its identity.
+
+    Raises NetnsUnusable.  fstat first: only a regular file (what nsfs
+    inodes look like) gets the ioctl, never a device whose driver might
+    give that number another meaning.
+    """
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NetnsUnusable(f"not a network namespace (a {_file_kind(st.st_mode)})")
+    try:
+        kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTTY, errno.EINVAL):
+            raise NetnsUnusable("not a network namespace (a regular file)") from None
+        raise NetnsUnusable(f"not a network namespace ({exc.strerror})") from None
+    if kind != CLONE_NEWNET:
+        raise NetnsUnusable(f"a namespace of another kind (type {kind:#x}), not a network namespace")
+    ident = (st.st_dev, st.st_ino)
+    if ident in refused:
+        raise NetnsUnusable("the node's own network namespace; a pod must have its own")
+    return ident
+
+
+def open_checked_netns(path: str, refused: frozenset[tuple[int, int]] = frozenset()) -> int:
+    """Open *path* as a pod network namespace and verify it (see
+    :func:`check_netns_fd`); an fd the caller closes.  NetnsMissing when the
+    path does not exist, NetnsUnusable for anything else wrong, the OS
+    error named."""
+    try:
+        before = os.stat(path)
+    except FileNotFoundError:
+        raise NetnsMissing(errno.ENOENT, "network namespace not found", path) from None
+    except (OSError, ValueError) as exc:  # ELOOP, ENAMETOOLONG, ENOTDIR, EACCES; ValueError: NUL
+        raise NetnsUnusable(f"cannot open it: {_os_error(exc)}") from None
+    if not stat.S_ISREG(before.st_mode):  # never open() a FIFO or a device just to look at it
+        raise NetnsUnusable(f"not a network namespace (a {_file_kind(before.st_mode)})")
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except FileNotFoundError:
+        raise NetnsMissing(errno.ENOENT, "network namespace not found", path) from None
+    except OSError as exc:
+        raise NetnsUnusable(f"cannot open it: {_os_error(exc)}") from None
+    try:
+        check_netns_fd(fd, refused)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _os_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"[Errno {exc.errno}] {exc.strerror}"
+    return str(exc)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISLNK, "symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "regular file"
 
 
 @functools.cache
@@ -53,15 +161,17 @@ def open_netns(path: str) -> int:
         raise NetnsMissing(errno.ENOENT, "network namespace not found", path) from None
 
 
-def run_in_netns(path: str | None, fn: Callable[[], T]) -> T:
-    """Call *fn* in the network namespace at *path* (None: the caller's own).
+def run_in_netns(netns: str | int | None, fn: Callable[[], T]) -> T:
+    """Call *fn* in the network namespace *netns*: a path, an fd (borrowed:
+    the caller keeps and closes it) or None (the caller's own).
 
-    Blocking; runs *fn* on a dedicated short-lived thread when *path* is set.
+    Blocking; runs *fn* on a dedicated short-lived thread when *netns* is set.
     Exceptions from *fn* propagate; a missing namespace raises NetnsMissing.
     """
-    if path is None:
+    if netns is None:
         return fn()
-    fd = open_netns(path)
+    path = netns if isinstance(netns, str) else f"fd {netns}"
+    fd = open_netns(netns) if isinstance(netns, str) else netns
     outcome: list = []
 
     def enter_and_run() -> None:
@@ -76,7 +186,8 @@ def run_in_netns(path: str | None, fn: Callable[[], T]) -> T:
         thread.start()
         thread.join()
     finally:
-        os.close(fd)
+        if isinstance(netns, str):
+            os.close(fd)
     ok, value = outcome[0]
     if not ok:
         if isinstance(value, OSError) and value.errno == errno.EINVAL:

@@ -21,22 +21,29 @@ a retry never races an earlier attempt on the same kernel objects.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import logging
+import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import attrs
 import trio
 
+from flock import errors, faults
 from flock.model import Allocation
-from flock.netlink import _apply, _conn, _inspect
+from flock.netlink import _apply, _conn, _inspect, _nsenter
 from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
 
 DEFAULT_PARALLEL_SETUPS = 8
+
+
+class NetnsNotFound(faults.NetnsUnusable):
+    """The pod's namespace path does not exist."""
 
 
 @attrs.define(eq=False)
@@ -56,9 +63,38 @@ class NetlinkWorker:
     # Anycast routes are read-modify-write across pods; worker threads
     # serialize on this lock (held only around those few netlink calls).
     _anycast_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    # Namespaces no pod may be set up in: the agent's own, PID 1's, host_netns.
+    _refused: frozenset[tuple[int, int]] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._limiter = trio.CapacityLimiter(self.max_parallel)
+        self._refused = _nsenter.node_netns_ids(self.host_netns)
+
+    @contextlib.contextmanager
+    def pod_netns(self, alloc: Allocation, netns_fd: int | None) -> Iterator[int]:
+        """The pod's namespace as a verified fd: *netns_fd* (the one the shim
+        sent, borrowed) or, when there is none, the allocation's path opened
+        here (and closed after).  Either must be a network namespace other
+        than the node's: :class:`~flock.faults.NetnsUnusable` naming the path
+        and why (:class:`NetnsNotFound` when the path does not exist)."""
+        where = f"netns={errors.quote(alloc.netns)}"
+        try:
+            if netns_fd is not None:
+                _nsenter.check_netns_fd(netns_fd, self._refused)
+                fd, owned = netns_fd, False
+            else:
+                fd, owned = _nsenter.open_checked_netns(alloc.netns, self._refused), True
+        except _nsenter.NetnsMissing:
+            raise NetnsNotFound("network namespace not found", f"{where}: no such file") from None
+        except _nsenter.NetnsUnusable as exc:
+            raise faults.NetnsUnusable("unusable network namespace", f"{where}: {exc.reason}") from None
+        except OSError as exc:  # fstat of a received fd
+            raise faults.NetnsUnusable("unusable network namespace", f"{where}: {exc}") from None
+        try:
+            yield fd
+        finally:
+            if owned:
+                os.close(fd)
 
     async def _run(self, fn, *args, **kwargs):
         """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
@@ -81,39 +117,48 @@ class NetlinkWorker:
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation) -> Attachment:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> Attachment:
         """Create or converge the pod's veth, addresses, sysctls and routes,
-        and add it to the multipath route of each of its anycast addresses."""
+        and add it to the multipath route of each of its anycast addresses.
+        *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
         plan = self.plan(alloc)
-        attachment = await self._run(
-            _apply.setup_pod,
-            plan,
-            host_netns=self.host_netns,
-            anycast_lock=self._anycast_lock,
-            settings=self.settings,
-            fault=self.fault,
-        )
+        with self.pod_netns(alloc, netns_fd) as fd:
+            attachment = await self._run(
+                _apply.setup_pod,
+                plan,
+                pod_netns=fd,
+                host_netns=self.host_netns,
+                anycast_lock=self._anycast_lock,
+                settings=self.settings,
+                fault=self.fault,
+            )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
         return attachment
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything
-        already gone (netns, interface, route) is success."""
+        already gone (netns, interface, route) is success.  By container ID
+        alone: *netns* and *if_name* are accepted for the callers' sake and
+        never used (the pod's namespace is not entered, see ``teardown_pod``)."""
         await self._run(
             _apply.teardown_pod,
             container_id,
-            netns,
-            if_name,
             host_netns=self.host_netns,
             anycast_lock=self._anycast_lock,
             settings=self.settings,
         )
 
-    async def check(self, alloc: Allocation) -> list[str]:
+    async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
         """Differences between the allocation's desired state and the kernel,
         one precise sentence each; empty when in sync."""
         plan = self.plan(alloc)
-        return await self._run(_inspect.check_pod, plan, host_netns=self.host_netns, settings=self.settings)
+        try:
+            with self.pod_netns(alloc, netns_fd) as fd:
+                return await self._run(
+                    _inspect.check_pod, plan, pod_netns=fd, host_netns=self.host_netns, settings=self.settings
+                )
+        except NetnsNotFound:
+            return [f"pod: network namespace {errors.quote(alloc.netns)} missing"]
 
     async def cleanup(self, explained_container_ids: Iterable[str]) -> _inspect.CleanupReport:
         """Remove flock-owned host veths and routes no allocation explains."""
@@ -146,6 +191,18 @@ class NetlinkWorker:
                     return await _apply.ensure_anycast(host, plans, self.settings)
 
         return await self._run(apply)
+
+    async def node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        """The node's own interface addresses (no pod may claim one)."""
+
+        async def read() -> list[_conn.LiveAddress]:
+            async with _conn.rtnl(self.host_netns) as host:
+                return await _conn.all_addresses(host)
+
+        try:
+            return frozenset(a.address for a in await self._run(read))
+        except (OSError, _conn.NetlinkError) as exc:
+            raise faults.KernelRefused("netlink address dump failed", str(exc)) from exc
 
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""

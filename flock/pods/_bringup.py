@@ -33,6 +33,14 @@ log = logging.getLogger("flock.pods")
 # (it keeps waiting; ADD answers 11 and readiness stays false meanwhile).
 NODECONFIG_WAIT_S = 60.0
 PENDING_DELETES = "pending-deletes"
+# While running, the queue is looked at this often (one listdir); after a
+# replay that failed, the wait doubles up to PENDING_DELETES_MAX_S.
+PENDING_DELETES_POLL_S = 2.0
+PENDING_DELETES_MAX_S = 60.0
+# How often the node's own addresses (which no pod may claim) are read again.
+NODE_ADDRESSES_REFRESH_S = 30.0
+# A record is one small request line; anything bigger is not flock's.
+_MAX_RECORD_BYTES = 64 * 1024
 
 
 @attrs.define(eq=False)
@@ -41,8 +49,12 @@ class NodeBringUp:
 
     Reads the NodeConfig from ``state`` (the NodeConfig watcher publishes it
     there) and opens :data:`ADD_GATE` once ADD can be served; ``started()``
-    then.  Error handling: a pending-delete file that cannot be read is logged
-    and removed; one whose DEL fails is logged and kept for the next start.
+    then.  While running it closes that gate again while the NodeConfig is
+    deleted (existing pods keep working), replays DELs the shim journals,
+    and re-reads the node's own addresses (no pod may claim one).  Error
+    handling: a pending-delete file that cannot be read is logged and
+    removed; one whose DEL fails is logged and kept for a retry (the poll
+    backs off while it keeps failing).
     Failures of the store or the kernel during start-up propagate to the
     supervisor, which restarts this service (the sequence is idempotent).  A
     node without a route for the pod gateway (``prepare``) is logged and does
@@ -68,11 +80,15 @@ class NodeBringUp:
                 except NodeUnprepared as exc:
                     log.error("node preparation failed; IPv4 pods may lack their gateway", extra={"error": str(exc)})
             await self._rebuild(node)
+            await self._refresh_node_addresses()
             await self.replay_pending_deletes()
             self.state.open_gate(add)
             log.info("serving ADD", extra={"node": node.name, "cidr6": str(node.cidr6), "cidr4": str(node.cidr4)})
             task_status.started()
-            await self._follow(node)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.drain_pending_deletes)
+                nursery.start_soon(self._follow_node_addresses)
+                await self._follow(node)
         finally:
             self.state.close_gate(add, "the node's services are restarting")
 
@@ -108,10 +124,36 @@ class NodeBringUp:
             },
         )
 
-    async def replay_pending_deletes(self) -> int:
-        """Apply the DELs the shim recorded while no agent answered; how many were applied."""
-        applied = 0
+    async def _refresh_node_addresses(self) -> None:
         try:
+            addresses = await self.dataplane.node_addresses()
+        except Fault as exc:
+            log.error("cannot read the node's addresses; keeping the last ones", extra={"error": str(exc)})
+            return
+        if self.handler.ipam is not None:
+            self.handler.ipam.set_node_addresses(addresses)
+
+    async def _follow_node_addresses(self) -> None:
+        while True:
+            await trio.sleep(NODE_ADDRESSES_REFRESH_S)
+            await self._refresh_node_addresses()
+
+    async def drain_pending_deletes(self) -> None:
+        """Replay DELs the shim journals while this agent runs (a shim that
+        timed out on a busy agent), not only those found at start."""
+        wait = PENDING_DELETES_POLL_S
+        while True:
+            await trio.sleep(wait)
+            outcome = await self.replay_pending_deletes()
+            wait = PENDING_DELETES_POLL_S if outcome >= 0 else min(wait * 2, PENDING_DELETES_MAX_S)
+
+    async def replay_pending_deletes(self) -> int:
+        """Apply the DELs the shim recorded while no agent answered; how many
+        were applied, or -1 when one of them failed (it stays queued)."""
+        applied = 0
+        failed = False
+        try:
+            self._tighten_queue()
             paths = sorted(self.pending_deletes.glob("*.json"))
         except OSError as exc:
             log.error(
@@ -121,7 +163,11 @@ class NodeBringUp:
             return 0
         for path in paths:
             try:
-                request = Request.decode(path.read_bytes())
+                with path.open("rb") as f:
+                    raw = f.read(_MAX_RECORD_BYTES + 1)
+                if len(raw) > _MAX_RECORD_BYTES:
+                    raise InvalidCniArgs("record too large", f"over {_MAX_RECORD_BYTES} bytes")
+                request = Request.decode(raw)
                 if request.op != "DEL":
                     raise InvalidCniArgs("not a DEL", f"op={request.op!r}")
             except (errors.CniError, InvalidCniArgs, OSError) as exc:
@@ -132,20 +178,35 @@ class NodeBringUp:
                 try:
                     await self.handler.delete(request)
                 except (errors.CniError, Fault) as exc:
-                    log.error(
-                        "pending delete failed; kept for the next start", extra={"file": str(path), "error": str(exc)}
-                    )
+                    log.error("pending delete failed; kept for a retry", extra={"file": str(path), "error": str(exc)})
+                    failed = True
                     continue
                 path.unlink(missing_ok=True)
                 applied += 1
                 log.info("applied a pending delete")
-        return applied
+        return -1 if failed else applied
+
+    def _tighten_queue(self) -> None:
+        """Keep flock's own queue directory 0700 (the shim creates it on first use)."""
+        try:
+            mode = self.pending_deletes.stat().st_mode
+        except FileNotFoundError:
+            return
+        if mode & 0o077:
+            self.pending_deletes.chmod(0o700)
 
     async def _follow(self, applied: NodeConfig) -> None:
-        """NodeConfig changes at run time: existing pods keep their addresses."""
+        """NodeConfig changes at run time: existing pods keep their addresses.
+        A deleted NodeConfig closes ADD's gate (11, and /readyz fails) until it is back."""
         seen = -1
         while True:
             seen = await self.state.wait_changed(seen)
+            if self.state.nodeconfig_deleted:
+                self.state.close_gate(
+                    ADD_GATE.name, f"NodeConfig {self.state.node_name} was deleted; waiting for it to be recreated"
+                )
+            else:
+                self.state.open_gate(ADD_GATE.name)
             node = self.state.nodeconfig
             if node is None or node == applied:
                 continue

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from flock import errors
+from flock.faults import Fault, KernelRefused
 from flock.ipam import AddressConflict, Addresses, Ipam
 from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
 from flock.rpc import Request, check_cni_version, convert_result
@@ -216,7 +217,7 @@ class PodHandler:
             alloc = await self._reserve(request, ref)
             self.checkpoint.reached("after-pending")
         try:
-            await self.dataplane.setup(alloc)
+            await self.dataplane.setup(alloc, request.netns_fd)
             self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
         except Exception:
@@ -293,7 +294,12 @@ class PodHandler:
         deadline): then the allocation stays pending, as DESIGN says."""
         log.warning("ADD failed: removing its kernel state, row and addresses")
         with trio.move_on_after(ROLLBACK_DEADLINE_S, shield=True) as scope:
-            await self._forget(alloc, alloc.netns, alloc.if_name)
+            try:
+                await self._forget(alloc, alloc.netns, alloc.if_name)
+            except Exception as exc:
+                # The ADD's own error is what the runtime must hear; this one
+                # is logged and the allocation stays pending for a DEL or GC.
+                log.error("could not undo a failed ADD; the allocation stays pending", extra={"error": str(exc)})
         if scope.cancelled_caught:
             log.error("could not undo a failed ADD in time; the allocation stays pending")
 
@@ -370,7 +376,7 @@ class PodHandler:
                 if extra := sorted(map(str, prev - wanted)):
                     parts.append("in prevResult but not allocated: " + ", ".join(extra))
                 raise CheckFailed("prevResult differs from the allocation", "; ".join(parts))
-            diffs = await self.dataplane.check(alloc)
+            diffs = await self.dataplane.check(alloc, request.netns_fd)
         if diffs:
             raise CheckFailed("pod network differs from its allocation", "; ".join(diffs))
         return {}
@@ -394,6 +400,7 @@ class PodHandler:
         ``cni.dev/valid-attachments`` does not list."""
         valid = _valid_attachments(request.config)
         removed = []
+        failed: dict[str, str] = {}
         for alloc in await self.store.list():
             if (alloc.container_id, alloc.if_name) in valid:
                 continue
@@ -401,7 +408,16 @@ class PodHandler:
                 current = await self.store.get(alloc.container_id)
                 if current is None or (current.container_id, current.if_name) in valid:
                     continue
-                await self._forget(current, None, None)
+                try:
+                    await self._forget(current, None, None)
+                except Fault as exc:
+                    # One row that cannot be cleaned must not keep every other leak.
+                    log.error(
+                        "GC could not remove an allocation; going on with the others",
+                        extra={"container_id": current.container_id, "error": str(exc)},
+                    )
+                    failed[current.container_id] = str(exc)
+                    continue
                 removed.append(current.container_id)
         remaining = await self.store.list()
         report = await self.dataplane.cleanup([a.container_id for a in remaining])
@@ -409,6 +425,13 @@ class PodHandler:
         log.info(
             "GC done", extra={"removed": removed, "orphan_interfaces": list(report.interfaces), "kept": len(remaining)}
         )
+        if failed:
+            first = sorted(failed)[:8]
+            raise KernelRefused(
+                "GC could not remove every allocation",
+                f"{len(failed)} left (the others were removed): "
+                + "; ".join(f"{cid}: {failed[cid][:200]}" for cid in first),
+            )
         return {}
 
 

@@ -15,7 +15,7 @@ Python 3.8 syntax (bundled into the shim).
 
 from __future__ import annotations
 
-from flock.errors import DECODE_ERROR, INCOMPATIBLE_CNI_VERSION, CniError
+from flock.errors import DECODE_ERROR, INCOMPATIBLE_CNI_VERSION, CniError, quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def check_cni_version(config: dict[str, Any]) -> str:
         raise CniError(
             INCOMPATIBLE_CNI_VERSION,
             "incompatible CNI version",
-            "cniVersion={!r}; flock supports {}".format(version, ", ".join(SUPPORTED_VERSIONS)),
+            "cniVersion={}; flock supports {}".format(quote(version), ", ".join(SUPPORTED_VERSIONS)),
         )
     return version
 
@@ -87,7 +87,7 @@ def _objects(result: dict[str, Any], key: str) -> list[dict[str, Any]]:
     (the result crossed the wire: a broken agent must not crash the shim)."""
     items = result[key]
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-        raise CniError(DECODE_ERROR, "malformed result", f"field {key!r}={items!r}: expected a list of objects")
+        raise CniError(DECODE_ERROR, "malformed result", f"field {key!r}={quote(items)}: expected a list of objects")
     return items
 
 

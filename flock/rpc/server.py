@@ -6,9 +6,11 @@ free of Trio and attrs.
 
 from __future__ import annotations
 
+import array
 import errno
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,7 +19,7 @@ import attrs
 import trio
 
 from flock import logs
-from flock.errors import INTERNAL, NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+from flock.errors import INTERNAL, INVALID_ENV, NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 from flock.rpc.wire import LineReader, Request, encode_error, encode_result
 
 log = logging.getLogger("flock.rpc")
@@ -35,6 +37,11 @@ LINGER_S = 0.5
 LINGER_BYTES = 4 << 20
 # Probing an existing socket file for a live agent.
 PROBE_DEADLINE_S = 1.0
+# Ancillary room per read: a request carries at most one fd; room for a few
+# more lets the agent see (and close) extra ones instead of the kernel
+# truncating silently.
+_MAX_FDS = 4
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 # accept() errors that mean "out of resources right now", not "broken socket".
 _TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
@@ -74,7 +81,7 @@ class RpcServer:
     without one, :class:`NotReadyHandler` answers).
 
     Error handling: every per-connection failure — garbage, a half line, a
-    line over 1 MiB, a client that says nothing for ``read_deadline`` or
+    line over the request limit, an fd that does not match the line, a client that says nothing for ``read_deadline`` or
     hangs up, a handler that raises or overruns ``request_deadline`` or the
     drain's ``drain_deadline`` (code 11, "shutting down") — is
     answered with a CniError where the client can still hear it, logged,
@@ -152,14 +159,21 @@ class RpcServer:
     async def _serve(self, sock: trio.socket.SocketType) -> None:
         began = trio.current_time()
         fields: dict[str, str] = {}  # the request's log context, for the late reply's log line too
+        fds: list[int] = []  # fds that came with the request; closed whatever happens
         async with trio.SocketStream(sock) as stream:
             try:
                 with trio.move_on_after(self.request_deadline) as handling:
-                    line = await self._receive_request(stream)
+                    line = await self._receive_request(stream, fds)
                     if line is None:
                         return
                     try:
-                        request = Request.decode(line)
+                        if len(fds) > 1:
+                            raise CniError(
+                                INVALID_ENV,
+                                "unexpected file descriptor",
+                                f"{len(fds)} fds arrived; at most one is taken",
+                            )
+                        request = Request.decode(line, fds[0] if fds else None)
                     except CniError as err:
                         log.warning("bad request", extra={"code": err.code, "error": str(err)})
                         await stream.send_all(encode_error(err))
@@ -191,10 +205,14 @@ class RpcServer:
                     await stream.send_all(encode_error(late))
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 log.debug("client went away", extra={"error": str(exc)})
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
-    async def _receive_request(self, stream: trio.SocketStream) -> bytes | None:
+    async def _receive_request(self, stream: trio.SocketStream, fds: list[int]) -> bytes | None:
         """The request line; None for a client that said nothing in time, or an
-        error reply already sent for one that sent garbage."""
+        error reply already sent for one that sent garbage.  Fds that arrive
+        with it (SCM_RIGHTS) are appended to *fds*, which the caller closes."""
         reader = LineReader()
         with trio.move_on_after(self.read_deadline) as reading:
             self._reading.add(reading)
@@ -202,7 +220,12 @@ class RpcServer:
                 reading.cancel()
             try:
                 while True:
-                    chunk = await stream.receive_some(65536)
+                    chunk, ancdata, flags, _ = await stream.socket.recvmsg(65536, _ANCILLARY_BYTES)
+                    fds.extend(_received_fds(ancdata))
+                    if flags & socket.MSG_CTRUNC:
+                        raise CniError(
+                            INVALID_ENV, "unexpected file descriptor", "more fds arrived than a request may carry"
+                        )
                     if not chunk:
                         raise reader.eof()
                     line = reader.feed(chunk)
@@ -299,6 +322,17 @@ class RpcServer:
         except FileNotFoundError:
             pass
         self._inode = None
+
+
+def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The fds in SCM_RIGHTS ancillary data (already ours: the caller closes them)."""
+    out: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            out.extend(fds)
+    return out
 
 
 async def _linger(stream: trio.SocketStream) -> None:

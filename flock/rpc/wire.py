@@ -1,8 +1,14 @@
-"""Wire protocol v1 between the shim and flock-agent (DESIGN: "Wire protocol").
+"""Wire protocol (versions 1 and 2) between the shim and flock-agent (DESIGN: "Wire protocol").
 
 One connection per request; each side sends exactly one line of UTF-8 JSON
 ending in ``\\n``.  Standard library only and Python 3.8 syntax: the shim
 bundles this module and runs it on the host's python3.
+
+Version 2 adds the pod's network namespace as a file descriptor, sent with
+the first bytes of the request line as SCM_RIGHTS ancillary data; the line's
+``netnsFd`` field says whether one was attached, so an fd lost on the way or
+one nobody announced is caught (code 4).  ADD and CHECK need it; DEL sends it
+when the namespace could be opened and works without it.
 
 Decoding never raises anything but :class:`~flock.errors.CniError`:
 an oversized line, bad UTF-8 or invalid JSON is code 6; an unknown ``op`` or a
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 from types import MappingProxyType
 
-from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError
+from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError, quote
 
 # typing costs milliseconds at import and the shim is on the pod start-up path;
 # annotations are strings (see __future__), so it is only needed by checkers.
@@ -23,14 +29,24 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROTOCOL_VERSION = 1
-SPOKEN_VERSIONS = (1,)
+PROTOCOL_VERSION = 2
+SPOKEN_VERSIONS = (1, 2)
+# The version that carries the netns as an fd.
+FD_VERSION = 2
 
-# Longest request or response line, newline excluded.  A pod's network
-# configuration is a few KiB; anything near this is garbage or an attack.
-MAX_LINE_BYTES = 1 << 20
+# The one request size limit, shared by shim and agent: the longest request
+# (or response) line, newline excluded.  A network configuration is a few
+# KiB; configurations up to 4 MiB fit even when JSON escaping doubles them.
+# Over it, ADD/CHECK/STATUS/GC are refused with code 4 ("request too
+# large"); the shim sends a DEL without its configuration instead (a DEL
+# needs only the container ID).
+MAX_REQUEST_BYTES = 8 << 20
+MAX_LINE_BYTES = MAX_REQUEST_BYTES
 
 OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
+# Ops that need the pod's namespace (version 2: as an fd), and those that may send it.
+FD_OPS = ("ADD", "CHECK")
+FD_OPTIONAL_OPS = ("DEL",)
 
 # Deepest JSON nesting accepted (a network configuration nests a handful of
 # levels).  json.loads manages ~1000, but repr() and json.dumps of such a
@@ -62,14 +78,19 @@ def valid_container_id(value: str) -> bool:
     return bool(value) and value[0].isascii() and value[0].isalnum() and _CONTAINER_ID_CHARS.issuperset(value)
 
 
+# Names the kernel gives a meaning of its own: /proc/sys/net/ipv*/conf/{all,default}.
+_RESERVED_IF_NAMES = (".", "..", "all", "default")
+
+
 def valid_if_name(value: str) -> bool:
-    """What the kernel accepts as an interface name (``dev_valid_name``): 1 to
-    15 bytes, not ``.`` or ``..``, no ``/``, ``:``, NUL or whitespace."""
+    """An interface name as the reference plugins accept it (``ValidateInterfaceName``):
+    1 to 15 bytes, not ``.``, ``..``, ``all`` or ``default``, no ``/``,
+    ``:``, ``%`` (a kernel name template such as ``eth%d``), NUL or whitespace."""
     try:
         size = len(value.encode("utf-8"))
     except UnicodeError:
         return False
-    return 0 < size <= 15 and value not in (".", "..") and not any(c in "/:\0" or c.isspace() for c in value)
+    return 0 < size <= 15 and value not in _RESERVED_IF_NAMES and not any(c in "/:%\0" or c.isspace() for c in value)
 
 
 def valid_netns(value: str) -> bool:
@@ -97,7 +118,7 @@ _FIELD_CHECKS = MappingProxyType(
         "ifName": (
             valid_if_name,
             "invalid interface name",
-            "expected 1 to 15 bytes without '/', ':' or whitespace, not '.' or '..'",
+            "expected 1 to 15 bytes without '/', ':', '%' or whitespace, not '.', '..', 'all' or 'default'",
         ),
         "netns": (valid_netns, "invalid network namespace path", "expected an absolute path"),
     }
@@ -121,7 +142,7 @@ class Request:
     (whose import costs the shim several milliseconds at every pod start).
     """
 
-    __slots__ = ("args", "config", "container_id", "if_name", "netns", "op", "path", "version")
+    __slots__ = ("args", "config", "container_id", "if_name", "netns", "netns_fd", "op", "path", "version")
 
     def __init__(
         self,
@@ -132,7 +153,8 @@ class Request:
         args: str = "",
         path: str = "",
         config: dict[str, Any] | None = None,
-        version: int = PROTOCOL_VERSION,
+        version: int = 1,  # the shim sends PROTOCOL_VERSION; version 1 is what carries no fd
+        netns_fd: int | None = None,
     ) -> None:
         self.op = op
         self.container_id = container_id
@@ -142,9 +164,18 @@ class Request:
         self.path = path
         self.config = config if config is not None else {}
         self.version = version
+        # Version 2: the pod's namespace fd that came with the line (owned by
+        # whoever received it; never encoded: ``netnsFd`` says whether one rides along).
+        self.netns_fd = netns_fd
 
     def _key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__[:-2]) + (
+        return (
+            self.op,
+            self.container_id,
+            self.netns,
+            self.if_name,
+            self.args,
+            self.path,
             json.dumps(self.config, sort_keys=True),
             self.version,
         )
@@ -170,7 +201,7 @@ class Request:
         return f"{ns}/{name}" if (ns or name) else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "version": self.version,
             "op": self.op,
             "containerID": self.container_id,
@@ -179,14 +210,52 @@ class Request:
             "args": self.args,
             "path": self.path,
             "config": self.config,
-        }
+        }  # type: dict[str, Any]
+        if self.version >= FD_VERSION:
+            out["netnsFd"] = self.netns_fd is not None
+        return out
+
+    def as_version(self, version: int) -> Request:
+        """This request in wire *version*; version 1 carries no fd (the agent opens the path)."""
+        return Request(
+            self.op,
+            self.container_id,
+            self.netns,
+            self.if_name,
+            self.args,
+            self.path,
+            self.config,
+            version,
+            self.netns_fd if version >= FD_VERSION else None,
+        )
+
+    def without_config(self) -> Request:
+        """This request with only the configuration's ``cniVersion`` (when it is a
+        short string): what a DEL needs, for one whose configuration is over the limit."""
+        version = self.config.get("cniVersion")
+        config = {"cniVersion": version} if isinstance(version, str) and len(version) <= 16 else {}
+        return Request(
+            self.op,
+            self.container_id,
+            self.netns,
+            self.if_name,
+            self.args[:4096],
+            self.path[:4096],
+            config,
+            self.version,
+            self.netns_fd,
+        )
 
     def encode(self) -> bytes:
         return _encode_line(self.to_dict())
 
     @classmethod
-    def decode(cls, line: bytes) -> Request:
-        """Parse one request line (with or without its ``\\n``); CniError on anything wrong."""
+    def decode(cls, line: bytes, netns_fd: int | None = None) -> Request:
+        """Parse one request line (with or without its ``\\n``); CniError on anything wrong.
+
+        *netns_fd* is the fd that arrived with the line, if any: it must match
+        what the line announces (``netnsFd``).  It is not closed here, also
+        not on error (the receiver owns it)."""
         obj = _decode_line(line, "request")
         if "version" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'version' is required")
@@ -195,8 +264,8 @@ class Request:
             raise CniError(
                 INCOMPATIBLE_PROTOCOL,
                 "incompatible flock protocol version",
-                "request has version={!r}; this agent speaks versions {}".format(
-                    version, ", ".join(str(v) for v in SPOKEN_VERSIONS)
+                "request has version={}; this agent speaks versions {}".format(
+                    quote(version), ", ".join(str(v) for v in SPOKEN_VERSIONS)
                 ),
             )
         op = obj.get("op")
@@ -204,7 +273,7 @@ class Request:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'op' is required")
         if op not in OPS:
             raise CniError(
-                INVALID_ENV, "unknown operation", "field 'op'={!r}; expected one of {}".format(op, ", ".join(OPS))
+                INVALID_ENV, "unknown operation", "field 'op'={}; expected one of {}".format(quote(op), ", ".join(OPS))
             )
         fields = {}
         for name in _STRING_FIELDS:
@@ -213,7 +282,7 @@ class Request:
                 raise CniError(
                     INVALID_ENV,
                     "request field has the wrong type",
-                    f"field {name!r}={value!r}: expected a string",
+                    f"field {name!r}={quote(value)}: expected a string",
                 )
             fields[name] = value
         for name in REQUIRED_FIELDS[op]:
@@ -223,7 +292,7 @@ class Request:
             invalid = field_error(name, value)
             if invalid is not None:
                 msg, expected = invalid
-                raise CniError(INVALID_ENV, msg, f"field {name!r}={value!r}: {expected}")
+                raise CniError(INVALID_ENV, msg, f"field {name!r}={quote(value)}: {expected}")
         cid = fields["containerID"]
         if "config" not in obj:
             raise CniError(INVALID_ENV, "request is missing a field", "field 'config' is required")
@@ -232,7 +301,34 @@ class Request:
             raise CniError(
                 INVALID_ENV,
                 "request field has the wrong type",
-                f"field 'config'={config!r}: expected an object",
+                f"field 'config'={quote(config)}: expected an object",
+            )
+        has_fd = obj.get("netnsFd", False)
+        if version < FD_VERSION and "netnsFd" in obj:
+            raise CniError(
+                INVALID_ENV, "request field not in this version", f"field 'netnsFd' needs version {FD_VERSION}"
+            )
+        if not isinstance(has_fd, bool):
+            raise CniError(
+                INVALID_ENV, "request field has the wrong type", f"field 'netnsFd'={quote(has_fd)}: expected a boolean"
+            )
+        if version >= FD_VERSION and op in FD_OPS and not has_fd:
+            raise CniError(
+                INVALID_ENV,
+                "network namespace fd missing",
+                f"version {version} {op} must carry the network namespace as a file descriptor (netnsFd)",
+            )
+        if has_fd and op not in FD_OPS + FD_OPTIONAL_OPS:
+            raise CniError(INVALID_ENV, "unexpected file descriptor", f"{op} takes no network namespace fd")
+        if has_fd and netns_fd is None:
+            raise CniError(
+                INVALID_ENV, "network namespace fd missing", "the request announces an fd (netnsFd) but none arrived"
+            )
+        if netns_fd is not None and not has_fd:
+            raise CniError(
+                INVALID_ENV,
+                "unexpected file descriptor",
+                f"a file descriptor arrived with a version {version} request that announces none",
             )
         return cls(
             op=op,
@@ -243,6 +339,7 @@ class Request:
             path=fields["path"],
             config=config,
             version=version,
+            netns_fd=netns_fd,
         )
 
 
@@ -268,7 +365,7 @@ def decode_response(line: bytes) -> dict[str, Any]:
             raise CniError(
                 DECODE_ERROR,
                 "malformed response from flock-agent",
-                f"field 'error'={err!r}: expected {{code, msg, details}}",
+                f"field 'error'={quote(err)}: expected {{code, msg, details}}",
             )
         raise CniError.from_dict(err)
     if "result" not in obj:
@@ -278,7 +375,7 @@ def decode_response(line: bytes) -> dict[str, Any]:
         raise CniError(
             DECODE_ERROR,
             "malformed response from flock-agent",
-            f"field 'result'={result!r}: expected an object",
+            f"field 'result'={quote(result)}: expected an object",
         )
     return result
 
@@ -292,11 +389,12 @@ class LineReader:
     *limit* bytes without a newline.
     """
 
-    __slots__ = ("_buf", "_limit")
+    __slots__ = ("_buf", "_limit", "_what")
 
-    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, limit: int = MAX_REQUEST_BYTES, what: str = "request") -> None:
         self._buf = bytearray()
         self._limit = limit
+        self._what = what
 
     @property
     def pending(self) -> int:
@@ -306,11 +404,11 @@ class LineReader:
         end = chunk.find(b"\n")
         if end >= 0:
             if len(self._buf) + end > self._limit:
-                raise self._too_long()
+                raise too_large(self._what, len(self._buf) + end, self._limit)
             return bytes(self._buf + chunk[:end])
         self._buf += chunk
         if len(self._buf) > self._limit:
-            raise self._too_long()
+            raise too_large(self._what, len(self._buf), self._limit, more=True)
         return None
 
     def eof(self) -> CniError:
@@ -319,8 +417,13 @@ class LineReader:
             DECODE_ERROR, "message ended before its newline", f"{len(self._buf)} bytes received without '\\n'"
         )
 
-    def _too_long(self) -> CniError:
-        return CniError(DECODE_ERROR, "message too long", f"line exceeds {self._limit} bytes")
+
+def too_large(what: str, size: int, limit: int = MAX_REQUEST_BYTES, more: bool = False) -> CniError:
+    """The error for a *what* ("request", "response") line of *size* bytes over *limit*."""
+    at_least = "at least " if more else ""
+    return CniError(
+        INVALID_ENV, f"{what} too large ({at_least}{size} bytes, limit {limit})", f"{what} line over {limit} bytes"
+    )
 
 
 def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -346,14 +449,14 @@ def _encode_line(obj: dict[str, Any]) -> bytes:
 def _decode_line(line: bytes, what: str) -> dict[str, Any]:
     if line.endswith(b"\n"):
         line = line[:-1]
-    if len(line) > MAX_LINE_BYTES:
-        raise CniError(DECODE_ERROR, "message too long", f"{what} line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    if len(line) > MAX_REQUEST_BYTES:
+        raise too_large(what, len(line))
     try:
         obj = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise CniError(DECODE_ERROR, f"{what} is not UTF-8", str(exc)) from None
+        raise CniError(DECODE_ERROR, f"{what} is not UTF-8", str(exc)[:256]) from None
     except ValueError as exc:
-        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", str(exc)) from None
+        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", str(exc)[:256]) from None
     except RecursionError:
         # json raises this, not ValueError, for nesting deeper than the
         # interpreter's recursion limit ("[" * 100000 fits in one line).

@@ -123,8 +123,8 @@ class NodeState:
         node = self.node_name
         self._put_note(
             "nodeconfig-deleted",
-            f"NodeConfig {node} was deleted; serving with the last one seen (cidr6 {current.cidr6}); "
-            "recreate it, or drain the node before removing flock"
+            f"NodeConfig {node} was deleted; existing pods keep the last one seen (cidr6 {current.cidr6}), "
+            "ADD waits: recreate it, or drain the node before removing flock"
             if current is not None and deleted
             else None,
         )

@@ -97,8 +97,13 @@ class ApiServer:
         if self._loop is not None:
             self._run(self._frontend.stop())
 
-    def restart(self) -> None:
+    def restart(self, *, empty: bool = False) -> None:
+        """Stop and start again; *empty*: with a fresh store, as an API server
+        whose etcd was wiped (resourceVersions start over)."""
         self.stop()
+        if empty:
+            self.store = Store(history_limit=self.store.history_limit)
+            self._frontend.store = self.store
         self.start()
 
     def close(self) -> None:

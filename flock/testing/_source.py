@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from flock.watchers import ResourceExpired, TransientKubeError
+from flock.watchers import ResourceExpired, TransientKubeError, error_for_status
 
 from ._resources import Resource
 from ._selectors import FieldSelector
@@ -41,6 +41,15 @@ class StoreSource:
     lists: int = 0  # lists served
     watches: int = 0  # watches opened
     watch_seconds_cap: float | None = None  # end every watch this soon (a proxy cutting streams)
+    _open: set[trio.MemorySendChannel[Mapping[str, Any]]] = attrs.field(init=False, factory=set)
+
+    def restart_server(self, store: Store | None = None) -> None:
+        """The API server restarts: open watches break (connection reset) and
+        from now on *store* answers (default: an empty one, as after a wipe)."""
+        self.store = store if store is not None else Store()
+        for send in list(self._open):
+            send.close()
+        self._open.clear()
 
     @property
     def _selector(self) -> FieldSelector:
@@ -93,11 +102,15 @@ class StoreSource:
         except StatusError as err:
             if err.code == 410:
                 raise ResourceExpired(err.message) from None
+            if err.code == 504:
+                raise error_for_status(504, err.status()) from None
             raise
+        self._open.add(send)
         try:
             with receive:
                 yield _Events(receive, trio.current_time() + timeout_seconds)
         finally:
+            self._open.discard(send)
             sub.close()
 
 
@@ -115,7 +128,10 @@ class _Events:
     async def __anext__(self) -> Mapping[str, Any]:
         if not self.done:
             with trio.move_on_at(self.deadline):
-                event = await self.receive.receive()
+                try:
+                    event = await self.receive.receive()
+                except trio.EndOfChannel:
+                    raise TransientKubeError("connection reset: the API server restarted") from None
                 self.done = event.get("type") == "ERROR"
                 return event
         raise StopAsyncIteration

@@ -252,6 +252,17 @@ class Store:
                     raise StatusError(400, f"invalid resourceVersion {since!r}") from None
                 if start < self._oldest:
                     raise expired(start, self._oldest)
+                if start > self._rv:
+                    # What a real API server answers a client whose version is
+                    # from before a restore or an empty restart.
+                    raise StatusError(
+                        504,
+                        f"Too large resource version: {start}, current: {self._rv}",
+                        reason="Timeout",
+                        details={
+                            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
+                        },
+                    )
                 for change in self._history:
                     if change.rv > start and (ev := sub.event_for(change)) is not None:
                         deliver(ev)

@@ -123,13 +123,14 @@ class Lab:
         up = self.pool.create("up")
         self.pool.veth(self.node, "uplink", up, "eth0")
         self.node.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
-        self.plugin = build(self.tmp)
+        self.plugin = build(self.tmp, pending_deletes=str(self.socket.parent / "pending-deletes"))
         self.api.create(
             NODECONFIGS,
             nodeconfig_object(
                 NODE,
                 CIDR6,
                 cidr4=CIDR4,
+                announceRanges=["2001:db8:8000::/33", "203.0.113.0/24"],
                 bgp={
                     "asn": 64512,
                     "routerID": "192.0.2.11",
@@ -228,11 +229,15 @@ class Lab:
         pod: str = "",
         namespace: str = "default",
         if_name: str = "eth0",
+        netns_path: str | None = None,
         **config: Any,
     ) -> Outcome:
+        """Run the plugin; *netns_path* names CNI_NETNS directly (any path, for bad-input tests)."""
         env = {"CNI_CONTAINERID": container_id, "CNI_IFNAME": if_name, "CNI_PATH": "/opt/cni/bin"}
         if netns is not None:
             env["CNI_NETNS"] = netns.path
+        if netns_path is not None:
+            env["CNI_NETNS"] = netns_path
         if pod:
             env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod}"
         conf = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock", "socket": str(self.socket), **config}

@@ -54,6 +54,12 @@ CEL_FUNCTIONS = {
     "ip": lambda c: c.ip,
     "family": lambda a: celtypes.IntType(a.version),
     "masked": lambda c: ipaddress.ip_interface(c.network),
+    "prefixLength": lambda c: celtypes.IntType(c.network.prefixlen),
+    # Go's net.IP.IsGlobalUnicast, which the Kubernetes IP library calls.
+    "isGlobalUnicast": lambda a: celtypes.BoolType(
+        not (a.is_unspecified or a.is_loopback or a.is_link_local or a.is_multicast)
+        and a != ipaddress.IPv4Address("255.255.255.255")
+    ),
 }
 
 

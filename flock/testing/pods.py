@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from flock.faults import StoreUnavailable
+from flock.faults import KernelRefused, StoreUnavailable
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
 from flock.pods import ADD_GATE, PodHandler, PodLookup
@@ -61,17 +61,19 @@ class MemoryKernel:
     veths: dict[str, Allocation] = attrs.field(factory=dict)
     gate: trio.Event | None = None
     fail_with: Exception | None = None
+    teardown_fails: set[str] = attrs.field(factory=set)
     setups: int = 0
     in_setup: int = 0
     most_in_setup: int = 0
     blackholes: tuple = ()
+    own_addresses: frozenset = frozenset()  # what node_addresses() reports
     gateway6: ipaddress.IPv6Address = GATEWAY6
     gateway4: ipaddress.IPv4Address = GATEWAY4
 
     def host_ifname(self, container_id: str) -> str:
         return host_ifname(container_id)
 
-    async def setup(self, alloc: Allocation) -> None:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> None:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)
@@ -85,11 +87,17 @@ class MemoryKernel:
         finally:
             self.in_setup -= 1
 
+    async def node_addresses(self) -> frozenset:
+        await trio.lowlevel.checkpoint()
+        return self.own_addresses
+
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         await trio.lowlevel.checkpoint()
+        if container_id in self.teardown_fails:
+            raise KernelRefused("netlink teardown failed", f"container {container_id}: injected")
         self.veths.pop(container_id, None)
 
-    async def check(self, alloc: Allocation) -> list[str]:
+    async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
         await trio.lowlevel.checkpoint()
         return (
             [] if alloc.container_id in self.veths else [f"host {host_ifname(alloc.container_id)}: interface missing"]

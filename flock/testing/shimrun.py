@@ -27,10 +27,11 @@ class Outcome:
         return self.json.get("code") if self.status else None
 
 
-def build(tmp: Path) -> list[str]:
-    """Build the bundled shim into *tmp*; the argv that runs it with no flock on sys.path."""
+def build(tmp: Path, pending_deletes: str | None = None) -> list[str]:
+    """Build the bundled shim into *tmp*; the argv that runs it with no flock on sys.path.
+    *pending_deletes*: its journal directory, as the installer bakes it in."""
     dest = tmp / "flock"
-    build_shim(dest, python=f"{sys.executable} -IS")
+    build_shim(dest, python=f"{sys.executable} -IS", pending_deletes=pending_deletes)
     return [str(dest)]
 
 

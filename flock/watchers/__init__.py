@@ -16,7 +16,14 @@ The agent opens one client and hands the watchers to its supervisor::
 from ._bridge import AsyncioBridge, open_bridge
 from ._client import KubeClient, open_kube_client
 from ._config import ClientConfigError, in_cluster_configuration
-from ._errors import KubeApiError, KubeError, ResourceExpired, TransientKubeError
+from ._errors import (
+    KubeApiError,
+    KubeError,
+    ResourceExpired,
+    ResourceVersionTooLarge,
+    TransientKubeError,
+    error_for_status,
+)
 from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
@@ -41,7 +48,9 @@ __all__ = [
     "PodChange",
     "PodWatcher",
     "ResourceExpired",
+    "ResourceVersionTooLarge",
     "TransientKubeError",
+    "error_for_status",
     "in_cluster_configuration",
     "open_bridge",
     "open_kube_client",

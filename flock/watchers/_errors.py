@@ -24,6 +24,11 @@ class ResourceExpired(KubeError):
     """410 Gone: the resourceVersion we resume from is no longer kept; relist."""
 
 
+class ResourceVersionTooLarge(ResourceExpired):
+    """504 "Too large resource version": the server's history is behind ours
+    (it restarted empty or was restored); relist, as client-go does."""
+
+
 class KubeApiError(KubeError):
     """The server refused the request for a reason retrying will not fix
     (401, 403, 404 of a collection, 422, …)."""
@@ -40,6 +45,13 @@ def error_for_status(status: int, body: Mapping[str, Any] | None) -> KubeError:
     message = str(body.get("message") or "")
     if status == 410:
         return ResourceExpired(f"410 {reason or 'Gone'}: {message}")
+    details = body.get("details")
+    causes = details.get("causes") or [] if isinstance(details, Mapping) else []
+    if status == 504 and (
+        message.startswith("Too large resource version")
+        or any(isinstance(c, Mapping) and c.get("reason") == "ResourceVersionTooLarge" for c in causes)
+    ):
+        return ResourceVersionTooLarge(f"504 {reason}: {message}")
     if status == 429 or status >= 500:
         return TransientKubeError(f"{status} {reason}: {message}")
     return KubeApiError(status, reason, message)

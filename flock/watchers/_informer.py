@@ -59,7 +59,9 @@ class InformerSettings:
     watch_seconds: int = 300  # timeoutSeconds of each watch: the server ends it cleanly
     request_seconds: float = 30.0  # deadline of a list, and slack on a watch past watch_seconds
     relist_seconds: float = 1800.0  # a full list at least this often bounds any staleness
-    backoff: Backoff = Backoff()
+    # Capped at 20 s (24 s with jitter): an API server back from a restart is
+    # relisted within 30 s, however long it was away.
+    backoff: Backoff = Backoff(maximum=20.0)
 
 
 class ChangeType(enum.Enum):
@@ -75,6 +77,10 @@ class Change:
     object: Object  # the new state; for DELETED the last state known
 
 
+class HistoryReset(Exception):
+    """A watch event older than what the cache has seen: the API server's store was reset or restored."""
+
+
 def _rv(obj: Object) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -86,11 +92,16 @@ class Informer:
     *key* names an object in the cache; *on_change* is called synchronously,
     in order, for every change (including the differences a relist finds).
 
-    Error handling: 410 Gone (at watch start or as an ERROR event) → relist at
-    once and replace the cache.  TransientKubeError (connection trouble, 5xx,
-    429) and a stalled request → retry after exponential backoff with jitter;
-    a watch resumes from the last resourceVersion seen.  Anything else (401,
-    403, 404 of the collection, bugs) propagates to the supervisor.
+    Error handling: 410 Gone (at watch start or as an ERROR event) and "too
+    large resource version" (the API server came back with a history that
+    starts over: restarted empty, or restored) → relist at once and replace
+    the cache; so does an event older than the cache's resourceVersion (the
+    same reset, seen from inside a watch).  TransientKubeError (connection
+    trouble, 5xx, 429) and a stalled watch (no event, bookmark or clean end
+    within its timeout plus ``request_seconds``) → retry after exponential
+    backoff with jitter (at most 24 s); a watch resumes from the last
+    resourceVersion seen.  Anything else (401, 403, 404 of the collection,
+    bugs) propagates to the supervisor.
     """
 
     source: ListWatchSource
@@ -156,6 +167,9 @@ class Informer:
                     # A server or proxy that ends watches at once must not make us spin.
                     raise TransientKubeError(f"{self.name}: watch ended at once without an event")
                 failures = 0
+            except HistoryReset as exc:
+                log.warning("%s: %s; relisting", self.name, exc, extra={"informer": self.name, "error": str(exc)})
+                must_list = True
             except ResourceExpired as exc:
                 log.info(
                     "%s: resourceVersion %s expired, relisting",
@@ -203,7 +217,12 @@ class Informer:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             raise TransientKubeError(f"{self.name}: unknown watch event type {kind!r}")
         key = self.key(obj)
-        self._set_resource_version(_rv(obj))
+        rv = _rv(obj)
+        if rv.isdigit() and self._resource_version.isdigit() and int(rv) < int(self._resource_version):
+            raise HistoryReset(
+                f"event at resourceVersion {rv} after {self._resource_version}: the server's history restarted"
+            )
+        self._set_resource_version(rv)
         if kind == "DELETED":
             if self._objects.pop(key, None) is not None:
                 self.on_change(Change(ChangeType.DELETED, key, obj))

@@ -32,7 +32,9 @@ class NodeConfigWatcher:
 
     An invalid spec is logged with the field and the value and ignored: the
     previous good value stays.  A deleted NodeConfig is logged and the last
-    value stays too (pods keep their routes and BGP keeps announcing).
+    value stays too (pods keep their routes and BGP keeps announcing);
+    :attr:`deleted` says so, and :meth:`wait_deleted` wakes on the change
+    (the agent then stops serving ADD and fails readiness until it is back).
     Every change of these is also published to *sink* (when given).
     Error handling: see :class:`Informer`.
     """
@@ -45,6 +47,7 @@ class NodeConfigWatcher:
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _invalid: InvalidObject | None = attrs.field(init=False, default=None)
     _deleted: bool = attrs.field(init=False, default=False)
+    _presence: trio.Event = attrs.field(init=False, factory=trio.Event)
     _informer: Informer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -86,6 +89,16 @@ class NodeConfigWatcher:
             await self._changed.wait()
         return self._current
 
+    async def wait_deleted(self, deleted: bool) -> None:
+        """Until :attr:`deleted` is *deleted* (at once if it is)."""
+        while self._deleted != deleted:
+            await self._presence.wait()
+
+    def _set_deleted(self, deleted: bool) -> None:
+        self._deleted = deleted
+        self._presence.set()
+        self._presence = trio.Event()
+
     async def values(self) -> AsyncIterator[NodeConfig]:
         """The current value, then each new one (intermediate values may be skipped)."""
         seen: NodeConfig | None = None
@@ -103,11 +116,15 @@ class NodeConfigWatcher:
 
     def _observe(self, change: Change) -> None:
         if change.type is ChangeType.DELETED:
-            self._deleted = True
-            log.warning("NodeConfig %s was deleted; keeping the last one", self.node, extra={"node": self.node})
+            self._set_deleted(True)
+            log.warning(
+                "NodeConfig %s was deleted; existing pods keep working, ADD waits until it is back",
+                self.node,
+                extra={"node": self.node},
+            )
             return
         if self._deleted:
-            self._deleted = False
+            self._set_deleted(False)
             log.info("NodeConfig %s exists again", self.node, extra={"node": self.node})
         try:
             value = NodeConfig.from_object(change.object)

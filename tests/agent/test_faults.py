@@ -81,7 +81,7 @@ def _add(lab, cid: str, pod: str):
     return ipaddress.ip_interface(out.json["ips"][0]["address"]).ip
 
 
-def test_nodeconfig_refused_then_deleted_keeps_serving_with_the_last_good_one(lab):
+def test_nodeconfig_refused_keeps_the_last_good_one_and_deleted_stops_add_until_recreated(lab):
     agent = lab.agent()
     agent.wait_ready()
     first = _add(lab, "c0ffee01", "web-0")
@@ -101,18 +101,19 @@ def test_nodeconfig_refused_then_deleted_keeps_serving_with_the_last_good_one(la
     lab.api.delete(NODECONFIGS, NODE)
     wait_for("the deletion", lambda: _metric(agent, "flock_nodeconfig_deleted") == 1.0)
     status, body = agent.get("/readyz")
-    assert status == 200 and f"NodeConfig {NODE} was deleted; serving with the last one seen (cidr6 {CIDR6})" in body, (
-        body
-    )
+    # Readiness says so, ADD waits (11), existing pods keep working.
+    assert status == 503 and f"NodeConfig {NODE} was deleted; existing pods keep the last one" in body, body
     assert set(routes) <= set(lab.flock_routes())  # no route dropped
-    assert _add(lab, "c0ffee03", "web-2") in ipaddress.ip_network(CIDR6)
-    assert lab.cni("STATUS").status == 0
+    refused = lab.cni("ADD", "c0ffee03", lab.pool.create("pod"), "web-2")
+    assert refused.code == 11 and "was deleted" in refused.json["details"], refused
+    assert lab.cni("STATUS").code == 50
     assert {a.ip6 for a in lab.rows().values()} >= {first}
 
     lab.api.create(NODECONFIGS, nodeconfig_object(NODE, CIDR6, cidr4=CIDR4))
     wait_for("the recreation", lambda: _metric(agent, "flock_nodeconfig_deleted") == 0.0)
     assert agent.get("/readyz") == (200, "ready\n")
     assert _metric(agent, "flock_nodeconfig_refused") == 0.0
+    assert _add(lab, "c0ffee04", "web-3") in ipaddress.ip_network(CIDR6)
 
 
 @pytest.fixture

@@ -239,6 +239,14 @@ BAD_NODECONFIGS = {
     "cidr6 host bits set": ("spec.cidr6", "2001:db8:0:1::1/64"),
     "cidr4 host bits set": ("spec.cidr4", "198.51.100.1/24"),
     "ipv4 by default without cidr4": ("spec.cidr4", _DELETE),
+    "announceRanges not a list": ("spec.announceRanges", "2001:db8:53::/48"),
+    "announceRanges item not a CIDR": ("spec.announceRanges.0", "2001:db8:53::1"),
+    "announceRanges host bits": ("spec.announceRanges.0", "2001:db8:53::1/48"),
+    "announceRanges link-local": ("spec.announceRanges.0", "fe80::/64"),
+    "announceRanges multicast": ("spec.announceRanges.1", "224.0.0.0/4"),
+    "announceRanges loopback": ("spec.announceRanges.1", "127.0.0.0/8"),
+    "announceRanges everything": ("spec.announceRanges.0", "::/0"),
+    "announceRanges too many": ("spec.announceRanges", [f"2001:db8:{i:x}::/48" for i in range(65)]),
 }
 
 

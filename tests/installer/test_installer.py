@@ -99,10 +99,23 @@ def test_installed_shim_del_succeeds_with_the_agent_unreachable(node):
     Path(node.socket).parent.mkdir(parents=True)
     out = run_shim(node, "DEL", CNI_CONTAINERID="c0ffee", CNI_NETNS="/var/run/netns/gone", CNI_IFNAME="eth0")
     assert out.returncode == 0, (out.stdout, out.stderr)
-    # Queued beside the socket the conflist names, for the agent to replay.
+    # Queued in the run directory of the socket the installer was given (baked
+    # into the shim, never read from the request), small: no configuration body.
     queued = json.loads((Path(node.socket).parent / "pending-deletes" / "c0ffee.json").read_text())
     assert queued["op"] == "DEL" and queued["containerID"] == "c0ffee"
-    assert queued["config"]["socket"] == node.socket
+    assert set(queued["config"]) == {"cniVersion"}
+
+
+def test_installed_shim_journals_in_its_own_directory_not_beside_a_requested_socket(node, tmp_path):
+    installer.install(node)
+    Path(node.socket).parent.mkdir(parents=True)
+    elsewhere = tmp_path / "attacker" / "flock.sock"
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "x", "type": "flock", "socket": str(elsewhere)})
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c0ffee", "CNI_IFNAME": "eth0", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([str(node.bin_dir / "flock")], input=conf.encode(), env=env, capture_output=True)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert not (tmp_path / "attacker").exists()
+    assert (Path(node.socket).parent / "pending-deletes" / "c0ffee.json").exists()
 
 
 def test_second_install_changes_nothing(node):
@@ -119,7 +132,8 @@ def test_second_install_changes_nothing(node):
 def test_install_rewrites_only_what_changed(node):
     installer.install(node)
     moved = installer.install(InstallConfig(node.bin_dir, node.conf_dir, "/run/other/flock.sock", node.host_root))
-    assert (moved.shim_changed, moved.conflist_changed) == (False, True)
+    # The shim carries the journal directory derived from the socket: both change.
+    assert (moved.shim_changed, moved.conflist_changed) == (True, True)
     assert json.loads(moved.conflist.read_text())["plugins"][0]["socket"] == "/run/other/flock.sock"
 
     moved.conflist.write_text("{}")  # someone edited it by hand

@@ -140,3 +140,66 @@ def test_node_layout_too_wide_for_a_pod_subrange_names_cidr6():
     assert info.value.annotation == P + "cidr6"
     assert info.value.value == "2001:db8:0:1:abcd::/80"
     assert "has 48 host bits" in info.value.details
+
+
+PEERED = node(
+    bgp={
+        "asn": 64512,
+        "routerID": "203.0.113.11",
+        "peers": [{"name": "tor1", "address": "2001:db8:ffff::1", "asn": 64500}],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("192.0.2.1", "outside this node's pod blocks and spec.announceRanges"),  # the uplink's
+        ("8.8.8.8", "outside"),
+        ("2001:db8:0:2::1", "outside"),  # another node's block
+        ("255.255.255.255", "not a global unicast address"),
+        ("0.0.0.1", "not a global unicast address"),
+        ("240.0.0.1", "not a global unicast address"),
+        ("2001:db8:ffff::1", "BGP peer tor1"),  # inside announceRanges, still refused
+        ("203.0.113.11", "router ID"),
+    ],
+)
+@pytest.mark.parametrize("key", ["anycast", "addresses"])
+def test_claimed_addresses_stay_inside_the_allowed_ranges(key, value, why):
+    with pytest.raises(AnnotationError) as info:
+        parse_request({P + key: value}, PEERED, None)
+    err = info.value
+    assert why in err.details and repr(value) in err.details
+    assert "2001:db8:0:1::/64, 198.51.100.0/24, 2001:db8:8000::/33, 203.0.113.0/24" in err.details
+
+
+def test_claims_inside_the_block_or_announce_ranges_are_accepted():
+    r = parse_request(
+        {P + "anycast": "2001:db8:aaaa::1, 203.0.113.53", P + "addresses": "2001:db8:0:1::80"}, PEERED, None
+    )
+    assert [str(a) for a in r.anycast] == ["2001:db8:aaaa::1", "203.0.113.53"]
+    without = node(announce_ranges=())
+    with pytest.raises(AnnotationError):
+        parse_request({P + "anycast": "2001:db8:aaaa::1"}, without, None)
+
+
+def test_more_than_64_claims_are_refused_before_parsing_them():
+    many = ",".join(f"2001:db8:aaaa::{i:x}" for i in range(5000))
+    with pytest.raises(AnnotationError) as info:
+        parse_request({P + "anycast": many}, PEERED, None)
+    assert "at most 64" in info.value.details and len(info.value.details) < 2048
+    # Not parsed: garbage past the limit does not change the answer.
+    with pytest.raises(AnnotationError) as info:
+        parse_request({P + "anycast": "x," * 65, P + "addresses": ""}, PEERED, None)
+    assert "at most 64" in info.value.details
+    ok = ",".join(f"2001:db8:aaaa::{i:x}" for i in range(1, 33))
+    extra = ",".join(f"203.0.113.{i}" for i in range(100, 132))
+    assert len(parse_request({P + "anycast": ok, P + "addresses": extra}, PEERED, None).anycast) == 32
+
+
+def test_the_nodes_own_addresses_are_refused_even_inside_announce_ranges():
+    own = frozenset({ipaddress.ip_address("203.0.113.250")})
+    with pytest.raises(AnnotationError) as info:
+        parse_request({P + "addresses": "203.0.113.250"}, PEERED, None, own)
+    assert "one of this node's own addresses" in info.value.details
+    assert parse_request({P + "addresses": "203.0.113.251"}, PEERED, None, own).addresses

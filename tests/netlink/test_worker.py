@@ -6,11 +6,12 @@ import ipaddress
 import os
 import re
 
+import attrs
 import pytest
 import trio
 
 from flock import errors
-from flock.faults import IfNameTaken, NetnsUnusable, NodeUnprepared
+from flock.faults import Fault, IfNameTaken, NetnsUnusable, NodeUnprepared
 from flock.model import Allocation
 from flock.netlink import ROUTE_PROTOCOL, STEPS, NetlinkWorker, host_ifname
 from flock.pods import cni_error
@@ -231,11 +232,12 @@ async def test_setup_refuses_a_netns_path_that_is_no_namespace(pool, node, tmp_p
         with pytest.raises(NetnsUnusable) as info:
             await w.setup(a)
         assert cni_error(info.value).code == errors.INVALID_ENV and str(plain) in info.value.details
-        assert await w.check(a) == [
-            f"host {host_ifname('c1')}: interface missing",
-            f"pod: network namespace {plain} missing",
-        ]
+        assert "not a network namespace" in info.value.details
+        with pytest.raises(NetnsUnusable) as info:
+            await w.check(a)
+        assert cni_error(info.value).code == errors.INVALID_ENV and "not a network namespace" in info.value.details
         await w.teardown("c1", str(plain), "eth0")
+        assert flock_state(node) == ([], "")
 
 
 async def test_setup_refuses_a_foreign_interface_named_ifname(pool, node):
@@ -246,6 +248,92 @@ async def test_setup_refuses_a_foreign_interface_named_ifname(pool, node):
         with pytest.raises(IfNameTaken) as info:
             await w.setup(alloc("c1", pod))
         assert "ifName='eth0'" in info.value.details and cni_error(info.value).code == errors.INVALID_ENV
+
+
+async def test_failed_setup_and_teardown_never_delete_a_foreign_ifname(pool, node):
+    # The "uplink deleted" report: ADD into a netns whose ifName is not flock's
+    # (a veth, like a lab uplink, and a dummy), then the rollback's teardown.
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        pool.veth(pod, "eth0", pool.create("other"), "x0")
+        pool.veth(pod, "eth1", pool.create("other"), "x1")
+        w = await worker_for(node)
+        for name in ("eth0", "eth1"):
+            a = attrs.evolve(alloc("c1", pod), if_name=name)
+            before = snapshot(node, pod)
+            with pytest.raises(Fault) as info:
+                await w.setup(a)
+            assert cni_error(info.value).code == errors.INVALID_ENV and f"ifName={name!r}" in info.value.details
+            await w.teardown("c1", pod.path, name)
+            assert snapshot(node, pod) == before
+            assert name in pod.ip("-o", "link")
+
+
+@pytest.mark.parametrize("which", ["node", "agent"])
+async def test_setup_refuses_the_nodes_own_netns_and_changes_nothing(pool, node, which):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        path = {"node": node.path, "agent": "/proc/self/ns/net"}[which]
+        a = attrs.evolve(alloc("c1", pool.create("pod")), netns=path, if_name="uplink")
+        before = node.ip("-o", "link"), node.ip("route")
+        with pytest.raises(Fault) as info:
+            await w.setup(a)
+        assert cni_error(info.value).code == errors.INVALID_ENV and "node's own network namespace" in info.value.details
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with pytest.raises(Fault):
+                await w.setup(a, fd)  # the same namespace as an fd
+        finally:
+            os.close(fd)
+        await w.teardown("c1", path, "uplink")
+        assert (node.ip("-o", "link"), node.ip("route")) == before
+
+
+async def test_setup_works_on_the_fd_not_the_path(pool, node):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        pod = pool.create("pod")
+        fd = os.open(pod.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # The path the allocation names is gone (another mount namespace's view):
+            # only the fd leads to the namespace.
+            a = attrs.evolve(alloc("c1", pod), netns="/nonexistent/netns")
+            await w.setup(a, fd)
+            assert "2001:db8::5" in pod.ip("-6", "addr", "show", "dev", "eth0")
+            assert await w.check(a, fd) == []
+            os.fstat(fd)  # borrowed: still open
+        finally:
+            os.close(fd)
+
+
+async def test_host_veth_carries_the_owner_marker_and_unmarked_lookalikes_are_left_alone(pool, node):
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        pod = pool.create("pod")
+        await w.setup(alloc("c1", pod))
+        assert "alias flock:c1" in node.ip("-d", "link", "show", host_ifname("c1"))
+        # A veth with flock's naming that someone else made (its alias says so),
+        # and one that belongs to another container (an FNV collision).
+        other = pool.create("other")
+        pool.veth(node, host_ifname("c2"), other, "o0")
+        node.ip("link", "set", host_ifname("c2"), "alias", "not-flock")
+        pool.veth(node, host_ifname("c3"), other, "o1")
+        node.ip("link", "set", host_ifname("c3"), "alias", "flock:someone-else")
+        await w.teardown("c2")
+        await w.teardown("c3")
+        report = await w.cleanup(["c1", "c3"])
+        assert host_ifname("c2") not in report.interfaces
+        links = node.ip("-o", "link")
+        assert host_ifname("c2") in links and host_ifname("c3") in links
+        with pytest.raises(Fault) as info:
+            await w.setup(alloc("c3", pool.create("pod"), "2001:db8::7", "198.51.100.7"))
+        assert "not flock's veth" in info.value.details
+        await w.teardown("c1")
+        assert host_ifname("c1") not in node.ip("-o", "link")
+        # A veth of flock's naming without any alias: what an agent before markers made; still flock's.
+        pool.veth(node, host_ifname("c4"), other, "o2")
+        await w.teardown("c4")
+        assert host_ifname("c4") not in node.ip("-o", "link")
 
 
 async def test_cleanup_removes_orphans_and_keeps_explained_pods(pool, node):

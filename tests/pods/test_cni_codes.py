@@ -69,6 +69,13 @@ def test_every_fault_kind_has_a_row():
 
 
 def test_long_details_are_cut_at_the_boundary_not_in_the_domain():
-    exc = AnnotationError("flock.fritzlab.net/anycast", "2001:db8::1," * 2000, "at most 64 addresses")
+    exc = faults.KernelRefused("netlink setup failed", "x" * 20_000)
     assert len(exc.details) > errors.MAX_DETAILS_CHARS
     assert len(cni_error(exc).details) < errors.MAX_DETAILS_CHARS + 100
+
+
+def test_an_annotation_value_is_quoted_as_a_bounded_prefix_where_it_is_named():
+    # Issue 12: a 5,000-address annotation is named by its head and its size, in logs too.
+    exc = AnnotationError("flock.fritzlab.net/anycast", "2001:db8::1," * 2000, "at most 64 addresses")
+    assert exc.details.startswith("flock.fritzlab.net/anycast='2001:db8::1,2001:db8::1,")
+    assert "(24000 characters)" in exc.details and len(exc.details) < 1024

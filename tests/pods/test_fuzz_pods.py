@@ -26,7 +26,13 @@ from flock.testing.pods import CONFIG, MemoryAllocations, MemoryKernel, serving_
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NODE_NAME = "host001"
 NODE = NodeConfig.from_object(
-    nodeconfig_object(NODE_NAME, "2001:db8:0:1::/120", cidr4="198.51.100.0/29", families={"ipv6": True, "ipv4": True})
+    nodeconfig_object(
+        NODE_NAME,
+        "2001:db8:0:1::/120",
+        cidr4="198.51.100.0/29",
+        families={"ipv6": True, "ipv4": True},
+        announceRanges=["2001:db8:8000::/33", "203.0.113.0/24"],
+    )
 )
 A = "flock.fritzlab.net/"
 VALUES = {
@@ -62,6 +68,9 @@ VALUES = {
         "::ffff:203.0.113.10",
         "fe80::1",
         "203.0.113.10,",
+        "8.8.8.8",  # outside the blocks and announceRanges
+        "255.255.255.255",
+        ",".join(f"2001:db8:aaaa::{i:x}" for i in range(5000)),  # over the 64-per-pod limit
     ),
     "addresses": (
         "203.0.113.20",

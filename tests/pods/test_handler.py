@@ -256,6 +256,22 @@ async def test_failed_setup_gives_back_row_kernel_state_and_addresses(autojump_c
             assert (rows.rows, kernel.veths, held(handler)) == ({}, {}, set())
 
 
+async def test_a_failed_rollback_never_hides_the_adds_own_error(autojump_clock):
+    api = Store()
+    api.create(PODS, pod_object("default", "web-0", NODE))
+    with trio.fail_after(10):
+        async with handler_running(api) as (handler, kernel, rows, _, _):
+            kernel.fail_with = errors.CniError(errors.INVALID_ENV, "unusable network namespace", "netns='/x': loop")
+            kernel.teardown_fails.add("c0ffee01")
+            with pytest.raises(errors.CniError) as info:
+                await handler(request("ADD"))
+            assert (info.value.code, info.value.msg) == (errors.INVALID_ENV, "unusable network namespace")
+            assert set(rows.rows) == {"c0ffee01"}  # kept pending for the DEL / GC that follows
+            kernel.teardown_fails.clear()
+            assert await handler(request("DEL")) == {}
+            assert rows.rows == {} and held(handler) == set()
+
+
 async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
     api = Store()
     for name in ("a", "b", "c"):
@@ -278,6 +294,24 @@ async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
             assert await handler(request("GC", **{"cni.dev/valid-attachments": valid})) == {}
             assert set(rows.rows) == set(kernel.veths) == held(handler) == {"c0ffee0b"}
             assert set(handler.state.allocations) == {"c0ffee0b"}
+
+
+async def test_gc_that_cannot_clean_one_row_goes_on_with_the_others(autojump_clock):
+    api = Store()
+    for name in ("a", "b", "c"):
+        api.create(PODS, pod_object("default", name, NODE))
+    with trio.fail_after(10):
+        async with handler_running(api) as (handler, kernel, rows, _, _):
+            for name in ("a", "b", "c"):
+                await handler(request("ADD", cid=f"c0ffee0{name}", pod=name))
+            kernel.teardown_fails.add("c0ffee0a")  # sorted first: GC meets it before the others
+            with pytest.raises(errors.CniError) as info:
+                await handler(request("GC", **{"cni.dev/valid-attachments": []}))
+            assert info.value.code == errors.IO_ERROR and "c0ffee0a" in info.value.details
+            assert set(rows.rows) == set(kernel.veths) == {"c0ffee0a"}
+            kernel.teardown_fails.clear()
+            assert await handler(request("GC", **{"cni.dev/valid-attachments": []})) == {}
+            assert rows.rows == {} and held(handler) == set()
 
 
 async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refused(autojump_clock):

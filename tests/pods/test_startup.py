@@ -128,3 +128,66 @@ async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresse
             assert await handler(request("ADD", cid="c0ffee0a", pod="a")) == first
             assert isinstance(state.nodeconfig, NodeConfig)
             nursery.cancel_scope.cancel()
+
+
+async def test_pending_deletes_are_drained_while_running_with_backoff_after_failure(autojump_clock, tmp_path):
+    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    for cid in ("c0ffee01", "c0ffee02"):
+        rows.rows[cid] = row(cid, AllocationState.COMMITTED, f"2001:db8:0:1::{cid[-1]}")
+        kernel.veths[cid] = rows.rows[cid]
+    nodeconfigs, pods, _handler, service = setup(api, rows, kernel, tmp_path)
+    queue = tmp_path / "pending-deletes"
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            await nursery.start(service.run)
+            began = trio.current_time()
+            # A shim journals a DEL while this agent runs (it timed out on a busy agent).
+            queue.mkdir(mode=0o755)
+            (queue / "c0ffee01.json").write_bytes(request("DEL", cid="c0ffee01").encode())
+            await trio.sleep(2.5)
+            assert not (queue / "c0ffee01.json").exists() and "c0ffee01" not in rows.rows
+            assert queue.stat().st_mode & 0o777 == 0o700  # flock's own directory, tightened
+            # One whose DEL fails stays queued and is retried with a growing wait.
+            kernel.teardown_fails.add("c0ffee02")
+            (queue / "c0ffee02.json").write_bytes(request("DEL", cid="c0ffee02").encode())
+            await trio.sleep(2 + 4 + 8)  # three failed tries: at +2, +4 and +8 s of each other
+            assert (queue / "c0ffee02.json").exists() and "c0ffee02" in rows.rows
+            kernel.teardown_fails.clear()
+            await trio.sleep(16)
+            assert not (queue / "c0ffee02.json").exists() and rows.rows == {}
+            assert trio.current_time() - began < 40
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_deleted_nodeconfig_stops_add_until_it_is_back_and_pods_keep_working(autojump_clock, tmp_path):
+    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    for name in ("a", "b"):
+        api.create(PODS, pod_object("default", name, NODE))
+    nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
+    state = handler.state
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            await nursery.start(service.run)
+            await handler(request("ADD", cid="c0ffee0a", pod="a"))
+            api.delete(NODECONFIGS, NODE)
+            await trio.sleep(0.1)
+            assert not state.ready and "NodeConfig host001 was deleted" in " ".join(state.not_ready())
+            try:
+                await handler(request("ADD", cid="c0ffee0b", pod="b"))
+            except errors.CniError as err:
+                assert err.code == errors.TRY_AGAIN_LATER and "was deleted" in err.details
+            else:
+                raise AssertionError("ADD served while the NodeConfig is deleted")
+            assert set(kernel.veths) == {"c0ffee0a"}  # the existing pod keeps its network
+            assert await handler(request("DEL", cid="c0ffee0a", pod="a")) == {}  # and DEL still works
+            api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+            await trio.sleep(0.1)
+            assert state.ready
+            await handler(request("ADD", cid="c0ffee0b", pod="b"))
+            nursery.cancel_scope.cancel()

@@ -302,6 +302,6 @@ def test_error_reply_about_a_huge_field_fits_on_the_wire():
     with pytest.raises(CniError) as relayed:
         decode_response(reply)
     assert relayed.value.code == INVALID_ENV and relayed.value.details.startswith("field 'op'=[0, 0")
-    assert "characters cut" in relayed.value.details and relayed.value.details.endswith(
+    assert "(list of 400000 items)" in relayed.value.details and relayed.value.details.endswith(
         "expected one of ADD, DEL, CHECK, STATUS, GC"
     )

@@ -68,11 +68,11 @@ def test_request_round_trips(op, cid, args, config):
     assert Request.decode(raw) == req
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", True, None, 1.0])
+@pytest.mark.parametrize("version", [3, 0, "1", True, None, 1.0])
 def test_unknown_protocol_version_is_202_listing_spoken_versions(version):
     err = decode_error(line(request_obj(version=version)))
     assert err.code == 202
-    assert "speaks versions 1" in err.details
+    assert "speaks versions 1, 2" in err.details
     assert repr(version) in err.details
 
 
@@ -105,10 +105,17 @@ def test_del_without_netns_and_status_without_ids_are_valid():
     assert (status.container_id, status.pod) == ("", "")
 
 
-def test_oversized_line_is_6():
+def test_oversized_line_is_4_request_too_large():
     raw = b'{"x": "' + b"a" * MAX_LINE_BYTES + b'"}\n'
     err = decode_error(raw)
-    assert err.code == 6 and str(MAX_LINE_BYTES) in err.details
+    assert err.code == 4
+    assert err.msg == f"request too large ({MAX_LINE_BYTES + 9} bytes, limit {MAX_LINE_BYTES})"
+
+
+def test_request_limit_holds_a_4_mib_configuration():
+    assert MAX_LINE_BYTES >= 4 << 20
+    req = Request(op="ADD", container_id="c1", netns="/n", if_name="eth0", config={"blob": "x" * (4 << 20)})
+    assert Request.decode(req.encode()) == req
 
 
 def test_line_reader_limits_and_splits():
@@ -119,7 +126,7 @@ def test_line_reader_limits_and_splits():
     assert reader.feed(b"0123456789") is None
     with pytest.raises(CniError) as info:
         reader.feed(b"0")
-    assert info.value.code == 6
+    assert info.value.code == 4 and info.value.msg == "request too large (at least 11 bytes, limit 10)"
     with pytest.raises(CniError):
         LineReader(limit=4).feed(b"01234\n")
     half = LineReader()

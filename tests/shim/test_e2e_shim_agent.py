@@ -77,8 +77,10 @@ def cfg(sock, version="1.1.0"):
     return {"cniVersion": version, "name": "flock-net", "type": "flock", "socket": str(sock)}
 
 
-def test_every_op_against_a_running_agent(agent, plugin, tmp_path):
+def test_every_op_against_a_running_agent(agent, plugin, tmp_path, pod_netns_path):
     def run(command, version="1.1.0", **env):
+        if "CNI_NETNS" in env:
+            env["CNI_NETNS"] = pod_netns_path
         return run_plugin(plugin, command, cfg(agent.socket, version), tmp_path, **env)
 
     add = run("ADD", **pod_env())
@@ -130,15 +132,16 @@ def test_garbage_and_a_silent_client_do_not_stop_the_agent(agent, plugin, tmp_pa
     assert agent.proc.poll() is None
 
 
-def test_agent_down(plugin, tmp_path):
+def test_agent_down(plugin, tmp_path, pod_netns_path):
     a = AgentProcess(tmp_path)
     assert a.stop() == 0
     assert not a.socket.exists()
-    add = run_plugin(plugin, "ADD", cfg(a.socket), tmp_path, **pod_env())
+    add = run_plugin(plugin, "ADD", cfg(a.socket), tmp_path, **pod_env(CNI_NETNS=pod_netns_path))
     assert (add.code, add.json["msg"]) == (11, "flock-agent is not reachable")
     status = run_plugin(plugin, "STATUS", cfg(a.socket), tmp_path)
     assert status.code == 50
-    dele = run_plugin(plugin, "DEL", cfg(a.socket), tmp_path, **pod_env("feedface"))
+    journal = str(a.socket.parent / "pending-deletes")
+    dele = run_plugin(plugin, "DEL", cfg(a.socket), tmp_path, **pod_env("feedface", FLOCK_PENDING_DELETES=journal))
     assert (dele.status, dele.stdout) == (0, "")
     recorded = json.loads((a.socket.parent / "pending-deletes" / "feedface.json").read_bytes())
     assert (recorded["op"], recorded["containerID"], recorded["ifName"]) == ("DEL", "feedface", "eth0")

@@ -35,6 +35,8 @@ env_text = st.one_of(
     st.just("x" * 5000),
     st.just("\udcff\udc80"),  # what os.environ holds for non-UTF-8 bytes
     st.sampled_from(["c0ffee01", "/run/netns/x", "eth0", "K8S_POD_NAMESPACE=d;K8S_POD_NAME=p", "/opt/cni/bin"]),
+    # CNI_NETNS candidates: a namespace, one of another kind, a device, a file, a directory, a loop.
+    st.sampled_from(["/proc/self/ns/net", "/proc/self/ns/uts", "/dev/null", "/etc/hostname", "/", "/proc/self/cwd/x"]),
 )
 
 
@@ -110,6 +112,8 @@ def test_any_env_and_stdin_against_an_unreachable_agent(data):
         sock = os.path.join(root, "run", "flock.sock")
         os.mkdir(os.path.dirname(sock))
         env = data.draw(envs())
+        # The journal as the installer would place it: beside the agent's socket (never the host's /run/flock).
+        env["FLOCK_PENDING_DELETES"] = os.path.join(root, "run", "pending-deletes")
         stdin = data.draw(stdins(sock))
         status, obj = run_shim(env, stdin)
         written = files_under(root)
@@ -225,9 +229,10 @@ def test_any_agent_reply_becomes_a_result_or_a_cni_error(reply, command, version
             env = {
                 "CNI_COMMAND": command,
                 "CNI_CONTAINERID": "c0ffee01",
-                "CNI_NETNS": "/run/netns/x",
+                "CNI_NETNS": "/proc/self/ns/net",  # a network namespace the shim can open and send
                 "CNI_IFNAME": "eth0",
                 "CNI_ARGS": "K8S_POD_NAMESPACE=d;K8S_POD_NAME=p",
+                "FLOCK_PENDING_DELETES": os.path.join(root, "pending-deletes"),
             }
             status, obj = run_shim(env, json.dumps({"cniVersion": version, "socket": sock, "rpcTimeout": 5}).encode())
         if status == 0 and command == "ADD":

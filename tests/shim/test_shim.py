@@ -19,6 +19,16 @@ def shim(tmp_path_factory):
     return build(tmp_path_factory.mktemp("shim"))
 
 
+@pytest.fixture(scope="module")
+def pod_netns(pod_netns_path):
+    return pod_netns_path
+
+
+def journal(sock) -> dict[str, str]:
+    """The env that points the shim's pending-deletes journal beside *sock* (as the installer would)."""
+    return {"FLOCK_PENDING_DELETES": str(sock.parent / "pending-deletes")}
+
+
 @pytest.fixture
 def down_socket(tmp_path):
     """A socket path in a fresh directory where no agent listens."""
@@ -40,7 +50,8 @@ def test_bundle_is_one_python38_file_with_only_bundled_imports(tmp_path):
     assert set(sources) == {"__main__.py", "flock/__init__.py", "flock/rpc/__init__.py"} | {
         "flock/" + m for m in SHIM_MODULES
     }
-    bundled = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in sources}
+    # flock._site is the installer's optional settings member (absent here: the default applies).
+    bundled = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in sources} | {"flock._site"}
     for name, src in sources.items():
         tree = ast.parse(src, filename=name, feature_version=(3, 8))
         for node in ast.walk(tree):
@@ -114,8 +125,8 @@ def test_invalid_invocations_fail_before_dialling(shim, tmp_path, command, confi
 
 
 @pytest.mark.parametrize("command, code", [("ADD", 11), ("CHECK", 11), ("GC", 11), ("STATUS", 50)])
-def test_agent_down(shim, down_socket, tmp_path, command, code):
-    out = run_plugin(shim, command, cfg(down_socket), tmp_path, **pod_env())
+def test_agent_down(shim, down_socket, tmp_path, pod_netns, command, code):
+    out = run_plugin(shim, command, cfg(down_socket), tmp_path, **pod_env(CNI_NETNS=pod_netns))
     assert out.status == 1
     assert out.code == code
     assert out.json["msg"] == "flock-agent is not reachable"
@@ -123,7 +134,8 @@ def test_agent_down(shim, down_socket, tmp_path, command, code):
 
 
 def test_del_with_agent_down_is_recorded_and_succeeds(shim, down_socket, tmp_path):
-    out = run_plugin(shim, "DEL", cfg(down_socket, version="0.4.0"), tmp_path, **pod_env("deadbeef02"))
+    env = pod_env("deadbeef02", **journal(down_socket))
+    out = run_plugin(shim, "DEL", cfg(down_socket, version="0.4.0", big="x" * 100_000), tmp_path, **env)
     assert out.status == 0 and out.stdout == ""
     pending = down_socket.parent / "pending-deletes"
     assert os.listdir(pending) == ["deadbeef02.json"]
@@ -131,26 +143,40 @@ def test_del_with_agent_down_is_recorded_and_succeeds(shim, down_socket, tmp_pat
     raw = (pending / "deadbeef02.json").read_bytes()
     assert raw.endswith(b"\n")
     recorded = json.loads(raw)
-    assert recorded["op"] == "DEL" and recorded["containerID"] == "deadbeef02" and recorded["version"] == 1
-    assert recorded["config"]["cniVersion"] == "0.4.0"
+    assert recorded["op"] == "DEL" and recorded["containerID"] == "deadbeef02"
+    # Small and always replayable (by any agent): version 1, no configuration body, no fd.
+    assert recorded["version"] == 1 and "netnsFd" not in recorded
+    assert recorded["config"] == {"cniVersion": "0.4.0"}
+    assert len(raw) < 1024
     assert recorded["args"] == "K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web-0"
+
+
+def test_journal_is_never_beside_the_socket_the_request_names(shim, tmp_path):
+    # The configuration names a socket under a directory of its choosing (even "/"):
+    # the shim journals only in its own directory and creates nothing there.
+    own = tmp_path / "own" / "pending-deletes"
+    for sock in (tmp_path / "attacker" / "flock.sock", "/flock-no-such.sock"):
+        out = run_plugin(shim, "DEL", cfg(sock), tmp_path, **pod_env("deadbeef03", FLOCK_PENDING_DELETES=str(own)))
+        assert out.status == 0, out.stdout
+    assert not (tmp_path / "attacker").exists() and not os.path.exists("/pending-deletes")
+    assert os.listdir(own) == ["deadbeef03.json"]
 
 
 def test_del_that_cannot_be_recorded_fails_with_5(shim, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = run_plugin(shim, "DEL", cfg(blocker / "flock.sock"), tmp_path, **pod_env())
+    out = run_plugin(shim, "DEL", cfg(blocker / "flock.sock"), tmp_path, **pod_env(**journal(blocker / "x")))
     assert out.status == 1 and out.code == 5
     assert "pending-deletes" in out.json["details"]
 
 
-def test_silent_agent_is_bounded_by_the_call_timeout(shim, tmp_path):
+def test_silent_agent_is_bounded_by_the_call_timeout(shim, tmp_path, pod_netns):
     path = tmp_path / "silent.sock"
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(path))
         listener.listen(8)  # accepts into the backlog, never answers
-        add = run_plugin(shim, "ADD", cfg(path, rpcTimeout=0.3), tmp_path, **pod_env())
-        dele = run_plugin(shim, "DEL", cfg(path, rpcTimeout=0.3), tmp_path, **pod_env("silent03"))
+        add = run_plugin(shim, "ADD", cfg(path, rpcTimeout=0.3), tmp_path, **pod_env(CNI_NETNS=pod_netns))
+        dele = run_plugin(shim, "DEL", cfg(path, rpcTimeout=0.3), tmp_path, **pod_env("silent03", **journal(path)))
     assert add.code == 11 and "no reply" in add.json["details"]
     assert dele.status == 0
     assert (tmp_path / "pending-deletes" / "silent03.json").exists()
@@ -174,3 +200,126 @@ def test_garbage_reply_is_6(shim, tmp_path):
         out = run_plugin(shim, "STATUS", cfg(path), tmp_path)
         t.join()
     assert out.code == 6 and "not valid JSON" in out.json["msg"]
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda d: str(d / ("n" * 300)), "File name too long"),
+        (lambda d: _symlink_loop(d), "Too many levels of symbolic links"),
+        (lambda d: _through_file(d), "Not a directory"),
+        (lambda d: _plain_file(d), "not a network namespace"),
+        (lambda d: _fifo(d), "not a network namespace"),
+        (lambda d: "/proc/self/ns/uts", "not a network namespace"),
+        (lambda d: str(d / "missing"), "No such file"),
+    ],
+)
+@pytest.mark.parametrize("command", ["ADD", "CHECK"])
+def test_add_whose_netns_cannot_be_opened_fails_at_once_with_4(shim, tmp_path, command, make, fragment):
+    netns = make(tmp_path)
+    sock = tmp_path / "never-dialled.sock"
+    out = run_plugin(shim, command, cfg(sock), tmp_path, **pod_env(CNI_NETNS=netns))
+    assert out.status == 1 and out.code == 4, out.stdout
+    assert out.json["msg"] == "cannot open the network namespace"
+    assert fragment in out.json["details"] and out.json["details"].startswith("CNI_NETNS=")
+
+
+def test_del_whose_netns_cannot_be_opened_still_goes_ahead(shim, tmp_path):
+    sock = tmp_path / "run" / "flock.sock"
+    env = pod_env("deadbeef04", CNI_NETNS=_symlink_loop(tmp_path), **journal(sock))
+    out = run_plugin(shim, "DEL", cfg(sock), tmp_path, **env)
+    assert out.status == 0 and (sock.parent / "pending-deletes" / "deadbeef04.json").exists()
+
+
+@pytest.mark.parametrize("command", ["ADD", "CHECK", "STATUS", "GC"])
+def test_request_over_the_limit_is_4_naming_its_size(shim, tmp_path, pod_netns, command):
+    from flock.rpc.wire import MAX_REQUEST_BYTES
+
+    config = cfg(tmp_path / "never.sock", blob="x" * (MAX_REQUEST_BYTES + 1))
+    out = run_plugin(shim, command, config, tmp_path, **pod_env(CNI_NETNS=pod_netns))
+    assert out.status == 1 and out.code == 4
+    assert out.json["msg"].startswith("request too large (") and f"limit {MAX_REQUEST_BYTES})" in out.json["msg"]
+
+
+def test_a_4_mib_configuration_is_not_too_large(shim, tmp_path, pod_netns):
+    config = cfg(tmp_path / "down.sock", blob="x" * (4 << 20))
+    out = run_plugin(shim, "ADD", config, tmp_path, **pod_env(CNI_NETNS=pod_netns))
+    assert out.code == 11  # dialled (nobody there), not refused for its size
+
+
+@pytest.mark.parametrize("timeout", [1e-300, 0, -1, 0.05, 300.5, 1e300, "5", True, None])
+def test_rpc_timeout_outside_its_range_is_7_naming_the_field(shim, tmp_path, timeout):
+    out = run_plugin(shim, "DEL", cfg(tmp_path / "x.sock", rpcTimeout=timeout), tmp_path, **pod_env())
+    assert out.status == 1 and out.code == 7 and out.json["details"].startswith("rpcTimeout=")
+    assert not (tmp_path / "pending-deletes").exists()
+
+
+@pytest.mark.parametrize("name", ["all", "default", "eth%d", ".", "..", "a/b", "a:b", "a b", "x" * 16, ""])
+def test_ifname_is_validated_as_the_reference_plugins_do(shim, tmp_path, pod_netns, name):
+    out = run_plugin(shim, "ADD", cfg(tmp_path / "x.sock"), tmp_path, **pod_env(CNI_NETNS=pod_netns, CNI_IFNAME=name))
+    assert out.status == 1 and out.code == 4
+    assert "CNI_IFNAME" in out.json["details"]
+    if name:
+        assert repr(name) in out.json["details"]
+
+
+def test_huge_values_are_never_echoed_whole(shim, tmp_path):
+    version = "9" * 100_000
+    out = run_plugin(shim, "ADD", cfg(tmp_path / "x.sock", version=version), tmp_path, **pod_env())
+    assert out.code == 1
+    assert len(out.stdout) < 2048 and out.json["cniVersion"] == "1.1.0"
+    huge_id = "a" * 100_000 + "/"
+    out = run_plugin(shim, "DEL", cfg(tmp_path / "x.sock"), tmp_path, **pod_env(huge_id))
+    assert out.code == 4 and len(out.stdout) < 2048
+
+
+def _symlink_loop(d) -> str:
+    (d / "loop").symlink_to(d / "loop")
+    return str(d / "loop")
+
+
+def _through_file(d) -> str:
+    (d / "regular").write_text("")
+    return str(d / "regular" / "ns")
+
+
+def _plain_file(d) -> str:
+    (d / "plain").write_text("not a namespace")
+    return str(d / "plain")
+
+
+def _fifo(d) -> str:
+    os.mkfifo(d / "fifo")
+    return str(d / "fifo")
+
+
+def test_an_agent_that_speaks_only_version_1_is_asked_again_by_path(shim, tmp_path, pod_netns):
+    # Mid-upgrade: the new shim meets an old agent, which answers 202 to version 2.
+    path = tmp_path / "old.sock"
+    seen = []
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        import threading
+
+        def old_agent():
+            for _ in range(2):
+                conn, _ = listener.accept()
+                with conn:
+                    line = b""
+                    while not line.endswith(b"\n"):
+                        line += conn.recv(65536)
+                    req = json.loads(line)
+                    seen.append((req["version"], req.get("netnsFd")))
+                    if req["version"] != 1:
+                        err = {"code": 202, "msg": "incompatible flock protocol version", "details": "speaks 1"}
+                        conn.sendall(json.dumps({"error": err}).encode() + b"\n")
+                    else:
+                        conn.sendall(b'{"result": {"cniVersion": "1.1.0", "ips": []}}\n')
+
+        t = threading.Thread(target=old_agent)
+        t.start()
+        out = run_plugin(shim, "ADD", cfg(path), tmp_path, **pod_env(CNI_NETNS=pod_netns))
+        t.join(10)
+    assert out.status == 0, out.stdout
+    assert seen == [(2, True), (1, None)]

@@ -61,7 +61,9 @@ def test_the_nodeconfig_gate_and_notes_follow_what_the_watcher_sees():
     # A fresh watcher (new API connection) whose first object is invalid keeps the one in force.
     state.nodeconfig_observed(None, deleted=True, refused="bad asn")
     assert state.nodeconfig == first and state.nodeconfig_deleted
-    assert state.notes()[0].startswith("NodeConfig host001 was deleted; serving with the last one seen (cidr6 2001")
+    assert state.notes()[0].startswith(
+        "NodeConfig host001 was deleted; existing pods keep the last one seen (cidr6 2001"
+    )
     state.nodeconfig_observed(first, deleted=False, refused=None)
     assert state.notes() == [] and state.nodeconfig_refused is None and not state.nodeconfig_deleted
 

@@ -284,3 +284,18 @@ async def test_ipv6_server(tmp_path: Path) -> None:
             watcher = PodWatcher(kube.pods_on_node(NODE), NODE, FAST)
             async with serving(watcher):
                 assert list(watcher.pods) == ["web/web-0"]
+
+
+async def test_api_server_restarted_empty_is_relisted_and_the_lost_nodeconfig_noticed(tmp_path: Path) -> None:
+    with trio.fail_after(30), ApiServer(bookmark_interval=0.2) as api:
+        api.create(NODECONFIGS, nodeconfig_object(NODE))
+        for i in range(5):
+            api.create(PODS, pod_object("web", f"web-{i}", NODE))
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
+            watcher = NodeConfigWatcher(kube.nodeconfig(NODE), NODE, FAST)
+            async with serving(watcher):
+                await watcher.wait_changed()
+                api.restart(empty=True)  # etcd wiped: resourceVersions start over
+                await watcher.wait_deleted(True)
+                api.create(NODECONFIGS, nodeconfig_object(NODE))
+                await watcher.wait_deleted(False)

@@ -7,9 +7,11 @@ pending socket read.  Times asserted are exact virtual times.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 
+import attrs
 import pytest
 import trio
 
@@ -214,3 +216,103 @@ async def test_nodeconfig_invalid_update_keeps_previous_value(
             values = watcher.values()
             assert await values.__anext__() == second
             await values.aclose()
+
+
+async def test_api_server_restarted_empty_is_relisted_and_a_lost_nodeconfig_noticed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = Store()
+    store.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    for i in range(5):
+        store.create(PODS, pod_object("web", f"web-{i}", NODE))  # resourceVersions well past a fresh store's
+    source = StoreSource(store, NODECONFIGS, f"metadata.name={NODE}")
+    # The defaults, not the tests' fast settings: the bound must hold as deployed.
+    watcher = NodeConfigWatcher(source, NODE)
+    with trio.fail_after(600):
+        async with serving(watcher):
+            await watcher.wait_changed()
+            assert not watcher.deleted and source.lists == 1
+            await trio.sleep(100)  # a quiet watch, then the API server comes back empty
+            restarted = trio.current_time()
+            source.restart_server()
+            await watcher.wait_deleted(True)
+            assert trio.current_time() - restarted < 30 and source.lists == 2
+            assert watcher.current is not None  # the last one stays in force for existing pods
+            # And back: recreated on the new server, noticed through the new watch.
+            source.store.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+            await watcher.wait_deleted(False)
+            assert trio.current_time() - restarted < 31
+
+
+async def test_api_server_down_for_long_is_relisted_within_30_s_of_coming_back(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    store.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    for i in range(5):
+        store.create(PODS, pod_object("web", f"web-{i}", NODE))
+    source = StoreSource(store, NODECONFIGS, f"metadata.name={NODE}")
+    watcher = NodeConfigWatcher(source, NODE)
+    with trio.fail_after(3000):
+        async with serving(watcher):
+            await watcher.wait_changed()
+            source.fail_lists = 10**6  # every list fails while it is away...
+            source.restart_server()  # ...which it is, for a long time: backoff reaches its cap
+            await trio.sleep(1000)
+            assert not watcher.deleted
+            back = trio.current_time()
+            source.fail_lists = 0
+            await watcher.wait_deleted(True)
+            assert trio.current_time() - back <= 24  # the capped backoff (20 s + 20 % jitter)
+
+
+async def test_a_server_whose_history_is_behind_ours_is_relisted(autojump_clock: trio.abc.Clock) -> None:
+    store = Store()
+    for i in range(5):
+        store.create(PODS, pod_object("web", f"web-{i}", NODE))
+    watcher, source = pod_watcher(store)
+    with trio.fail_after(200):
+        async with serving(watcher):
+            assert source.lists == 1 and len(watcher.pods) == 5
+            fresh = Store()  # restored from an old backup: versions start over, web-0 only
+            fresh.create(PODS, pod_object("web", "web-0", NODE))
+            source.store = fresh  # swapped under an open watch, without a connection reset
+            await trio.sleep(61)  # the open watch ends (60 s); resuming is refused as too new: relist
+            assert source.lists == 2 and set(watcher.pods) == {"web/web-0"}
+
+
+@attrs.define(eq=False)
+class ReplayingSource:
+    """A source whose watch sends an event older than its list (a reset history)."""
+
+    lists: int = 0
+
+    async def list(self):
+        await trio.lowlevel.checkpoint()
+        self.lists += 1
+        obj = pod_object("web", "web-0", NODE)
+        obj["metadata"]["resourceVersion"] = "50" if self.lists == 1 else "3"
+        return [obj], obj["metadata"]["resourceVersion"]
+
+    @contextlib.asynccontextmanager
+    async def watch(self, resource_version, timeout_seconds):
+        async def events():
+            if self.lists == 1:
+                old = pod_object("web", "web-1", NODE)
+                old["metadata"]["resourceVersion"] = "7"
+                yield {"type": "ADDED", "object": old}
+            await trio.sleep(timeout_seconds)
+
+        async with contextlib.aclosing(events()) as stream:
+            yield stream
+
+    async def get(self, namespace, name):
+        return None
+
+
+async def test_an_event_older_than_the_cache_means_a_reset_history_and_relists(autojump_clock: trio.abc.Clock) -> None:
+    source = ReplayingSource()
+    watcher = PodWatcher(source, NODE, SETTINGS)
+    with trio.fail_after(60):
+        async with serving(watcher):
+            await trio.sleep(1)
+            assert source.lists == 2 and set(watcher.pods) == {"web/web-0"}
+            assert watcher.informer.resource_version == "3"
