@@ -178,7 +178,7 @@ class AdminOps:
     def queued_deletes(self) -> list[str]:
         """Container IDs whose DEL the shim queued while the agent was away."""
         try:
-            return sorted(p.name for p in self.pending_deletes.iterdir() if not p.name.startswith("."))
+            return sorted(p.name.removesuffix(".json") for p in self.pending_deletes.iterdir() if p.suffix == ".json")
         except OSError:
             return []
 

@@ -166,7 +166,7 @@ async def inventory(*, host_netns: str | None, settings: DataplaneSettings) -> I
     try:
         async with _conn.rtnl(host_netns) as host:
             names = sorted(
-                n for n in (await _conn.link_names(host)).values() if is_host_ifname(n, settings.host_prefix)
+                [m.get("IFLA_IFNAME") async for m in await host.link("dump") if _apply.owned_by_flock(m, settings)]
             )
             routes = tuple(
                 (str(live.route.dst), tuple(sorted(h.ifname or "" for h in live.route.nexthops)), live.route.blackhole)
