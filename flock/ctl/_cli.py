@@ -216,8 +216,8 @@ def cmd_ipam_check(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         )
         lines.append("")
         lines.append("to repair:")
-        for p in problems:
-            lines.append(f"  {p['subject']}: {p['remedy']}")
+        for subject, remedy in dict.fromkeys((p["subject"], p["remedy"]) for p in problems):
+            lines.append(f"  {subject}: {remedy}")
     else:
         lines.append("no problems found" + (" in the parts checked" if unreached else ""))
     return result, "\n".join(lines), EXIT_PROBLEMS if problems else EXIT_OK

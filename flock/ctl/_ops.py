@@ -386,7 +386,7 @@ class AdminOps:
         if netns_alive(alloc.netns) and not force:
             log.warning("release refused: the attachment is live", extra={**who, "container_id": alloc.container_id})
             raise OpRefused(
-                "refused: the attachment is live",
+                "the attachment is live",
                 f"container {alloc.container_id} (pod {alloc.namespace}/{alloc.pod or '-'}) still has its network "
                 f"namespace {alloc.netns}; delete the pod, or pass --force to take its addresses away",
             )
