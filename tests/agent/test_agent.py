@@ -2,12 +2,14 @@
 
 import os
 import signal
+import stat
 
 import pytest
 import trio
 import trio.testing
 
 from flock.agent import EXIT_ESCALATED, Agent, AgentSettings, compose, parse_args, run_agent, serve
+from flock.ctl import ask
 from flock.errors import CniError
 from flock.nursery import Backoff, ChildSpec, RestartIntensity
 from flock.rpc import Request, decode_response
@@ -44,15 +46,20 @@ async def test_agent_without_an_api_server_serves_status_then_shuts_down_cleanly
             with pytest.raises(CniError) as info:
                 decode_response(await status(config.socket))
             assert (info.value.code, info.value.msg) == (50, "agent not ready")
+            # flockctl's view works without an API server and says what the node waits for.
+            admin = config.socket.parent / "admin.sock"
+            assert stat.S_IMODE(admin.stat().st_mode) == 0o600
+            seen = await trio.to_thread.run_sync(ask, admin, "status")
+            assert not seen["ready"] and seen["not_ready"][0] == "not connected to the API server yet", seen["not_ready"]
             os.kill(os.getpid(), signal.SIGTERM)
-    assert not config.socket.exists()
+    assert not config.socket.exists() and not admin.exists()
 
 
 def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path):
     names = [c.name for c in compose(in_tmp(tmp_path), store=MemoryAllocations()).children]
-    assert names == ["signals", "rpc", "health", "api", "pods", "bird"]
+    assert names == ["signals", "rpc", "health", "admin", "api", "pods", "bird"]
     names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
-    assert names == ["signals", "rpc", "health", "api", "pods"]
+    assert names == ["signals", "rpc", "health", "admin", "api", "pods"]
 
 
 def test_child_names_are_unique(tmp_path):
