@@ -493,7 +493,7 @@ def parse_bgp_sessions(text: str) -> list[dict[str, Any]]:
             for part in value.split(","):
                 n, _, what = part.strip().partition(" ")
                 if n.isdigit() and what in ("imported", "exported"):
-                    cur[what] = int(n)
+                    cur[what] += int(n)  # summed over the session's channels
     return sessions
 
 
