@@ -46,10 +46,55 @@ def _get(obj: Mapping[str, Any], path: str, default: Any = None) -> Any:
 
 
 @attrs.frozen
+class Bfd:
+    """BFD for one BGP peer (RFC 5880): detection time is about ``min_rx_ms * multiplier``."""
+
+    min_rx_ms: int = 300
+    min_tx_ms: int = 300
+    multiplier: int = 3
+
+
+@attrs.frozen
+class SecretKeyRef:
+    """One key of a Secret in the agent's own namespace (never the value itself)."""
+
+    name: str
+    key: str
+
+
+@attrs.frozen
 class BgpPeer:
     name: str
     address: IPAddress
     asn: int
+    bfd: Bfd | None = None
+    password: SecretKeyRef | None = None  # TCP MD5 (RFC 2385) key from a Secret
+    route_reflector_client: bool = False  # this node reflects routes to the peer (iBGP only)
+    multihop: int | None = None  # TTL for a peer that is not directly connected
+    source_address: IPAddress | None = None
+
+
+@attrs.frozen
+class Communities:
+    """BGP communities attached to one kind of route this node announces."""
+
+    standard: tuple[tuple[int, int], ...] = ()
+    large: tuple[tuple[int, int, int], ...] = ()
+
+
+@attrs.frozen
+class RouteCommunities:
+    node_block: Communities = Communities()
+    anycast: Communities = Communities()
+    addresses: Communities = Communities()
+
+
+@attrs.frozen
+class GracefulRestart:
+    """RFC 4724 on every session: peers keep this node's routes while it restarts."""
+
+    enabled: bool = True
+    restart_time: int = 120
 
 
 @attrs.frozen
@@ -57,6 +102,9 @@ class BgpConfig:
     asn: int
     router_id: ipaddress.IPv4Address
     peers: tuple[BgpPeer, ...] = ()
+    graceful_restart: GracefulRestart = GracefulRestart()
+    communities: RouteCommunities = RouteCommunities()
+    cluster_id: ipaddress.IPv4Address | None = None  # route reflector cluster ID (default: router ID)
 
 
 @attrs.frozen
@@ -119,6 +167,166 @@ def _asn(kind: str, name: str, field: str, value: Any) -> int:
     return value
 
 
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}\Z")
+# Decimal 0..65535 and 0..4294967295 without leading zeros, as the CRD's patterns spell them.
+_U16 = r"(0|[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-4]|65535)"
+_U32 = (
+    r"(0|[1-9][0-9]{0,8}|[1-3][0-9]{9}|4[0-1][0-9]{8}|42[0-8][0-9]{7}|429[0-3][0-9]{6}|4294[0-8][0-9]{5}"
+    r"|42949[0-5][0-9]{4}|429496[0-6][0-9]{3}|4294967[0-1][0-9]{2}|42949672[0-8][0-9]|429496729[0-4]|4294967295)"
+)
+_STANDARD_COMMUNITY = re.compile(f"{_U16}:{_U16}\\Z")
+_LARGE_COMMUNITY = re.compile(f"{_U32}:{_U32}:{_U32}\\Z")
+MAX_COMMUNITIES = 16
+# Route kinds that carry communities: the key in spec.bgp.communities → RouteCommunities field.
+COMMUNITY_KINDS = {"nodeBlock": "node_block", "anycast": "anycast", "addresses": "addresses"}
+
+
+def _int_field(kind: str, name: str, field: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidObject(kind, name, field, value, f"an integer {lo}..{hi}")
+    return value
+
+
+def _mapping(kind: str, name: str, field: str, value: Any, expected: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidObject(kind, name, field, value, expected)
+    return value
+
+
+def _address(kind: str, name: str, field: str, value: Any) -> IPAddress:
+    try:
+        return ipaddress.ip_address(_plain(value))
+    except (TypeError, ValueError):
+        raise InvalidObject(kind, name, field, value, "an IP address") from None
+
+
+def _bfd(kind: str, name: str, field: str, raw: Any) -> Bfd:
+    raw = _mapping(kind, name, field, raw, "an object {minRxMs, minTxMs, multiplier}")
+    return Bfd(
+        min_rx_ms=_int_field(kind, name, field + ".minRxMs", raw.get("minRxMs", 300), 10, 10000),
+        min_tx_ms=_int_field(kind, name, field + ".minTxMs", raw.get("minTxMs", 300), 10, 10000),
+        multiplier=_int_field(kind, name, field + ".multiplier", raw.get("multiplier", 3), 1, 255),
+    )
+
+
+def _secret_ref(kind: str, name: str, field: str, raw: Any) -> SecretKeyRef:
+    raw = _mapping(kind, name, field, raw, "an object {secretKeyRef: {name, key}}")
+    ref = _mapping(kind, name, field + ".secretKeyRef", raw.get("secretKeyRef"), "an object {name, key}")
+    secret, key = ref.get("name"), ref.get("key")
+    if not isinstance(secret, str) or not _SECRET_NAME.match(secret):
+        raise InvalidObject(kind, name, field + ".secretKeyRef.name", secret, "a Secret name (DNS-1123 subdomain)")
+    if not isinstance(key, str) or not _SECRET_KEY.match(key):
+        raise InvalidObject(kind, name, field + ".secretKeyRef.key", key, "a Secret key (letters, digits, '-._')")
+    return SecretKeyRef(secret, key)
+
+
+def _peer(kind: str, name: str, field: str, p: Any, local_asn: int) -> BgpPeer:
+    if not isinstance(p, Mapping):
+        raise InvalidObject(kind, name, field, p, "an object {name, address, asn}")
+    pname = p.get("name")
+    if not isinstance(pname, str) or not _PEER_NAME.match(pname):
+        raise InvalidObject(
+            kind,
+            name,
+            field + ".name",
+            pname,
+            "a name of at most 60 ASCII letters, digits, '-' and '_' starting with a letter",
+        )
+    addr = _address(kind, name, field + ".address", p.get("address"))
+    asn = _asn(kind, name, field + ".asn", p.get("asn"))
+    bfd = None if p.get("bfd") is None else _bfd(kind, name, field + ".bfd", p.get("bfd"))
+    password = None if p.get("password") is None else _secret_ref(kind, name, field + ".password", p.get("password"))
+    rr_client = p.get("routeReflectorClient", False)
+    if not isinstance(rr_client, bool):
+        raise InvalidObject(kind, name, field + ".routeReflectorClient", rr_client, "true or false")
+    if rr_client and asn != local_asn:
+        raise InvalidObject(
+            kind, name, field + ".routeReflectorClient", rr_client, f"an iBGP peer (asn {local_asn}) to reflect to"
+        )
+    raw_hops = p.get("multihop")
+    multihop = None if raw_hops is None else _int_field(kind, name, field + ".multihop", raw_hops, 1, 255)
+    raw_source = p.get("sourceAddress")
+    source = None if raw_source is None else _address(kind, name, field + ".sourceAddress", raw_source)
+    if source is not None and source.version != addr.version:
+        raise InvalidObject(kind, name, field + ".sourceAddress", raw_source, f"an IPv{addr.version} address")
+    if bfd is not None and multihop is not None and source is None:
+        # BIRD: a multihop BFD session needs a fixed local address.
+        raise InvalidObject(kind, name, field + ".sourceAddress", None, "an address when bfd and multihop are set")
+    return BgpPeer(pname, addr, asn, bfd, password, rr_client, multihop, source)
+
+
+def _communities(kind: str, name: str, field: str, raw: Any) -> Communities:
+    raw = _mapping(kind, name, field, raw, "an object {standard: [...], large: [...]}")
+    out: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for key, pattern, example in (
+        ("standard", _STANDARD_COMMUNITY, "64512:100"),
+        ("large", _LARGE_COMMUNITY, "64512:1:100"),
+    ):
+        values = raw.get(key) or []
+        if not isinstance(values, list) or len(values) > MAX_COMMUNITIES:
+            raise InvalidObject(kind, name, f"{field}.{key}", values, f"a list of at most {MAX_COMMUNITIES}")
+        parsed = []
+        for i, text in enumerate(values):
+            m = pattern.match(text) if isinstance(text, str) else None
+            if m is None:
+                raise InvalidObject(kind, name, f"{field}.{key}[{i}]", text, f"a community such as {example}")
+            parsed.append(tuple(int(part) for part in m.groups()))
+        out[key] = tuple(dict.fromkeys(parsed))  # duplicates dropped, order kept
+    return Communities(standard=out["standard"], large=out["large"])  # type: ignore[arg-type]
+
+
+def _bgp(kind: str, name: str, raw_bgp: Any) -> BgpConfig | None:
+    if raw_bgp is None:
+        return None
+    raw_bgp = _mapping(kind, name, "spec.bgp", raw_bgp, "an object")
+    asn = _asn(kind, name, "spec.bgp.asn", raw_bgp.get("asn"))
+    rid = raw_bgp.get("routerID")
+    try:
+        router_id = ipaddress.IPv4Address(_plain(rid))
+    except (TypeError, ValueError):
+        raise InvalidObject(kind, name, "spec.bgp.routerID", rid, "an IPv4 address") from None
+    raw_peers = raw_bgp.get("peers") or []
+    if not isinstance(raw_peers, list):
+        raise InvalidObject(kind, name, "spec.bgp.peers", raw_peers, "a list")
+    peers: list[BgpPeer] = []
+    for i, p in enumerate(raw_peers):
+        peer = _peer(kind, name, f"spec.bgp.peers[{i}]", p, asn)
+        if any(q.name == peer.name for q in peers):
+            raise InvalidObject(kind, name, f"spec.bgp.peers[{i}].name", peer.name, "a name unique among peers")
+        peers.append(peer)
+
+    raw_gr = _mapping(kind, name, "spec.bgp.gracefulRestart", raw_bgp.get("gracefulRestart") or {}, "an object")
+    enabled = raw_gr.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise InvalidObject(kind, name, "spec.bgp.gracefulRestart.enabled", enabled, "true or false")
+    restart_time = _int_field(
+        kind, name, "spec.bgp.gracefulRestart.restartTime", raw_gr.get("restartTime", 120), 1, 4095
+    )
+
+    raw_comm = _mapping(kind, name, "spec.bgp.communities", raw_bgp.get("communities") or {}, "an object")
+    unknown = sorted(set(raw_comm) - set(COMMUNITY_KINDS))
+    if unknown:
+        raise InvalidObject(kind, name, "spec.bgp.communities", unknown[0], f"one of {sorted(COMMUNITY_KINDS)}")
+    communities = RouteCommunities(
+        **{
+            attr: _communities(kind, name, f"spec.bgp.communities.{key}", raw_comm.get(key) or {})
+            for key, attr in COMMUNITY_KINDS.items()
+        }
+    )
+
+    raw_cluster = raw_bgp.get("routeReflectorClusterID")
+    cluster_id = None
+    if raw_cluster is not None:
+        try:
+            cluster_id = ipaddress.IPv4Address(_plain(raw_cluster))
+        except (TypeError, ValueError):
+            raise InvalidObject(
+                kind, name, "spec.bgp.routeReflectorClusterID", raw_cluster, "an IPv4 address"
+            ) from None
+    return BgpConfig(asn, router_id, tuple(peers), GracefulRestart(enabled, restart_time), communities, cluster_id)
+
+
 @attrs.frozen
 class NodeConfig:
     """This node's pod blocks, BGP settings and pod defaults (CRD v1alpha1)."""
@@ -166,44 +374,7 @@ class NodeConfig:
                 kind, name, "spec.families.ipv4", True, "spec.cidr4 to be set when ipv4 is on by default"
             )
 
-        bgp = None
-        raw_bgp = spec.get("bgp")
-        if raw_bgp is not None:
-            if not isinstance(raw_bgp, Mapping):
-                raise InvalidObject(kind, name, "spec.bgp", raw_bgp, "an object")
-            asn = _asn(kind, name, "spec.bgp.asn", raw_bgp.get("asn"))
-            rid = raw_bgp.get("routerID")
-            try:
-                router_id = ipaddress.IPv4Address(_plain(rid))
-            except (TypeError, ValueError):
-                raise InvalidObject(kind, name, "spec.bgp.routerID", rid, "an IPv4 address") from None
-            peers = []
-            raw_peers = raw_bgp.get("peers") or []
-            if not isinstance(raw_peers, list):
-                raise InvalidObject(kind, name, "spec.bgp.peers", raw_peers, "a list")
-            seen = set()
-            for i, p in enumerate(raw_peers):
-                field = f"spec.bgp.peers[{i}]"
-                if not isinstance(p, Mapping):
-                    raise InvalidObject(kind, name, field, p, "an object {name, address, asn}")
-                pname = p.get("name")
-                if not isinstance(pname, str) or not _PEER_NAME.match(pname):
-                    raise InvalidObject(
-                        kind,
-                        name,
-                        field + ".name",
-                        pname,
-                        "a name of at most 60 ASCII letters, digits, '-' and '_' starting with a letter",
-                    )
-                if pname in seen:
-                    raise InvalidObject(kind, name, field + ".name", pname, "a name unique among peers")
-                seen.add(pname)
-                try:
-                    addr = ipaddress.ip_address(_plain(p.get("address")))
-                except (TypeError, ValueError):
-                    raise InvalidObject(kind, name, field + ".address", p.get("address"), "an IP address") from None
-                peers.append(BgpPeer(pname, addr, _asn(kind, name, field + ".asn", p.get("asn"))))
-            bgp = BgpConfig(asn, router_id, tuple(peers))
+        bgp = _bgp(kind, name, spec.get("bgp"))
 
         announce_ranges = _announce_ranges(kind, name, spec.get("announceRanges"))
 
@@ -245,6 +416,10 @@ class PodInfo:
     owners: tuple[OwnerRef, ...] = ()
     first_image: str | None = None
     resource_version: str = ""
+    #: The pod's Ready condition: True/False, or None for a pod without any
+    #: status conditions (not run by a kubelet: tests, labs, bare runtimes).
+    #: A pod with conditions but no Ready condition is not ready.
+    ready: bool | None = None
 
     @property
     def key(self) -> str:
@@ -269,7 +444,15 @@ class PodInfo:
             owners=owners,
             first_image=(containers[0].get("image") if containers and containers[0].get("image") else None),
             resource_version=str(meta.get("resourceVersion", "")),
+            ready=_pod_ready(obj.get("status")),
         )
+
+
+def _pod_ready(status: Any) -> bool | None:
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list) or not conditions:
+        return None
+    return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 class AllocationState(enum.Enum):

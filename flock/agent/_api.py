@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from flock.bird.anycast import follow_pod_readiness
 from flock.model import PodInfo
 from flock.nursery import Backoff, ChildSpec, Supervisor
 from flock.pods import NotReady, PodLookupFailed
@@ -112,10 +113,14 @@ class ApiLink:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(pods.run)
                     self._pods = lookup
+                    # Health-aware anycast: BIRD's inputs read the cache; readiness changes bump the state.
+                    state.pods_observed(pods.pods)
+                    await nursery.start(follow_pod_readiness, pods, state.pods_changed)
                     task_status.started()
             finally:
                 if self._pods is lookup:
                     self._pods = None
+                    state.pods_observed(None)
 
         children = [
             ChildSpec("nodeconfig-watcher", gated(state, NODECONFIG_INFORMER_GATE, nodeconfigs.run)),

@@ -29,11 +29,19 @@ class AgentSettings:
     bgp_lab_timers: bool = False  # short BGP timers (labs, tests)
     host_netns: str | None = None  # the node's network namespace (None: the agent's own)
     uplink: str | None = None  # interface for the pod gateway's route if the node has none
+    namespace: str = "kube-system"  # the agent's own namespace: where BGP password Secrets are read
     admin_socket: Path | None = None  # flockctl's socket (None: admin.sock beside --socket)
 
     @property
     def admin_path(self) -> Path:
         return self.admin_socket if self.admin_socket is not None else self.socket.parent / "admin.sock"
+
+
+def _service_account_namespace() -> str | None:
+    try:
+        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -89,6 +97,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         metavar="PATH",
         help="flockctl's admin socket, 0600, local only (default: admin.sock beside --socket)",
     )
+    parser.add_argument(
+        "--namespace",
+        default=environ.get("POD_NAMESPACE") or _service_account_namespace() or "kube-system",
+        help="the agent's namespace, where BGP password Secrets are read "
+        "(default: $POD_NAMESPACE, else the service account's, else kube-system)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -118,5 +132,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         host_netns=args.host_netns,
         uplink=args.uplink,
         admin_socket=args.admin_socket,
+        namespace=args.namespace,
     )
     return settings, args

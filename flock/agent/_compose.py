@@ -37,6 +37,7 @@ import logging
 import trio
 
 from flock.bird import BgpTimers, BirdReloader, RenderSettings
+from flock.bird.sessions import SessionMonitor
 from flock.ctl import AdminOps, AdminServer
 from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
@@ -48,7 +49,7 @@ from flock.state import NodeState
 from flock.store import StoreError, open_store
 
 from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink, WatcherFactory, nodeconfig_gate
-from ._bird import BirdFollower, bird_inputs
+from ._bird import BirdFollower, bgp_passwords, bird_inputs, session_monitor
 from ._cli import AgentSettings
 from ._crash import CrashPoint
 from ._root import Agent, FatalStartError, check_state_dir
@@ -79,6 +80,8 @@ def compose(
     state = node_state(settings.node)
     metrics = Metrics()
     netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
+    if settings.bird:
+        watchers = (*watchers, bgp_passwords(settings.namespace, state))
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers)
     handler = PodHandler(
         store=store, dataplane=netlink, pods=api, state=state, observe=metrics.observe, checkpoint=crash
@@ -125,7 +128,10 @@ def compose(
             notes=state,
         )
         _bird_metrics(metrics, reloader)
+        sessions = session_monitor(state, settings.bird_socket, settings.namespace)
+        _bgp_metrics(metrics, state, sessions)
         services.append(ChildSpec("bird", BirdFollower(state, reloader).run))
+        services.append(ChildSpec("bgp-sessions", sessions.run))
     return Agent(services, drains=[rpc.drain])
 
 
@@ -147,6 +153,41 @@ def _node_metrics(metrics: Metrics, state: NodeState) -> None:
         "flock_nodeconfig_refused",
         "1 while the newest NodeConfig is invalid and the previous one is in force.",
         lambda: float(state.nodeconfig_refused is not None),
+    )
+
+
+def _bgp_metrics(metrics: Metrics, state: NodeState, sessions: SessionMonitor) -> None:
+    def established() -> dict[str, float]:
+        node, seen = state.nodeconfig, sessions.sessions
+        if node is None or node.bgp is None or seen is None:
+            return {}
+        return {p.name: float((s := seen.get(f"bgp_{p.name}")) is not None and s.established) for p in node.bgp.peers}
+
+    def password_missing() -> dict[str, float]:
+        node = state.nodeconfig
+        peers = [p for p in (node.bgp.peers if node is not None and node.bgp is not None else ()) if p.password]
+        return {p.name: float(p.name not in state.bgp_passwords) for p in peers}
+
+    def withheld() -> float:
+        inputs = bird_inputs(state)
+        return float(len(inputs.withheld)) if inputs is not None else 0.0
+
+    metrics.dynamic_gauge(
+        "flock_bgp_session_established",
+        "1 while BIRD's session to the peer is Established (the NodeConfig's peers, by name).",
+        "peer",
+        established,
+    )
+    metrics.dynamic_gauge(
+        "flock_bgp_password_missing",
+        "1 while a peer's password Secret cannot be used (the session is kept down).",
+        "peer",
+        password_missing,
+    )
+    metrics.gauge(
+        "flock_anycast_withheld",
+        "Anycast addresses routed to local pods but not announced: none of those pods is Ready.",
+        withheld,
     )
 
 

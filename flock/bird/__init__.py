@@ -2,9 +2,10 @@
 
 from flock.bird.inputs import BirdInputs
 from flock.bird.reloader import Backoff, BirdReloader, ProcessRunner, ReloadError, run_process
-from flock.bird.render import BgpTimers, RenderError, RenderSettings, render
+from flock.bird.render import SECRETS_FILE, BgpTimers, RenderError, RenderSettings, render, render_secrets
 
 __all__ = [
+    "SECRETS_FILE",
     "Backoff",
     "BgpTimers",
     "BirdInputs",
@@ -14,5 +15,6 @@ __all__ = [
     "RenderError",
     "RenderSettings",
     "render",
+    "render_secrets",
     "run_process",
 ]

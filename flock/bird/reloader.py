@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,11 +22,13 @@ import attrs
 import trio
 
 from flock.bird.inputs import BirdInputs
-from flock.bird.render import RenderError, RenderSettings, render
+from flock.bird.render import SECRETS_FILE, RenderError, RenderSettings, render, render_secrets
 
 log = logging.getLogger("flock.bird")
 
 _TMP_SUFFIX = ".tmp"
+_CHECK_DIR = ".check-"
+_HIDDEN = "<hidden>"
 
 #: Runs a command given as an argument vector (never through a shell) to
 #: completion and returns its exit status and captured output. Tests
@@ -133,8 +136,10 @@ class BirdReloader:
     _poked: trio.Event = attrs.field(factory=trio.Event, init=False)
     _first_poke: float = attrs.field(default=0.0, init=False)
     _last_poke: float = attrs.field(default=0.0, init=False)
-    # What BIRD was last told to load, by this process; None until then.
-    _applied: str | None = attrs.field(default=None, init=False)
+    # What BIRD was last told to load (config, secrets), by this process; None until then.
+    _applied: tuple[str, str | None] | None = attrs.field(default=None, init=False)
+    # Passwords of the newest inputs: scrubbed from anything logged or kept as an error.
+    _secrets: tuple[str, ...] = attrs.field(default=(), init=False, repr=False)
 
     def poke(self) -> None:
         """Note that the inputs may have changed. Never blocks; call from Trio
@@ -149,6 +154,8 @@ class BirdReloader:
         # A predecessor killed between writing and renaming leaves its temp file.
         for stale in self.config_path.parent.glob(self._tmp_prefix + "*" + _TMP_SUFFIX):
             stale.unlink(missing_ok=True)
+        for stale in self.config_path.parent.glob(self._tmp_prefix + _CHECK_DIR + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
         # Reconcile once at start: the file on disk may be older than this
         # process, or written by a predecessor that died before `configure`.
         self.poke()
@@ -174,6 +181,7 @@ class BirdReloader:
                 self._set_error(None)
                 return
             except ReloadError as exc:
+                exc = self._scrubbed(exc)
                 attempt += 1
                 self.failures += 1
                 self._set_error(str(exc))
@@ -204,24 +212,50 @@ class BirdReloader:
         if inputs is None:
             log.debug("no BIRD inputs yet (no NodeConfig)")
             return False
+        self._secrets = tuple(v for v in inputs.passwords.values() if v)
         try:
-            text = render(inputs.node, anycast=inputs.anycast, addresses=inputs.addresses, settings=self.settings)
+            text = render(
+                inputs.node,
+                anycast=inputs.anycast,
+                addresses=inputs.addresses,
+                passwords=inputs.passwords.keys(),
+                settings=self.settings,
+            )
+            secrets = render_secrets(inputs.node, inputs.passwords) if inputs.passwords else None
         except RenderError as exc:
             log.error(
                 "cannot render BIRD config",
-                extra={"field": exc.field, "value": repr(exc.value), "expected": exc.expected},
+                extra={"field": exc.field, "value": self._scrub(repr(exc.value)), "expected": exc.expected},
             )
             return False
         on_disk = _read(self.config_path)
-        if text == on_disk and text == self._applied:
+        secrets_path = self.config_path.parent / SECRETS_FILE
+        secrets_on_disk = _read(secrets_path) if secrets is not None else None
+        if text == on_disk and secrets == secrets_on_disk and (text, secrets) == self._applied:
             return False
-        if text != on_disk:
-            await self._check_and_write(text)
+        if text != on_disk or secrets != secrets_on_disk:
+            await self._check_and_write(text, secrets)
         result = await self._run("configure", [self.birdc, "-s", str(self.control_socket), "configure"])
-        self._applied = text
+        self._applied = (text, secrets)
         self.reloads += 1
-        log.info("BIRD reconfigured", extra={"config": str(self.config_path), "output": _text(result.stdout).strip()})
+        if secrets is None:
+            # No peer reads a password any more: none stays on disk.
+            secrets_path.unlink(missing_ok=True)
+        log.info(
+            "BIRD reconfigured",
+            extra={"config": str(self.config_path), "output": self._scrub(_text(result.stdout).strip())},
+        )
         return True
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, _HIDDEN)
+        return text
+
+    def _scrubbed(self, exc: ReloadError) -> ReloadError:
+        if not any(secret in str(exc) for secret in self._secrets):
+            return exc
+        return ReloadError(exc.step, exc.argv, exc.returncode, self._scrub(exc.output))
 
     async def _run(self, step: str, argv: list[str]) -> subprocess.CompletedProcess:
         with trio.move_on_after(self.command_deadline):
@@ -239,10 +273,13 @@ class BirdReloader:
     def _tmp_prefix(self) -> str:
         return f".{self.config_path.name}."
 
-    async def _check_and_write(self, text: str) -> None:
+    async def _check_and_write(self, text: str, secrets: str | None = None) -> None:
         # The file is a few KB written at most once per debounce, so it is
         # written on the Trio thread: worker threads would let a virtual clock
         # run ahead in tests, for no gain here.
+        if secrets is not None:
+            await self._check_and_write_with_secrets(text, secrets)
+            return
         directory = self.config_path.parent
         fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=self._tmp_prefix, suffix=_TMP_SUFFIX)
         tmp = pathlib.Path(tmp_name)
@@ -258,3 +295,31 @@ class BirdReloader:
             tmp.unlink(missing_ok=True)
             raise
         _fsync_dir(directory)
+
+    async def _check_and_write_with_secrets(self, text: str, secrets: str) -> None:
+        """Check the config together with its secrets file in a private directory
+        beside it (BIRD resolves the include against the config's directory),
+        then move the secrets file (0600) and the config into place. A config
+        BIRD rejects replaces neither file."""
+        directory = self.config_path.parent
+        check_dir = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix=self._tmp_prefix + _CHECK_DIR))
+        try:
+            conf = check_dir / self.config_path.name
+            _write(check_dir / SECRETS_FILE, secrets, 0o600)
+            _write(conf, text, 0o644)
+            await self._run("check", [self.bird, "-p", "-c", str(conf)])
+            os.replace(check_dir / SECRETS_FILE, directory / SECRETS_FILE)
+            os.replace(conf, self.config_path)
+        finally:
+            shutil.rmtree(check_dir, ignore_errors=True)
+        _fsync_dir(directory)
+
+
+def _write(path: pathlib.Path, text: str, mode: int) -> None:
+    # Created with its final mode: a password is never readable by others, not even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, mode)  # whatever the umask

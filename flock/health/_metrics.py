@@ -23,7 +23,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 # Seconds; an ADD is milliseconds normally, up to the 25 s deadline at worst.
@@ -41,6 +41,22 @@ class _CounterFunction(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(self.name, self.documentation, value=self.read())
+
+
+@attrs.frozen
+class _LabelledGaugeFunction(Collector):
+    """A gauge whose label values are known only when scraped (e.g. BGP peers)."""
+
+    name: str
+    documentation: str
+    label: str
+    read: Callable[[], Mapping[str, float]]
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, number in sorted(self.read().items()):
+            family.add_metric([value], number)
+        yield family
 
 
 @attrs.define(eq=False)
@@ -92,6 +108,10 @@ class Metrics:
 
         for value in values:
             gauge.labels(value).set_function(reader(value))
+
+    def dynamic_gauge(self, name: str, documentation: str, label: str, read: Callable[[], Mapping[str, float]]) -> None:
+        """Export ``read()`` (label value → number) as gauge *name*, labels as they are when scraped."""
+        self.registry.register(_LabelledGaugeFunction(name, documentation, label, read))
 
     def counter(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """Export ``read()`` as counter *name* (``_total`` is appended), its owner keeping the count."""

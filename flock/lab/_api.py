@@ -47,6 +47,11 @@ class ApiClient:
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         return await self._call("GET", self._path(res, namespace, name))
 
+    async def update(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object (status included, as the fake API server keeps it)."""
+        meta = obj["metadata"]
+        return await self._call("PUT", self._path(res, meta.get("namespace"), meta["name"]), obj)
+
     async def delete(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         return await self._call("DELETE", self._path(res, namespace, name))
 

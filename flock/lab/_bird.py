@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from flock.lab._plan import FABRIC4, FABRIC_ASN, LabPlan, NodePlan
+from flock.lab._plan import BFD_INTERVAL_MS, BFD_MULTIPLIER, FABRIC4, FABRIC_ASN, LabPlan, NodePlan
 
 # Short timers, as the agent's --bgp-lab-timers: sessions come up in about a second.
 _TIMERS = """\
@@ -21,9 +21,17 @@ _TIMERS = """\
 
 def fabric_config(plan: LabPlan) -> str:
     """A transparent route server (RFC 7947) for every node: routes pass with the
-    originating node's next hop, so traffic goes node to node over the segment."""
+    originating node's next hop, so traffic goes node to node over the segment.
+
+    As a production ToR would: graceful restart (it keeps a restarting node's
+    routes), BFD (a dead node or link is withdrawn in ~300 ms), TCP MD5 with
+    each node's password, and the nodes' communities passed on unchanged."""
     peers = "\n".join(
-        f"protocol bgp {node.name} from node_peer {{\n  neighbor {node.addr6} as {node.asn};\n}}\n"
+        f"protocol bgp {node.name} from node_peer {{\n"
+        f"  neighbor {node.addr6} as {node.asn};\n"
+        f'  password "{node.bgp_password}";\n'
+        f"  bfd {node.fabric_bfd};\n"
+        "}\n"
         for node in plan.nodes
     )
     return f"""\
@@ -34,9 +42,18 @@ router id {FABRIC4};
 protocol device {{
 }}
 
+protocol bfd {{
+  interface "*" {{
+    min rx interval {BFD_INTERVAL_MS} ms;
+    min tx interval {BFD_INTERVAL_MS} ms;
+    multiplier {BFD_MULTIPLIER};
+  }};
+}}
+
 template bgp node_peer {{
   local as {FABRIC_ASN};
   rs client;
+  graceful restart on;
 {_TIMERS}
   ipv6 {{
     import all;

@@ -25,6 +25,7 @@ from flock.lab._api import ApiClient
 from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
 from flock.lab._nsio import NETNS_DIR, http_in
 from flock.lab._plan import (
+    AGENT_NAMESPACE,
     APISERVER_PORT,
     BRIDGE,
     FABRIC4,
@@ -40,7 +41,7 @@ from flock.lab._plan import (
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
 from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
-from flock.testing import NODECONFIGS, write_kubeconfig
+from flock.testing import NODECONFIGS, SECRETS, write_kubeconfig
 
 READY_DEADLINE_S = 60.0
 KILL_WAIT_S = 5.0
@@ -120,6 +121,7 @@ def agent_argv(node: NodePlan) -> list[str]:
         f"--health-address={HEALTH_ADDRESS}",
         f"--bird-config={node.bird_conf}",
         f"--bird-socket={node.bird_ctl}",
+        f"--namespace={AGENT_NAMESPACE}",
         "--bgp-lab-timers",
         "--log-format=json",
     ]
@@ -168,7 +170,20 @@ def process_specs(plan: LabPlan) -> list[ProcessSpec]:
         specs.append(
             ProcessSpec(
                 f"bird-{node.name}",
-                ("ip", "netns", "exec", node.netns, "bird", "-f", "-c", str(node.bird_conf), "-s", str(node.bird_ctl)),
+                # -R: a restarted BIRD recovers gracefully (deploy/daemonset.yaml runs it so too).
+                (
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.netns,
+                    "bird",
+                    "-f",
+                    "-R",
+                    "-c",
+                    str(node.bird_conf),
+                    "-s",
+                    str(node.bird_ctl),
+                ),
                 node.dir / "bird.log",
                 env,
             )
@@ -312,6 +327,7 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
                 break
             except OSError:
                 await trio.sleep(0.05)
+        await api.create(SECRETS, plan.bgp_secret())
         for node in plan.nodes:
             await api.create(NODECONFIGS, node.nodeconfig())
         report("NodeConfigs created; waiting for agents (/readyz) and BGP sessions (Established)")

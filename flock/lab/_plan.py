@@ -39,6 +39,12 @@ HEALTH_ADDRESS = "127.0.0.1:9464"  # inside each node's namespace
 UPLINK = "uplink"
 BRIDGE = "fabric"
 DEFAULT_DIR = Path("/run/flock-lab")
+# BGP as a production fabric runs it (issue 17): every node's session to the
+# route server is signed (TCP MD5, the password from this Secret in the
+# agents' namespace, one key per node), watched by BFD and restarts gracefully.
+AGENT_NAMESPACE = "kube-system"
+BGP_SECRET = "flock-bgp-passwords"
+BFD_INTERVAL_MS, BFD_MULTIPLIER = 100, 3
 
 
 def lab_id(directory: Path) -> str:
@@ -87,8 +93,29 @@ class NodePlan:
     def cni_conf(self) -> Path:
         return self.dir / "cni" / "net.d"
 
+    @property
+    def fabric_bfd(self) -> str:
+        """How the fabric's session to this node reacts to BFD going down.
+
+        BIRD's BFD runs in the same process as its BGP (RFC 5882: the control
+        plane independent bit is clear), so a peer cannot tell a node's BIRD
+        restarting from its link dying. Node 1's port is restart-safe
+        ("graceful": a BFD failure starts graceful restart, routes stay until
+        the node is back or restartTime passes); the other nodes' ports fail
+        fast ("on": a BFD failure withdraws at once, and a BIRD restart flaps
+        the node's routes for the second it takes). Both are what a ToR
+        offers; the lab shows each.
+        """
+        return "graceful" if self.index == 1 else "on"
+
+    @property
+    def bgp_password(self) -> str:
+        """The lab's TCP MD5 password of this node's session (documentation only: not secret)."""
+        return f"flock-lab-{self.name}"
+
     def nodeconfig(self) -> dict[str, Any]:
-        """This node's NodeConfig object: its blocks, IPv6 by default, BGP to the fabric."""
+        """This node's NodeConfig object: its blocks, IPv6 by default, BGP to the fabric
+        (BFD, TCP MD5 from the lab's Secret, communities that say what each route is)."""
         return {
             "apiVersion": "flock.fritzlab.net/v1alpha1",
             "kind": "NodeConfig",
@@ -102,7 +129,24 @@ class NodePlan:
                 "bgp": {
                     "asn": self.asn,
                     "routerID": str(self.addr4),
-                    "peers": [{"name": "fabric", "address": str(FABRIC6), "asn": FABRIC_ASN}],
+                    "communities": {
+                        "nodeBlock": {"standard": [f"{self.asn}:100"], "large": [f"{self.asn}:1:{self.index}"]},
+                        "anycast": {"standard": [f"{self.asn}:200"], "large": [f"{self.asn}:2:{self.index}"]},
+                        "addresses": {"standard": [f"{self.asn}:300"]},
+                    },
+                    "peers": [
+                        {
+                            "name": "fabric",
+                            "address": str(FABRIC6),
+                            "asn": FABRIC_ASN,
+                            "bfd": {
+                                "minRxMs": BFD_INTERVAL_MS,
+                                "minTxMs": BFD_INTERVAL_MS,
+                                "multiplier": BFD_MULTIPLIER,
+                            },
+                            "password": {"secretKeyRef": {"name": BGP_SECRET, "key": self.name}},
+                        }
+                    ],
                 },
             },
         }
@@ -168,6 +212,16 @@ class LabPlan:
     @property
     def pods_dir(self) -> Path:
         return self.dir / "pods"
+
+    def bgp_secret(self) -> dict[str, Any]:
+        """The Secret holding every node's BGP password, as the agents read it."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"namespace": AGENT_NAMESPACE, "name": BGP_SECRET},
+            "type": "Opaque",
+            "stringData": {node.name: node.bgp_password for node in self.nodes},
+        }
 
     def node(self, name: str) -> NodePlan:
         for node in self.nodes:

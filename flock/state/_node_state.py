@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import trio
 
-from flock.model import Allocation, AllocationState, NodeConfig
+from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The gate :meth:`NodeState.nodeconfig_observed` keeps (when declared): closed
@@ -66,6 +66,9 @@ class NodeState:
     _version: int = attrs.field(init=False, default=0)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _declared: frozenset[str] = attrs.field(init=False, factory=frozenset)
+    _pods: Mapping[str, PodInfo] | None = attrs.field(init=False, default=None)
+    # BGP passwords by peer name, read from Secrets: never in a repr or a log.
+    _bgp_passwords: dict[str, str] = attrs.field(init=False, factory=dict, repr=False)
 
     def __attrs_post_init__(self) -> None:
         names = [g.name for g in self.gates]
@@ -174,6 +177,34 @@ class NodeState:
         for alloc in self._allocations.values():
             counts[alloc.state] += 1
         return counts
+
+    # -- the pods on this node (for health-aware anycast) ---------------------
+
+    @property
+    def pods(self) -> Mapping[str, PodInfo] | None:
+        """The pod informer's cache ("namespace/name" → PodInfo) while it runs, else None."""
+        return self._pods
+
+    def pods_observed(self, pods: Mapping[str, PodInfo] | None) -> None:
+        """The pod watcher's live cache (None: no watcher running)."""
+        self._pods = pods
+        self._bump()
+
+    def pods_changed(self) -> None:
+        """A pod in the cache changed readiness, appeared or went."""
+        self._bump()
+
+    # -- BGP passwords -------------------------------------------------------
+
+    @property
+    def bgp_passwords(self) -> Mapping[str, str]:
+        """Passwords by peer name, as read from the Secrets the NodeConfig names."""
+        return self._bgp_passwords
+
+    def set_bgp_passwords(self, passwords: Mapping[str, str]) -> None:
+        if dict(passwords) != self._bgp_passwords:
+            self._bgp_passwords = dict(passwords)
+            self._bump()
 
     # -- pool exhaustion -----------------------------------------------------
 

@@ -2,8 +2,8 @@
 namespaces), shipped like ``trio.testing``: the fake API server here, network
 namespace helpers in ``flock.testing.netns``."""
 
-from ._objects import nodeconfig_object, pod_object
-from ._resources import NODECONFIGS, PODS, Resource
+from ._objects import nodeconfig_object, pod_object, secret_object
+from ._resources import NODECONFIGS, PODS, SECRETS, Resource
 from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
@@ -13,6 +13,7 @@ from ._store import Store
 __all__ = [
     "NODECONFIGS",
     "PODS",
+    "SECRETS",
     "ApiServer",
     "Resource",
     "StatusError",
@@ -21,6 +22,7 @@ __all__ = [
     "kubeconfig",
     "nodeconfig_object",
     "pod_object",
+    "secret_object",
     "serving",
     "write_kubeconfig",
 ]

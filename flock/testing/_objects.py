@@ -40,3 +40,14 @@ def nodeconfig_object(name: str, cidr6: str = "2001:db8:0:1::/64", **spec: Any) 
         "metadata": {"name": name},
         "spec": {"cidr6": cidr6, **spec},
     }
+
+
+def secret_object(namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """An Opaque Secret with *data* given as plain strings (``stringData``, as kubectl sends it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"namespace": namespace, "name": name},
+        "type": "Opaque",
+        "stringData": dict(data),
+    }

@@ -31,4 +31,5 @@ PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=Tr
 NODECONFIGS = Resource(
     group="flock.fritzlab.net", version="v1alpha1", plural="nodeconfigs", kind="NodeConfig", namespaced=False
 )
-RESOURCES = (PODS, NODECONFIGS)
+SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
+RESOURCES = (PODS, NODECONFIGS, SECRETS)

@@ -13,6 +13,7 @@ from ._status import StatusError
 SUPPORTED_FIELDS = {
     "Pod": ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"),
     "NodeConfig": ("metadata.name", "metadata.namespace"),
+    "Secret": ("metadata.name", "metadata.namespace", "type"),
 }
 
 

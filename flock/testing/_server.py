@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ._http import HttpFrontend
-from ._resources import NODECONFIGS, PODS, Resource
+from ._resources import NODECONFIGS, PODS, SECRETS, Resource
 from ._selectors import FieldSelector
 from ._store import Store
 
@@ -193,10 +193,12 @@ def load_objects(store: Store, path: str | os.PathLike[str]) -> int:
     """Create the objects in a JSON file (a list, or a List object with ``items``); returns how many."""
     data = json.loads(Path(path).read_text())
     items = data.get("items", []) if isinstance(data, dict) else data
-    by_kind = {r.kind: r for r in (PODS, NODECONFIGS)}
+    by_kind = {r.kind: r for r in (PODS, NODECONFIGS, SECRETS)}
     for obj in items:
         kind = obj.get("kind") if isinstance(obj, dict) else None
         if kind not in by_kind:
-            raise SystemExit(f"{os.fspath(path)}: cannot load object of kind {kind!r}: expected Pod or NodeConfig")
+            raise SystemExit(
+                f"{os.fspath(path)}: cannot load object of kind {kind!r}: expected Pod, NodeConfig or Secret"
+            )
         store.create(by_kind[kind], obj)
     return len(items)

@@ -11,6 +11,7 @@ server hands the event to its loop with ``call_soon_threadsafe``).
 
 from __future__ import annotations
 
+import base64
 import collections
 import copy
 import datetime
@@ -22,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from ._resources import PODS, Resource
+from ._resources import PODS, SECRETS, Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, expired
 
@@ -30,6 +31,7 @@ Event = dict[str, Any]  # {"type": "ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERRO
 Deliver = Callable[[Event], None]
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 DEFAULT_HISTORY = 10_000
 
 
@@ -318,6 +320,8 @@ class Store:
         else:
             meta.pop("namespace", None)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
+        if resource == SECRETS:
+            return _secret(new, name)
         spec = new.get("spec")
         if not isinstance(spec, dict):
             raise _invalid(resource, name, "spec", spec, "Required value")
@@ -329,6 +333,32 @@ class Store:
                 if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
                     raise _invalid(resource, name, f"spec.containers[{i}]", c, "name and image are required")
         return new
+
+
+def _secret(new: dict[str, Any], name: str) -> dict[str, Any]:
+    """A Secret as kube-apiserver stores it: ``stringData`` folded into ``data``
+    (base64), every ``data`` value base64, keys as Kubernetes allows them."""
+    data = new.get("data") or {}
+    if not isinstance(data, dict):
+        raise _invalid(SECRETS, name, "data", "<object>", "must be a map of key to base64 value")
+    string_data = new.pop("stringData", None) or {}
+    if not isinstance(string_data, dict):
+        raise _invalid(SECRETS, name, "stringData", "<object>", "must be a map of key to string")
+    for key, value in string_data.items():
+        if not isinstance(value, str):
+            raise _invalid(SECRETS, name, f"stringData[{key}]", "<value>", "must be a string")
+        data[key] = base64.b64encode(value.encode()).decode()
+    for key, value in data.items():
+        if not isinstance(key, str) or not _SECRET_KEY.match(key):
+            raise _invalid(SECRETS, name, "data", key, "keys must consist of alphanumeric characters, '-', '_' or '.'")
+        try:
+            base64.b64decode(value, validate=True)
+        except (TypeError, ValueError):
+            # Never echo a value: it is a secret.
+            raise _invalid(SECRETS, name, f"data[{key}]", "<value>", "must be base64") from None
+    new["data"] = data
+    new.setdefault("type", "Opaque")
+    return new
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:

@@ -27,7 +27,7 @@ import signal
 import sys
 
 from ._http import HttpFrontend
-from ._resources import NODECONFIGS, PODS
+from ._resources import NODECONFIGS, PODS, SECRETS
 from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
 from ._store import Store
 
@@ -56,13 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (IPv4 or IPv6)")
     parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
     parser.add_argument("--kubeconfig-out", help="write a kubeconfig pointing at this server here")
-    parser.add_argument("--load", action="append", default=[], help="JSON file of Pods/NodeConfigs to create at start")
+    parser.add_argument(
+        "--load", action="append", default=[], help="JSON file of Pods/NodeConfigs/Secrets to create at start"
+    )
     parser.add_argument("--bookmark-interval", type=float, default=5.0, help="seconds between BOOKMARK events")
     asyncio.run(_serve(parser.parse_args(argv)))
     return 0
 
 
-__all__ = ["NODECONFIGS", "PODS", "ApiServer", "kubeconfig", "load_objects", "main", "write_kubeconfig"]
+__all__ = ["NODECONFIGS", "PODS", "SECRETS", "ApiServer", "kubeconfig", "load_objects", "main", "write_kubeconfig"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,6 +27,7 @@ from ._errors import (
 from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
+from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
@@ -49,7 +50,9 @@ __all__ = [
     "PodWatcher",
     "ResourceExpired",
     "ResourceVersionTooLarge",
+    "SecretWatcher",
     "TransientKubeError",
+    "decode_secret",
     "error_for_status",
     "in_cluster_configuration",
     "open_bridge",

@@ -60,6 +60,19 @@ class KubeClient:
 
         return KubeSource(self.bridge, f"nodeconfig {name}", list_nodeconfigs, get_nodeconfig, f"metadata.name={name}")
 
+    def secret(self, namespace: str, name: str) -> KubeSource:
+        """The Secret *namespace*/*name* alone: listed and watched with a
+        ``metadata.name`` field selector, which RBAC ``resourceNames`` allow."""
+        core = CoreV1Api(self.api_client)
+
+        async def list_secrets(**kw: Any) -> Any:
+            return await core.list_namespaced_secret(namespace, **kw)
+
+        async def get_secret(ns: str | None, secret: str, **kw: Any) -> Any:
+            return await core.read_namespaced_secret(secret, ns or namespace, **kw)
+
+        return KubeSource(self.bridge, f"secret {namespace}/{name}", list_secrets, get_secret, f"metadata.name={name}")
+
 
 @contextlib.asynccontextmanager
 async def open_kube_client(kubeconfig: str | os.PathLike[str] | None = None) -> AsyncIterator[KubeClient]:

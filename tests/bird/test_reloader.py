@@ -12,7 +12,16 @@ import attrs
 import pytest
 import trio
 
-from flock.bird import BirdInputs, BirdReloader, ReloadError, RenderSettings, render, run_process
+from flock.bird import (
+    SECRETS_FILE,
+    BirdInputs,
+    BirdReloader,
+    ReloadError,
+    RenderSettings,
+    render,
+    render_secrets,
+    run_process,
+)
 from flock.model import NodeConfig
 
 SETTINGS = RenderSettings(route_protocol=252)
@@ -294,3 +303,102 @@ async def test_a_missing_birdc_binary_is_retried_and_reported_until_it_works(
     # 0.5 debounce, then 1 and 2 s of backoff: the third attempt finds birdc.
     assert runner.times("birdc") == [3.5]
     assert reloader.reloads == 1 and reloader.failures == 2 and reloader.last_error is None
+
+
+SECRET = "md5-s3cret-value"
+NODE_MD5 = NodeConfig.from_object(
+    {
+        "metadata": {"name": "host001"},
+        "spec": {
+            "cidr6": "2001:db8:0:1::/64",
+            "bgp": {
+                "asn": 64512,
+                "routerID": "192.0.2.11",
+                "peers": [
+                    {
+                        "name": "tor1",
+                        "address": "2001:db8:ffff::1",
+                        "asn": 64500,
+                        "password": {"secretKeyRef": {"name": "bgp", "key": "tor1"}},
+                    }
+                ],
+            },
+        },
+    }
+)
+
+
+async def test_password_is_checked_with_the_config_and_written_0600(
+    autojump_clock, tmp_path: pathlib.Path, caplog
+) -> None:
+    seen: list[tuple[str, str, int]] = []
+    runner = RecordingRunner()
+
+    async def checking_runner(argv: Sequence[str]) -> subprocess.CompletedProcess:
+        if argv[0] == "bird":
+            conf = pathlib.Path(argv[3])
+            secrets = conf.parent / SECRETS_FILE
+            seen.append((conf.parent.parent.name, secrets.read_text(), secrets.stat().st_mode & 0o777))
+        return await runner(argv)
+
+    world = World(BirdInputs(NODE_MD5, passwords={"tor1": SECRET}))
+    reloader = attrs.evolve(make(tmp_path, runner, world), runner=checking_runner)
+    with trio.fail_after(60):
+        assert await reloader.reconcile() is True
+    # Checked in a private directory beside the config, the secrets file beside it already 0600.
+    assert seen == [(tmp_path.name, render_secrets(NODE_MD5, {"tor1": SECRET}), 0o600)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bird-secrets.conf", "bird.conf"]
+    assert (tmp_path / SECRETS_FILE).stat().st_mode & 0o777 == 0o600
+    assert SECRET in (tmp_path / SECRETS_FILE).read_text() and SECRET not in (tmp_path / "bird.conf").read_text()
+    assert SECRET not in repr(world.inputs) and SECRET not in caplog.text
+
+    # The password goes away with the peer that used it.
+    world.inputs = BirdInputs(NODE)
+    with trio.fail_after(60):
+        assert await reloader.reconcile() is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bird.conf"]
+
+
+async def test_a_password_bird_echoes_is_never_logged_or_kept(autojump_clock, tmp_path: pathlib.Path, caplog) -> None:
+    async def echoing_runner(argv: Sequence[str]) -> subprocess.CompletedProcess:
+        secrets = pathlib.Path(argv[-1]).parent / SECRETS_FILE if argv[0] == "bird" else None
+        text = secrets.read_text() if secrets is not None and secrets.exists() else ""
+        return subprocess.CompletedProcess(argv, 1, b"", f"parse error near {text}".encode())
+
+    world = World(BirdInputs(NODE_MD5, passwords={"tor1": SECRET}))
+    reloader = attrs.evolve(make(tmp_path, RecordingRunner(), world), runner=echoing_runner)
+    with trio.fail_after(60):
+        async with serving(reloader):
+            await trio.sleep(5)
+    assert reloader.failures >= 2 and reloader.last_error is not None and "<hidden>" in reloader.last_error
+    assert SECRET not in reloader.last_error and SECRET not in caplog.text
+    # Rejected: neither file was installed, and the check directory is gone.
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_rejected_config_with_secrets_replaces_neither_working_file(
+    require_bird: None, tmp_path: pathlib.Path, monkeypatch
+) -> None:
+    # The real bird -p: a working pair on disk, then a render BIRD refuses.
+    reloader = BirdReloader(
+        tmp_path / "bird.conf",
+        tmp_path / "bird.ctl",
+        SETTINGS,
+        World(BirdInputs(NODE_MD5, passwords={"tor1": SECRET})),
+        run_process,
+    )
+    with trio.fail_after(20), pytest.raises(ReloadError) as info:
+        await reloader.reconcile()
+    assert info.value.step == "configure"  # bird -p accepted it; no BIRD runs behind the socket
+    good = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert set(good) == {"bird.conf", SECRETS_FILE}
+
+    import flock.bird.reloader as reloader_module
+
+    real_render = reloader_module.render
+    monkeypatch.setattr(reloader_module, "render", lambda *a, **kw: real_render(*a, **kw) + "protocol bogus {}\n")
+    reloader.inputs = World(BirdInputs(NODE_MD5, passwords={"tor1": "another-secret"}))
+    with trio.fail_after(20), pytest.raises(ReloadError) as info:
+        await reloader.reconcile()
+    assert info.value.step == "check" and "bird.conf" in info.value.output
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == good

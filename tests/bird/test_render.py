@@ -13,8 +13,8 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from flock.bird import BgpTimers, BirdInputs, RenderError, RenderSettings, render
-from flock.model import Allocation, AllocationState, BgpConfig, BgpPeer, NodeConfig
+from flock.bird import SECRETS_FILE, BgpTimers, BirdInputs, RenderError, RenderSettings, render, render_secrets
+from flock.model import Allocation, AllocationState, BgpConfig, BgpPeer, GracefulRestart, NodeConfig
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 SETTINGS = RenderSettings(route_protocol=252)
@@ -58,6 +58,54 @@ def lab_node() -> NodeConfig:
             },
         }
     )
+
+
+def production() -> NodeConfig:
+    """Every production feature at once: an eBGP ToR over BFD with a password, a
+    loopback-peered ToR (multihop), a route reflector client, communities."""
+    return NodeConfig.from_object(
+        {
+            "metadata": {"name": "host002"},
+            "spec": {
+                "cidr6": "2001:db8:0:2::/64",
+                "cidr4": "198.51.100.64/26",
+                "families": {"ipv6": True, "ipv4": True},
+                "bgp": {
+                    "asn": 64512,
+                    "routerID": "192.0.2.12",
+                    "routeReflectorClusterID": "192.0.2.250",
+                    "gracefulRestart": {"restartTime": 300},
+                    "communities": {
+                        "nodeBlock": {"standard": ["64512:100"], "large": ["64512:1:100"]},
+                        "anycast": {"standard": ["64512:200", "65535:65281"]},
+                        "addresses": {"large": ["64512:3:300"]},
+                    },
+                    "peers": [
+                        {
+                            "name": "tor-a",
+                            "address": "2001:db8:ffff::1",
+                            "asn": 64500,
+                            "bfd": {"minRxMs": 100, "minTxMs": 100, "multiplier": 3},
+                            "password": {"secretKeyRef": {"name": "bgp-tor", "key": "tor-a"}},
+                        },
+                        {
+                            "name": "tor-b",
+                            "address": "192.0.2.254",
+                            "asn": 64501,
+                            "multihop": 2,
+                            "sourceAddress": "192.0.2.12",
+                            "bfd": {},
+                            "password": {"secretKeyRef": {"name": "bgp-tor", "key": "tor-b"}},
+                        },
+                        {"name": "node3", "address": "2001:db8:ffff::103", "asn": 64512, "routeReflectorClient": True},
+                    ],
+                },
+            },
+        }
+    )
+
+
+PASSWORDS = {"tor-a": "lab secret 'a'", "tor-b": "b-secret"}
 
 
 def check_golden(name: str, text: str) -> None:
@@ -104,6 +152,9 @@ def test_node_without_bgp_renders_kernel_and_static_only() -> None:
 
 def test_golden_files_parse_with_bird(require_bird: None, tmp_path: pathlib.Path) -> None:
     for golden in sorted(GOLDEN.glob("*.conf")):
+        (tmp_path / SECRETS_FILE).unlink(missing_ok=True)
+        if (secrets := golden.with_suffix(".secrets")).exists():
+            (tmp_path / SECRETS_FILE).write_text(secrets.read_text())
         result = bird_parse(tmp_path, golden.read_text())
         assert result.returncode == 0, f"{golden.name}: {result.stderr}"
 
@@ -306,3 +357,71 @@ def test_inputs_announce_pods_left_outside_a_changed_node_block() -> None:
     assert "2001:db8:0:9::5/128" in render(
         inputs.node, anycast=inputs.anycast, addresses=inputs.addresses, settings=SETTINGS
     )
+
+
+def test_production_features_match_golden() -> None:
+    node = production()
+    text = render(node, anycast=ANYCAST, addresses=EXTRA, passwords=PASSWORDS, settings=SETTINGS)
+    check_golden("production_tor_rr.conf", text)
+    check_golden("production_tor_rr.secrets", render_secrets(node, PASSWORDS))
+    assert "lab secret" not in text and "b-secret" not in text
+    assert f'include "{SECRETS_FILE}";' in text
+    assert text.count("protocol bfd flock_bfd") == 1 and "protocol direct flock_direct" in text
+    assert "rr client;" in text and "rr cluster id 192.0.2.250;" in text
+    assert "bgp_community.add((65535, 65281));" in text and "bgp_large_community.add((64512, 3, 300));" in text
+
+
+def test_production_golden_parses_with_bird_next_to_its_secrets(require_bird: None, tmp_path: pathlib.Path) -> None:
+    (tmp_path / SECRETS_FILE).write_text((GOLDEN / "production_tor_rr.secrets").read_text())
+    result = bird_parse(tmp_path, (GOLDEN / "production_tor_rr.conf").read_text())
+    assert result.returncode == 0, result.stderr
+    # Without its secrets file BIRD refuses the config: the check cannot pass vacuously.
+    (tmp_path / SECRETS_FILE).unlink()
+    assert bird_parse(tmp_path, (GOLDEN / "production_tor_rr.conf").read_text()).returncode != 0
+
+
+def test_peer_without_its_password_is_disabled_never_unauthenticated(require_bird, tmp_path: pathlib.Path) -> None:
+    node = production()
+    text = render(node, passwords={"tor-b"}, settings=SETTINGS)
+    tor_a = text[text.index("protocol bgp 'bgp_tor-a'") :].split("\n}\n")[0]
+    tor_b = text[text.index("protocol bgp 'bgp_tor-b'") :].split("\n}\n")[0]
+    assert "disabled;" in tor_a and "  password " not in tor_a
+    assert "disabled;" not in tor_b and "password flock_password_1;" in tor_b
+    secrets = render_secrets(node, {"tor-b": "b-secret"})
+    assert "flock_password_0" not in secrets and 'define flock_password_1 = "b-secret";' in secrets
+    (tmp_path / SECRETS_FILE).write_text(secrets)
+    result = bird_parse(tmp_path, text)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("password", ['a"b', "a\\b", "", "x" * 81, "tab\there", "\u00e9t\u00e9", "line\nbreak"])
+def test_unusable_password_is_refused_without_showing_it(password: str) -> None:
+    with pytest.raises(RenderError) as info:
+        render_secrets(production(), {"tor-a": password})
+    assert info.value.field == "password of peer tor-a"
+    if password:
+        assert password not in str(info.value) and password not in repr(info.value.value)
+
+
+def test_bfd_protocol_only_when_a_peer_uses_it() -> None:
+    plain = render(host001(), settings=SETTINGS)
+    assert "bfd" not in plain and "protocol direct" not in plain and "include" not in plain
+    assert "graceful restart on;" in plain and "graceful restart time 120;" in plain
+
+
+def test_graceful_restart_off_keeps_helper_mode() -> None:
+    node = host001()
+    assert node.bgp is not None
+    off = attrs.evolve(node, bgp=attrs.evolve(node.bgp, graceful_restart=GracefulRestart(enabled=False)))
+    text = render(off, settings=SETTINGS)
+    assert "graceful restart on" not in text and text.count("graceful restart aware;") == 2
+
+
+def test_route_reflector_exports_what_it_learned_to_clients_only() -> None:
+    text = render(production(), passwords=PASSWORDS, settings=SETTINGS)
+    node3 = text[text.index("protocol bgp 'bgp_node3'") :]
+    assert "export filter flock_bgp_reflect6;" in node3 and "export filter flock_bgp_reflect4;" in node3
+    reflect = text[text.index("filter flock_bgp_reflect6") :].split("\n}\n")[0]
+    assert "if source = RTS_BGP then accept;" in reflect
+    tor = text[text.index("protocol bgp 'bgp_tor-a'") :].split("\n}\n")[0]
+    assert "flock_bgp_export6;" in tor and "reflect" not in tor

@@ -78,6 +78,8 @@ def test_manifests_validate_against_kubernetes_schemas(version):
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "ConfigMap",
         "DaemonSet",
     }
@@ -196,8 +198,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     obj = copy.deepcopy(example())
     *parents, last = path.split(".")
     cur: Any = obj
-    for part in parents:
-        cur = cur[int(part)] if isinstance(cur, list) else cur[part]
+    for part in parents:  # missing objects on the way are created
+        cur = cur[int(part)] if isinstance(cur, list) else cur.setdefault(part, {})
     if value is _DELETE:
         del cur[last]
     elif isinstance(cur, list):
@@ -235,6 +237,32 @@ BAD_NODECONFIGS = {
     "peer name starts with digit": ("spec.bgp.peers.0.name", "1tor"),
     "peer name duplicated": ("spec.bgp.peers.1.name", "tor1"),
     "family flag not bool": ("spec.families.ipv6", "yes"),
+    "restart time 0": ("spec.bgp.gracefulRestart.restartTime", 0),
+    "restart time over 4095": ("spec.bgp.gracefulRestart.restartTime", 4096),
+    "graceful restart not bool": ("spec.bgp.gracefulRestart.enabled", "on"),
+    "standard community over 16 bits": ("spec.bgp.communities.anycast.standard", ["65536:1"]),
+    "standard community leading zero": ("spec.bgp.communities.anycast.standard", ["064512:1"]),
+    "standard community three parts": ("spec.bgp.communities.nodeBlock.standard", ["1:2:3"]),
+    "large community over 32 bits": ("spec.bgp.communities.addresses.large", ["4294967296:1:1"]),
+    "large community two parts": ("spec.bgp.communities.addresses.large", ["1:2"]),
+    "too many communities": ("spec.bgp.communities.nodeBlock.standard", [f"1:{i}" for i in range(17)]),
+    "cluster id IPv6": ("spec.bgp.routeReflectorClusterID", "2001:db8::1"),
+    "bfd interval under 10 ms": ("spec.bgp.peers.0.bfd", {"minRxMs": 5}),
+    "bfd multiplier 0": ("spec.bgp.peers.0.bfd", {"multiplier": 0}),
+    "multihop 0": ("spec.bgp.peers.0.multihop", 0),
+    "multihop 256": ("spec.bgp.peers.0.multihop", 256),
+    "password as a value": ("spec.bgp.peers.0.password", "hunter2"),
+    "password without key": ("spec.bgp.peers.0.password", {"secretKeyRef": {"name": "bgp"}}),
+    "password secret name uppercase": ("spec.bgp.peers.0.password", {"secretKeyRef": {"name": "BGP", "key": "k"}}),
+    "password key with slash": ("spec.bgp.peers.0.password", {"secretKeyRef": {"name": "bgp", "key": "a/b"}}),
+    "source address garbage": ("spec.bgp.peers.0.sourceAddress", "node.example"),
+    # CEL rules:
+    "source address of the other family": ("spec.bgp.peers.0.sourceAddress", "192.0.2.11"),
+    "route reflector client over eBGP": ("spec.bgp.peers.0.routeReflectorClient", True),
+    "multihop bfd without source address": (
+        "spec.bgp.peers.1",
+        {"name": "tor2", "address": "203.0.113.1", "asn": 64500, "multihop": 2, "bfd": {}},
+    ),
     # Caught by the CEL rules (Kubernetes IP/CIDR library), not by patterns:
     "cidr6 host bits set": ("spec.cidr6", "2001:db8:0:1::1/64"),
     "cidr4 host bits set": ("spec.cidr4", "198.51.100.1/24"),
@@ -271,6 +299,91 @@ def test_valid_edge_values_accepted_by_crd_and_model():
         obj = _with(path, value)
         assert nodeconfig_errors(obj) == [], (path, value)
         NodeConfig.from_object(obj)
+
+
+EXAMPLES = ("nodeconfig.yaml", "nodeconfig-tor.yaml", "nodeconfig-route-reflector.yaml")
+
+
+def test_every_example_is_listed_and_valid_for_crd_and_model():
+    assert {p.name for p in (DEPLOY / "examples").glob("*.yaml")} == set(EXAMPLES)
+    for name in EXAMPLES:
+        for obj in load(f"examples/{name}"):
+            assert nodeconfig_errors(obj) == [], (name, obj["metadata"]["name"])
+            NodeConfig.from_object(obj)
+
+
+def test_tor_example_reads_as_documented():
+    (obj,) = load("examples/nodeconfig-tor.yaml")
+    bgp = NodeConfig.from_object(obj).bgp
+    assert bgp is not None and bgp.graceful_restart.enabled and bgp.graceful_restart.restart_time == 120
+    tor1, tor2 = bgp.peers
+    assert tor1.bfd is not None and (tor1.bfd.min_rx_ms, tor1.bfd.multiplier) == (100, 3) and tor1.multihop is None
+    assert tor2.multihop == 2 and str(tor2.source_address) == "192.0.2.101"
+    assert {(p.password.name, p.password.key) for p in bgp.peers if p.password} == {
+        ("flock-bgp-passwords", "tor1"),
+        ("flock-bgp-passwords", "tor2"),
+    }
+    assert bgp.communities.anycast.standard == ((64512, 200),)
+    assert bgp.communities.node_block.large == ((4200000101, 1, 100),)
+
+
+def test_route_reflector_example_reflects_to_its_clients():
+    rr, client = (NodeConfig.from_object(o) for o in load("examples/nodeconfig-route-reflector.yaml"))
+    assert rr.bgp is not None and client.bgp is not None
+    assert all(p.route_reflector_client and p.asn == rr.bgp.asn for p in rr.bgp.peers)
+    assert str(rr.bgp.cluster_id) == "192.0.2.250"
+    assert [(p.name, p.route_reflector_client) for p in client.bgp.peers] == [("rr1", False)]
+
+
+def _crd_default(*fields: str) -> Any:
+    node = crd_schema()["properties"]["spec"]
+    for f in fields:
+        node = node["items"] if f == "[]" else node["properties"][f]
+    return node["default"]
+
+
+def test_crd_defaults_are_the_models():
+    from flock.model import Bfd, GracefulRestart
+
+    assert _crd_default("bgp", "gracefulRestart", "enabled") is GracefulRestart().enabled is True
+    assert _crd_default("bgp", "gracefulRestart", "restartTime") == GracefulRestart().restart_time
+    for field, attr in (("minRxMs", "min_rx_ms"), ("minTxMs", "min_tx_ms"), ("multiplier", "multiplier")):
+        assert _crd_default("bgp", "peers", "[]", "bfd", field) == getattr(Bfd(), attr)
+    assert _crd_default("bgp", "peers", "[]", "routeReflectorClient") is False
+
+
+@pytest.fixture(scope="module")
+def community_patterns() -> dict[str, Any]:
+    communities = crd_schema()["properties"]["spec"]["properties"]["bgp"]["properties"]["communities"]
+    kinds = communities["properties"]["anycast"]["properties"]
+    return {kind: re2.compile(kinds[kind]["items"]["pattern"]) for kind in ("standard", "large")}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.builds(lambda a, b: f"{a}:{b}", st.integers(0, 70000), st.integers(0, 70000)),
+        st.builds(
+            lambda a, b, c: f"{a}:{b}:{c}", st.integers(0, 2**32 + 5), st.integers(0, 2**32 + 5), st.integers(0, 9)
+        ),
+        st.text(alphabet="0123456789:", max_size=34),
+    )
+)
+def test_community_patterns_and_model_agree(community_patterns, text):
+    # The CRD's item patterns (RE2, as the apiserver reads them) against the model's parser.
+    for kind in ("standard", "large"):
+        crd_ok = community_patterns[kind].search(text)
+        obj = {
+            "metadata": {"name": "n"},
+            "spec": {"cidr6": "2001:db8::/64", "bgp": {"asn": 1, "routerID": "192.0.2.1"}},
+        }
+        obj["spec"]["bgp"]["communities"] = {"anycast": {kind: [text]}}
+        try:
+            NodeConfig.from_object(obj)
+            model_ok = True
+        except InvalidObject:
+            model_ok = False
+        assert bool(crd_ok) == model_ok, (kind, text)
 
 
 def _pattern(*fields: str) -> Any:
@@ -344,7 +457,6 @@ def test_patterns_accept_only_what_ipaddress_parses(patterns, text):
 
 def test_rbac_grants_only_read_on_pods_and_nodeconfigs():
     objects = all_objects()
-    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     grants = set()
     for rule in role["rules"]:
@@ -371,6 +483,35 @@ def test_rbac_grants_only_read_on_pods_and_nodeconfigs():
     pod = one("DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert one("DaemonSet")["metadata"]["namespace"] == sa["metadata"]["namespace"] == "kube-system"
+
+
+def test_rbac_reads_only_named_secrets_in_the_agents_namespace():
+    objects = all_objects()
+    sa = one("ServiceAccount")
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    # Only by name: no resourceNames would grant every Secret in the namespace.
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["flock-bgp-passwords"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
+    # The agent reads Secrets in the namespace it runs in.
+    env = {e["name"]: e for e in _containers()["flock-agent"]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 # --- DaemonSet --------------------------------------------------------------
@@ -466,7 +607,10 @@ def test_bird_config_init_container_seeds_only_a_missing_config(tmp_path, presen
 def test_agent_container():
     c = _containers()["flock-agent"]
     assert c["securityContext"]["privileged"] is True
-    assert c["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    assert c["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
     assert "--node=$(NODE_NAME)" in c["args"]
     assert f"--health-address=127.0.0.1:{HEALTH_PORT}" in c["args"]
     assert c["livenessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/healthz", "port": HEALTH_PORT}
@@ -478,7 +622,9 @@ def test_agent_container():
 
 def test_bird_sidecar_shares_config_and_control_socket():
     c = _containers()["bird"]
-    assert c["command"] == ["bird", "-f", "-c", "/etc/flock/bird/bird.conf", "-s", "/run/flock/bird.ctl"]
+    assert c["command"] == ["bird", "-f", "-R", "-c", "/etc/flock/bird/bird.conf", "-s", "/run/flock/bird.ctl"]
+    # Stopped for a restart, BIRD leaves its kernel routes and its peers keep ours (graceful restart).
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["birdc", "-s", "/run/flock/bird.ctl", "graceful", "restart"]
     caps = c["securityContext"]["capabilities"]
     assert caps == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE"]}
     assert not c["securityContext"].get("privileged", False)

@@ -6,6 +6,7 @@ client stack is used exactly as the agent uses it.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -23,7 +24,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from flock.testing import PODS, ApiServer, nodeconfig_object, pod_object
+from flock.testing import PODS, SECRETS, ApiServer, nodeconfig_object, pod_object, secret_object
 from flock.watchers import KubeClient, open_kube_client
 
 
@@ -327,3 +328,41 @@ def test_fault_endpoints_for_the_lab() -> None:
                 watch.read()
         status, body = call(api, "POST", "/flock-testing/explode")
         assert status == 404 and "unknown fault" in body["message"]
+
+
+async def test_secrets_are_served_like_kube_apiserver_does(tmp_path: Path) -> None:
+    """v1 Secrets: stringData folded into base64 data, read by name, listed and
+    watched with a metadata.name field selector; a bad value is refused without echoing it."""
+
+    async def scenario(kube: KubeClient) -> None:
+        core = CoreV1Api(kube.api_client)
+        await core.create_namespaced_secret("kube-system", secret_object("kube-system", "bgp", {"tor1": "s3cret"}))
+        await core.create_namespaced_secret("kube-system", secret_object("kube-system", "other", {"k": "v"}))
+        got = await core.read_namespaced_secret("bgp", "kube-system")
+        assert got.data == {"tor1": base64.b64encode(b"s3cret").decode()} and got.type == "Opaque"
+        listed = await core.list_namespaced_secret("kube-system", field_selector="metadata.name=bgp")
+        assert [s.metadata.name for s in listed.items] == ["bgp"]
+        with pytest.raises(ApiException) as exc:
+            await core.create_namespaced_secret(
+                "kube-system",
+                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad"}, "data": {"k": "not base64!"}},
+            )
+        assert exc.value.status == 422 and "not base64!" not in exc.value.body
+
+    with ApiServer() as api:
+        await run_scenario(api, tmp_path, scenario)
+        # A watch by name sees only that Secret's changes.
+        events = []
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kubeconfig")) as kube:
+            src = kube.secret("kube-system", "bgp")  # the agent's own source, over HTTP
+            items, rv = await src.list()
+            assert [i["metadata"]["name"] for i in items] == ["bgp"]
+            api.patch(SECRETS, "other", {"stringData": {"k": "w"}}, "kube-system")
+            api.patch(SECRETS, "bgp", {"stringData": {"tor1": "rotated"}}, "kube-system")
+            with trio.fail_after(10):
+                async with src.watch(rv, 5) as stream:
+                    async for event in stream:
+                        events.append(event)
+                        break
+    assert events[0]["type"] == "MODIFIED" and events[0]["object"]["metadata"]["name"] == "bgp"
+    assert base64.b64decode(events[0]["object"]["data"]["tor1"]) == b"rotated"
