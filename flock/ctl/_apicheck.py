@@ -28,27 +28,19 @@ class ApiUnreachable(Exception):
 
 async def read_cluster(kubeconfig: Path | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pods, nodeconfig objects) as plain dicts; raises :class:`ApiUnreachable`."""
-    from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
-
     from flock.watchers import ClientConfigError
-    from flock.watchers._client import NODECONFIG_GROUP, NODECONFIG_PLURAL, NODECONFIG_VERSION, open_kube_client
+    from flock.watchers._client import open_kube_client
 
     try:
         with trio.fail_after(API_DEADLINE_S):
             async with open_kube_client(kubeconfig) as client:
-                core, custom = CoreV1Api(client.api_client), CustomObjectsApi(client.api_client)
-                pods = await client.bridge.call(core.list_pod_for_all_namespaces, _preload_content=False)
-                pod_body = await client.bridge.call(pods.json)  # type: ignore[attr-defined]  # raw response
-                configs = await client.bridge.call(
-                    custom.list_cluster_custom_object, NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL
-                )
+                return await client.list_plain()
     except trio.TooSlowError:
         raise ApiUnreachable(f"no answer within {API_DEADLINE_S:g} s") from None
     except ClientConfigError as exc:
         raise ApiUnreachable(str(exc)) from None
     except Exception as exc:  # aiohttp, ApiException, kubeconfig parsing: all mean "not reached"
         raise ApiUnreachable(f"{type(exc).__name__}: {str(exc)[:300]}") from None
-    return list(pod_body.get("items") or []), list(configs.get("items") or [])
 
 
 def _pod_ips(pod: dict[str, Any]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:

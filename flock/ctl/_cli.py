@@ -158,6 +158,18 @@ def cmd_ipam_show(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         lines.append(f"largest free ranges in {b['cidr']}:")
         for r in b["largest_free"]:
             lines.append(f"  {r['first']} - {r['last']}  ({r['size']} addresses)")
+    if out["annotation_cidrs"]:
+        lines.append("")
+        lines.append("annotation CIDRs (pods' cidr6/cidr4):")
+        lines.append(
+            table(
+                [
+                    [c["family"], c["cidr"], c["pods"], c["usable"], c["used"], c["free"]]
+                    for c in out["annotation_cidrs"]
+                ],
+                ["FAMILY", "CIDR", "PODS", "USABLE", "USED", "FREE"],
+            )
+        )
     if out["outside"]:
         lines.append("")
         lines.append("held outside the node blocks (fixed addresses):")

@@ -28,7 +28,7 @@ from flock.pods import PodHandler
 from flock.rpc.wire import SPOKEN_VERSIONS
 from flock.state import NodeState
 
-from ._pools import pool_report
+from ._pools import cidr_usage, pool_report
 from ._protocol import ADMIN_PROTOCOL_VERSION
 
 log = logging.getLogger("flock.ctl")
@@ -207,7 +207,31 @@ class AdminOps:
 
     def ipam_show(self) -> dict[str, Any]:
         report = pool_report(self.state.nodeconfig, self.state.allocations.values())
-        return {"node": self.state.node_name, **report}
+        return {"node": self.state.node_name, **report, "annotation_cidrs": self.annotation_cidrs()}
+
+    def annotation_cidrs(self) -> list[dict[str, Any]]:
+        """Usage of the CIDRs pods' ``cidr6``/``cidr4`` annotations narrow their node block to
+        (from the pod informer's cache: pods it does not hold are not counted)."""
+        node, ipam, pods = self.state.nodeconfig, self.handler.ipam, self.state.pods
+        if node is None or ipam is None or pods is None:
+            return []
+        allocations = list(self.state.allocations.values())
+        counts: dict[ipaddress.IPv4Network | ipaddress.IPv6Network, int] = {}
+        for a in allocations:
+            info = pods.get(f"{a.namespace}/{a.pod}")
+            if info is None:
+                continue
+            try:
+                request = ipam.request(info)
+            except Exception:  # an annotation changed since ADD and is now invalid: not this view's to report
+                continue
+            for cidr in (request.cidr6, request.cidr4):
+                if cidr is not None and cidr not in (node.cidr6, node.cidr4):
+                    counts[cidr] = counts.get(cidr, 0) + 1
+        return [
+            cidr_usage(cidr, allocations, n)
+            for cidr, n in sorted(counts.items(), key=lambda kv: (kv[0].version, kv[0]))
+        ]
 
     # -- ipam check (local part) -----------------------------------------------
 

@@ -83,3 +83,28 @@ def pool_report(node: NodeConfig | None, allocations: Iterable[Allocation]) -> d
         if not any(addr.version == b.version and addr in b for b in blocks)
     ]
     return {"blocks": out_blocks, "outside": outside}
+
+
+def cidr_usage(cidr: Network, allocations: Iterable[Allocation], pods: int) -> dict[str, Any]:
+    """One annotation CIDR: how many of its addresses are held (by anyone) and free, and by how many pods' requests."""
+    inside = {
+        int(addr)
+        for a in allocations
+        for addr in (a.ip6, a.ip4, *a.addresses)
+        if addr is not None and addr.version == cidr.version and addr in cidr
+    }
+    first, last = usable(cidr)
+    size = max(0, last - first + 1)
+    runs = sorted(free_ranges(cidr, inside), key=lambda r: (r[0] - r[1], r[0])) if size else []
+    return {
+        "family": f"ipv{cidr.version}",
+        "cidr": str(cidr),
+        "pods": pods,
+        "usable": size,
+        "used": len(inside),
+        "free": max(0, size - len(inside)),
+        "largest_free": [
+            {"first": _addr(cidr.version, a), "last": _addr(cidr.version, b), "size": b - a + 1}
+            for a, b in runs[:LARGEST_FREE]
+        ],
+    }

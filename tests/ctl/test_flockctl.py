@@ -25,6 +25,7 @@ POD_KEYS = {
     "addresses", "age_s", "anycast", "container_id", "host_veth", "host_veth_present", "if_name", "namespace",
     "netns", "netns_alive", "pod", "pod_uid", "state",
 }  # fmt: skip
+ANNOTATION_CIDR_KEYS = {"cidr", "family", "free", "largest_free", "pods", "usable", "used"}
 CHECK_KEYS = {"checked", "node", "problems", "unreached"}
 PROBLEM_KEYS = {"detail", "kind", "remedy", "subject"}
 RELEASE_KEYS = {"details", "refused", "released", "removed_interfaces", "removed_routes"}
@@ -60,9 +61,9 @@ def release(lab, *args: str) -> tuple[int, dict]:
     return out.returncode, json.loads(out.stdout)
 
 
-def add(lab, cid: str, pod: str):
+def add(lab, cid: str, pod: str, **annotations: str):
     """ADD *pod* (created on the API server) as *cid*; (its IPv6 address, its netns)."""
-    lab.api.create(PODS, pod_object("default", pod, NODE))
+    lab.api.create(PODS, pod_object("default", pod, NODE, annotations=annotations))
     netns = lab.pool.create(pod)
     out = lab.cni("ADD", cid, netns, pod)
     assert out.status == 0, out
@@ -77,21 +78,22 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     agent = lab.agent()
     agent.wait_ready()
     web, _ = add(lab, "c7100001", "web-0")
+    narrow, _ = add(lab, "c7100002", "db-0", **{"flock.fritzlab.net/cidr6": "2001:db8:0:1:ab::/120"})
     wait_for("the BGP session in BIRD", lambda: "tor1" in lab.birdc("show", "protocols"))
 
     code, text, st = flockctl(lab, "status")
     assert code == 0, text
     assert set(st) == STATUS_KEYS and set(st["agent"]) == AGENT_KEYS and set(st["nodeconfig"]) == NODECONFIG_KEYS
     assert all(set(p) == POOL_KEYS for p in st["pools"]) and len(st["pools"]) == 2
-    assert st["ready"] and st["node"] == NODE and st["allocations"] == {"pending": 0, "committed": 1}
+    assert st["ready"] and st["node"] == NODE and st["allocations"] == {"pending": 0, "committed": 2}
     assert st["agent"]["cni_wire_versions"] and st["agent"]["admin_protocol_version"] == 1
     six = next(p for p in st["pools"] if p["family"] == "ipv6")
-    assert (six["cidr"], six["used"]) == (CIDR6, 1)
+    assert (six["cidr"], six["used"]) == (CIDR6, 2)
     assert "READY" in text and CIDR6 in text and "tor1" in text
 
     code, text, pods = flockctl(lab, "pods")
     assert code == 0 and set(pods) == {"pods", "kernel_read"}
-    [pod] = pods["pods"]
+    pod, _db = sorted(pods["pods"], key=lambda p: p["pod"], reverse=True)
     assert set(pod) == POD_KEYS and pod["pod"] == "web-0" and str(web) in pod["addresses"]
     assert pod["host_veth_present"] and pod["netns_alive"] and pod["state"] == "committed"
     assert "default/web-0" in text
@@ -99,7 +101,15 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     assert flockctl(lab, "pods", "--namespace", "kube-system")[0] == 1  # nothing matched
 
     code, text, show = flockctl(lab, "ipam", "show")
-    assert code == 0 and set(show) == {"node", "blocks", "outside"}
+    assert code == 0 and set(show) == {"node", "blocks", "outside", "annotation_cidrs"}
+    [sub] = show["annotation_cidrs"]
+    assert set(sub) == ANNOTATION_CIDR_KEYS and (sub["cidr"], sub["pods"], sub["used"], sub["usable"]) == (
+        "2001:db8:0:1:ab::/120",
+        1,
+        1,
+        255,
+    )
+    assert narrow in ipaddress.ip_network(sub["cidr"]) and "annotation CIDRs" in text
     four = next(b for b in show["blocks"] if b["cidr"] == CIDR4)
     # 198.51.100.0/29: .0, .1 and .7 are never handed out → .2-.6 usable, all free (web-0 asked for IPv6 only).
     assert (four["usable"], four["used"], four["largest_free"][0]["first"]) == (5, 0, "198.51.100.2")
