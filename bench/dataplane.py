@@ -131,7 +131,7 @@ async def inside(parallel: list[int], rounds: list[int]) -> dict:
     with netns_pool("fl-bench-") as pool, tempfile.TemporaryDirectory(prefix="fl-bench-ipam-") as data_dir:
         impls = [Flock(worker), Ptp(data_dir)]
         for family, dual in (("v4", False), ("dual", True)):
-            for n, r in zip(parallel, rounds):
+            for n, r in zip(parallel, rounds, strict=True):
                 for impl in impls:
                     fig = await measure(impl, pool, n, r, dual, seq)
                     results.setdefault(impl.name, {}).setdefault(family, {})[f"N={n}"] = fig

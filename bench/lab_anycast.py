@@ -16,21 +16,19 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
 from labkit import FlockRuntime, emit, ip, lab, stats_ms
 
-from flock.lab._nsio import in_netns
+from flock.lab import in_netns
 
 WAIT_S = 10.0
 
 
-async def watch_for(netns: str, address: str, deleted: bool, started: trio.Event, seen: list[float]) -> None:
+async def watch_for(
+    netns: str, address: str, deleted: bool, started: trio.Event, seen: list[float], found: trio.Event
+) -> None:
     """Record the time ``ip monitor`` in *netns* reports a route to *address* (or its deletion)."""
     proc = await trio.lowlevel.open_process(
         in_netns(netns, ["ip", "monitor", "route"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -45,6 +43,7 @@ async def watch_for(netns: str, address: str, deleted: bool, started: trio.Event
                 text = line.decode()
                 if address in text and text.startswith("Deleted") == deleted:
                     seen.append(time.perf_counter())
+                    found.set()
                     return
     finally:
         proc.kill()
@@ -61,9 +60,10 @@ async def sample(rt: FlockRuntime, node2: str, i: int, address: str) -> tuple[fl
     try:
         for op, deleted in (("ADD", False), ("DEL", True)):
             seen: list[float] = []
+            found = trio.Event()
             async with trio.open_nursery() as nursery:
                 started = trio.Event()
-                nursery.start_soon(watch_for, node2, address, deleted, started, seen)
+                nursery.start_soon(watch_for, node2, address, deleted, started, seen, found)
                 await started.wait()
                 await trio.sleep(0.05)  # ip monitor subscribed
                 called = time.perf_counter()
@@ -71,8 +71,7 @@ async def sample(rt: FlockRuntime, node2: str, i: int, address: str) -> tuple[fl
                 assert out.ok, out.stdout
                 returned = time.perf_counter()
                 with trio.move_on_after(WAIT_S):
-                    while not seen:
-                        await trio.sleep(0.001)
+                    await found.wait()
                 nursery.cancel_scope.cancel()
             # The announcement waits for the reloader (after ADD returns); the
             # withdrawal follows the kernel route's removal during DEL itself.

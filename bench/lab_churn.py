@@ -13,15 +13,11 @@ The rate is pods / wall time of the whole churn.
 from __future__ import annotations
 
 import argparse
-import sys
+import tempfile
 import time
 from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
-import tempfile
-
 from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
 

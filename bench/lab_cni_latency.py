@@ -17,13 +17,10 @@ dual stack.  ms, median and p99 of the operations.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
 from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
 STACKS = {

@@ -17,19 +17,13 @@ import argparse
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
 from labkit import FlockRuntime, emit, ip, lab
 
-from flock.lab._lifecycle import agent_ready
-from flock.lab._nsio import in_netns
-from flock.lab._runtime import exec_conflist
-from flock.lab._state import load_procs
+from flock.lab import agent_ready, exec_conflist, in_netns, load_procs
 
 DUAL = {"flock.fritzlab.net/ipv4": "true"}
 
@@ -100,7 +94,7 @@ async def main(args: argparse.Namespace) -> dict:
         t_ready = time.perf_counter()
         await trio.sleep(2)  # and a little after
         lost = []
-        for proc, target in zip(pings, targets):
+        for proc, target in zip(pings, targets, strict=True):
             proc.send_signal(signal.SIGINT)
             chunks = [chunk async for chunk in proc.stdout]
             await proc.wait()
@@ -114,7 +108,7 @@ async def main(args: argparse.Namespace) -> dict:
                 node1.netns, str(node1.cni_bin), rt1.conflist, "CHECK", att, rt1.results[att.container_id]
             )
             check_failures += not out.ok
-        for att in atts + [prober]:
+        for att in [*atts, prober]:
             await ip("netns", "del", att.netns.rsplit("/", 1)[1])
     doc = {
         "pods": args.pods,

@@ -1,6 +1,10 @@
 """Shared parts of the lab benchmarks (bench/lab_*.py): a lab of its own in a
 temporary directory, pods attached without the timing of their set-up, and
-percentiles.  Not a benchmark itself."""
+percentiles.  Not a benchmark itself.
+
+A sibling module like stats.py (the scripts run as ``python bench/x.py``, so
+bench/ is on the path) using only :mod:`flock.lab`'s public API: its two
+runtime drivers exist for the benchmarks alone."""
 
 from __future__ import annotations
 
@@ -17,10 +21,7 @@ from typing import Any
 import trio
 from stats import summary  # bench/stats.py
 
-from flock.lab import LabPlan, down, up
-from flock.lab._lifecycle import api_client
-from flock.lab._nsio import netns_path
-from flock.lab._runtime import Attachment, PluginOutcome, exec_conflist, load_conflist
+from flock.lab import CniParams, LabPlan, PluginOutcome, api_client, down, exec_conflist, load_conflist, netns_path, up
 from flock.testing import PODS, pod_object
 
 
@@ -70,23 +71,23 @@ class FlockRuntime:
         self.conflist = load_conflist(self.node.cni_conf)
         self.results: dict[str, dict[str, Any]] = {}
 
-    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Attachment:
+    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
         """The Pod object and what the runtime would pass (untimed)."""
         obj = await api_client(self.plan).create(
             PODS, pod_object(namespace, name, self.node.name, annotations=annotations)
         )
         cid = secrets.token_hex(32)
-        return Attachment.for_pod(
+        return CniParams.for_pod(
             cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, obj["metadata"]["uid"]
         )
 
-    async def add(self, att: Attachment) -> PluginOutcome:
+    async def add(self, att: CniParams) -> PluginOutcome:
         out = await exec_conflist(self.node.netns, str(self.node.cni_bin), self.conflist, "ADD", att)
         if out.ok:
             self.results[att.container_id] = out.json
         return out
 
-    async def delete(self, att: Attachment) -> PluginOutcome:
+    async def delete(self, att: CniParams) -> PluginOutcome:
         return await exec_conflist(
             self.node.netns, str(self.node.cni_bin), self.conflist, "DEL", att, self.results.pop(att.container_id, None)
         )
@@ -113,19 +114,19 @@ class PtpRuntime:
         }
         self.results: dict[str, dict[str, Any]] = {}
 
-    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Attachment:
+    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
         cid = secrets.token_hex(32)
-        return Attachment.for_pod(
+        return CniParams.for_pod(
             cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8]
         )
 
-    async def add(self, att: Attachment) -> PluginOutcome:
+    async def add(self, att: CniParams) -> PluginOutcome:
         out = await exec_conflist(self.node.netns, "/usr/lib/cni", self.conflist, "ADD", att)
         if out.ok:
             self.results[att.container_id] = out.json
         return out
 
-    async def delete(self, att: Attachment) -> PluginOutcome:
+    async def delete(self, att: CniParams) -> PluginOutcome:
         return await exec_conflist(
             self.node.netns, "/usr/lib/cni", self.conflist, "DEL", att, self.results.pop(att.container_id, None)
         )

@@ -86,46 +86,51 @@ class Flock:
         self.agent: subprocess.Popen | None = None
         self.port = 0
 
-    def agent_argv(self) -> list[str]:
+    def agent_argv(self) -> tuple[list[str], dict[str, str] | None]:
+        """The agent's command line and environment (None: this one's)."""
         if self.source is None:
-            return [str(BIN / "flock-agent")]
-        # sys.path[0] beats the venv's editable install of this checkout.
-        boot = f"import sys; sys.path.insert(0, {self.source!r}); from flock.agent import main; sys.exit(main())"
+            return [str(BIN / "flock-agent")], None
+        # PYTHONPATH comes before the venv's editable install of this checkout.
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(self.source)}
         check = subprocess.run(
-            [sys.executable, "-c", boot.split("; from")[0] + "; import flock; print(flock.__file__)"],
+            [sys.executable, "-c", "import flock; print(flock.__file__)"],
             capture_output=True,
             text=True,
             check=True,
+            env=env,
         ).stdout.strip()
         if not check.startswith(os.path.abspath(self.source)):
             raise RuntimeError(f"--before {self.source}: imported flock from {check}")
-        return [sys.executable, "-c", boot]
+        return [sys.executable, "-c", "import sys; from flock.agent import main; sys.exit(main())"], env
 
     def start(self, api: ApiServer, kubeconfig: Path) -> None:
         self.work.mkdir(parents=True)
         api.create(NODECONFIGS, nodeconfig_object(self.node, self.cidr6))
         self.log_path = self.work / "agent.log"
-        self.log = open(self.log_path, "wb")
-        self.agent = subprocess.Popen(
-            self.agent_argv()
-            + [
-                "--node",
-                self.node,
-                "--socket",
-                str(self.socket),
-                "--state-dir",
-                str(self.work / "state"),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--health-address",
-                "127.0.0.1:0",
-                "--no-bird",
-                "--uplink",
-                "uplink",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
+        argv, env = self.agent_argv()
+        # The agent holds its own copy of the log's descriptor.
+        with open(self.log_path, "wb") as log:
+            self.agent = subprocess.Popen(
+                [
+                    *argv,
+                    "--node",
+                    self.node,
+                    "--socket",
+                    str(self.socket),
+                    "--state-dir",
+                    str(self.work / "state"),
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--health-address",
+                    "127.0.0.1:0",
+                    "--no-bird",
+                    "--uplink",
+                    "uplink",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
 
     def ready(self) -> None:
         self.port = wait_ready(self.agent, self.log_path)
@@ -136,7 +141,6 @@ class Flock:
         if self.agent is not None:
             self.agent.terminate()
             self.agent.wait(timeout=10)
-            self.log.close()
 
     def op(self, command: str, cid: str, netns: str) -> float:
         config = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock", "socket": str(self.socket)}
@@ -251,7 +255,7 @@ def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
             for f in flocks:
                 f.ready()
             impls = [*flocks, Ptp(str(work / "host-local"))]
-            for n, r in zip(parallel, rounds):
+            for n, r in zip(parallel, rounds, strict=True):
                 figures = measure(impls, pool, api, n, r, seq)
                 for f in flocks:
                     figures[f.name].update(f.phase(n * r))

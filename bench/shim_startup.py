@@ -39,7 +39,7 @@ def _child_cpu_s() -> float:
 def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall ms, CPU ms) of one run; CPU time is the steadier figure on a busy machine."""
     cpu0, began = _child_cpu_s(), time.perf_counter_ns()
-    proc = subprocess.run(argv, input=STDIN, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.run(argv, input=STDIN, env=env, capture_output=True)
     wall, cpu = (time.perf_counter_ns() - began) / 1e6, (_child_cpu_s() - cpu0) * 1e3
     if proc.returncode != 0:
         raise SystemExit(f"{argv} failed: {proc.stderr.decode()}")
@@ -77,7 +77,7 @@ def main() -> None:
             "console-script": [str(Path(sys.executable).parent / "flock")],
         }
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-        for name, argv in variants.items():  # warm the page cache
+        for argv in variants.values():  # warm the page cache
             measure(argv, env)
         for _ in range(opts.iterations):
             for name, argv in variants.items():

@@ -76,13 +76,21 @@ def child(state_dir: str, writers: int, pods: int) -> dict:
 
 
 def run_variant(source: str, state_dir: str, writers: int, pods: int) -> dict:
-    boot = (
-        f"import sys, json; sys.path.insert(0, {source!r}); sys.path.insert(1, {os.path.join(HERE, 'bench')!r}); "
-        f"import flock, store_group; assert flock.__file__.startswith({source!r}), flock.__file__; "
-        f"print(json.dumps(store_group.child({state_dir!r}, {writers}, {pods})))"
-    )
-    out = subprocess.run([sys.executable, "-c", boot], capture_output=True, text=True, check=True, cwd="/")
+    """One run in a process of its own importing flock from *source* (PYTHONPATH
+    comes before the venv's editable install of this checkout)."""
+    argv = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([source, state_dir, writers, pods])]
+    env = {**os.environ, "PYTHONPATH": source}
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd="/", env=env)
     return json.loads(out.stdout.splitlines()[-1])
+
+
+def run_child(args: str) -> None:
+    source, state_dir, writers, pods = json.loads(args)
+    import flock
+
+    if not flock.__file__ or not flock.__file__.startswith(source):
+        raise SystemExit(f"imported flock from {flock.__file__}, not from {source}")
+    print(json.dumps(child(state_dir, writers, pods)))
 
 
 def main() -> None:
@@ -92,7 +100,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="runs per variant and writer count (taking turns)")
     ap.add_argument("--before", metavar="DIR", help="also run the store of the flock checkout in DIR")
     ap.add_argument("--dir", default="/var/tmp", help="where the databases go (default: %(default)s)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # one run (see run_variant)
     args = ap.parse_args()
+    if args.child:
+        run_child(args.child)
+        return
     variants = {"flock": HERE}
     if args.before:
         variants["flock-before"] = os.path.abspath(args.before)

@@ -56,16 +56,16 @@ from flock.rpc.cniresult import (
 from flock.rpc.wire import (
     FD_OPS,
     FD_OPTIONAL_OPS,
-    MAX_JSON_DEPTH,
     MAX_REQUEST_BYTES,
     OPS,
+    PENDING_DELETES,
     PROTOCOL_VERSION,
     REQUIRED_FIELDS,
     LineReader,
     Request,
     decode_response,
     field_error,
-    json_too_deep,
+    load_json,
     too_large,
 )
 
@@ -74,7 +74,6 @@ if TYPE_CHECKING:
     from typing import Any, Mapping, TextIO
 
 DEFAULT_SOCKET = "/run/flock/flock.sock"
-PENDING_DELETES = "pending-deletes"
 DEFAULT_PENDING_DELETES_DIR = "/run/flock/" + PENDING_DELETES
 PENDING_DELETES_ENV = "FLOCK_PENDING_DELETES"
 
@@ -156,19 +155,11 @@ def main() -> None:
 
 def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
     try:
-        config = json.loads(stdin.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting a RecursionError
+        config = load_json(stdin.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and too deep nesting are ValueErrors too
         if lenient:
             return {}
         raise CniError(DECODE_ERROR, "network configuration is not valid JSON", f"stdin: {exc}") from None
-    if json_too_deep(config):
-        if lenient:
-            return {}
-        raise CniError(
-            DECODE_ERROR,
-            "network configuration is not valid JSON",
-            f"stdin: nested more than {MAX_JSON_DEPTH} levels deep",
-        )
     if not isinstance(config, dict):
         if lenient:
             return {}

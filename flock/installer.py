@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 import attrs
 
 from flock import logs
-from flock.cni_shim import PENDING_DELETES
+from flock.rpc import PENDING_DELETES
 from flock.rpc.cniresult import SUPPORTED_VERSIONS
 from flock.shim_bundle import shim_archive
 

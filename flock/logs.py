@@ -13,10 +13,14 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("flock_log_context", default={})
+# Read-only: a context is replaced (``set``), never changed in place.
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "flock_log_context", default=MappingProxyType({})
+)
 
 # Attributes every LogRecord has; anything else came from ``extra=``.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))) | {

@@ -403,6 +403,10 @@ class OwnerRef:
     controller: bool = False
 
 
+def _str_map(value: Mapping[str, str] | None) -> dict[str, str]:
+    return dict(value or {})
+
+
 @attrs.frozen
 class PodInfo:
     """What flock needs of a Pod: identity, annotations, owners, first image."""
@@ -411,8 +415,8 @@ class PodInfo:
     name: str
     uid: str = ""
     node_name: str = ""
-    annotations: Mapping[str, str] = attrs.field(factory=dict, converter=lambda d: dict(d or {}), hash=False)
-    labels: Mapping[str, str] = attrs.field(factory=dict, converter=lambda d: dict(d or {}), hash=False)
+    annotations: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map, hash=False)
+    labels: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map, hash=False)
     owners: tuple[OwnerRef, ...] = ()
     first_image: str | None = None
     resource_version: str = ""

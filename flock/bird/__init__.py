@@ -1,12 +1,11 @@
 """BIRD 2: the rendered configuration and the debounced reloader."""
 
 from flock.bird.inputs import BirdInputs
-from flock.bird.reloader import Backoff, BirdReloader, ProcessRunner, ReloadError, run_process
+from flock.bird.reloader import BirdReloader, ProcessRunner, ReloadError, run_process
 from flock.bird.render import SECRETS_FILE, BgpTimers, RenderError, RenderSettings, render, render_secrets
 
 __all__ = [
     "SECRETS_FILE",
-    "Backoff",
     "BgpTimers",
     "BirdInputs",
     "BirdReloader",

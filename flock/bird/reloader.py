@@ -23,6 +23,7 @@ import trio
 
 from flock.bird.inputs import BirdInputs
 from flock.bird.render import SECRETS_FILE, RenderError, RenderSettings, render, render_secrets
+from flock.nursery import Backoff
 
 log = logging.getLogger("flock.bird")
 
@@ -39,18 +40,6 @@ ProcessRunner = Callable[[Sequence[str]], Awaitable[subprocess.CompletedProcess]
 async def run_process(argv: Sequence[str]) -> subprocess.CompletedProcess:
     """Run ``argv`` with output captured; a non-zero exit status is returned, not raised."""
     return await trio.run_process(list(argv), capture_stdout=True, capture_stderr=True, check=False)
-
-
-@attrs.frozen
-class Backoff:
-    """Delay before retry number ``n`` (1-based): ``initial * factor**(n-1)``, capped."""
-
-    initial: float = 1.0
-    factor: float = 2.0
-    maximum: float = 30.0
-
-    def delay(self, failures: int) -> float:
-        return min(self.maximum, self.initial * self.factor ** (failures - 1))
 
 
 class Notes(Protocol):
@@ -120,7 +109,8 @@ class BirdReloader:
     runner: ProcessRunner = run_process
     debounce: float = 0.5
     max_delay: float = 5.0
-    backoff: Backoff = Backoff()
+    #: Retry n (1-based) waits ``backoff.delay(n - 1)``: 1, 2, 4 … 30 s.
+    backoff: Backoff = Backoff(initial=1.0, cap=30.0)
     bird: str = "bird"
     birdc: str = "birdc"
     #: A `bird -p` or `birdc` that runs longer than this (a wedged BIRD) is
@@ -185,7 +175,7 @@ class BirdReloader:
                 attempt += 1
                 self.failures += 1
                 self._set_error(str(exc))
-                delay = self.backoff.delay(attempt)
+                delay = self.backoff.delay(attempt - 1)
                 log.warning(
                     "BIRD reload failed, retrying",
                     extra={
@@ -292,7 +282,7 @@ class BirdReloader:
             await self._run("check", [self.bird, "-p", "-c", str(tmp)])
             os.replace(tmp, self.config_path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)  # noqa: ASYNC240  on the Trio thread on purpose (see above)
             raise
         _fsync_dir(directory)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -56,7 +56,7 @@ class RenderError(ValueError):
         super().__init__(f"{field}={value!r}: expected {expected}")
 
 
-def _int_in(lo: int, hi: int):
+def _int_in(lo: int, hi: int) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise RenderError(attribute.name, value, f"an integer {lo}..{hi}")

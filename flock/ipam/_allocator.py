@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import random
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
@@ -183,7 +184,8 @@ class Allocator:
     def _record(self, container_id: str, **one: IPAddress) -> None:
         held = self._held[container_id]
         ((field, addr),) = one.items()
-        self._held[container_id] = attrs.evolve(held, **{field: getattr(held, field) + (addr,)})
+        grown: dict[str, Any] = {field: (*getattr(held, field), addr)}
+        self._held[container_id] = attrs.evolve(held, **grown)
 
     def _claim(self, container_id: str, addr: IPAddress) -> str | None:
         """Hold *addr* exclusively; return the other holder instead if there is one."""

@@ -69,8 +69,8 @@ class Ipam:
             fresh = Allocator(self.rng)
             for container_id in list(self._allocator.containers()):
                 held = self._allocator.held(container_id)
-                if held is not None:
-                    fresh.mark_in_use(container_id, held)
+                assert held is not None  # containers() are exactly the holders
+                fresh.mark_in_use(container_id, held)
             self._allocator = fresh
         self._resolve_layout()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
+from typing import TypeVar
 
 import attrs
 
@@ -25,6 +26,8 @@ ANYCAST = ANNOTATION_PREFIX + "anycast"
 ADDRESSES = ANNOTATION_PREFIX + "addresses"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# One family's network type, the same throughout one call.
+N = TypeVar("N", ipaddress.IPv4Network, ipaddress.IPv6Network)
 
 
 @attrs.frozen
@@ -42,7 +45,7 @@ class PodRequest:
     addresses: tuple[IPAddress, ...] = ()
 
 
-def effective_cidr(block: Network, candidates: tuple[Network, ...], annotation: str, raw: str) -> Network:
+def effective_cidr(block: N, candidates: tuple[N, ...], annotation: str, raw: str) -> N:
     """The first candidate that intersects *block* decides: equal or supernet →
     *block*, subnet → the candidate.  No candidate → *block*; all disjoint → error."""
     if not candidates:
@@ -77,12 +80,12 @@ def parse_request(
         )
 
     cidr6 = cidr4 = None
-    cands6 = _cidrs(annotations, CIDR6, 6)
+    cands6 = _cidrs(annotations, CIDR6, ipaddress.IPv6Network)
     if cands6 and not want6:
         raise AnnotationError(CIDR6, annotations[CIDR6], f'no cidr6 when IPv6 is off (set {IPV6}: "true")')
     if want6:
         cidr6 = effective_cidr(node.cidr6, cands6, CIDR6, annotations.get(CIDR6, ""))
-    cands4 = _cidrs(annotations, CIDR4, 4)
+    cands4 = _cidrs(annotations, CIDR4, ipaddress.IPv4Network)
     if cands4 and not want4:
         raise AnnotationError(CIDR4, annotations[CIDR4], f'no cidr4 when IPv4 is off (set {IPV4}: "true")')
     if want4:
@@ -145,9 +148,10 @@ def _items(annotations: Mapping[str, str], key: str) -> list[str]:
     return items
 
 
-def _cidrs(annotations: Mapping[str, str], key: str, version: int) -> tuple[Network, ...]:
+def _cidrs(annotations: Mapping[str, str], key: str, family: type[N]) -> tuple[N, ...]:
     raw = annotations.get(key, "")
-    out: list[Network] = []
+    version = 6 if family is ipaddress.IPv6Network else 4
+    out: list[N] = []
     for item in _items(annotations, key):
         try:
             cidr = ipaddress.ip_network(_plain(item), strict=True)
@@ -155,7 +159,7 @@ def _cidrs(annotations: Mapping[str, str], key: str, version: int) -> tuple[Netw
             raise AnnotationError(
                 key, raw, f"{item!r} is not a CIDR with zero host bits, e.g. 2001:db8::/64 or 198.51.100.0/24"
             ) from None
-        if cidr.version != version:
+        if not isinstance(cidr, family):
             raise AnnotationError(key, raw, f"{item!r} is IPv{cidr.version}; {key} takes IPv{version} CIDRs")
         if version == 4 and cidr.prefixlen > 30:
             raise AnnotationError(key, raw, f"{item!r}: /31 and /32 leave no usable address (use /30 or shorter)")

@@ -89,7 +89,7 @@ def matrix_text(pods: Sequence[LabPod], probes: Sequence[Probe]) -> str:
     col = max([len(c) for row in cells for c in row] + [3]) + 2
     lines = ["pod to pod: row pings column (6 = IPv6, 4 = IPv4, . = no common family)"]
     lines.append(" " * (width + 2) + "".join(f"{i:<{col}}" for i in range(1, len(pods) + 1)))
-    for label, row in zip(labels, cells):
+    for label, row in zip(labels, cells, strict=True):
         lines.append(f"{label:<{width}}  " + "".join(f"{c:<{col}}" for c in row))
     anycast = [p for p in probes if p.target == "anycast"]
     if anycast:

@@ -297,7 +297,7 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
                 f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)"
             )
     previous = load_state(plan.dir)
-    if previous is not None and keeper_running(previous):
+    if previous is not None and previous.keeper is not None and keeper_running(previous):
         raise LabError(
             f"a lab is running in {plan.dir} (keeper pid {previous.keeper.pid}): `flock-lab down` first, or use another --dir"
         )
@@ -386,7 +386,7 @@ def _netns_pids(name: str) -> list[ProcRef]:
 
 async def down(directory: Path, report: Report = lambda line: None) -> dict[str, Any]:
     """Stop the lab's processes, delete its namespaces and files.  Safe to repeat."""
-    directory = Path(os.path.abspath(directory))
+    directory = Path(await trio.to_thread.run_sync(os.path.abspath, directory))
     state = load_state(directory)
     ident = state.plan.id if state is not None else lab_id(directory)
     summary: dict[str, Any] = {"dir": str(directory), "processes": 0, "namespaces": [], "files_removed": False}

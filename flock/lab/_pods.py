@@ -21,7 +21,7 @@ from flock.lab._api import ApiError
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import netns_path
 from flock.lab._plan import LabPlan, NodePlan
-from flock.lab._runtime import Attachment, PluginOutcome, exec_conflist, load_conflist
+from flock.lab._runtime import CniParams, PluginOutcome, exec_conflist, load_conflist
 from flock.lab._state import LabError
 from flock.model import ANNOTATION_PREFIX
 from flock.testing import PODS, pod_object
@@ -47,8 +47,8 @@ class LabPod:
         return f"{self.namespace}/{self.name}"
 
     @property
-    def attachment(self) -> Attachment:
-        return Attachment.for_pod(
+    def cni_params(self) -> CniParams:
+        return CniParams.for_pod(
             self.container_id, netns_path(self.netns), self.namespace, self.name, self.uid, self.if_name
         )
 
@@ -156,7 +156,7 @@ class CniFailure(LabError):
 
 
 async def _call(
-    plan: LabPlan, node: NodePlan, command: str, att: Attachment, prev: Mapping[str, Any] | None
+    plan: LabPlan, node: NodePlan, command: str, att: CniParams, prev: Mapping[str, Any] | None
 ) -> PluginOutcome:
     conflist = load_conflist(node.cni_conf)
     return await exec_conflist(node.netns, str(node.cni_bin), conflist, command, att, prev)
@@ -202,14 +202,14 @@ async def pod_add(
     pod = LabPod(namespace, name, node.name, created["metadata"]["uid"], secrets.token_hex(32), netns, annotations, {})
     try:
         await trio.to_thread.run_sync(_make_netns, netns)
-        outcome = await _call(plan, node, "ADD", pod.attachment, None)
+        outcome = await _call(plan, node, "ADD", pod.cni_params, None)
         if not outcome.ok:
             raise CniFailure("ADD", key, outcome)
         pod = attrs.evolve(pod, result=outcome.json)
         _save(plan, pod)
     except BaseException:
         with trio.move_on_after(10, shield=True):
-            await _call(plan, node, "DEL", pod.attachment, None)
+            await _call(plan, node, "DEL", pod.cni_params, None)
             await trio.to_thread.run_sync(_delete_netns, netns)
             try:
                 await api.delete(PODS, name, namespace)
@@ -222,7 +222,7 @@ async def pod_add(
 async def pod_check(plan: LabPlan, key: str) -> LabPod:
     """CHECK with the cached result as prevResult; CniFailure when the plugin disagrees."""
     pod = load_pod(plan, key)
-    outcome = await _call(plan, plan.node(pod.node), "CHECK", pod.attachment, pod.result)
+    outcome = await _call(plan, plan.node(pod.node), "CHECK", pod.cni_params, pod.result)
     if not outcome.ok:
         raise CniFailure("CHECK", key, outcome)
     return pod
@@ -232,7 +232,7 @@ async def pod_del(plan: LabPlan, key: str) -> LabPod:
     """DEL with the cached result, then the namespace, the Pod object and the cache entry.
     A failed DEL raises CniFailure and keeps everything, so it can be retried."""
     pod = load_pod(plan, key)
-    outcome = await _call(plan, plan.node(pod.node), "DEL", pod.attachment, pod.result)
+    outcome = await _call(plan, plan.node(pod.node), "DEL", pod.cni_params, pod.result)
     if not outcome.ok:
         raise CniFailure("DEL", key, outcome)
     await trio.to_thread.run_sync(_delete_netns, pod.netns)

@@ -36,8 +36,8 @@ class PluginOutcome:
 
 
 @attrs.frozen
-class Attachment:
-    """One container's attachment: what the runtime passes on every call for it."""
+class CniParams:
+    """The CNI parameters of one container: what the runtime passes on every call for it."""
 
     container_id: str
     netns: str  # path of the pod's network namespace
@@ -47,7 +47,7 @@ class Attachment:
     @classmethod
     def for_pod(
         cls, container_id: str, netns: str, namespace: str, name: str, uid: str, if_name: str = "eth0"
-    ) -> Attachment:
+    ) -> CniParams:
         # What containerd's CRI plugin passes (K8S_POD_* plus IgnoreUnknown).
         args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={uid}"
         return cls(container_id, netns, if_name, args)
@@ -79,7 +79,7 @@ def find_plugin(cni_path: str, plugin_type: str) -> str:
 
 
 async def exec_plugin(
-    node_netns: str, cni_path: str, command: str, conf: Mapping[str, Any], att: Attachment
+    node_netns: str, cni_path: str, command: str, conf: Mapping[str, Any], att: CniParams
 ) -> PluginOutcome:
     """One plugin invocation in *node_netns*; a failing plugin is an outcome, not an exception."""
     env = {
@@ -103,7 +103,7 @@ async def exec_conflist(
     cni_path: str,
     conflist: Mapping[str, Any],
     command: str,
-    att: Attachment,
+    att: CniParams,
     prev_result: Mapping[str, Any] | None = None,
 ) -> PluginOutcome:
     """Run *command* through every plugin of the list as libcni does: ADD in order,

@@ -92,9 +92,9 @@ class Keeper:
         delay = RESTART_DELAY_S
         self._restarts[spec.name] = 0
         while True:
-            with open(spec.log, "ab") as log:
+            async with await trio.open_file(spec.log, "ab") as log:
                 proc = await trio.lowlevel.open_process(
-                    list(spec.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=spec.env
+                    list(spec.argv), stdin=subprocess.DEVNULL, stdout=log.wrapped, stderr=log.wrapped, env=spec.env
                 )
             self._procs[spec.name] = proc
             self._write_status()

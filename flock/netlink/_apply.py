@@ -12,7 +12,8 @@ import errno
 import ipaddress
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -20,7 +21,8 @@ from pyroute2.netlink.exceptions import NetlinkError
 from flock.faults import IfNameTaken, KernelRefused, NetnsUnusable, NodeUnprepared
 from flock.netlink import _conn, _nsenter
 from flock.netlink.desired import (
-    Attachment,
+    Address,
+    AppliedPlan,
     DataplaneSettings,
     PodPlan,
     Route,
@@ -74,7 +76,7 @@ def owner_marker(container_id: str) -> str:
     return (OWNER_PREFIX + container_id)[:_IFALIASZ]
 
 
-def owned_by_flock(msg, settings: DataplaneSettings, container_id: str | None = None) -> bool:
+def owned_by_flock(msg: Any, settings: DataplaneSettings, container_id: str | None = None) -> bool:
     """Whether the host link *msg* is provably flock's: a veth with flock's
     name (of *container_id*, if given) whose ifalias is flock's marker (of
     that container).  A veth with flock's name and no alias at all is one an
@@ -96,7 +98,7 @@ def owned_by_flock(msg, settings: DataplaneSettings, container_id: str | None = 
     return alias.startswith(OWNER_PREFIX)
 
 
-def peers_match(host_msg, pod_msg) -> bool:
+def peers_match(host_msg: Any, pod_msg: Any) -> bool:
     return (
         pod_msg is not None
         and host_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
@@ -106,7 +108,9 @@ def peers_match(host_msg, pod_msg) -> bool:
     )
 
 
-async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int, settings: DataplaneSettings):
+async def _ensure_veth(
+    host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod_fd: int, settings: DataplaneSettings
+) -> Any:
     """Host link message, pod link message for a verified pair, and whether
     this call created it (then nothing else of the pod's can exist yet)."""
     h_name, p_name = plan.veth.host, plan.veth.pod
@@ -157,7 +161,7 @@ async def _ensure_veth(host: AsyncIPRoute, pod: AsyncIPRoute, plan: PodPlan, pod
     return h, p, created
 
 
-async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted, *, fresh: bool) -> None:
+async def _ensure_addresses(ipr: AsyncIPRoute, index: int, wanted: tuple[Address, ...], *, fresh: bool) -> None:
     """Add *wanted* (with their nodad flag) and drop other global addresses;
     a *fresh* link has none yet, so it is not read first."""
     live = {} if fresh else {(a.address, a.prefixlen): a for a in await _conn.addresses(ipr, index)}
@@ -214,7 +218,7 @@ async def setup_pod(
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
-) -> Attachment:
+) -> AppliedPlan:
     """Make the kernel match *plan* in the pod namespace *pod_netns* (a
     verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to re-run."""
     step = STEPS[0]
@@ -292,9 +296,9 @@ async def setup_pod(
             with anycast_lock:
                 await _join_anycast(host, plan, hi, fresh, settings)
             done("anycast")
-            return Attachment(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+            return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
     except _nsenter.NetnsMissing as exc:
-        raise _netns_error(plan, exc.strerror) from exc
+        raise _netns_error(plan, exc.strerror or str(exc)) from exc
     except (NetlinkError, OSError) as exc:
         raise _fail(
             step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc
@@ -419,7 +423,11 @@ async def teardown_pod(
         raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
 
 
-async def ensure_blackholes(host: AsyncIPRoute, cidrs, settings: DataplaneSettings) -> None:
+async def ensure_blackholes(
+    host: AsyncIPRoute,
+    cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None],
+    settings: DataplaneSettings,
+) -> None:
     wanted = {r.dst: r for r in blackhole_routes(cidrs, settings)}
     for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol):
         if live.route.blackhole and live.route.dst not in wanted:

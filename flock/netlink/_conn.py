@@ -14,8 +14,8 @@ import errno
 import ipaddress
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import attrs
 from pyroute2 import AsyncIPRoute
@@ -37,7 +37,7 @@ RTN_BLACKHOLE = 6
 T = TypeVar("T")
 
 
-def run_blocking(fn: Callable[..., Awaitable[T]], *args, **kwargs) -> T:
+def run_blocking(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
     """Run the coroutine function to completion here, in a fresh asyncio loop
     (blocking: for worker threads)."""
     # A plain selector loop, never the process's event loop policy: in
@@ -107,7 +107,7 @@ def read_sysctls(netns: str | None, keys: list[str] | tuple) -> dict[str, str | 
     return _nsenter.run_in_netns(netns, read)
 
 
-async def _get_link(ipr: AsyncIPRoute, **key):
+async def _get_link(ipr: AsyncIPRoute, **key: Any) -> Any:
     try:
         (msg,) = await ipr.link("get", **key)
     except NetlinkError as exc:
@@ -117,7 +117,7 @@ async def _get_link(ipr: AsyncIPRoute, **key):
     return msg
 
 
-async def link_by_name(ipr: AsyncIPRoute, name: str):
+async def link_by_name(ipr: AsyncIPRoute, name: str) -> Any:
     """The link message for *name*, or None."""
     return await _get_link(ipr, ifname=name)
 
@@ -146,7 +146,7 @@ class Links:
             self.indexes[name] = msg["index"] if msg is not None else None
         return self.indexes[name]
 
-    async def exist(self, hops) -> list:
+    async def exist(self, hops: Any) -> list:
         return [h for h in hops if await self.index(h.ifname) is not None]
 
     async def for_route(self, route: Route) -> dict[str, int]:
@@ -170,7 +170,7 @@ class LiveAddress:
         return f"{self.address}/{self.prefixlen}"
 
 
-async def _dump(ipr: AsyncIPRoute, msg, msg_type: int) -> list:
+async def _dump(ipr: AsyncIPRoute, msg: Any, msg_type: int) -> list:
     """A kernel-filtered dump: *msg*'s header fields and attributes are the
     filter (pyroute2's own dump filters run client-side, after reading all)."""
     return [m async for m in await ipr.nlm_request(msg, msg_type=msg_type, msg_flags=NLM_F_REQUEST | NLM_F_DUMP)]
@@ -196,7 +196,7 @@ async def all_addresses(ipr: AsyncIPRoute) -> list[LiveAddress]:
     return out
 
 
-def _addresses_from(msgs) -> list[LiveAddress]:
+def _addresses_from(msgs: Any) -> list[LiveAddress]:
     out = []
     for msg in msgs:
         raw = msg.get("IFA_ADDRESS") or msg.get("IFA_LOCAL")
@@ -213,12 +213,12 @@ class LiveRoute:
     oifs: tuple[int, ...]
 
 
-def _dst_of(msg) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _dst_of(msg: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     dst_raw = msg.get("RTA_DST") or ("::" if msg["family"] == socket.AF_INET6 else "0.0.0.0")
     return ipaddress.ip_network(f"{dst_raw}/{msg['dst_len']}", strict=False)
 
 
-def _raw_hops(msg) -> list[tuple[int, str | None]]:
+def _raw_hops(msg: Any) -> list[tuple[int, str | None]]:
     if msg["type"] == RTN_BLACKHOLE:
         return []
     multipath = msg.get("RTA_MULTIPATH")
@@ -227,7 +227,7 @@ def _raw_hops(msg) -> list[tuple[int, str | None]]:
     return [(msg.get("RTA_OIF"), msg.get("RTA_GATEWAY"))]
 
 
-def _route_from_msg(msg, names: dict[int, str], side: Side) -> LiveRoute:
+def _route_from_msg(msg: Any, names: dict[int, str], side: Side) -> LiveRoute:
     dst = _dst_of(msg)
     hops = []
     oifs = []
@@ -290,7 +290,7 @@ async def routes(
 RTNH_F_ONLINK = 4
 
 
-def _onlink(gateway) -> bool:
+def _onlink(gateway: Any) -> bool:
     # A gateway that is a pod's own /128 is not on any host interface's
     # prefix: without ``onlink`` BIRD's kernel protocol calls the next hop
     # "strange" and never announces the route (seen with bird 2.0.12).

@@ -6,26 +6,27 @@ from __future__ import annotations
 import errno
 import ipaddress
 import threading
+from typing import Any
 
 import attrs
 from pyroute2.netlink.exceptions import NetlinkError
 
 from flock.faults import KernelRefused
 from flock.netlink import _apply, _conn, _nsenter
-from flock.netlink.desired import DataplaneSettings, PodPlan, Route, Side
+from flock.netlink.desired import Address, DataplaneSettings, PodPlan, Route, Side
 
 
-def _is_up(msg) -> bool:
+def _is_up(msg: Any) -> bool:
     return bool(msg["flags"] & 1)
 
 
-def _addrgenmode(msg) -> int | None:
+def _addrgenmode(msg: Any) -> int | None:
     spec = msg.get("IFLA_AF_SPEC")
     inet6 = spec.get("AF_INET6") if spec is not None else None
     return inet6.get("IFLA_INET6_ADDR_GEN_MODE") if inet6 is not None else None
 
 
-def _compare_addresses(label: str, live: list, wanted) -> list[str]:
+def _compare_addresses(label: str, live: list, wanted: tuple[Address, ...]) -> list[str]:
     out = []
     have = {(a.address, a.prefixlen): a for a in live}
     for addr in wanted:
@@ -43,7 +44,7 @@ def _compare_addresses(label: str, live: list, wanted) -> list[str]:
 
 def _compare_routes(label: str, live: list[Route], wanted: tuple[Route, ...]) -> list[str]:
     out = []
-    by_dst = {}
+    by_dst: dict[ipaddress.IPv4Network | ipaddress.IPv6Network, list[Route]] = {}
     for r in live:
         by_dst.setdefault(r.dst, []).append(r)
     for route in wanted:

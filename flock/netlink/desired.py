@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+from collections.abc import Iterable
 
 import attrs
 
@@ -165,7 +166,7 @@ class PodPlan:
 
 
 @attrs.frozen
-class Attachment:
+class AppliedPlan:
     """What setup made: the plan, and the MAC addresses the kernel gave the
     veth ends (for the CNI result's ``interfaces``)."""
 
@@ -304,7 +305,7 @@ def anycast_routes(
 
 
 def blackhole_routes(
-    cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | tuple,
+    cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None],
     settings: DataplaneSettings = DataplaneSettings(),
 ) -> tuple[Route, ...]:
     """Blackholes for the node blocks: traffic to an unassigned pod address

@@ -35,7 +35,7 @@ import trio
 from flock import errors, faults
 from flock.model import Allocation
 from flock.netlink import _apply, _conn, _inspect, _nsenter
-from flock.netlink.desired import Attachment, DataplaneSettings, PodPlan, host_ifname, pod_plan
+from flock.netlink.desired import AppliedPlan, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
 
@@ -117,13 +117,13 @@ class NetlinkWorker:
     def plan(self, alloc: Allocation) -> PodPlan:
         return pod_plan(alloc, self.settings)
 
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> Attachment:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> AppliedPlan:
         """Create or converge the pod's veth, addresses, sysctls and routes,
         and add it to the multipath route of each of its anycast addresses.
         *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
         plan = self.plan(alloc)
         with self.pod_netns(alloc, netns_fd) as fd:
-            attachment = await self._run(
+            applied = await self._run(
                 _apply.setup_pod,
                 plan,
                 pod_netns=fd,
@@ -133,7 +133,7 @@ class NetlinkWorker:
                 fault=self.fault,
             )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
-        return attachment
+        return applied
 
     async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
         """Remove the pod's veth and its share of flock routes; anything

@@ -24,12 +24,19 @@ def _non_negative(_inst: object, attr: attrs.Attribute, value: float) -> None:
 
 @attrs.frozen
 class Backoff:
-    """Exponential delay before the n-th consecutive restart of one child.
+    """Exponential delay before retry *attempt* (0-based: 0 is the first retry).
 
-    ``delay(n) = min(cap, initial * factor**n)``, shortened by up to ``jitter``
-    (a fraction) using a draw ``u`` in [0, 1) that the caller supplies, so the
-    function stays pure and tests choose their randomness.  A run that lasted
-    ``reset_after`` seconds or more resets *n* to 0.
+    ``base(n) = min(cap, initial * factor**n)``.  With ``jitter`` (a fraction)
+    the delay is spread over ``base ± jitter·base`` by a draw ``u`` in [0, 1)
+    that the caller supplies, so the function stays pure and tests choose their
+    randomness: ``base * (1 - jitter + 2·jitter·u)``.  The middle draw
+    (``u = 0.5``, the default) gives exactly ``base``, so the mean delay does
+    not depend on the jitter.  ``reset_after``: a run that lasted this long
+    resets *n* to 0 (the supervisor's rule; retry loops that see progress
+    directly reset on it instead).
+
+    The one backoff of flock: the supervisor's restarts, the BIRD reloader's
+    and the informers' retries all use it.
     """
 
     initial: float = attrs.field(default=0.5, validator=_non_negative)
@@ -38,10 +45,10 @@ class Backoff:
     jitter: float = attrs.field(default=0.0, validator=[_non_negative, attrs.validators.le(1.0)])
     reset_after: float = attrs.field(default=60.0, validator=_non_negative)
 
-    def delay(self, attempt: int, u: float = 0.0) -> float:
+    def delay(self, attempt: int, u: float = 0.5) -> float:
         # Past ~64 doublings every sane cap is reached; avoids float overflow.
         base = min(self.cap, self.initial * self.factor ** min(attempt, 64))
-        return base * (1.0 - self.jitter * u)
+        return base * (1.0 - self.jitter + 2.0 * self.jitter * u)
 
 
 @attrs.frozen
@@ -53,7 +60,7 @@ class RestartIntensity:
 
     def admit(self, history: tuple[float, ...], now: float) -> tuple[float, ...] | None:
         """The restart times to keep if a restart at *now* is allowed, else None (escalate)."""
-        recent = tuple(t for t in history if t > now - self.period) + (now,)
+        recent = (*(t for t in history if t > now - self.period), now)
         return recent if len(recent) <= self.max_restarts else None
 
 

@@ -105,7 +105,8 @@ class Supervisor:
             escalations, rest = group.split(SupervisorEscalation)
             if escalations is not None and rest is None:
                 # Keep the escalation's own cause (the child's failure) intact.
-                raise next(_leaves(escalations))
+                escalation = next(_leaves(escalations))
+                raise escalation from escalation.__cause__
             raise
 
     async def _supervise(self, spec: ChildSpec, *, task_status: trio.TaskStatus[None]) -> None:

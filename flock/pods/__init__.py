@@ -7,7 +7,7 @@ chosen in one table (``_cni_codes``) from the typed errors in ``_errors``.
 """
 
 from flock.pods._args import PodRef, pod_ref
-from flock.pods._bringup import NODECONFIG_WAIT_S, PENDING_DELETES, NodeBringUp
+from flock.pods._bringup import NODECONFIG_WAIT_S, NodeBringUp
 from flock.pods._cni_codes import ADDRESS_EXHAUSTED, CHECK_FAILED, CNI_CODES, cni_error
 from flock.pods._errors import (
     AddTimedOut,
@@ -26,6 +26,7 @@ from flock.pods._handler import ADD_DEADLINE_S, ADD_GATE, POD_LOOKUP_DEADLINE_S,
 from flock.pods._locks import KeyedLocks
 from flock.pods._protocols import AllocationStore, Checkpoint, CleanupReport, Dataplane, NoCheckpoint, PodLookup
 from flock.pods._result import cni_result, prev_result_addresses, result_addresses
+from flock.rpc import PENDING_DELETES  # the shim's journal of DELs, replayed at start-up
 
 __all__ = [
     "ADDRESS_EXHAUSTED",

@@ -32,7 +32,6 @@ log = logging.getLogger("flock.pods")
 # DESIGN: how long start-up waits for the NodeConfig before it says so loudly
 # (it keeps waiting; ADD answers 11 and readiness stays false meanwhile).
 NODECONFIG_WAIT_S = 60.0
-PENDING_DELETES = "pending-deletes"
 # While running, the queue is looked at this often (one listdir); after a
 # replay that failed, the wait doubles up to PENDING_DELETES_MAX_S.
 PENDING_DELETES_POLL_S = 2.0

@@ -8,6 +8,7 @@ from flock.rpc.cniresult import LATEST_VERSION, SUPPORTED_VERSIONS, check_cni_ve
 from flock.rpc.wire import (
     MAX_LINE_BYTES,
     OPS,
+    PENDING_DELETES,
     PROTOCOL_VERSION,
     SPOKEN_VERSIONS,
     LineReader,
@@ -26,6 +27,7 @@ __all__ = [
     "LATEST_VERSION",
     "MAX_LINE_BYTES",
     "OPS",
+    "PENDING_DELETES",
     "PROTOCOL_VERSION",
     "SPOKEN_VERSIONS",
     "SUPPORTED_VERSIONS",

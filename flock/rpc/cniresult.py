@@ -26,9 +26,9 @@ LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 
 _LEGACY = ("0.3.0", "0.3.1", "0.4.0")
 _INTERFACE_FIELDS_1_0 = ("name", "mac", "sandbox")
-_INTERFACE_FIELDS_1_1 = _INTERFACE_FIELDS_1_0 + ("mtu", "socketPath", "pciID")
+_INTERFACE_FIELDS_1_1 = (*_INTERFACE_FIELDS_1_0, "mtu", "socketPath", "pciID")
 _ROUTE_FIELDS_1_0 = ("dst", "gw")
-_ROUTE_FIELDS_1_1 = _ROUTE_FIELDS_1_0 + ("mtu", "advmss", "priority", "table", "scope")
+_ROUTE_FIELDS_1_1 = (*_ROUTE_FIELDS_1_0, "mtu", "advmss", "priority", "table", "scope")
 _IP_FIELDS = ("address", "gateway", "interface")
 
 
@@ -64,8 +64,8 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
     newest = to_version == "1.1.0"
     out = {"cniVersion": to_version}  # type: dict[str, Any]
     if "interfaces" in result:
-        keep = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
-        out["interfaces"] = [_pick(iface, keep) for iface in _objects(result, "interfaces")]
+        iface_fields = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
+        out["interfaces"] = [_pick(iface, iface_fields) for iface in _objects(result, "interfaces")]
     if "ips" in result:
         ips = []
         for ip in _objects(result, "ips"):
@@ -75,8 +75,8 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
             ips.append(item)
         out["ips"] = ips
     if "routes" in result:
-        keep = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
-        out["routes"] = [_pick(route, keep) for route in _objects(result, "routes")]
+        route_fields = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
+        out["routes"] = [_pick(route, route_fields) for route in _objects(result, "routes")]
     if "dns" in result:
         out["dns"] = result["dns"]
     return out

@@ -53,6 +53,10 @@ FD_OPTIONAL_OPS = ("DEL",)
 # value a few frames deeper then raise RecursionError far from the input.
 MAX_JSON_DEPTH = 64
 
+# Name of the directory where the shim records a DEL the agent could not take
+# and the agent replays it from (shared by both ends).
+PENDING_DELETES = "pending-deletes"
+
 # Which request strings must be non-empty, per op (CNI spec 1.1, "Parameters").
 # DEL may come without a netns (the sandbox is already gone).
 REQUIRED_FIELDS = MappingProxyType(
@@ -441,6 +445,20 @@ def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def load_json(text: str) -> object:
+    """``json.loads`` that refuses nesting deeper than :data:`MAX_JSON_DEPTH`
+    with a ValueError (as for any other invalid JSON), also past the
+    interpreter's recursion limit (where json itself raises RecursionError)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        # "[" * 100000 fits in one line.
+        raise ValueError("nested too deeply") from None
+    if json_too_deep(value):
+        raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
 def _encode_line(obj: dict[str, Any]) -> bytes:
     # ensure_ascii keeps the line free of raw newlines and encoding surprises.
     return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
@@ -452,17 +470,11 @@ def _decode_line(line: bytes, what: str) -> dict[str, Any]:
     if len(line) > MAX_REQUEST_BYTES:
         raise too_large(what, len(line))
     try:
-        obj = json.loads(line.decode("utf-8"))
+        obj = load_json(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise CniError(DECODE_ERROR, f"{what} is not UTF-8", str(exc)[:256]) from None
     except ValueError as exc:
         raise CniError(DECODE_ERROR, f"{what} is not valid JSON", str(exc)[:256]) from None
-    except RecursionError:
-        # json raises this, not ValueError, for nesting deeper than the
-        # interpreter's recursion limit ("[" * 100000 fits in one line).
-        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", "nested too deeply") from None
-    if json_too_deep(obj):
-        raise CniError(DECODE_ERROR, f"{what} is not valid JSON", f"nested more than {MAX_JSON_DEPTH} levels deep")
     if not isinstance(obj, dict):
         raise CniError(DECODE_ERROR, f"{what} is not a JSON object", f"got {type(obj).__name__}")
     return obj

@@ -8,16 +8,16 @@ from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
 from ._status import StatusError
-from ._store import Store
+from ._store import ObjectStore
 
 __all__ = [
     "NODECONFIGS",
     "PODS",
     "SECRETS",
     "ApiServer",
+    "ObjectStore",
     "Resource",
     "StatusError",
-    "Store",
     "StoreSource",
     "kubeconfig",
     "nodeconfig_object",

@@ -21,7 +21,7 @@ from aiohttp import web
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector
 from ._status import StatusError, status_object
-from ._store import Store
+from ._store import ObjectStore
 
 log = logging.getLogger("flock.testing.apiserver")
 
@@ -50,7 +50,7 @@ class HttpFrontend:
     :meth:`pause` / :meth:`resume`; compaction lives on the store.
     """
 
-    store: Store
+    store: ObjectStore
     host: str = "127.0.0.1"
     port: int = 0
     bookmark_interval: float = 1.0
@@ -241,9 +241,11 @@ class HttpFrontend:
         assert self._serving is not None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        sub = self.store.watch(
-            res, ns, selector, q.get("resourceVersion"), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
-        )
+
+        def deliver(event: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        sub = self.store.watch(res, ns, selector, q.get("resourceVersion"), deliver)
         try:
             resp = web.StreamResponse(headers={"Content-Type": "application/json"})
             resp.enable_chunked_encoding()

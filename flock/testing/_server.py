@@ -20,7 +20,7 @@ import attrs
 from ._http import HttpFrontend
 from ._resources import NODECONFIGS, PODS, SECRETS, Resource
 from ._selectors import FieldSelector
-from ._store import Store
+from ._store import ObjectStore
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ class ApiServer:
     host: str = "127.0.0.1"
     port: int = 0
     bookmark_interval: float = 1.0
-    store: Store = attrs.field(factory=Store)
+    store: ObjectStore = attrs.field(factory=ObjectStore)
     _frontend: HttpFrontend = attrs.field(init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
@@ -102,7 +102,7 @@ class ApiServer:
         whose etcd was wiped (resourceVersions start over)."""
         self.stop()
         if empty:
-            self.store = Store(history_limit=self.store.history_limit)
+            self.store = ObjectStore(history_limit=self.store.history_limit)
             self._frontend.store = self.store
         self.start()
 
@@ -189,7 +189,7 @@ class ApiServer:
         return self._run(on_loop())
 
 
-def load_objects(store: Store, path: str | os.PathLike[str]) -> int:
+def load_objects(store: ObjectStore, path: str | os.PathLike[str]) -> int:
     """Create the objects in a JSON file (a list, or a List object with ``items``); returns how many."""
     data = json.loads(Path(path).read_text())
     items = data.get("items", []) if isinstance(data, dict) else data

@@ -1,4 +1,4 @@
-"""An informer source reading a :class:`Store` directly, without HTTP.
+"""An informer source reading an :class:`ObjectStore` directly, without HTTP.
 
 Same semantics as the fake API server (it is the same store: resourceVersions,
 field selectors, 410 for compacted versions, ERROR events), minus the sockets,
@@ -22,7 +22,7 @@ from flock.watchers import ResourceExpired, TransientKubeError, error_for_status
 from ._resources import Resource
 from ._selectors import FieldSelector
 from ._status import StatusError
-from ._store import Store
+from ._store import ObjectStore
 
 
 @attrs.define(eq=False)
@@ -33,7 +33,7 @@ class StoreSource:
     ``watch_seconds_cap`` ends watches early, cleanly (a proxy with a short timeout).
     """
 
-    store: Store
+    store: ObjectStore
     resource: Resource
     field_selector: str = ""
     fail_lists: int = 0
@@ -43,10 +43,10 @@ class StoreSource:
     watch_seconds_cap: float | None = None  # end every watch this soon (a proxy cutting streams)
     _open: set[trio.MemorySendChannel[Mapping[str, Any]]] = attrs.field(init=False, factory=set)
 
-    def restart_server(self, store: Store | None = None) -> None:
+    def restart_server(self, store: ObjectStore | None = None) -> None:
         """The API server restarts: open watches break (connection reset) and
         from now on *store* answers (default: an empty one, as after a wipe)."""
-        self.store = store if store is not None else Store()
+        self.store = store if store is not None else ObjectStore()
         for send in list(self._open):
             send.close()
         self._open.clear()

@@ -48,7 +48,7 @@ class _Change:
 class Subscription:
     """One open watch: which objects it sees and where its events go."""
 
-    store: Store
+    store: ObjectStore
     resource: Resource
     namespace: str | None
     selector: FieldSelector
@@ -100,7 +100,7 @@ class Subscription:
 
 
 @attrs.define(eq=False)
-class Store:
+class ObjectStore:
     """Objects of every known resource, with etcd-like resourceVersions."""
 
     history_limit: int = DEFAULT_HISTORY
@@ -244,7 +244,7 @@ class Store:
         sub = Subscription(self, resource, namespace, selector, deliver)
         with self._lock:
             if since in (None, "", "0"):
-                for (res, ns, _), obj in self._objects.items():
+                for (res, _, _), obj in self._objects.items():
                     if res == resource and sub.sees(obj):
                         deliver({"type": "ADDED", "object": obj})
             else:
@@ -390,4 +390,4 @@ def _invalid(resource: Resource, name: str, field: str, value: Any, why: str) ->
     )
 
 
-__all__ = ["Store", "Subscription"]
+__all__ = ["ObjectStore", "Subscription"]

@@ -146,25 +146,24 @@ class Lab:
 
     def start_bird(self) -> None:
         """Run bird2 in the node netns on whatever config is on disk."""
-        log = open(self.tmp / "bird.log", "ab")
-        # `ip netns exec` execs bird in place, so the pid we kill is bird's.
-        self._bird_proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.node.name,
-                "bird",
-                "-f",
-                "-c",
-                str(self.bird_config),
-                "-s",
-                str(self.bird_socket),
-            ],
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
+        with open(self.tmp / "bird.log", "ab") as log:
+            # `ip netns exec` execs bird in place, so the pid we kill is bird's.
+            self._bird_proc = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.node.name,
+                    "bird",
+                    "-f",
+                    "-c",
+                    str(self.bird_config),
+                    "-s",
+                    str(self.bird_socket),
+                ],
+                stdout=log,
+                stderr=log,
+            )
         wait_for("bird's control socket", self.bird_socket.exists)
 
     def stop_bird(self) -> None:

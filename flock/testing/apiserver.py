@@ -29,11 +29,11 @@ import sys
 from ._http import HttpFrontend
 from ._resources import NODECONFIGS, PODS, SECRETS
 from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
-from ._store import Store
+from ._store import ObjectStore
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    store = Store()
+    store = ObjectStore()
     for path in args.load:
         load_objects(store, path)
     frontend = HttpFrontend(store, args.host, args.port, args.bookmark_interval)

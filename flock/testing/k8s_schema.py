@@ -75,7 +75,7 @@ def _list_map_keys(validator, keys, instance, schema):
     for item in instance:
         key = tuple(item.get(k) for k in keys)
         if key in seen:
-            yield jsonschema.ValidationError(f"duplicate entry for key {dict(zip(keys, key))}")
+            yield jsonschema.ValidationError(f"duplicate entry for key {dict(zip(keys, key, strict=True))}")
         seen.add(key)
 
 

@@ -88,7 +88,7 @@ class NetnsPool:
     def __enter__(self) -> NetnsPool:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -16,12 +16,13 @@ from typing import Any
 import attrs
 import trio
 
-from flock.faults import KernelRefused, StoreUnavailable
+from flock.faults import KernelRefused
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
 from flock.pods import ADD_GATE, PodHandler, PodLookup
 from flock.rpc import Request
 from flock.state import NodeState
+from flock.store import AllocationNotFound
 
 
 @attrs.define(eq=False)
@@ -39,7 +40,7 @@ class MemoryAllocations:
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         await trio.lowlevel.checkpoint()
         if container_id not in self.rows:
-            raise StoreUnavailable("no allocation to commit", container_id)
+            raise AllocationNotFound(":memory:", "no allocation to commit", container_id)
         row = self.rows[container_id] = attrs.evolve(
             self.rows[container_id], state=AllocationState.COMMITTED, updated=now or 0.0
         )
@@ -115,7 +116,7 @@ class MemoryKernel:
         await trio.lowlevel.checkpoint()
         return []
 
-    async def ensure_blackholes(self, cidrs) -> None:
+    async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         await trio.lowlevel.checkpoint()
         self.blackholes = tuple(c for c in cidrs if c is not None)
 
@@ -123,7 +124,7 @@ class MemoryKernel:
 CONFIG = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock"}
 
 
-def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config) -> Request:
+def request(op: str, cid: str = "c0ffee01", pod: str = "web-0", namespace: str = "default", **config: Any) -> Request:
     return Request(
         op,
         container_id=cid,

@@ -15,14 +15,16 @@ start-up), and the writer is a real process that dies with SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from flock.model import Allocation, AllocationState
-from flock.store import SyncStore, open_store
+from flock.store import Store, SyncStore, open_store
 
 
 def expected(n: int) -> Allocation:
@@ -51,10 +53,11 @@ def main(state_dir: str, first: int) -> None:
     n = first
     while True:
         cid = expected(n).container_id
-        step("p", cid, lambda: store.put(expected(n)))
-        step("c", cid, lambda: store.commit(cid, now=float(n) + 0.5))
+        step("p", cid, functools.partial(store.put, expected(n)))
+        step("c", cid, functools.partial(store.commit, cid, now=float(n) + 0.5))
         if n % 3 == 2:
-            step("d", expected(n - 1).container_id, lambda: store.delete(expected(n - 1).container_id))
+            old = expected(n - 1).container_id
+            step("d", old, functools.partial(store.delete, old))
         n += 1
 
 
@@ -62,15 +65,15 @@ def main_grouped(state_dir: str, first: int, writers: int) -> None:
     """Like :func:`main`, with *writers* tasks; task t writes rows
     first + t, first + t + writers, … and deletes its own earlier rows."""
 
-    async def writer(store, t: int) -> None:
+    async def writer(store: Store, t: int) -> None:
         n = first + t
         while True:
             cid = expected(n).container_id
-            await astep("p", cid, store, lambda: store.put(expected(n)))
-            await astep("c", cid, store, lambda: store.commit(cid, now=float(n) + 0.5))
+            await astep("p", cid, store, functools.partial(store.put, expected(n)))
+            await astep("c", cid, store, functools.partial(store.commit, cid, now=float(n) + 0.5))
             if (n - first) // writers % 3 == 2:
                 old = expected(n - writers).container_id
-                await astep("d", old, store, lambda: store.delete(old))
+                await astep("d", old, store, functools.partial(store.delete, old))
             n += writers
 
     async def run() -> None:
@@ -83,13 +86,13 @@ def main_grouped(state_dir: str, first: int, writers: int) -> None:
     trio.run(run)
 
 
-async def astep(op: str, cid: str, store, write) -> None:
+async def astep(op: str, cid: str, store: Store, write: Callable[[], Awaitable[object]]) -> None:
     say(f"{op} {cid}")
     await write()
     say(f"{op.upper()} {cid} {store.grouped_calls}")
 
 
-def step(op: str, cid: str, write) -> None:
+def step(op: str, cid: str, write: Callable[[], object]) -> None:
     """Announce a write (lower-case op), do it, acknowledge it (upper-case)."""
     say(f"{op} {cid}")
     write()

@@ -24,7 +24,7 @@ from ._errors import (
     TransientKubeError,
     error_for_status,
 )
-from ._informer import Backoff, Change, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._secrets import SecretWatcher, decode_secret
@@ -33,7 +33,6 @@ from ._source import KubeSource
 __all__ = [
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
-    "Backoff",
     "Change",
     "ChangeType",
     "ClientConfigError",

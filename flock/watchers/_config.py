@@ -6,6 +6,7 @@ global default, so several clients (tests, the lab) can coexist.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -73,7 +74,7 @@ def in_cluster_configuration(
 
 async def kubeconfig_configuration(path: str | os.PathLike[str]) -> Configuration:
     """Configuration from a kubeconfig file (an asyncio coroutine: call it through the bridge)."""
-    if not Path(path).is_file():
+    if not await asyncio.to_thread(Path(path).is_file):
         raise ClientConfigError(f"kubeconfig {os.fspath(path)!r} does not exist")
     conf = Configuration()
     await load_kube_config(config_file=os.fspath(path), client_configuration=conf, persist_config=False)

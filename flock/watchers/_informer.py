@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from flock.nursery import Backoff
+
 from ._errors import ResourceExpired, TransientKubeError, error_for_status
 
 log = logging.getLogger("flock.watchers")
@@ -40,28 +42,13 @@ class ListWatchSource(Protocol):
 
 
 @attrs.frozen
-class Backoff:
-    """Exponential backoff with jitter: attempt n waits initial·factorⁿ (capped), ±jitter."""
-
-    initial: float = 0.5
-    maximum: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-
-    def delay(self, attempt: int, rand: float) -> float:
-        """*rand* in [0, 1) picks the point in the jitter band."""
-        base = min(self.maximum, self.initial * self.factor ** min(attempt, 64))
-        return base * (1.0 - self.jitter + 2.0 * self.jitter * rand)
-
-
-@attrs.frozen
 class InformerSettings:
     watch_seconds: int = 300  # timeoutSeconds of each watch: the server ends it cleanly
     request_seconds: float = 30.0  # deadline of a list, and slack on a watch past watch_seconds
     relist_seconds: float = 1800.0  # a full list at least this often bounds any staleness
     # Capped at 20 s (24 s with jitter): an API server back from a restart is
     # relisted within 30 s, however long it was away.
-    backoff: Backoff = Backoff(maximum=20.0)
+    backoff: Backoff = Backoff(initial=0.5, cap=20.0, jitter=0.2)
 
 
 class ChangeType(enum.Enum):

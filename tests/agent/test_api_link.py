@@ -12,7 +12,7 @@ import trio
 from flock.agent import API_GATE, ApiLink, node_state
 from flock.nursery import ChildSpec
 from flock.pods import NotReady, PodLookupFailed
-from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
 from flock.watchers import ClientConfigError, TransientKubeError
 
 NODE = "host001"
@@ -22,7 +22,7 @@ NODE = "host001"
 class StoreClient:
     """What the link asks of a KubeClient, over the flock/testing API store."""
 
-    api: Store
+    api: ObjectStore
 
     def nodeconfig(self, name: str) -> StoreSource:
         return StoreSource(self.api, NODECONFIGS, f"metadata.name={name}")
@@ -37,7 +37,7 @@ class FailingGets(StoreSource):
 
 
 async def test_config_is_retried_then_watchers_publish_and_lookups_work(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
     api.create(PODS, pod_object("default", "web-0", NODE))
     attempts: list[float] = []

@@ -10,7 +10,7 @@ from flock import errors
 from flock.agent import PodWatcherLookup
 from flock.model import NodeConfig
 from flock.pods import POD_LOOKUP_DEADLINE_S
-from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher, TransientKubeError
 
@@ -38,7 +38,7 @@ class TroubledGets(StoreSource):
     ],
 )
 async def test_add_for_a_pod_the_cache_lacks_is_11_when_the_api_server_fails(autojump_clock, mode, msg, at):
-    source = TroubledGets(Store(), PODS, f"spec.nodeName={NODE}")
+    source = TroubledGets(ObjectStore(), PODS, f"spec.nodeName={NODE}")
     source.mode = mode
     watcher = PodWatcher(source, NODE)
     rows, kernel = MemoryAllocations(), MemoryKernel()
@@ -58,7 +58,7 @@ async def test_add_for_a_pod_the_cache_lacks_is_11_when_the_api_server_fails(aut
 
 
 async def test_a_late_pod_is_served_once_the_api_server_answers_again(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     source = TroubledGets(api, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(source, NODE)
     handler = await serving_handler(PodWatcherLookup(watcher), NODE_CONFIG)

@@ -103,7 +103,14 @@ async def test_add_check_del_del_through_libcni(
                 cache = tmp_path / f"cache-{version}"
                 container_id = f"libcni{version.replace('.', '')}c0ffee"
 
-                async def libcni(op: str) -> dict:
+                async def libcni(
+                    op: str,
+                    *,
+                    conf_dir: Path = conf_dir,
+                    cache: Path = cache,
+                    container_id: str = container_id,
+                    name: str = name,
+                ) -> dict:
                     argv = [
                         str(driver),
                         "-op",

@@ -72,13 +72,13 @@ def snapshot(node, pod):
     for ns in (node, pod):
         for cmd in (("-o", "addr"), ("route",), ("-6", "route"), ("-o", "link")):
             text = ns.ip(*cmd)
-            lines = [l for l in text.splitlines() if not re.search(r"fe80::(?!1/)[0-9a-f:]+/64", l)]
-            out.append("\n".join(re.sub(r"\s+(tentative|valid_lft.*|preferred_lft.*)", "", l) for l in lines))
+            lines = [line for line in text.splitlines() if not re.search(r"fe80::(?!1/)[0-9a-f:]+/64", line)]
+            out.append("\n".join(re.sub(r"\s+(tentative|valid_lft.*|preferred_lft.*)", "", line) for line in lines))
     return out
 
 
 def flock_state(node):
-    links = [l for l in node.ip("-o", "link").splitlines() if ": flock" in l]
+    links = [line for line in node.ip("-o", "link").splitlines() if ": flock" in line]
     routes = node.ip("route", "show", "proto", str(ROUTE_PROTOCOL)) + node.ip(
         "-6", "route", "show", "proto", str(ROUTE_PROTOCOL)
     )
@@ -187,7 +187,7 @@ async def test_teardown_with_pod_netns_already_deleted_cleans_host_side(pool, no
         await w.teardown("c1", pod.path, "eth0")
         await w.teardown("c1", None, None)
         assert flock_state(node) == ([], "")
-        assert not os.path.exists(pod.path)  # teardown must never recreate it
+        assert not await trio.Path(pod.path).exists()  # teardown must never recreate it
 
 
 async def test_check_reports_what_was_changed_by_hand(pool, node):
@@ -219,7 +219,7 @@ async def test_setup_refuses_missing_netns_without_creating_it(pool, node):
         with pytest.raises(NetnsUnusable) as info:
             await w.setup(alloc("c1", ghost))
         assert cni_error(info.value).code == errors.INVALID_ENV and ghost.path in info.value.details
-        assert not os.path.exists(ghost.path)
+        assert not await trio.Path(ghost.path).exists()
         assert flock_state(node) == ([], "")
 
 
@@ -387,7 +387,8 @@ async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node)
         w = await worker_for(node)
         p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9", "2001:db8:aa::1"])
         pool.delete(p1)  # the kernel drops the whole IPv4 multipath route with a1's veth
-        while host_ifname("a1") in node.ip("link"):  # namespaces are dismantled asynchronously
+        # The kernel dismantles namespaces asynchronously: nothing in this process to wait on.
+        while host_ifname("a1") in node.ip("link"):  # noqa: ASYNC110
             await trio.sleep(0.01)
         assert "203.0.113.9" not in node.ip("route")
         await w.teardown("a1", p1.path, "eth0")
@@ -399,7 +400,7 @@ async def test_ensure_anycast_repairs_what_a_vanished_pod_netns_took(pool, node)
 async def test_resetup_without_an_anycast_address_leaves_its_multipath_route(pool, node):
     with trio.fail_after(20):
         w = await worker_for(node)
-        p1, a, b = await two_pods_sharing(pool, w, ["203.0.113.9"])
+        p1, _, b = await two_pods_sharing(pool, w, ["203.0.113.9"])
         a_without = alloc("a1", p1, "2001:db8::a", "198.51.100.10")
         await w.setup(a_without)
         route = node.ip("route", "show", "203.0.113.9")

@@ -20,8 +20,9 @@ def test_backoff_is_exponential_capped_and_jitter_is_the_callers_draw():
     assert [b.delay(n) for n in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
     assert b.delay(10_000) == 4.0
     j = Backoff(initial=1.0, factor=2.0, cap=30.0, jitter=0.5)
-    assert j.delay(2, u=0.0) == 4.0
-    assert j.delay(2, u=0.5) == 3.0
+    assert j.delay(2) == j.delay(2, u=0.5) == 4.0  # the middle of the band: the mean is the exponential
+    assert j.delay(2, u=0.0) == 2.0
+    assert j.delay(2, u=0.75) == 5.0
     rng1, rng2 = random.Random(7), random.Random(7)
     assert [j.delay(3, rng1.random()) for _ in range(5)] == [j.delay(3, rng2.random()) for _ in range(5)]
     with pytest.raises(ValueError):

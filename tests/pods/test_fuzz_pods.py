@@ -415,7 +415,7 @@ def test_non_ascii_pod_uid_is_code_4_not_try_again():
     # Regression: str.isalnum() let 'é' through, so the ADD failed with code 11
     # ("pod UID differs") and the runtime retried it forever.
     async def scenario():
-        handler, rows, kernel = await new_handler(make_pods({"web-0": {}}))
+        handler, rows, _kernel = await new_handler(make_pods({"web-0": {}}))
         try:
             await handler(request("ADD", "c0ffee01", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=é"))
         except errors.CniError as err:

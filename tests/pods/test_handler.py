@@ -14,7 +14,7 @@ from flock import errors
 from flock.model import AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, ADDRESS_EXHAUSTED, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
-from flock.testing import PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher
 
@@ -26,7 +26,7 @@ A = "flock.fritzlab.net/"
 
 
 @contextlib.asynccontextmanager
-async def handler_running(api: Store, *, ready: bool = True):
+async def handler_running(api: ObjectStore, *, ready: bool = True):
     source = StoreSource(api, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(source, NODE)
     kernel = MemoryKernel()
@@ -43,9 +43,9 @@ def held(handler: PodHandler) -> set[str]:
 
 
 async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, source, state):
+        async with handler_running(api) as (handler, _kernel, rows, source, state):
 
             async def create_later():
                 await trio.sleep(1.25)
@@ -62,11 +62,11 @@ async def test_add_waits_for_the_informer_and_wakes_when_the_pod_arrives(autojum
 
 
 async def test_add_falls_back_to_one_direct_get_after_three_seconds(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     # Not (yet) bound to this node as far as the watch knows: only a GET finds it.
     api.create(PODS, pod_object("default", "web-0", "elsewhere"))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, source, _):
+        async with handler_running(api) as (handler, _kernel, rows, source, _):
             result = await handler(request("ADD"))
             assert trio.current_time() == 3.0
             assert source.gets == [("default", "web-0")]
@@ -78,7 +78,7 @@ async def test_add_falls_back_to_one_direct_get_after_three_seconds(autojump_clo
 
 
 async def test_add_past_its_deadline_is_code_11_and_stays_pending_for_the_retry(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(100):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -97,11 +97,11 @@ async def test_add_past_its_deadline_is_code_11_and_stays_pending_for_the_retry(
 
 
 async def test_one_container_at_a_time_different_containers_in_parallel(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, kernel, _rows, _, _):
             kernel.gate = trio.Event()
             results = {}
 
@@ -133,7 +133,7 @@ async def test_one_container_at_a_time_different_containers_in_parallel(autojump
     ],
 )
 async def test_bad_annotations_fail_with_code_7_and_leave_nothing(autojump_clock, annotations, field, value):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE, annotations=annotations))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, state):
@@ -157,7 +157,7 @@ async def test_bad_annotations_fail_with_code_7_and_leave_nothing(autojump_clock
     ],
 )
 async def test_bad_cni_args_fail_with_code_4_naming_the_key(autojump_clock, args, detail):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -175,10 +175,10 @@ async def test_bad_cni_args_fail_with_code_4_naming_the_key(autojump_clock, args
 
 
 async def test_check_needs_a_well_formed_prev_result_that_matches(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, kernel, _rows, _, _):
             result = await handler(request("ADD"))
             for prev, code, detail in [
                 (None, errors.INVALID_CONFIG, "no field 'prevResult'"),
@@ -211,11 +211,11 @@ async def test_check_needs_a_well_formed_prev_result_that_matches(autojump_clock
 
 
 async def test_exhausted_pool_fails_the_add_and_status_until_an_address_is_freed(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for i in range(6):
         api.create(PODS, pod_object("default", f"p{i}", NODE, annotations={A + "ipv6": "false", A + "ipv4": "true"}))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, _kernel, rows, _, _):
             assert await handler(request("STATUS")) == {}
             got = [(await handler(request("ADD", cid=f"c{i}", pod=f"p{i}")))["ips"][0]["address"] for i in range(5)]
             assert got == [f"198.51.100.{i}/32" for i in range(2, 7)]  # /29: .0 network, .1 gateway, .7 broadcast
@@ -231,9 +231,9 @@ async def test_exhausted_pool_fails_the_add_and_status_until_an_address_is_freed
 
 
 async def test_not_ready_add_is_11_and_status_50_while_del_works(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     with trio.fail_after(10):
-        async with handler_running(api, ready=False) as (handler, kernel, rows, _, _):
+        async with handler_running(api, ready=False) as (handler, _kernel, _rows, _, _):
             with pytest.raises(errors.CniError) as add:
                 await handler(request("ADD"))
             with pytest.raises(errors.CniError) as status:
@@ -243,7 +243,7 @@ async def test_not_ready_add_is_11_and_status_50_while_del_works(autojump_clock)
 
 
 async def test_failed_setup_gives_back_row_kernel_state_and_addresses(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -257,7 +257,7 @@ async def test_failed_setup_gives_back_row_kernel_state_and_addresses(autojump_c
 
 
 async def test_a_failed_rollback_never_hides_the_adds_own_error(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     api.create(PODS, pod_object("default", "web-0", NODE))
     with trio.fail_after(10):
         async with handler_running(api) as (handler, kernel, rows, _, _):
@@ -273,7 +273,7 @@ async def test_a_failed_rollback_never_hides_the_adds_own_error(autojump_clock):
 
 
 async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b", "c"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
@@ -297,7 +297,7 @@ async def test_gc_removes_exactly_what_is_not_listed(autojump_clock):
 
 
 async def test_gc_that_cannot_clean_one_row_goes_on_with_the_others(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b", "c"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
@@ -315,11 +315,11 @@ async def test_gc_that_cannot_clean_one_row_goes_on_with_the_others(autojump_clo
 
 
 async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refused(autojump_clock):
-    api = Store()
+    api = ObjectStore()
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, kernel, rows, _, _):
+        async with handler_running(api) as (handler, _kernel, _rows, _, _):
             first = await handler(request("ADD", pod="a"))
             with pytest.raises(errors.CniError) as info:
                 await handler(request("ADD", pod="b"))
@@ -369,7 +369,7 @@ async def test_an_invalid_node_ip_algo_is_logged_by_the_handler_once_per_nodecon
     obj = nodeconfig_object(NODE, "2001:db8:0:1::/64")
     obj["metadata"]["annotations"] = {A + "ip-algo": "pod:8"}
     node = NodeConfig.from_object(obj)
-    handler = await serving_handler(PodWatcher(StoreSource(Store(), PODS, f"spec.nodeName={NODE}"), NODE), node)
+    handler = await serving_handler(PodWatcher(StoreSource(ObjectStore(), PODS, f"spec.nodeName={NODE}"), NODE), node)
     warned = [r for r in caplog.records if r.getMessage() == "ignoring invalid node-level ip-algo"]
     assert len(warned) == 1 and warned[0].value == "pod:8" and "no room for uniqueness" in warned[0].reason
     handler.apply_nodeconfig(node)  # the same ip-algo again: nothing new to say

@@ -14,7 +14,7 @@ from flock import errors
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.pods import ADD_GATE, NodeBringUp, PodHandler
 from flock.state import NODECONFIG_GATE, Gate, NodeState
-from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object
+from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request
 from flock.watchers import NodeConfigWatcher, PodWatcher
 
@@ -28,7 +28,7 @@ def row(cid: str, state: AllocationState, ip6: str, ip4: str | None = None) -> A
     )
 
 
-def setup(api: Store, rows: MemoryAllocations, kernel: MemoryKernel, tmp_path):
+def setup(api: ObjectStore, rows: MemoryAllocations, kernel: MemoryKernel, tmp_path):
     state = NodeState(NODE, [Gate(NODECONFIG_GATE, f"NodeConfig {NODE} not loaded"), ADD_GATE])
     nodeconfigs = NodeConfigWatcher(StoreSource(api, NODECONFIGS, f"metadata.name={NODE}"), NODE, sink=state)
     pods = PodWatcher(StoreSource(api, PODS, f"spec.nodeName={NODE}"), NODE)
@@ -38,7 +38,7 @@ def setup(api: Store, rows: MemoryAllocations, kernel: MemoryKernel, tmp_path):
 
 
 async def test_add_is_11_until_the_nodeconfig_arrives_and_a_late_one_is_logged_loudly(autojump_clock, tmp_path, caplog):
-    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(PODS, pod_object("default", "web-0", NODE))
     nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
     with trio.fail_after(200):
@@ -68,7 +68,7 @@ async def test_add_is_11_until_the_nodeconfig_arrives_and_a_late_one_is_logged_l
 
 
 async def test_rebuild_keeps_committed_and_pending_addresses_and_cleans_the_kernel(autojump_clock, tmp_path):
-    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64", cidr4="198.51.100.0/29"))
     done = row("c0ffee01", AllocationState.COMMITTED, "2001:db8:0:1::1", "198.51.100.2")
     half = row("c0ffee02", AllocationState.PENDING, "2001:db8:0:1::2", "198.51.100.3")
@@ -104,7 +104,7 @@ async def test_rebuild_keeps_committed_and_pending_addresses_and_cleans_the_kern
 
 
 async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresses(autojump_clock, tmp_path):
-    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
@@ -131,7 +131,7 @@ async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresse
 
 
 async def test_pending_deletes_are_drained_while_running_with_backoff_after_failure(autojump_clock, tmp_path):
-    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
     for cid in ("c0ffee01", "c0ffee02"):
         rows.rows[cid] = row(cid, AllocationState.COMMITTED, f"2001:db8:0:1::{cid[-1]}")
@@ -163,7 +163,7 @@ async def test_pending_deletes_are_drained_while_running_with_backoff_after_fail
 
 
 async def test_a_deleted_nodeconfig_stops_add_until_it_is_back_and_pods_keep_working(autojump_clock, tmp_path):
-    api, rows, kernel = Store(), MemoryAllocations(), MemoryKernel()
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))

@@ -203,7 +203,7 @@ def test_convert_result_keeps_what_the_version_defines(result, version):
         assert (key in out) == (key in result)
         if key in out:
             assert len(out[key]) == len(result[key])
-    for src, ip in zip(result.get("ips", []), out.get("ips", [])):
+    for src, ip in zip(result.get("ips", []), out.get("ips", []), strict=True):
         assert ip["address"] == src["address"]
         if version in ("0.3.0", "0.3.1", "0.4.0"):
             assert ip["version"] == ("6" if ":" in src["address"] else "4")

@@ -115,7 +115,7 @@ def test_any_env_and_stdin_against_an_unreachable_agent(data):
         # The journal as the installer would place it: beside the agent's socket (never the host's /run/flock).
         env["FLOCK_PENDING_DELETES"] = os.path.join(root, "run", "pending-deletes")
         stdin = data.draw(stdins(sock))
-        status, obj = run_shim(env, stdin)
+        status, _ = run_shim(env, stdin)
         written = files_under(root)
         if env["CNI_COMMAND"] == "DEL" and status == 0:
             # recorded in the pending-deletes directory under its own (valid) name

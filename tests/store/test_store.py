@@ -1,3 +1,4 @@
+import inspect
 import ipaddress
 import sqlite3
 import threading
@@ -7,8 +8,19 @@ import trio
 import trio.testing
 
 from flock.model import Allocation, AllocationState
-from flock.pods import cni_error
-from flock.store import FILENAME, MIGRATIONS, StoreError, SyncStore, open_store
+from flock.pods import AllocationStore, cni_error
+from flock.store import (
+    FILENAME,
+    MIGRATIONS,
+    AllocationNotFound,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StoreTooNew,
+    SyncStore,
+    open_store,
+)
+from flock.testing.pods import MemoryAllocations
 
 A = ipaddress.ip_address
 PENDING, COMMITTED = AllocationState.PENDING, AllocationState.COMMITTED
@@ -58,9 +70,9 @@ def test_upsert_commit_list_delete(tmp_path):
     assert [a.container_id for a in store.list(PENDING)] == ["c2"]
     assert store.delete("c1") is True
     assert store.delete("c1") is False
-    with pytest.raises(StoreError, match="no allocation to commit") as info:
+    with pytest.raises(AllocationNotFound, match="no allocation to commit") as info:
         store.commit("c1")
-    assert "c1" in info.value.details
+    assert "c1" in info.value.details and info.value.container_id == "c1"
     store.close()
 
 
@@ -93,7 +105,7 @@ def test_migration_hook_runs_and_newer_schema_is_refused(tmp_path):
     assert migrated.settings()["schema_version"] == len(MIGRATIONS) + 1
     assert migrated.get("c1") == alloc()
     migrated.close()
-    with pytest.raises(StoreError, match="from a newer flock") as info:
+    with pytest.raises(StoreTooNew, match="from a newer flock") as info:
         SyncStore.open(tmp_path)
     assert f"schema version {len(MIGRATIONS) + 1}" in info.value.details
     assert str(tmp_path / FILENAME) in info.value.details
@@ -117,7 +129,7 @@ def test_garbage_file_is_an_error_and_is_left_alone(tmp_path):
     path = tmp_path / FILENAME
     junk = b"this is not a database, it is a shopping list\n" * 200
     path.write_bytes(junk)
-    with pytest.raises(StoreError, match="unreadable or corrupt") as info:
+    with pytest.raises(StoreCorrupt, match="unreadable or corrupt") as info:
         SyncStore.open(tmp_path)
     assert cni_error(info.value).code == 5
     assert str(path) in info.value.details
@@ -134,7 +146,7 @@ def test_damaged_page_is_an_error(tmp_path):
     page = 4096
     data[2 * page : 3 * page] = b"\xff" * page
     path.write_bytes(bytes(data))
-    with pytest.raises(StoreError, match="corrupt") as info:
+    with pytest.raises(StoreCorrupt, match="corrupt") as info:
         SyncStore.open(tmp_path)
     assert str(path) in info.value.details
     assert path.read_bytes() == bytes(data)
@@ -142,8 +154,9 @@ def test_damaged_page_is_an_error(tmp_path):
 
 def test_unopenable_path_and_foreign_database(tmp_path):
     (tmp_path / "dir" / FILENAME).mkdir(parents=True)
-    with pytest.raises(StoreError, match="cannot open|unreadable"):
+    with pytest.raises(StoreError, match=r"cannot open|unreadable") as info:
         SyncStore.open(tmp_path / "dir")
+    assert not isinstance(info.value, StoreCorrupt)  # nothing says the file is damaged
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     conn = sqlite3.connect(foreign / FILENAME)
@@ -151,7 +164,7 @@ def test_unopenable_path_and_foreign_database(tmp_path):
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
-    with pytest.raises(StoreError, match="no allocations table"):
+    with pytest.raises(StoreCorrupt, match="no allocations table"):
         SyncStore.open(foreign)
 
 
@@ -164,7 +177,7 @@ def test_unreadable_row_names_the_container(tmp_path):
     conn.commit()
     conn.close()
     store = SyncStore.open(tmp_path)
-    with pytest.raises(StoreError, match="unreadable allocation row") as info:
+    with pytest.raises(StoreCorrupt, match="unreadable allocation row") as info:
         store.list()
     assert "'c1'" in info.value.details and "banana" in info.value.details
     store.close()
@@ -183,7 +196,7 @@ async def test_async_store_runs_on_its_own_thread(tmp_path):
             assert (await store.commit("c1", now=2.0)).state is COMMITTED
             assert [a.container_id for a in await store.list(COMMITTED)] == ["c1"]
             assert (await store.settings())["synchronous"] == "FULL"
-            with pytest.raises(StoreError):
+            with pytest.raises(AllocationNotFound):
                 await store.commit("missing")
             assert await store.delete("c1") is True
             assert store.path == tmp_path / FILENAME
@@ -320,3 +333,35 @@ async def test_calls_queued_together_share_one_transaction(tmp_path):
             assert store.grouped_calls == 5
             assert outcomes == {"c0": "ok", "c1": "ok", "bad": "allocation database failed", "c2": "ok", "c3": "ok"}
             assert [a.container_id for a in await store.list()] == ["c0", "c1", "c2", "c3"]
+
+
+@pytest.mark.parametrize("implementation", [Store, MemoryAllocations])
+def test_store_and_its_in_memory_stand_in_have_the_pod_layers_interface(implementation):
+    # The pod layer drives allocations through its protocol; the SQLite store and
+    # the virtual-time tests' stand-in must offer exactly those methods.
+    for name, wanted in inspect.getmembers(AllocationStore, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        got = getattr(implementation, name)
+        assert inspect.iscoroutinefunction(got), name
+        assert inspect.signature(got) == inspect.signature(wanted), name
+
+
+async def test_in_memory_stand_in_fails_a_missing_commit_like_the_store():
+    with pytest.raises(AllocationNotFound, match="no allocation to commit"):
+        await MemoryAllocations().commit("missing")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        StoreError("/x/flock.db", "allocation database failed", "disk I/O error"),
+        StoreCorrupt("/x/flock.db", "the allocation database is corrupt", "page 3"),
+        StoreTooNew("/x/flock.db", "the allocation database is from a newer flock", "schema version 9"),
+        AllocationNotFound("/x/flock.db", "no allocation to commit", "c1"),
+    ],
+)
+def test_every_store_error_reaches_the_runtime_as_code_5(error):
+    cni = cni_error(error)
+    assert cni is not None and cni.code == 5
+    assert (cni.msg, cni.details) == (error.msg, error.details) and "/x/flock.db" in cni.details

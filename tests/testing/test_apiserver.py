@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -188,7 +187,7 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
 
         async def expire_soon() -> None:
             # Once the watch is open on the server (no guessing with a sleep).
-            while not await trio.to_thread.run_sync(lambda: api.open_requests):
+            while not await trio.to_thread.run_sync(lambda: api.open_requests):  # noqa: ASYNC110  server thread's count
                 await trio.sleep(0.01)
             await trio.to_thread.run_sync(lambda: api.compact(expire_watches=True))
 
@@ -204,7 +203,7 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
 
 async def wait_until_idle(api: ApiServer) -> None:
     """Until the server has no request open (a test helper: the server runs on its own thread)."""
-    while await trio.to_thread.run_sync(lambda: api.open_requests):
+    while await trio.to_thread.run_sync(lambda: api.open_requests):  # noqa: ASYNC110  server thread's count
         await trio.sleep(0.01)
 
 
@@ -236,23 +235,22 @@ async def test_injected_5xx_and_pause(tmp_path: Path) -> None:
 async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kc"
     (tmp_path / "objects.json").write_text(json.dumps([pod_object("a", "p0", "n1"), nodeconfig_object("n1")]))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flock.testing.apiserver",
-            "--host",
-            "::1",
-            "--port",
-            "0",
-            "--kubeconfig-out",
-            str(kubeconfig),
-            "--load",
-            str(tmp_path / "objects.json"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    argv = [
+        sys.executable,
+        "-m",
+        "flock.testing.apiserver",
+        "--host",
+        "::1",
+        "--port",
+        "0",
+        "--kubeconfig-out",
+        str(kubeconfig),
+        "--load",
+        str(tmp_path / "objects.json"),
+    ]
+    # A plain Popen (its stdout read line by line on a thread), started off the Trio thread.
+    proc = await trio.to_thread.run_sync(
+        lambda: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     )
     try:
         with trio.fail_after(20):
@@ -278,7 +276,7 @@ async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
         err = proc.stderr.read()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
     assert "Traceback" not in err, err
-    assert os.path.exists(kubeconfig)
+    assert await trio.Path(kubeconfig).exists()
 
 
 def call(api: ApiServer, method: str, path: str) -> tuple[int, Any]:

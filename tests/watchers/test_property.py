@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flock.model import PodInfo
-from flock.testing import PODS, Store, StoreSource, pod_object, serving
-from flock.watchers import Backoff, InformerSettings, PodWatcher
+from flock.nursery import Backoff
+from flock.testing import PODS, ObjectStore, StoreSource, pod_object, serving
+from flock.watchers import InformerSettings, PodWatcher
 
 NODE = "host001"
 NODES = st.sampled_from([NODE, NODE, "host002", ""])
@@ -31,7 +32,7 @@ WRITES = st.one_of(
 STEPS = st.lists(st.tuples(st.lists(WRITES, max_size=6), st.sampled_from([0, 0.1, 1, 5, 70])), max_size=12)
 
 
-def apply(store: Store, source: StoreSource, op: tuple[Any, ...]) -> None:
+def apply(store: ObjectStore, source: StoreSource, op: tuple[Any, ...]) -> None:
     """Do *op* on the server (a write that cannot apply, e.g. deleting a missing pod, is skipped)."""
     kind = op[0]
     existing = {o["metadata"]["name"]: o for o in store.list(PODS)[0]}
@@ -53,13 +54,13 @@ def apply(store: Store, source: StoreSource, op: tuple[Any, ...]) -> None:
 @settings(max_examples=40, deadline=None)
 @given(STEPS)
 def test_cache_converges_to_server_state(steps: list[tuple[list[tuple[Any, ...]], float]]) -> None:
-    store = Store()
+    store = ObjectStore()
     source = StoreSource(store, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(
         source,
         NODE,
         InformerSettings(
-            watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(initial=0.5, maximum=4.0)
+            watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(initial=0.5, cap=4.0, jitter=0.2)
         ),
     )
 

@@ -15,19 +15,20 @@ import attrs
 import pytest
 import trio
 
-from flock.testing import NODECONFIGS, PODS, Store, StoreSource, nodeconfig_object, pod_object, serving
-from flock.watchers import Backoff, ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
+from flock.nursery import Backoff
+from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object, serving
+from flock.watchers import ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"
 SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
 
 
-def pod_watcher(store: Store) -> tuple[PodWatcher, StoreSource]:
+def pod_watcher(store: ObjectStore) -> tuple[PodWatcher, StoreSource]:
     source = StoreSource(store, PODS, f"spec.nodeName={NODE}")
     return PodWatcher(source, NODE, SETTINGS), source
 
 
-def cache_matches(store: Store, watcher: PodWatcher) -> None:
+def cache_matches(store: ObjectStore, watcher: PodWatcher) -> None:
     items, _ = store.list(PODS)
     want = {
         f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
@@ -39,7 +40,7 @@ def cache_matches(store: Store, watcher: PodWatcher) -> None:
 
 
 async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     watcher, source = pod_watcher(store)
     with trio.fail_after(30):
         async with serving(watcher) as nursery:
@@ -58,7 +59,7 @@ async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(
 
 
 async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(PODS, pod_object("web", "web-0", NODE))
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
@@ -69,7 +70,7 @@ async def test_cached_pod_is_returned_without_waiting(autojump_clock: trio.abc.C
 
 
 async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     # Not on this node as far as the watch is concerned: the informer never sees it.
     store.create(PODS, pod_object("web", "elsewhere", "host002"))
     watcher, source = pod_watcher(store)
@@ -86,7 +87,7 @@ async def test_pod_never_delivered_times_out_then_one_direct_get(autojump_clock:
 
 
 async def test_caller_deadline_bounds_wait_for_pod(autojump_clock: trio.abc.Clock) -> None:
-    watcher, _ = pod_watcher(Store())
+    watcher, _ = pod_watcher(ObjectStore())
     with trio.fail_after(30):
         async with serving(watcher):
             start = trio.current_time()
@@ -97,7 +98,7 @@ async def test_caller_deadline_bounds_wait_for_pod(autojump_clock: trio.abc.Cloc
 
 
 async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     created = store.create(PODS, pod_object("web", "web-0"))  # not scheduled yet
     watcher, _ = pod_watcher(store)
     with trio.fail_after(30):
@@ -114,7 +115,7 @@ async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: tri
 
 
 async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     for i in range(3):
         store.create(PODS, pod_object("ns", f"p{i}", NODE))
     watcher, _ = pod_watcher(store)
@@ -140,7 +141,7 @@ async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_cl
 
 
 async def test_transient_list_failures_back_off_exponentially(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     watcher, source = pod_watcher(store)
     source.fail_lists = 3
     with trio.fail_after(30):
@@ -151,7 +152,7 @@ async def test_transient_list_failures_back_off_exponentially(autojump_clock: tr
 
 
 async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_clock: trio.abc.Clock) -> None:
-    watcher, source = pod_watcher(Store())
+    watcher, source = pod_watcher(ObjectStore())
     source.watch_seconds_cap = 0
     with trio.fail_after(30):
         async with serving(watcher):
@@ -161,7 +162,7 @@ async def test_watches_ending_at_once_back_off_instead_of_spinning(autojump_cloc
 
 
 def test_backoff_grows_caps_and_jitters() -> None:
-    b = Backoff(initial=0.5, maximum=30.0, factor=2.0, jitter=0.2)
+    b = Backoff(initial=0.5, cap=30.0, factor=2.0, jitter=0.2)
     assert [b.delay(n, 0.5) for n in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert b.delay(0, 0.0) == pytest.approx(0.4) and b.delay(0, 0.999999) == pytest.approx(0.6)
     rng = random.Random(1)
@@ -169,7 +170,7 @@ def test_backoff_grows_caps_and_jitters() -> None:
 
 
 async def test_watch_timeouts_resume_without_relisting_until_the_relist_bound(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     watcher, source = pod_watcher(store)
     with trio.fail_after(2000):
         async with serving(watcher):
@@ -182,7 +183,7 @@ async def test_watch_timeouts_resume_without_relisting_until_the_relist_bound(au
 async def test_nodeconfig_invalid_update_keeps_previous_value(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(NODECONFIGS, nodeconfig_object("other", "2001:db8:0:2::/64"))
     watcher = NodeConfigWatcher(StoreSource(store, NODECONFIGS, f"metadata.name={NODE}"), NODE, SETTINGS)
     with trio.fail_after(30):
@@ -221,7 +222,7 @@ async def test_nodeconfig_invalid_update_keeps_previous_value(
 async def test_api_server_restarted_empty_is_relisted_and_a_lost_nodeconfig_noticed(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
     for i in range(5):
         store.create(PODS, pod_object("web", f"web-{i}", NODE))  # resourceVersions well past a fresh store's
@@ -245,7 +246,7 @@ async def test_api_server_restarted_empty_is_relisted_and_a_lost_nodeconfig_noti
 
 
 async def test_api_server_down_for_long_is_relisted_within_30_s_of_coming_back(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     store.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
     for i in range(5):
         store.create(PODS, pod_object("web", f"web-{i}", NODE))
@@ -265,14 +266,14 @@ async def test_api_server_down_for_long_is_relisted_within_30_s_of_coming_back(a
 
 
 async def test_a_server_whose_history_is_behind_ours_is_relisted(autojump_clock: trio.abc.Clock) -> None:
-    store = Store()
+    store = ObjectStore()
     for i in range(5):
         store.create(PODS, pod_object("web", f"web-{i}", NODE))
     watcher, source = pod_watcher(store)
     with trio.fail_after(200):
         async with serving(watcher):
             assert source.lists == 1 and len(watcher.pods) == 5
-            fresh = Store()  # restored from an old backup: versions start over, web-0 only
+            fresh = ObjectStore()  # restored from an old backup: versions start over, web-0 only
             fresh.create(PODS, pod_object("web", "web-0", NODE))
             source.store = fresh  # swapped under an open watch, without a connection reset
             await trio.sleep(61)  # the open watch ends (60 s); resuming is refused as too new: relist
