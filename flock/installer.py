@@ -7,9 +7,19 @@ host's root (read-only) mounted.  It
    runs on the host with the host's interpreter, not in this container;
 2. installs the shim as one executable file, ``<bin dir>/flock``, whose
    shebang names that interpreter;
-3. writes ``<conf dir>/01-flock.conflist`` (cniVersion 1.1.0, type ``flock``,
-   the agent's socket path), and warns about other configurations the runtime
-   would pick first.
+3. writes ``<conf dir>/01-flock.conflist`` (type ``flock``, the agent's
+   socket path) and warns about other configurations the runtime would pick
+   first.  By default the list says ``"cniVersion": "1.0.0"`` and
+   ``"cniVersions": ["0.4.0", "1.0.0", "1.1.0"]``: libcni ≥ 1.2 (containerd
+   2.x, CRI-O) negotiates the highest version both sides speak (1.1.0: STATUS
+   and GC), older libcni (containerd 1.6/1.7, podman 4) ignores the list and
+   uses 1.0.0.  ``--cni-version`` pins one version (no list);
+4. with ``--podman-network NAME``, also writes ``<conf dir>/NAME.conflist``,
+   the same plugin under the network name podman's ``--network`` takes.
+
+Only capabilities flock implements are declared: none (no ``portMappings``,
+``bandwidth``, ``ips`` or ``mac``), so a runtime asked for a port mapping
+knows this network does not provide it.
 
 Both files are replaced atomically and only when their content changes, so a
 re-run is a no-op and a runtime reading the directories never sees a partial
@@ -47,7 +57,9 @@ log = logging.getLogger("flock.installer")
 
 PLUGIN_TYPE = "flock"
 CONFLIST_NAME = "01-flock.conflist"
-CNI_VERSION = "1.1.0"
+# The conflist's default: cniVersion for libcni < 1.2, cniVersions for ≥ 1.2.
+CNI_VERSION = "1.0.0"
+CNI_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 DEFAULT_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CONF_DIR = Path("/etc/cni/net.d")
 DEFAULT_SOCKET = "/run/flock/flock.sock"
@@ -90,13 +102,14 @@ class InstallConfig:
     host_root: Path = Path("/")
     host_python: str | None = None  # None: search HOST_PYTHON_CANDIDATES
     network_name: str = DEFAULT_NETWORK_NAME
-    # The conflist's cniVersion. 1.1.0 (STATUS, GC) by default; runtimes built on
-    # libcni < 1.2 (containerd 1.7, Debian's golang-github-appc-cni-dev 1.1.2)
-    # refuse a 1.1.0 result, and need 1.0.0 here.
-    cni_version: str = CNI_VERSION
+    # None: cniVersion 1.0.0 plus the negotiable cniVersions list (every runtime
+    # accepts it); a version: that one only (--cni-version).
+    cni_version: str | None = None
+    # Also write <conf dir>/<podman_network>.conflist (podman's --network name).
+    podman_network: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.cni_version not in SUPPORTED_VERSIONS:
+        if self.cni_version is not None and self.cni_version not in SUPPORTED_VERSIONS:
             raise InstallError(
                 f"--cni-version {self.cni_version!r} is not a CNI version flock speaks",
                 "Use one of " + ", ".join(SUPPORTED_VERSIONS) + " (1.0.0 for runtimes on libcni older than 1.2).",
@@ -110,6 +123,13 @@ class InstallConfig:
             raise InstallError(
                 f"--network-name {self.network_name!r} is not a valid CNI network name",
                 "Use letters, digits, '_', '.' and '-', starting with a letter or digit.",
+            )
+        if self.podman_network is not None and (
+            not _NETWORK_NAME.fullmatch(self.podman_network) or self.podman_network == self.network_name
+        ):
+            raise InstallError(
+                f"--podman-network {self.podman_network!r} is not a valid network name other than --network-name",
+                "Use letters, digits, '_', '.' and '-', starting with a letter or digit, e.g. flock-podman.",
             )
         if self.host_python is not None and (
             not PurePosixPath(self.host_python).is_absolute() or any(c.isspace() for c in self.host_python)
@@ -128,16 +148,22 @@ class InstallResult:
     shim_changed: bool
     conflist: Path
     conflist_changed: bool
+    podman_conflist: Path | None = None
     shadowed_by: tuple[str, ...] = ()  # other configs the runtime would pick instead
 
 
-def conflist_bytes(network_name: str, socket: str, cni_version: str = CNI_VERSION) -> bytes:
-    """The network configuration list, byte-stable so a re-run can compare it."""
-    doc = {
-        "cniVersion": cni_version,
-        "name": network_name,
-        "plugins": [{"type": PLUGIN_TYPE, "socket": socket}],
-    }
+def conflist_bytes(network_name: str, socket: str, cni_version: str | None = None) -> bytes:
+    """The network configuration list, byte-stable so a re-run can compare it.
+
+    *cni_version* None: ``cniVersion`` 1.0.0 and the ``cniVersions`` list (CNI
+    1.1) for runtimes that negotiate; a version: that version alone.  The
+    plugin entry declares no ``capabilities``: flock implements none of them.
+    """
+    doc: dict[str, object] = {"cniVersion": cni_version or CNI_VERSION}
+    if cni_version is None:
+        doc["cniVersions"] = list(CNI_VERSIONS)
+    doc["name"] = network_name
+    doc["plugins"] = [{"type": PLUGIN_TYPE, "socket": socket}]
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 
@@ -286,6 +312,12 @@ def install(config: InstallConfig) -> InstallResult:
     conflist_changed = write_atomic(
         conflist, conflist_bytes(config.network_name, config.socket, config.cni_version), 0o644
     )
+    podman_conflist = None
+    if config.podman_network is not None:
+        # podman (CNI backend) loads every list in its conf dir and selects by
+        # name; a file name after 01-flock keeps CRI runtimes on the main one.
+        podman_conflist = config.conf_dir / f"{config.podman_network}.conflist"
+        write_atomic(podman_conflist, conflist_bytes(config.podman_network, config.socket, config.cni_version), 0o644)
     shadowing = configs_loaded_before(config.conf_dir, CONFLIST_NAME)
     if shadowing:
         log.warning(
@@ -293,7 +325,7 @@ def install(config: InstallConfig) -> InstallResult:
             "remove them (or the other CNI) for pods to get flock addresses",
             extra={"conf_dir": str(config.conf_dir), "before": shadowing},
         )
-    result = InstallResult(python, shim, shim_changed, conflist, conflist_changed, tuple(shadowing))
+    result = InstallResult(python, shim, shim_changed, conflist, conflist_changed, podman_conflist, tuple(shadowing))
     log.info(
         "flock CNI installed",
         extra={
@@ -302,6 +334,7 @@ def install(config: InstallConfig) -> InstallResult:
             "shim_changed": shim_changed,
             "conflist": str(conflist),
             "conflist_changed": conflist_changed,
+            "podman_conflist": str(podman_conflist) if podman_conflist else None,
         },
     )
     return result
@@ -340,8 +373,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--network-name", default=DEFAULT_NETWORK_NAME, help="the CNI network name (default %(default)s)")
     p.add_argument(
         "--cni-version",
-        default=CNI_VERSION,
-        help="the conflist's cniVersion (default %(default)s; 1.0.0 for runtimes on libcni older than 1.2, e.g. containerd 1.7)",
+        default=None,
+        help="pin the conflist to this cniVersion (default: cniVersion "
+        + CNI_VERSION
+        + " plus cniVersions "
+        + ",".join(CNI_VERSIONS)
+        + ", which every runtime accepts)",
+    )
+    p.add_argument(
+        "--podman-network",
+        default=None,
+        metavar="NAME",
+        help="also write NAME.conflist, a flock network for `podman run --network NAME` (podman's CNI backend)",
     )
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
@@ -361,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 host_python=args.host_python,
                 network_name=args.network_name,
                 cni_version=args.cni_version,
+                podman_network=args.podman_network,
             )
         )
     except InstallError as e:

@@ -76,8 +76,8 @@ def cross_check(
         meta = pod.get("metadata") or {}
         by_key[(meta.get("namespace", ""), meta.get("name", ""))] = pod
     for a in allocations:
-        if not a["pod"]:
-            continue  # a runtime attachment without a Kubernetes pod
+        if not a["namespace"] or not a["pod"]:
+            continue  # a runtime attachment without a Kubernetes pod (its name, if any, is only a label)
         found = by_key.get((a["namespace"], a["pod"]))
         pod = found or {}
         meta = pod.get("metadata") or {}

@@ -120,7 +120,7 @@ def cmd_pods(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     rows = [
         [
             p["container_id"][:16],
-            f"{p['namespace']}/{p['pod']}" if p["pod"] else "(no pod)",
+            f"{p['namespace']}/{p['pod']}" if p["namespace"] else f"(no pod) {p['pod']}".rstrip(),
             " ".join(p["addresses"]),
             " ".join(p["anycast"]),
             p["host_veth"] + ("" if p["host_veth_present"] in (True, None) else " (missing)"),
@@ -250,7 +250,7 @@ def cmd_ipam_release(args: argparse.Namespace) -> tuple[dict[str, Any], str, int
     out = {**out, "refused": None, "details": ""}
     lines = []
     for r in out["released"]:
-        who = f"{r['namespace']}/{r['pod']}" if r["pod"] else "(no pod)"
+        who = f"{r['namespace']}/{r['pod']}" if r["namespace"] else f"no pod {r['pod']}".rstrip()
         lines.append(f"released {r['container_id']} ({who}): {' '.join(r['addresses'] + r['anycast'])}")
     for name in out["removed_interfaces"]:
         lines.append(f"removed interface {name}")

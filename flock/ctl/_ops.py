@@ -100,6 +100,10 @@ def nodeconfig_view(node: NodeConfig | None) -> dict[str, Any] | None:
     }
 
 
+def _who(a: Allocation) -> str:
+    return f"pod {a.namespace}/{a.pod}" if a.namespace else f"no pod {a.pod}".rstrip()
+
+
 def problem(kind: str, subject: str, detail: str, remedy: str) -> dict[str, str]:
     return {"kind": kind, "subject": subject, "detail": detail, "remedy": remedy}
 
@@ -270,7 +274,7 @@ class AdminOps:
                     problem(
                         "leaked-allocation",
                         a.container_id,
-                        f"pod {a.namespace}/{a.pod or '-'}: its network namespace {a.netns} is gone but the allocation "
+                        f"{_who(a)}: its network namespace {a.netns} is gone but the allocation "
                         f"({', '.join(map(str, a.all_addresses))}) is still held",
                         release,
                     )
@@ -411,7 +415,7 @@ class AdminOps:
             log.warning("release refused: the attachment is live", extra={**who, "container_id": alloc.container_id})
             raise OpRefused(
                 "the attachment is live",
-                f"container {alloc.container_id} (pod {alloc.namespace}/{alloc.pod or '-'}) still has its network "
+                f"container {alloc.container_id} ({_who(alloc)}) still has its network "
                 f"namespace {alloc.netns}; delete the pod, or pass --force to take its addresses away",
             )
         released = await self.handler.release(alloc.container_id)
@@ -420,7 +424,7 @@ class AdminOps:
             extra={
                 **who,
                 "container_id": alloc.container_id,
-                "pod": f"{alloc.namespace}/{alloc.pod}",
+                "pod": f"{alloc.namespace}/{alloc.pod}" if alloc.namespace else "",
                 "addresses": [str(a) for a in alloc.all_addresses],
             },
         )

@@ -3,7 +3,9 @@
 The plugin runs in the node's network namespace with the ``CNI_*``
 environment and, on stdin, the plugin's entry of the network configuration
 list with ``name`` and ``cniVersion`` injected (and ``prevResult`` for CHECK
-and DEL), exactly as libcni builds it.
+and DEL), exactly as libcni builds it.  Like libcni ≥ 1.2, a list with
+``cniVersions`` runs at the highest of those versions the lab speaks (all of
+flock's), so the lab uses CNI 1.1.0 (STATUS, GC) with the default conflist.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import attrs
 import trio
 
 from flock.lab._nsio import in_netns
+from flock.rpc.cniresult import SUPPORTED_VERSIONS
 
 
 @attrs.frozen
@@ -61,10 +64,21 @@ def load_conflist(conf_dir: Path) -> dict[str, Any]:
     raise FileNotFoundError(f"no *.conflist in {conf_dir}")
 
 
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def list_version(conflist: Mapping[str, Any]) -> str:
+    """The version libcni ≥ 1.2 runs a list at: the highest of ``cniVersions``
+    it speaks, else ``cniVersion``."""
+    offered = [v for v in conflist.get("cniVersions") or () if v in SUPPORTED_VERSIONS]
+    return max(offered, key=_version_key) if offered else conflist["cniVersion"]
+
+
 def plugin_config(
     conflist: Mapping[str, Any], plugin: Mapping[str, Any], prev_result: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    conf = {**plugin, "name": conflist["name"], "cniVersion": conflist["cniVersion"]}
+    conf = {**plugin, "name": conflist["name"], "cniVersion": list_version(conflist)}
     if prev_result is not None:
         conf["prevResult"] = dict(prev_result)
     return conf

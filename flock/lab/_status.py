@@ -1,7 +1,15 @@
-"""``flock-lab status``: nodes, agents, BGP sessions and pods, as JSON and as text."""
+"""``flock-lab status``: nodes, agents, BGP sessions and attachments, as JSON and as text.
+
+Attachments are what each node's agent holds, whoever made them (the lab's
+``pod add``, containerd, podman, CNI used by hand): read from the node's
+allocation store through flock's public store API, read-only (SQLite in WAL
+mode lets a reader in beside the running agent).  ``flockctl`` will ask the
+agent itself.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -12,6 +20,7 @@ from flock.lab._lifecycle import agent_ready
 from flock.lab._pods import load_pods
 from flock.lab._procs import ProcRef, is_running
 from flock.lab._state import LabState, keeper_running, load_procs
+from flock.store import SyncStore
 
 
 def _proc(procs: dict[str, Any], name: str) -> dict[str, Any]:
@@ -19,6 +28,35 @@ def _proc(procs: dict[str, Any], name: str) -> dict[str, Any]:
     if p is None:
         return {"pid": None, "running": False, "restarts": 0}
     return {"pid": p["pid"], "running": is_running(ProcRef(p["pid"], p["start_time"])), "restarts": p["restarts"]}
+
+
+def _attachments(state_dir: Path) -> list[dict[str, Any]] | None:
+    """Every allocation in the node's store (None: no store yet, or unreadable)."""
+    if not (state_dir / "flock.db").exists():
+        return None
+    try:
+        store = SyncStore.open(state_dir)
+    except Exception:
+        return None
+    try:
+        rows = store.list()
+    finally:
+        store.close()
+    return [
+        {
+            "container_id": a.container_id,
+            "pod": f"{a.namespace}/{a.pod}" if a.namespace else None,
+            "label": a.pod,
+            "if_name": a.if_name,
+            "netns": a.netns,
+            "state": a.state.value,
+            "ipv6": [str(a.ip6)] if a.ip6 else [],
+            "ipv4": [str(a.ip4)] if a.ip4 else [],
+            "addresses": [str(x) for x in a.addresses],
+            "anycast": [str(x) for x in a.anycast],
+        }
+        for a in rows
+    ]
 
 
 async def status(state: LabState) -> dict[str, Any]:
@@ -47,6 +85,14 @@ async def status(state: LabState) -> dict[str, Any]:
             nodes.append(out)
             nursery.start_soon(one, node, out)
     fabric_sessions = await bgp_sessions(plan.fabric_dir / "bird.ctl")
+    lab_made = {p.container_id for p in load_pods(plan)}
+    attachments = []
+    for node in plan.nodes:
+        held = await trio.to_thread.run_sync(_attachments, node.state_dir)
+        for a in held or []:
+            attachments.append(
+                {"node": node.name, "made_by": "lab" if a["container_id"] in lab_made else "runtime", **a}
+            )
     pods = [
         {
             "pod": p.key,
@@ -73,6 +119,7 @@ async def status(state: LabState) -> dict[str, Any]:
         },
         "nodes": nodes,
         "pods": pods,
+        "attachments": attachments,
     }
 
 
@@ -98,13 +145,24 @@ def status_text(doc: dict[str, Any]) -> str:
             f"{n['name']:<7} {n['address6']:<20} {n['cidr6'] + ' ' + n['cidr4']:<40} {state:<22} {_sessions_text(n['bgp'])}"
         )
     lines.append("")
-    if not doc["pods"]:
-        lines.append("no pods (flock-lab pod add NODE NAMESPACE/NAME)")
+    attachments = doc.get("attachments", [])
+    if not attachments:
+        lines.append("no attachments (flock-lab pod add NODE NAMESPACE/NAME, or a runtime using the node's conflist)")
     else:
-        width = max(len(p["pod"]) for p in doc["pods"])
-        lines.append(f"{'pod':<{width}}  {'node':<7} addresses")
-        for p in doc["pods"]:
-            addrs = ", ".join(p["ipv6"] + p["ipv4"])
-            extra = f"  anycast {', '.join(p['anycast'])}" if p["anycast"] else ""
-            lines.append(f"{p['pod']:<{width}}  {p['node']:<7} {addrs}{extra}")
+        rows = [
+            (
+                a["pod"] or f"container {a['label'] or '(unnamed)'}",
+                a["node"],
+                a["made_by"],
+                a["container_id"][:12],
+                ", ".join(a["ipv6"] + a["ipv4"] + a["addresses"])
+                + (f"  anycast {', '.join(a['anycast'])}" if a["anycast"] else "")
+                + ("" if a["state"] == "committed" else f"  ({a['state']})"),
+            )
+            for a in attachments
+        ]
+        width = max(len(r[0]) for r in rows)
+        lines.append(f"{'attachment':<{width}}  {'node':<7} {'made by':<8} {'container':<12} addresses")
+        for r in rows:
+            lines.append(f"{r[0]:<{width}}  {r[1]:<7} {r[2]:<8} {r[3]:<12} {r[4]}")
     return "\n".join(lines)

@@ -112,6 +112,29 @@ async def check_pod(plan: PodPlan, *, pod_netns: int, host_netns: str | None, se
     return diffs
 
 
+async def read_macs(plan: PodPlan, *, pod_netns: int | None, host_netns: str | None) -> tuple[str, str]:
+    """The MAC addresses of the pod's veth ends as the kernel has them now
+    (host side, pod side); "" for an end that is missing or not the other's
+    peer (*pod_netns* None: the pod's namespace is gone).  Raises
+    KernelRefused only when the kernel cannot be read."""
+    try:
+        async with _conn.rtnl(host_netns) as host:
+            h = await _conn.link_by_name(host, plan.veth.host)
+        if h is None:
+            return "", ""
+        host_mac = h.get("IFLA_ADDRESS", "") or ""
+        if pod_netns is None:
+            return host_mac, ""
+        try:
+            async with _conn.rtnl(pod_netns) as pod:
+                p = await _conn.link_by_name(pod, plan.veth.pod)
+        except _nsenter.NetnsMissing:
+            return host_mac, ""
+        return host_mac, (p.get("IFLA_ADDRESS", "") or "") if _apply.peers_match(h, p) else ""
+    except (NetlinkError, OSError) as exc:
+        raise KernelRefused("netlink read failed", f"container {plan.container_id}: {exc}") from exc
+
+
 @attrs.frozen
 class CleanupReport:
     """What cleanup removed: orphan host interfaces and flock routes."""

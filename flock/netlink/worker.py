@@ -160,6 +160,16 @@ class NetlinkWorker:
         except NetnsNotFound:
             return [f"pod: network namespace {errors.quote(alloc.netns)} missing"]
 
+    async def macs(self, alloc: Allocation, netns_fd: int | None = None) -> tuple[str, str]:
+        """The live MAC addresses of the pod's host and pod interfaces ("" where
+        missing, the pod's namespace included); *netns_fd* as for :meth:`check`."""
+        plan = self.plan(alloc)
+        try:
+            with self.pod_netns(alloc, netns_fd) as fd:
+                return await self._run(_inspect.read_macs, plan, pod_netns=fd, host_netns=self.host_netns)
+        except faults.NetnsUnusable:
+            return await self._run(_inspect.read_macs, plan, pod_netns=None, host_netns=self.host_netns)
+
     async def cleanup(self, explained_container_ids: Iterable[str]) -> _inspect.CleanupReport:
         """Remove flock-owned host veths and routes no allocation explains."""
         explained = {host_ifname(cid, self.settings.host_prefix) for cid in explained_container_ids}

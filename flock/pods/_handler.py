@@ -32,7 +32,7 @@ from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
 from flock.rpc import Request, check_cni_version, convert_result
 from flock.state import Gate, NodeState
 
-from ._args import PodRef, pod_ref
+from ._args import PodRef, netconf_annotations, pod_ref
 from ._cni_codes import cni_error
 from ._errors import (
     AddTimedOut,
@@ -47,7 +47,7 @@ from ._errors import (
 )
 from ._locks import KeyedLocks
 from ._protocols import AllocationStore, Checkpoint, CleanupReport, Dataplane, NoCheckpoint, PodLookup
-from ._result import cni_result, prev_result_addresses, result_addresses
+from ._result import cni_result, prev_result_addresses, prev_result_macs, result_addresses
 
 log = logging.getLogger("flock.pods")
 
@@ -185,12 +185,13 @@ class PodHandler:
             raise NotReady("agent not ready", waiting or ADD_GATE.initial_reason)
         with trio.move_on_after(self.add_deadline):
             async with self._locks.hold(request.container_id):
-                alloc = await self._add_locked(request, ref)
+                alloc, macs = await self._add_locked(request, ref)
             result = cni_result(
                 alloc,
                 host_iface=self.dataplane.host_ifname(alloc.container_id),
                 gateway6=self.dataplane.gateway6,
                 gateway4=self.dataplane.gateway4,
+                macs=macs,
             )
             return convert_result(result, version)
         raise AddTimedOut(
@@ -199,14 +200,24 @@ class PodHandler:
             "its allocation stays pending for a retry, DEL or GC",
         )
 
-    async def _add_locked(self, request: Request, ref: PodRef) -> Allocation:
+    async def _add_locked(self, request: Request, ref: PodRef) -> tuple[Allocation, tuple[str, str]]:
+        """The committed allocation and the (host, pod) MACs of its veth.
+
+        MACs are not stored: the kernel is their one source.  A repeated ADD
+        (the runtime's retry, or after an agent restart) reads them back, so it
+        returns the same result as the first; if the veth is gone it converges
+        the kernel again (new MACs, which are then the truth)."""
         cid = request.container_id
         alloc = await self.store.get(cid)
         if alloc is not None:
             _same_attachment(alloc, request, ref)
             if alloc.state is AllocationState.COMMITTED:
-                log.info("ADD repeated: returning the committed allocation")
-                return alloc
+                macs = await self.dataplane.macs(alloc, request.netns_fd)
+                if all(macs):
+                    log.info("ADD repeated: returning the committed allocation")
+                    return alloc, macs
+                log.warning("ADD repeated but the pod's veth is missing: setting it up again")
+                return alloc, _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
             log.info(
                 "ADD retried: reusing the pending allocation",
                 extra={"addresses": [str(a) for a in alloc.all_addresses]},
@@ -217,7 +228,7 @@ class PodHandler:
             alloc = await self._reserve(request, ref)
             self.checkpoint.reached("after-pending")
         try:
-            await self.dataplane.setup(alloc, request.netns_fd)
+            macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
             self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
         except Exception:
@@ -225,12 +236,19 @@ class PodHandler:
             raise
         self.state.put_allocation(alloc)
         log.info("pod network ready", extra={"addresses": [str(a) for a in alloc.all_addresses]})
-        return alloc
+        return alloc, macs
 
     async def _reserve(self, request: Request, ref: PodRef) -> Allocation:
         """Allocate and store the pending row (nothing in the kernel yet)."""
         assert self._ipam is not None
-        pod = await self._find_pod(ref)
+        if ref.is_pod:
+            pod = await self._find_pod(ref)
+        else:
+            # No Kubernetes pod (podman, nerdctl, CNI used directly): nothing to
+            # wait for; options only from the network configuration's args.
+            annotations = netconf_annotations(request.config)
+            pod = PodInfo(namespace="", name=ref.name, annotations=annotations)
+            log.info("container without a pod: NodeConfig defaults", extra={"options": annotations})
         ipam = self._ipam
         try:
             held = ipam.allocate(request.container_id, pod)
@@ -376,7 +394,14 @@ class PodHandler:
                 if extra := sorted(map(str, prev - wanted)):
                     parts.append("in prevResult but not allocated: " + ", ".join(extra))
                 raise CheckFailed("prevResult differs from the allocation", "; ".join(parts))
+            host_name = self.dataplane.host_ifname(cid)
+            claimed = prev_result_macs(request.config, host_name, alloc.if_name, alloc.netns)
             diffs = await self.dataplane.check(alloc, request.netns_fd)
+            if claimed:
+                live = dict(zip(("host", "pod"), await self.dataplane.macs(alloc, request.netns_fd), strict=True))
+                for side, name in (("host", host_name), ("pod", alloc.if_name)):
+                    if side in claimed and live[side] and claimed[side] != live[side].lower():
+                        diffs.append(f"{side} {name}: MAC is {live[side]}, prevResult says {claimed[side]}")
         if diffs:
             raise CheckFailed("pod network differs from its allocation", "; ".join(diffs))
         return {}
@@ -435,11 +460,17 @@ class PodHandler:
         return {}
 
 
+def _macs_of(attachment: object) -> tuple[str, str]:
+    """(host, pod) MACs of what ``Dataplane.setup`` returned (flock.netlink's AppliedPlan)."""
+    return str(getattr(attachment, "host_mac", "") or ""), str(getattr(attachment, "pod_mac", "") or "")
+
+
 def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
     if (alloc.namespace, alloc.pod) != (ref.namespace, ref.name):
+        owner = PodRef(alloc.namespace, alloc.pod).key
         raise ContainerInUse(
             "container ID already in use",
-            f"containerID={request.container_id!r} belongs to pod {alloc.namespace}/{alloc.pod}, not {ref.key}",
+            f"containerID={request.container_id!r} belongs to {'pod ' if alloc.namespace else ''}{owner}, not {ref.key}",
         )
     if alloc.if_name != request.if_name:
         raise ContainerInUse(

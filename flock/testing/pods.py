@@ -18,7 +18,7 @@ import trio
 
 from flock.faults import KernelRefused
 from flock.model import Allocation, AllocationState, NodeConfig
-from flock.netlink import GATEWAY4, GATEWAY6, CleanupReport, host_ifname
+from flock.netlink import GATEWAY4, GATEWAY6, AppliedPlan, CleanupReport, fnv1a_32, host_ifname, pod_plan
 from flock.pods import ADD_GATE, PodHandler, PodLookup
 from flock.rpc import Request
 from flock.state import NodeState
@@ -55,6 +55,13 @@ class MemoryAllocations:
         return [a for a in self.rows.values() if state is None or a.state is state]
 
 
+def fake_macs(container_id: str) -> tuple[str, str]:
+    """MemoryKernel's stand-ins for the kernel's random veth MACs (host, pod)."""
+    h = fnv1a_32(container_id)
+    host, pod = (":".join(["0a", "58", *(f"{b >> s & 255:02x}" for s in (24, 16, 8, 0))]) for b in (h, h ^ 1))
+    return host, pod
+
+
 @attrs.define(eq=False)
 class MemoryKernel:
     """Which pods have a veth; ``gate`` (when set) holds every setup until it is set."""
@@ -74,7 +81,7 @@ class MemoryKernel:
     def host_ifname(self, container_id: str) -> str:
         return host_ifname(container_id)
 
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> None:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> AppliedPlan:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)
@@ -87,6 +94,11 @@ class MemoryKernel:
                 raise self.fail_with
         finally:
             self.in_setup -= 1
+        return AppliedPlan(pod_plan(alloc), *fake_macs(alloc.container_id))
+
+    async def macs(self, alloc: Allocation, netns_fd: int | None = None) -> tuple[str, str]:
+        await trio.lowlevel.checkpoint()
+        return fake_macs(alloc.container_id) if alloc.container_id in self.veths else ("", "")
 
     async def node_addresses(self) -> frozenset:
         await trio.lowlevel.checkpoint()

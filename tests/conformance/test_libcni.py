@@ -7,9 +7,10 @@ flock-install-cni, a real agent, bird2 and API server.  libcni caches the ADD
 result (in a temporary directory here, not /var/lib/cni) and hands it to CHECK
 and DEL as prevResult, exactly as a runtime does.
 
-libcni 1.1.2 speaks CNI up to 1.0.0 and refuses to parse a 1.1.0 result, so
-the test installs the conflist with `flock-install-cni --cni-version` set to
-what this libcni speaks (1.0.0 and 0.4.0), as an operator with such a runtime must.
+libcni 1.1.2 speaks CNI up to 1.0.0 and refuses to parse a 1.1.0 result; it
+ignores the default conflist's ``cniVersions`` list and runs at its
+``cniVersion`` (1.0.0).  The test uses the default conflist unedited, then one
+pinned with `flock-install-cni --cni-version 0.4.0`.
 """
 
 from __future__ import annotations
@@ -79,23 +80,24 @@ async def test_add_check_del_del_through_libcni(
             installed = json.loads((node.cni_conf / "01-flock.conflist").read_text())
             assert installed["plugins"][0]["type"] == "flock"
             await trio.run_process(["ip", "netns", "add", pod_ns])
+            # The lab installed the default conflist: what every runtime must accept unedited.
+            assert installed["cniVersion"] == "1.0.0" and installed["cniVersions"] == ["0.4.0", "1.0.0", "1.1.0"]
             for version in ("1.0.0", "0.4.0"):
-                conf_dir = tmp_path / f"net.d-{version}"
-                conf_dir.mkdir()
-                # What an operator on such a runtime runs: the installer, told the version.
-                assert (
-                    installer.main(
-                        [
-                            f"--cni-bin-dir={node.cni_bin}",
-                            f"--cni-conf-dir={conf_dir}",
-                            f"--socket={installed['plugins'][0]['socket']}",
-                            f"--cni-version={version}",
-                            "--log-format=text",
-                        ]
-                    )
-                    == 0
-                )
-                assert json.loads((conf_dir / "01-flock.conflist").read_text()) == {**installed, "cniVersion": version}
+                conf_dir = node.cni_conf
+                if version != "1.0.0":
+                    conf_dir = tmp_path / f"net.d-{version}"
+                    conf_dir.mkdir()
+                    # An operator pinning the version: the installer, told it.
+                    argv = [
+                        f"--cni-bin-dir={node.cni_bin}",
+                        f"--cni-conf-dir={conf_dir}",
+                        f"--socket={installed['plugins'][0]['socket']}",
+                        f"--cni-version={version}",
+                        "--log-format=text",
+                    ]
+                    assert installer.main(argv) == 0
+                    pinned = {k: v for k, v in installed.items() if k != "cniVersions"}
+                    assert json.loads((conf_dir / "01-flock.conflist").read_text()) == {**pinned, "cniVersion": version}
                 name = f"libcni-{version.replace('.', '')}"
                 await api_client(plan).create(
                     PODS, pod_object("conformance", name, node.name, annotations={"flock.fritzlab.net/ipv4": "true"})
@@ -148,7 +150,10 @@ async def test_add_check_del_del_through_libcni(
                 (ip4,) = [a for a in ips if ":" not in a]
                 assert ip6.startswith("2001:db8:0:1:") and ip6.endswith("/128") and ips[ip6] == "fe80::1"
                 assert ip4.startswith("198.51.100.") and ip4.endswith("/32") and ips[ip4] == "169.254.1.1"
-                assert ("eth0", netns_path(pod_ns)) in [(i["name"], i.get("sandbox")) for i in result["interfaces"]]
+                host_if, pod_if = result["interfaces"]
+                assert (pod_if["name"], pod_if["sandbox"]) == ("eth0", netns_path(pod_ns)) and "sandbox" not in host_if
+                assert all(len(i["mac"].split(":")) == 6 for i in result["interfaces"])  # libcni parsed them
+                assert {ip["interface"] for ip in result["ips"]} == {1}
                 in_pod = (
                     await trio.run_process(
                         ["ip", "-n", pod_ns, "-j", "addr", "show", "dev", "eth0"], capture_stdout=True

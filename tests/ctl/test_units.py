@@ -110,6 +110,7 @@ def test_cross_check_finds_gone_pods_foreign_claims_and_overlapping_blocks():
         {"container_id": "a", "namespace": "default", "pod": "web-0", "pod_uid": "u0", "addresses": ["2001:db8:0:1::10"], "netns_alive": True},
         {"container_id": "b", "namespace": "default", "pod": "gone-0", "pod_uid": "u1", "addresses": ["2001:db8:0:1::11"], "netns_alive": False},
         {"container_id": "c", "namespace": "", "pod": "", "pod_uid": "", "addresses": ["2001:db8:0:1::12"], "netns_alive": True},
+        {"container_id": "d", "namespace": "", "pod": "podman-web", "pod_uid": "", "addresses": ["2001:db8:0:1::13"], "netns_alive": True},
     ]  # fmt: skip
     web = pod_object("default", "web-0", NODE)
     web["metadata"]["uid"] = "u0"

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 
 from flock import installer
@@ -76,7 +77,8 @@ def test_install_writes_one_executable_shim_and_the_conflist(node):
     assert sorted(p.name for p in node.bin_dir.iterdir()) == ["flock"]
 
     assert json.loads(result.conflist.read_text()) == {
-        "cniVersion": "1.1.0",
+        "cniVersion": "1.0.0",
+        "cniVersions": ["0.4.0", "1.0.0", "1.1.0"],
         "name": "flock",
         "plugins": [{"type": "flock", "socket": node.socket}],
     }
@@ -89,7 +91,7 @@ def test_installed_shim_loads_the_conflist_and_answers_version(node):
     out = run_shim(node, "VERSION")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    assert answer["cniVersion"] == "1.1.0"
+    assert answer["cniVersion"] == "1.0.0"
     assert "1.1.0" in answer["supportedVersions"]
 
 
@@ -329,8 +331,25 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch
 
 
 def test_cni_version_is_chosen_and_checked(tmp_path):
-    assert json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock", "1.0.0"))["cniVersion"] == "1.0.0"
-    assert json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock"))["cniVersion"] == "1.1.0"
+    pinned = json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock", "1.1.0"))
+    assert pinned["cniVersion"] == "1.1.0" and "cniVersions" not in pinned
+    default = json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock"))
+    # libcni < 1.2 reads cniVersion; ≥ 1.2 negotiates from cniVersions.
+    assert default["cniVersion"] == "1.0.0" and default["cniVersions"] == ["0.4.0", "1.0.0", "1.1.0"]
+    assert "capabilities" not in default["plugins"][0]  # flock implements none (no portMappings)
     with pytest.raises(installer.InstallError) as info:
         installer.InstallConfig(cni_version="0.2.0")
     assert "0.2.0" in str(info.value) and "1.0.0" in info.value.remedy
+
+
+def test_podman_network_gets_its_own_conflist(node):
+    result = installer.install(attrs.evolve(node, podman_network="flock-podman"))
+    assert result.podman_conflist == node.conf_dir / "flock-podman.conflist"
+    podman = json.loads(result.podman_conflist.read_text())
+    main = json.loads(result.conflist.read_text())
+    assert podman == {**main, "name": "flock-podman"}
+    assert result.shadowed_by == ()  # sorts after 01-flock.conflist: CRI runtimes keep the main list
+    with pytest.raises(installer.InstallError, match="--podman-network"):
+        InstallConfig(podman_network="flock")  # same name as the main network
+    with pytest.raises(installer.InstallError, match="--podman-network"):
+        InstallConfig(podman_network="../x")

@@ -17,7 +17,22 @@ from pathlib import Path
 import pytest
 import trio
 
-from flock.lab import LabError, LabPlan, down, load_pods, pod_add, pod_check, pod_del, reachability, summary, up
+from flock.lab import (
+    CniParams,
+    LabError,
+    LabPlan,
+    down,
+    exec_conflist,
+    load_conflist,
+    load_pods,
+    pod_add,
+    pod_check,
+    pod_del,
+    reachability,
+    status_text,
+    summary,
+    up,
+)
 from flock.lab._bird import parse_protocols
 from flock.lab._check import matrix_text, wait_anycast_routes
 from flock.lab._lifecycle import lab_namespaces
@@ -138,15 +153,37 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
             with pytest.raises(LabError, match="a lab is running in"):
                 await up(plan)  # a running lab is never torn down by up
 
-            # The CLI on the same lab: status as JSON.
-            cli = await trio.run_process(
-                [sys.executable, "-m", "flock.lab.cli", "status", "--json", "--dir", str(directory)],
-                capture_stdout=True,
-                capture_stderr=True,
-            )
-            doc = json.loads(cli.stdout)
-            assert [n["agent"]["ready"] for n in doc["nodes"]] == [True, True]
-            assert [s["established"] for n in doc["nodes"] for s in n["bgp"]] == [True, True]
+            # An attachment the lab did not make (a runtime's container without a pod, as podman
+            # attaches it through the node's conflist) is listed by status too.
+            outside = f"fl-out-{plan.id}"
+            await trio.run_process(["ip", "netns", "add", outside])
+            node1 = plan.nodes[0]
+            conflist = load_conflist(node1.cni_conf)
+            att = CniParams("c0ffee0ut", f"/run/netns/{outside}", "eth0", "IgnoreUnknown=1;K8S_POD_NAME=app_1")
+            try:
+                added = await exec_conflist(node1.netns, str(node1.cni_bin), conflist, "ADD", att)
+                assert added.ok, added
+                # The CLI on the same lab: status as JSON.
+                cli = await trio.run_process(
+                    [sys.executable, "-m", "flock.lab.cli", "status", "--json", "--dir", str(directory)],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                )
+                doc = json.loads(cli.stdout)
+                assert [n["agent"]["ready"] for n in doc["nodes"]] == [True, True]
+                assert [s["established"] for n in doc["nodes"] for s in n["bgp"]] == [True, True]
+                (held,) = doc["attachments"]
+                assert (held["node"], held["made_by"], held["pod"], held["label"]) == (
+                    "node1",
+                    "runtime",
+                    None,
+                    "app_1",
+                )
+                assert held["ipv6"] == [added.json["ips"][0]["address"].split("/")[0]]
+                assert "container app_1  node1   runtime" in status_text(doc)
+                assert (await exec_conflist(node1.netns, str(node1.cni_bin), conflist, "DEL", att)).ok
+            finally:
+                await trio.run_process(["ip", "netns", "del", outside], check=False)
 
             await down(directory)
             assert _leftovers(directory, plan.id, pids) == []

@@ -15,7 +15,7 @@ from flock.model import AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, ADDRESS_EXHAUSTED, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
 from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
-from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
+from flock.testing.pods import MemoryAllocations, MemoryKernel, fake_macs, request, serving_handler
 from flock.watchers import PodWatcher
 
 NODE = "host001"
@@ -319,7 +319,7 @@ async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refus
     for name in ("a", "b"):
         api.create(PODS, pod_object("default", name, NODE))
     with trio.fail_after(10):
-        async with handler_running(api) as (handler, _kernel, _rows, _, _):
+        async with handler_running(api) as (handler, kernel, _rows, _, _):
             first = await handler(request("ADD", pod="a"))
             with pytest.raises(errors.CniError) as info:
                 await handler(request("ADD", pod="b"))
@@ -329,7 +329,13 @@ async def test_a_retried_add_for_another_pod_with_the_same_container_id_is_refus
             assert legacy["cniVersion"] == "0.3.1" and {ip["version"] for ip in legacy["ips"]} == {"6", "4"}
             assert ipaddress.ip_interface(first["ips"][0]["address"]).ip in NODE_CONFIG.cidr6
             assert first["ips"][0]["gateway"] == "fe80::1" and first["ips"][1]["gateway"] == "169.254.1.1"
-            assert first["interfaces"][1] == {"name": "eth0", "sandbox": "/run/netns/c0ffee01"}
+            host_mac, pod_mac = fake_macs("c0ffee01")
+            assert first["interfaces"] == [
+                {"name": kernel.host_ifname("c0ffee01"), "mac": host_mac},
+                {"name": "eth0", "mac": pod_mac, "sandbox": "/run/netns/c0ffee01"},
+            ]
+            assert {ip["interface"] for ip in first["ips"]} == {1}
+            assert legacy["interfaces"] == first["interfaces"]
             same = request("ADD", pod="a")
             moved = Request(
                 "ADD",
@@ -362,6 +368,63 @@ async def test_keyed_locks_wait_idle(autojump_clock):
             assert len(locks) == 2 and locks.busy("a")
             await locks.wait_idle()
             assert trio.current_time() == 5 and len(locks) == 0
+
+
+async def test_a_container_without_a_pod_gets_nodeconfig_defaults_without_waiting(autojump_clock):
+    api = ObjectStore()
+    with trio.fail_after(10):
+        async with handler_running(api) as (handler, kernel, rows, source, _):
+            podman = request("ADD", cid="c0ffee0a")
+            podman.args = "IgnoreUnknown=1;K8S_POD_NAME=my_app.1"  # what rootful podman passes
+            result = await handler(podman)
+            assert trio.current_time() == 0 and source.gets == []  # no pod lookup, no wait
+            row = rows.rows["c0ffee0a"]
+            assert (row.namespace, row.pod, row.state) == ("", "my_app.1", AllocationState.COMMITTED)
+            assert [ip["address"].count(":") > 1 for ip in result["ips"]] == [True, False]  # NodeConfig: both
+            bare = request("ADD", cid="c0ffee0b")
+            bare.args = ""  # CNI used directly: no label at all
+            await handler(bare)
+            assert (rows.rows["c0ffee0b"].namespace, rows.rows["c0ffee0b"].pod) == ("", "")
+            # Options only from the network configuration's args (the conflist's author or the runtime).
+            only6 = request("ADD", cid="c0ffee0c", args={A + "ipv4": False, "unrelated": {"x": 1}})
+            only6.args = "K8S_POD_NAME=six"
+            assert [ip["address"].endswith("/128") for ip in (await handler(only6))["ips"]] == [True]
+            # A repeat answers the same; CHECK, DEL work as for pods; an ADD under another label is refused.
+            assert await handler(podman) == result
+            check = request("CHECK", cid="c0ffee0a", prevResult=result)
+            check.args = podman.args
+            assert await handler(check) == {}
+            other = request("ADD", cid="c0ffee0a")
+            other.args = "K8S_POD_NAME=someone-else"
+            with pytest.raises(errors.CniError) as info:
+                await handler(other)
+            assert info.value.code == errors.INVALID_ENV
+            for cid in ("c0ffee0a", "c0ffee0b", "c0ffee0c"):
+                gone = request("DEL", cid=cid)
+                gone.args = ""
+                assert await handler(gone) == {}
+            assert (rows.rows, kernel.veths, held(handler)) == ({}, {}, set())
+
+
+@pytest.mark.parametrize(
+    "args, config, code, detail",
+    [
+        ("K8S_POD_NAME=../x", {}, errors.INVALID_ENV, "K8S_POD_NAME='../x'"),
+        ("K8S_POD_UID=abc", {}, errors.INVALID_ENV, "K8S_POD_NAMESPACE and K8S_POD_NAME are required"),
+        ("", {"args": [1]}, errors.INVALID_CONFIG, "args='[1]'"),
+        ("", {"args": {A + "ipv4": 1}}, errors.INVALID_CONFIG, f"args['{A}ipv4']='1'"),
+        ("", {"args": {A + "ipv4": "maybe"}}, errors.INVALID_CONFIG, f"{A}ipv4='maybe'"),
+    ],
+)
+async def test_bad_options_of_a_container_without_a_pod_are_named(autojump_clock, args, config, code, detail):
+    with trio.fail_after(10):
+        async with handler_running(ObjectStore()) as (handler, kernel, rows, _, _):
+            req = request("ADD", **config)
+            req.args = args
+            with pytest.raises(errors.CniError) as info:
+                await handler(req)
+            assert info.value.code == code and detail in info.value.details, info.value
+            assert (rows.rows, kernel.veths, held(handler)) == ({}, {}, set())
 
 
 async def test_an_invalid_node_ip_algo_is_logged_by_the_handler_once_per_nodeconfig(autojump_clock, caplog):

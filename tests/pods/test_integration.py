@@ -61,8 +61,15 @@ def test_add_check_del_gc_through_the_real_plugin(lab):
     assert (int(ip6.ip) >> 48) & 0xFFFF == fnv1a_64("shop") & 0xFFFF
     assert str(ip4) == "198.51.100.2/32" and str(extra) == "2001:db8:0:1:ffff::10/128"
     assert [i.get("gateway") for i in result["ips"]] == ["fe80::1", "169.254.1.1", None]
-    assert result["interfaces"][1] == {"name": "eth0", "sandbox": pod_ns.path}
     host_if = result["interfaces"][0]["name"]
+    # Every interface with the MAC the kernel gave it; the pod's with its sandbox; ips point at it.
+    host_mac = json.loads(lab.node.ip("-j", "link", "show", "dev", host_if))[0]["address"]
+    pod_mac = json.loads(pod_ns.ip("-j", "link", "show", "dev", "eth0"))[0]["address"]
+    assert result["interfaces"] == [
+        {"name": host_if, "mac": host_mac},
+        {"name": "eth0", "mac": pod_mac, "sandbox": pod_ns.path},
+    ]
+    assert {i["interface"] for i in result["ips"]} == {1}
 
     # In the pod namespace: the addresses (anycast too) and the default routes.
     pod_addrs = pod_ns.ip("-o", "addr", "show", "dev", "eth0")
@@ -84,8 +91,13 @@ def test_add_check_del_gc_through_the_real_plugin(lab):
     assert CIDR6 in conf and "2001:db8:aaaa::1" in conf
     wait_for("BIRD to learn the pod route", lambda: str(ip6.ip) in lab.birdc("show", "route", "for", str(ip6.ip)))
 
-    # CHECK passes, then names the address removed by hand.
+    # CHECK passes, then names a MAC that is not the kernel's and the address removed by hand.
     assert lab.cni("CHECK", "c0ffee01", pod_ns, "web-0", namespace="shop", prevResult=result).status == 0
+    other_mac = "02:00:00:00:00:01" if pod_mac != "02:00:00:00:00:01" else "02:00:00:00:00:02"
+    wrong = {**result, "interfaces": [result["interfaces"][0], {**result["interfaces"][1], "mac": other_mac}]}
+    check = lab.cni("CHECK", "c0ffee01", pod_ns, "web-0", namespace="shop", prevResult=wrong)
+    assert (check.status, check.code) == (1, 120), check
+    assert check.json["details"] == f"pod eth0: MAC is {pod_mac}, prevResult says {other_mac}", check.json
     pod_ns.ip("addr", "del", str(extra), "dev", "eth0")
     check = lab.cni("CHECK", "c0ffee01", pod_ns, "web-0", namespace="shop", prevResult=result)
     assert (check.status, check.code) == (1, 120), check
@@ -135,7 +147,14 @@ def test_a_del_sent_while_the_agent_is_down_is_applied_when_it_comes_back(lab):
     lab.api.create(PODS, pod_object("default", "web-0", "host001"))
     agent = lab.agent()
     agent.wait_ready()
-    assert lab.cni("ADD", "c0ffee01", pod_ns, "web-0").status == 0
+    first = lab.cni("ADD", "c0ffee01", pod_ns, "web-0")
+    assert first.status == 0 and all(i["mac"] for i in first.json["interfaces"]), first
+    assert agent.stop() == 0
+    # A repeated ADD after a restart answers the same result, MACs included (read back from the kernel).
+    agent = lab.agent()
+    agent.wait_ready()
+    again = lab.cni("ADD", "c0ffee01", pod_ns, "web-0")
+    assert again.json == first.json
     assert agent.stop() == 0
     out = lab.cni("DEL", "c0ffee01", pod_ns, "web-0")
     assert (out.status, out.stdout) == (0, ""), out

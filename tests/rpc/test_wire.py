@@ -190,3 +190,26 @@ def test_cni_version_checks():
         convert_result(RESULT_1_1, "2.0.0")
     assert version_reply("0.3.1")["cniVersion"] == "0.3.1"
     assert version_reply("7")["cniVersion"] == "1.1.0"
+
+
+def test_a_full_result_converts_for_every_version_with_macs_sandbox_and_interface():
+    full = {
+        "cniVersion": "1.1.0",
+        "interfaces": [
+            {"name": "flock1a2b3c4d", "mac": "0a:58:00:00:00:01"},
+            {"name": "eth0", "mac": "0a:58:00:00:00:02", "sandbox": "/run/netns/p"},
+        ],
+        "ips": [
+            {"address": "2001:db8::5/128", "gateway": "fe80::1", "interface": 1},
+            {"address": "198.51.100.2/32", "gateway": "169.254.1.1", "interface": 1},
+        ],
+        "routes": [{"dst": "::/0", "gw": "fe80::1"}, {"dst": "0.0.0.0/0", "gw": "169.254.1.1"}],
+    }
+    for version in ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"):
+        out = convert_result(full, version)
+        assert out["cniVersion"] == version
+        assert out["interfaces"] == full["interfaces"]  # name, mac, sandbox: defined since 0.3.0
+        assert [ip["interface"] for ip in out["ips"]] == [1, 1]
+        legacy = version.startswith("0.")
+        assert [ip.get("version") for ip in out["ips"]] == (["6", "4"] if legacy else [None, None])
+        assert out["routes"] == full["routes"]
