@@ -1,13 +1,14 @@
 """Churn: pods per second through the installed shim, ADD + DEL of --pods pods,
 with Debian's ptp + host-local doing the same on the same node in the same run.
 
-A one-node flock-lab; dual-stack pods.  The Pod objects are created first (untimed: that is
+A one-node flock-lab; dual-stack pods, or IPv4-only ones with --stack v4 (ptp + host-local
+then gets one IPv4 range, so both sides do the same work).  The Pod objects are created first (untimed: that is
 the API server's work, not the node's); then --parallel workers each take the
 next pod and do what a runtime does per pod sandbox: make its network
 namespace, CNI ADD, CNI DEL (with the cached result), remove the namespace.
 The rate is pods / wall time of the whole churn.
 
-    python bench/lab_churn.py [--pods 500] [--parallel 10] [--no-baseline]
+    python bench/lab_churn.py [--pods 500] [--parallel 10] [--stack dual|v4] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from pathlib import Path
 import trio
 from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
+# The pod annotations per stack (as bench/lab_cni_latency.py).
+STACKS = {
+    "v4": {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/ipv6": "false"},
+    "dual": {"flock.fritzlab.net/ipv4": "true"},
+}
+
 
 async def churn(rt, args: argparse.Namespace) -> dict:
-    atts = [
-        await rt.prepare("churn", f"{rt.name[0]}{i}", {"flock.fritzlab.net/ipv4": "true"}) for i in range(args.pods)
-    ]
+    atts = [await rt.prepare("churn", f"{rt.name[0]}{i}", STACKS[args.stack]) for i in range(args.pods)]
     queue = list(reversed(atts))
     adds: list[float] = []
     dels: list[float] = []
@@ -62,12 +67,12 @@ async def churn(rt, args: argparse.Namespace) -> dict:
 
 
 async def main(args: argparse.Namespace) -> dict:
-    doc: dict = {"pods": args.pods, "parallel": args.parallel, "stack": "dual"}
+    doc: dict = {"pods": args.pods, "parallel": args.parallel, "stack": args.stack}
     async with lab(1) as plan:
         doc["flock"] = await churn(FlockRuntime(plan), args)
         if args.baseline:
             with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
-                doc["ptp+host-local"] = await churn(PtpRuntime(plan, Path(data), dual=True), args)
+                doc["ptp+host-local"] = await churn(PtpRuntime(plan, Path(data), dual=args.stack == "dual"), args)
     return doc
 
 
@@ -75,5 +80,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--pods", type=int, default=500)
     p.add_argument("--parallel", type=int, default=10)
+    p.add_argument("--stack", choices=sorted(STACKS), default="dual", help="pod address families (default dual)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="flock only")
     emit(trio.run(main, p.parse_args()))

@@ -156,6 +156,14 @@ class Flock:
             seconds, count = now[0][op][0] - before[op][0], now[0][op][1] - before[op][1]
             out[f"agent_{op.lower()}_mean_ms"] = round(seconds / count * 1000, 2)
         out["agent_cpu_ms_per_pod"] = round((now[1] - cpu_before) / pods * 1000, 2)
+        for op in ("ADD", "DEL"):
+            stages = {}
+            for key, (seconds, count) in now[0].items():
+                if key.startswith(op + ":"):
+                    old_seconds, old_count = before.get(key, (0.0, 0.0))
+                    if count > old_count:
+                        stages[key.split(":", 1)[1]] = round((seconds - old_seconds) / (count - old_count) * 1000, 3)
+            out[f"agent_{op.lower()}_stages_mean_ms"] = stages
         return out
 
     def rss(self) -> dict:
@@ -212,6 +220,11 @@ def agent_totals(port: int) -> dict[str, tuple[float, float]]:
         total = re.search(rf'flock_cni_request_duration_seconds_sum{{op="{op}"}} (\S+)', text)
         count = re.search(rf'flock_cni_request_duration_seconds_count{{op="{op}"}} (\S+)', text)
         out[op] = (float(total.group(1)), float(count.group(1))) if total and count else (0.0, 0.0)
+    # Per stage (flock_cni_stage_duration_seconds): "ADD:netlink" → (seconds, occurrences).
+    stage_line = r'flock_cni_stage_duration_seconds_(sum|count){{op="(\w+)",stage="(\w+)"}} (\S+)'
+    for kind, op, stage, value in re.findall(stage_line.format(), text):
+        seconds, count = out.get(f"{op}:{stage}", (0.0, 0.0))
+        out[f"{op}:{stage}"] = (float(value), count) if kind == "sum" else (seconds, float(value))
     return out
 
 
@@ -273,6 +286,13 @@ def inside(parallel: list[int], rounds: list[int], before: str | None) -> dict:
                             f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL)",
                             flush=True,
                         )
+                        for op in ("add", "del"):
+                            stages = fig.get(f"agent_{op}_stages_mean_ms") or {}
+                            print(
+                                f"{'':12} {op.upper()} stages (mean ms): "
+                                + ", ".join(f"{k} {v}" for k, v in stages.items()),
+                                flush=True,
+                            )
             for f in flocks:
                 results[f.name]["agent_rss_idle_mib"] = rss = f.rss()
                 print(

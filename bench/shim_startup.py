@@ -4,7 +4,7 @@ Every variant runs in the same process, interleaved round by round, so machine
 noise hits them alike.  Variants:
 
 - baseline:       <python> -I -S -c pass
-- bundle-IS:      the one-file shim built with shebang `<python> -IS`
+- bundle-IS:      the one-file shim (a script, flock.cni_fastpath + embedded modules) with shebang `<python> -IS`
 - bundle-env:     the one-file shim with the default shebang `/usr/bin/env python3`
                   (PATH is set so `python3` is <python>)
 - console-script: the venv's `flock` entry point (site-packages, editable install)

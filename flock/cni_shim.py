@@ -34,6 +34,17 @@ import os
 import sys
 from types import MappingProxyType
 
+from flock.cni_fastpath import (
+    DEFAULT_SOCKET,
+    MAX_SOCKET_PATH_BYTES,
+    RPC_TIMEOUT_MAX_S,
+    RPC_TIMEOUT_MIN_S,
+    RPC_TIMEOUT_S,
+    AgentUnreachable,
+    ReplyTooLarge,
+    open_netns_fd,
+)
+from flock.cni_fastpath import call as _fast_call
 from flock.errors import (
     DECODE_ERROR,
     INCOMPATIBLE_PROTOCOL,
@@ -61,7 +72,6 @@ from flock.rpc.wire import (
     PENDING_DELETES,
     PROTOCOL_VERSION,
     REQUIRED_FIELDS,
-    LineReader,
     Request,
     decode_response,
     field_error,
@@ -71,38 +81,25 @@ from flock.rpc.wire import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Mapping, TextIO
+    from typing import Any, Callable, Mapping, TextIO
 
-DEFAULT_SOCKET = "/run/flock/flock.sock"
 DEFAULT_PENDING_DELETES_DIR = "/run/flock/" + PENDING_DELETES
 PENDING_DELETES_ENV = "FLOCK_PENDING_DELETES"
 
-# Bound on one whole call (connect + send + reply).  Longer than the agent's
-# own 25 s ADD deadline, so the agent's answer (code 11) normally wins; the
-# configuration key ``rpcTimeout`` (seconds) overrides it.
-RPC_TIMEOUT_S = 30.0
-# The sane range of ``rpcTimeout``: shorter cannot even connect under load
-# (and 1e-300 would journal every DEL); longer is a typo.
-RPC_TIMEOUT_MIN_S = 0.1
-RPC_TIMEOUT_MAX_S = 300.0
-# The namespace is opened as the agent will use it; O_NONBLOCK and O_NOCTTY
-# keep a FIFO or a terminal named as CNI_NETNS from blocking or adopting us.
-NETNS_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-_NS_GET_NSTYPE = 0xB703  # linux/nsfs.h
-_CLONE_NEWNET = 0x40000000
-# sun_path is 108 bytes on Linux, the terminating NUL included.
-_MAX_SOCKET_PATH_BYTES = 107
+# The call's time bound (RPC_TIMEOUT_S, 30 s: longer than the agent's own 25 s ADD deadline, so the
+# agent's answer, code 11, normally wins), its sane range (the configuration key ``rpcTimeout``
+# overrides it) and the socket path limit are defined in flock.cni_fastpath, the bundle's fast path.
+_MAX_SOCKET_PATH_BYTES = MAX_SOCKET_PATH_BYTES
 
 # The variable behind each request field the wire requires per op.
 _ENV_OF_FIELD = MappingProxyType({"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"})
 
 
-class AgentUnreachable(Exception):
-    """No answer from flock-agent: connect failed, or the call ran out of time."""
+def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO, call: Callable[..., bytes] | None = None) -> int:
+    """One plugin invocation; returns the exit status (0 or 1).
 
-
-def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
-    """One plugin invocation; returns the exit status (0 or 1)."""
+    *call* exchanges the request line with the agent (:func:`_call`'s
+    signature); the fast path passes one that gives the reply it already has."""
     config = {}  # type: dict[str, Any]
     try:
         command = env.get("CNI_COMMAND", "")
@@ -125,7 +122,7 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
         netns_fd = _open_netns(command, request.netns)
         try:
             request.netns_fd = netns_fd
-            result = _exchange(request, socket_path, timeout, pending_deletes_dir(env))
+            result = _exchange(request, socket_path, timeout, pending_deletes_dir(env), call or _call)
         finally:
             if netns_fd is not None:
                 os.close(netns_fd)
@@ -225,37 +222,12 @@ def _open_netns(command: str, path: str) -> int | None:
     if command not in FD_OPS + FD_OPTIONAL_OPS or not path:
         return None
     try:
-        return _open_netns_fd(path)
+        return open_netns_fd(path)
     except OSError as exc:
         if command in FD_OPTIONAL_OPS:
             return None
         reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.errno is not None else str(exc)
         raise CniError(INVALID_ENV, "cannot open the network namespace", f"CNI_NETNS={quote(path)}: {reason}") from None
-
-
-def _open_netns_fd(path: str) -> int:
-    """Open *path* and check it is a network namespace (OSError otherwise):
-    stat first, so a FIFO or a device is never opened, nor sent an ioctl."""
-    import errno
-    import fcntl
-    import stat
-
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(errno.EINVAL, "not a network namespace")
-    fd = os.open(path, NETNS_OPEN_FLAGS)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a network namespace")
-        try:
-            kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
-        except OSError:
-            raise OSError(errno.EINVAL, "not a network namespace") from None
-        if kind != _CLONE_NEWNET:
-            raise OSError(errno.EINVAL, "a namespace, but not a network namespace")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _is_socket_path(value: object) -> bool:
@@ -269,7 +241,9 @@ def _is_socket_path(value: object) -> bool:
         return False
 
 
-def _exchange(request: Request, socket_path: str, timeout: float, journal: str) -> dict[str, Any]:
+def _exchange(
+    request: Request, socket_path: str, timeout: float, journal: str, call: Callable[..., bytes]
+) -> dict[str, Any]:
     line = request.encode()
     if len(line) > MAX_REQUEST_BYTES:
         if request.op != "DEL":
@@ -279,12 +253,12 @@ def _exchange(request: Request, socket_path: str, timeout: float, journal: str) 
         line = request.encode()
     try:
         try:
-            return decode_response(_call(socket_path, line, timeout, request.netns_fd))
+            return decode_response(call(socket_path, line, timeout, request.netns_fd))
         except CniError as err:
             if err.code != INCOMPATIBLE_PROTOCOL or request.version == 1:
                 raise
             # An agent from before version 2 (mid-upgrade): ask it by path, as it expects.
-            return decode_response(_call(socket_path, request.as_version(1).encode(), timeout))
+            return decode_response(call(socket_path, request.as_version(1).encode(), timeout))
     except AgentUnreachable as exc:
         if request.op == "DEL":
             # The agent replays this queue at start and while running; DEL is
@@ -298,48 +272,13 @@ def _exchange(request: Request, socket_path: str, timeout: float, journal: str) 
 
 def _call(socket_path: str, line: bytes, timeout: float, netns_fd: int | None = None) -> bytes:
     """Send *line* (with *netns_fd* as SCM_RIGHTS on its first bytes), return
-    the reply line; the whole exchange ends within *timeout*."""
-    import socket
-    import time
-
-    deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    the reply line; the whole exchange ends within *timeout* (AgentUnreachable
+    otherwise).  One implementation with the fast path's."""
     try:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(socket_path)
-        except OSError as exc:
-            raise AgentUnreachable(f"connect: {exc}") from None
-        reader = LineReader(what="response")
-        try:
-            try:
-                if netns_fd is not None:
-                    # sendmsg, not socket.send_fds (3.9+): the shim runs on 3.8 too.
-                    import array
-
-                    fds = array.array("i", [netns_fd])
-                    sent = sock.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
-                    line = line[sent:]
-                sock.sendall(line)
-            except (BrokenPipeError, ConnectionResetError):
-                # The agent answered early (a refused request) and closed: its
-                # reply, if any, is still readable below.
-                pass
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise socket.timeout(f"no reply within {timeout:g} s")
-                sock.settimeout(remaining)
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise AgentUnreachable(f"connection closed after {reader.pending} bytes of reply")
-                reply = reader.feed(chunk)
-                if reply is not None:
-                    return reply
-        except OSError as exc:  # socket.timeout is an OSError
-            raise AgentUnreachable("no reply: {}".format(exc or "timed out")) from None
-    finally:
-        sock.close()
+        return _fast_call(socket_path, line, timeout, netns_fd)
+    except ReplyTooLarge as exc:
+        size, more = exc.args
+        raise too_large("response", size, MAX_REQUEST_BYTES, more=more) from None
 
 
 def pending_deletes_dir(env: Mapping[str, str]) -> str:

@@ -1,36 +1,33 @@
-"""Packs the CNI shim into one self-contained executable file (a zipapp).
+"""Packs the CNI shim into one self-contained executable file: a Python script.
 
-The host that runs the plugin has python3 (3.8+) but not flock, so the file
-carries :mod:`flock.cni_shim` and the standard-library modules it imports,
-under package ``__init__`` files that import nothing.
-
-Beside each source goes its bytecode for the building interpreter
-(unchecked hash-based .pyc, PEP 552): a host python of the same minor version
-skips compiling at every pod start; any other version ignores the .pyc (its
-magic number differs) and compiles the source.
+The host that runs the plugin has python3 (3.8+) but not flock.  The file is
+:mod:`flock.cni_fastpath` run directly (no zipapp: ``runpy`` alone costs
+milliseconds at every pod start), with the other shim modules embedded in its
+``_BUNDLE``: their source, and their bytecode for the building interpreter
+(marshalled code objects, used when the host python's magic number matches;
+any other version compiles the source).  They are imported from there only
+when the fast path hands over to :mod:`flock.cni_shim` (errors, unreachable
+agent, DEL journal) or converts an ADD result.
 """
 
 from __future__ import annotations
 
+import binascii
 import importlib.util
-import io
 import marshal
 import os
-import struct
-import zipfile
+import types
+import zlib
 from pathlib import Path
 
 import flock
 
 # Package-relative paths of every module the shim imports (tests check this
 # list against the shim's imports, so it cannot silently fall behind).
+MAIN_MODULE = "cni_fastpath.py"
 SHIM_MODULES = ("errors.py", "cni_shim.py", "rpc/wire.py", "rpc/cniresult.py")
 
-_MAIN = b"from flock.cni_shim import main\n\nmain()\n"
-_PACKAGE_INIT = b'"""flock CNI plugin bundle: see flock.cni_shim."""\n'
-
-# Fixed timestamps make the file identical for identical sources.
-_EPOCH = (2020, 1, 1, 0, 0, 0)
+_PACKAGE_INIT = '"""flock CNI plugin bundle: see flock.cni_fastpath."""\n'
 
 
 def site_module(pending_deletes: str) -> bytes:
@@ -39,37 +36,73 @@ def site_module(pending_deletes: str) -> bytes:
     return f"PENDING_DELETES_DIR = {pending_deletes!r}\n".encode()
 
 
-def shim_archive(prefix: bytes = b"", pending_deletes: str | None = None) -> bytes:
-    """*prefix* (the shebang line) + a zip holding ``__main__`` and the shim's
-    modules, and the pending-deletes directory when given (else the shim's default)."""
+def bundled_sources(pending_deletes: str | None = None) -> dict[str, str]:
+    """Module name -> source of every module embedded in the shim."""
     package = Path(flock.__file__).parent
-    members = {"__main__.py": _MAIN, "flock/__init__.py": _PACKAGE_INIT, "flock/rpc/__init__.py": _PACKAGE_INIT}
+    sources = {"flock": _PACKAGE_INIT, "flock.rpc": _PACKAGE_INIT}
     if pending_deletes is not None:
-        members["flock/_site.py"] = site_module(pending_deletes)
+        sources["flock._site"] = site_module(pending_deletes).decode()
     for rel in SHIM_MODULES:
-        members["flock/" + rel] = (package / rel).read_bytes()
-    for name in [n for n in members if n.startswith("flock/")]:
-        members[name + "c"] = _unchecked_pyc(members[name], name)
-    buf = io.BytesIO()
-    buf.write(prefix)
-    # Stored, not deflated: nothing to decompress at each pod start.
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in sorted(members):
-            info = zipfile.ZipInfo(name, date_time=_EPOCH)
-            info.external_attr = 0o644 << 16
-            zf.writestr(info, members[name])
-    return buf.getvalue()
+        sources["flock." + rel[:-3].replace("/", ".")] = (package / rel).read_text()
+    return sources
 
 
-def _unchecked_pyc(source: bytes, filename: str) -> bytes:
-    code = compile(source, filename, "exec", dont_inherit=True)
-    flags = 0b01  # hash-based, source not checked: the archive is immutable
-    return (
-        importlib.util.MAGIC_NUMBER
-        + struct.pack("<I", flags)
-        + importlib.util.source_hash(source)
-        + marshal.dumps(code)
+# The script: a loader that runs flock.cni_fastpath from its bytecode when the host python is the
+# building one (a main script is compiled at every run, a marshalled code object only loaded), else
+# from its source.  Hex, not a bytes repr: a plain ASCII literal is what costs least to compile.
+_LOADER = """import sys
+
+
+def _boot():
+    ext = sys.modules.get("_frozen_importlib_external")
+    module = type(sys)("flock.cni_fastpath")
+    sys.modules[module.__name__] = module
+    if getattr(ext, "MAGIC_NUMBER", None) == bytes.fromhex("{magic}"):
+        from marshal import loads
+
+        exec(loads(bytes.fromhex("{code}")), module.__dict__)
+    else:
+        from binascii import a2b_base64
+        from marshal import loads
+        from zlib import decompress
+
+        exec(compile(loads(decompress(a2b_base64(_BUNDLE)))["source"], "<flock bundle>/flock.cni_fastpath", "exec",
+                     dont_inherit=True), module.__dict__)
+    module._BUNDLE = _BUNDLE
+    module.main()
+
+
+_BUNDLE = "{bundle}"
+_boot()
+"""
+
+
+def shim_archive(prefix: bytes = b"", pending_deletes: str | None = None) -> bytes:
+    """*prefix* (the shebang line) + the loader script, the fast path's bytecode and
+    the other modules embedded, and the pending-deletes directory when given
+    (else the shim's default)."""
+    sources = bundled_sources(pending_deletes)
+    main = (Path(flock.__file__).parent / MAIN_MODULE).read_text()
+    bundle = {
+        "modules": sources,
+        "packages": ("flock", "flock.rpc"),
+        "magic": importlib.util.MAGIC_NUMBER,
+        "code": {name: marshal.dumps(_compile(src, name)) for name, src in sources.items()},
+        "source": main,
+    }
+    # marshal format 2 for the container (plain str/bytes/tuple/dict: any python 3 reads it), zlib'd and
+    # base64'd: decoded only off the fast path.
+    packed = binascii.b2a_base64(zlib.compress(marshal.dumps(bundle, 2), 9), newline=False).decode()
+    script = _LOADER.format(
+        magic=importlib.util.MAGIC_NUMBER.hex(),
+        code=marshal.dumps(_compile(main, "flock.cni_fastpath")).hex(),
+        bundle=packed,
     )
+    return prefix + script.encode()
+
+
+def _compile(source: str, name: str) -> types.CodeType:
+    return compile(source, "<flock bundle>/" + name, "exec", dont_inherit=True)
 
 
 def build_shim(dest: Path, python: str = "/usr/bin/env python3", pending_deletes: str | None = None) -> None:

@@ -84,7 +84,13 @@ def compose(
         watchers = (*watchers, bgp_passwords(settings.namespace, state))
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers)
     handler = PodHandler(
-        store=store, dataplane=netlink, pods=api, state=state, observe=metrics.observe, checkpoint=crash
+        store=store,
+        dataplane=netlink,
+        pods=api,
+        state=state,
+        observe=metrics.observe,
+        stage=metrics.stage,
+        checkpoint=crash,
     )
     pending_deletes = settings.socket.parent / PENDING_DELETES
     bringup = NodeBringUp(

@@ -28,6 +28,8 @@ from prometheus_client.registry import Collector
 
 # Seconds; an ADD is milliseconds normally, up to the 25 s deadline at worst.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0)
+# Seconds, for one stage of a request (a store commit, a netlink step): tenths of a millisecond and up.
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -66,6 +68,7 @@ class Metrics:
     registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=True))
     _requests: Counter = attrs.field(init=False)
     _latency: Histogram = attrs.field(init=False)
+    _stages: Histogram = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         ProcessCollector(registry=self.registry)
@@ -83,11 +86,22 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._stages = Histogram(
+            "flock_cni_stage_duration_seconds",
+            "Time flock-agent spent in one stage of a CNI request (pod lookup, ipam, store, netlink, ...).",
+            ["op", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
 
     def observe(self, op: str, code: int, seconds: float) -> None:
         """One request served: *code* 0 for success, else the CNI error code."""
         self._requests.labels(op=op, code=str(code)).inc()
         self._latency.labels(op=op).observe(max(0.0, seconds))
+
+    def stage(self, op: str, stage: str, seconds: float) -> None:
+        """One stage of an *op* request took *seconds* (see :class:`flock.pods.PodHandler`)."""
+        self._stages.labels(op=op, stage=stage).observe(max(0.0, seconds))
 
     def requests(self, op: str, code: int = 0) -> int:
         value = self.registry.get_sample_value("flock_cni_requests_total", {"op": op, "code": str(code)})

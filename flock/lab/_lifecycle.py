@@ -23,6 +23,15 @@ import trio
 
 from flock.lab._api import ApiClient
 from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
+from flock.lab._image import (
+    ImageSettings,
+    check_image,
+    container_specs,
+    load_manifests,
+    remove_containers,
+    run_init_containers,
+    write_podman_config,
+)
 from flock.lab._nsio import NETNS_DIR, http_in
 from flock.lab._plan import (
     AGENT_NAMESPACE,
@@ -39,7 +48,7 @@ from flock.lab._plan import (
     lab_id,
 )
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
-from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_state, process_refs
+from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_procs, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
 from flock.testing import NODECONFIGS, SECRETS, write_kubeconfig
 
@@ -59,7 +68,7 @@ LAB_FILES = (
     "lab.json.tmp",
     "lab.json",
 )
-LAB_DIRS = ("nodes", "fabric", "pods")
+LAB_DIRS = ("nodes", "fabric", "pods", "configmaps", "podman")
 
 Report = Callable[[str], None]
 
@@ -127,7 +136,8 @@ def agent_argv(node: NodePlan) -> list[str]:
     ]
 
 
-def process_specs(plan: LabPlan) -> list[ProcessSpec]:
+def process_specs(plan: LabPlan, nodes: bool = True) -> list[ProcessSpec]:
+    """The API server, the route server and (*nodes*) every node's bird and flock-agent."""
     env, fab = _env(), plan.fabric_netns
     specs = [
         ProcessSpec(
@@ -166,7 +176,7 @@ def process_specs(plan: LabPlan) -> list[ProcessSpec]:
             env,
         ),
     ]
-    for node in plan.nodes:
+    for node in plan.nodes if nodes else ():
         specs.append(
             ProcessSpec(
                 f"bird-{node.name}",
@@ -199,8 +209,8 @@ def process_specs(plan: LabPlan) -> list[ProcessSpec]:
     return specs
 
 
-def write_files(plan: LabPlan) -> None:
-    """Configs, kubeconfigs and the CNI install of every node (blocking)."""
+def write_files(plan: LabPlan, install_cni: bool = True) -> None:
+    """Configs, kubeconfigs and (*install_cni*) the CNI install of every node (blocking)."""
     plan.fabric_dir.mkdir(parents=True, exist_ok=True)
     plan.pods_dir.mkdir(parents=True, exist_ok=True)
     (plan.fabric_dir / "bird.conf").write_text(fabric_config(plan))
@@ -210,6 +220,8 @@ def write_files(plan: LabPlan) -> None:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         node.bird_conf.write_text(node_bootstrap_config(node))
         write_kubeconfig(node.kubeconfig, plan.apiserver_url)
+        if not install_cni:
+            continue  # the image lab's install-cni init container does it
         proc = subprocess.run(
             [
                 _bin("flock-install-cni"),
@@ -225,8 +237,7 @@ def write_files(plan: LabPlan) -> None:
             raise LabError(f"flock-install-cni for {node.name} failed: {proc.stderr.strip()}")
 
 
-def start_keeper(plan: LabPlan) -> ProcRef:
-    specs = process_specs(plan)
+def start_keeper(plan: LabPlan, specs: list[ProcessSpec]) -> ProcRef:
     (plan.dir / SPEC_FILE).write_text(json.dumps({"processes": [s.to_json() for s in specs]}, indent=1) + "\n")
     proc = subprocess.run(
         [
@@ -267,9 +278,13 @@ async def readiness(plan: LabPlan) -> dict[str, Any]:
     """What is ready: every agent's /readyz, every node's session and the fabric's sessions."""
     out: dict[str, Any] = {}
 
+    procs = load_procs(plan.dir).get("processes", {})
+
     async def one(node: NodePlan) -> None:
+        # The image lab's keeper polls the DaemonSet's readiness probe: ready means it said so too.
+        probed = procs.get(f"agent-{node.name}", {}).get("ready")
         out[node.name] = {
-            "agent_ready": await agent_ready(node),
+            "agent_ready": await agent_ready(node) and probed is not False,
             "bgp": all_established(await bgp_sessions(node.bird_ctl), 1),
         }
 
@@ -287,11 +302,12 @@ def _not_ready(ready: dict[str, Any]) -> list[str]:
     return missing
 
 
-async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
-    """Make the lab and return when every agent is ready and every BGP session Established."""
+async def up(plan: LabPlan, report: Report = lambda line: None, image: ImageSettings | None = None) -> LabState:
+    """Make the lab and return when every agent is ready and every BGP session Established.
+    With *image*, every node runs the DaemonSet's pod from that image (:mod:`flock.lab._image`)."""
     if os.geteuid() != 0:
         raise LabError("flock-lab needs root (network namespaces, veths, routes)")
-    for tool in ("bird", "birdc", "ip", "nsenter", "ping"):
+    for tool in ("bird", "birdc", "ip", "nsenter", "ping", *(("podman", "runc") if image else ())):
         if shutil.which(tool, path=_env()["PATH"]) is None:
             raise LabError(
                 f"{tool} not found: run scripts/bootstrap (it installs bird2, iproute2, util-linux, iputils-ping)"
@@ -306,18 +322,31 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
         await down(plan.dir)
     dir_created = not plan.dir.exists()
     plan.dir.mkdir(parents=True, exist_ok=True)
-    state = LabState(plan, dir_created)
+    image_json = None if image is None else image.to_json()
+    state = LabState(plan, dir_created, image=image_json)
     state.save()  # first, so a crash from here on is cleaned by down or the next up
     report(
         f"network: fabric {plan.fabric_netns} (route server, API server at {plan.apiserver_url}) + {len(plan.nodes)} nodes"
     )
     await trio.to_thread.run_sync(build_network, plan)
-    report(f"files: BIRD configs, kubeconfigs, flock-install-cni into {plan.dir}/nodes/*/cni")
-    await trio.to_thread.run_sync(write_files, plan)
-    keeper = await trio.to_thread.run_sync(start_keeper, plan)
-    state = LabState(plan, dir_created, keeper)
+    if image is None:
+        report(f"files: BIRD configs, kubeconfigs, flock-install-cni into {plan.dir}/nodes/*/cni")
+        await trio.to_thread.run_sync(write_files, plan)
+        specs = process_specs(plan)
+    else:
+        report(f"files: kubeconfigs, podman storage in {plan.dir}/podman (images from {image.image_dir})")
+        await trio.to_thread.run_sync(write_files, plan, False)
+        docs = load_manifests(image.deploy_dir)
+        await trio.to_thread.run_sync(write_podman_config, plan, image)
+        await check_image(plan, image)
+        node_specs, inits = container_specs(plan, image, docs)
+        report(f"init containers from {image.image}: {', '.join(sorted({r.name for _, r in inits}))} on every node")
+        await run_init_containers(plan, image, inits)
+        specs = [*process_specs(plan, nodes=False), *node_specs]
+    keeper = await trio.to_thread.run_sync(start_keeper, plan, specs)
+    state = LabState(plan, dir_created, keeper, image=image_json)
     state.save()
-    report(f"processes: API server, 1+{len(plan.nodes)} bird, {len(plan.nodes)} flock-agent (keeper pid {keeper.pid})")
+    report(f"processes: {', '.join(s.name for s in specs)} (keeper pid {keeper.pid})")
     api = api_client(plan)
     ready: dict[str, Any] = {}
     with trio.move_on_after(READY_DEADLINE_S) as deadline:
@@ -343,7 +372,7 @@ async def up(plan: LabPlan, report: Report = lambda line: None) -> LabState:
         raise LabError(
             f"not ready after {READY_DEADLINE_S:g} s: {what}. Logs: {plan.dir}/apiserver.log, {plan.dir}/nodes/*/agent.log, */bird.log; `flock-lab down` removes the lab"
         )
-    state = LabState(plan, dir_created, keeper, "up")
+    state = LabState(plan, dir_created, keeper, "up", image=image_json)
     state.save()
     return state
 
@@ -403,6 +432,9 @@ async def down(directory: Path, report: Report = lambda line: None) -> dict[str,
         report(f"stopping {len(leftovers)} leftover processes")
         await _stop(list(set(leftovers)), STOP_GRACE_S)
         summary["processes"] += len(set(leftovers))
+    containers = await trio.to_thread.run_sync(remove_containers, directory)
+    if containers:
+        report(f"removed {containers} leftover containers")
     for name in namespaces:
         await trio.to_thread.run_sync(_ip, "netns", "del", name)
     summary["namespaces"] = namespaces

@@ -27,6 +27,7 @@ class LabState:
     dir_created: bool  # the lab made its directory (down removes it)
     keeper: ProcRef | None = None
     phase: str = "starting"  # starting → up
+    image: dict[str, Any] | None = None  # the image lab's settings (flock.lab._image.ImageSettings)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +40,7 @@ class LabState:
             "keeper": None if self.keeper is None else attrs.asdict(self.keeper),
             "phase": self.phase,
             "apiserver": self.plan.apiserver_url,
+            "image": self.image,
         }
 
     @classmethod
@@ -50,6 +52,7 @@ class LabState:
             bool(obj.get("dir_created")),
             None if keeper is None else ProcRef(**keeper),
             obj.get("phase", "starting"),
+            obj.get("image"),
         )
 
     def save(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
+from flock.lab._image import add_image_arguments, image_settings
 from flock.lab._lifecycle import down, up
 from flock.lab._plan import DEFAULT_DIR, LabPlan
 from flock.lab._pods import LabPod, load_pods, parse_annotations, pod_add, pod_check, pod_del
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "up", parents=[common], help="start a lab; returns when every agent is ready and every BGP session is up"
     )
     s.add_argument("--nodes", type=int, default=2, help="number of nodes, 1-8 (default %(default)s)")
+    add_image_arguments(s)
     sub.add_parser(
         "down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)"
     )
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", parents=[common], help="all-pairs reachability between pods and anycast from every node")
     s = sub.add_parser("demo", parents=[common], help="up with 2 nodes, a handful of pods, status, check, then down")
     s.add_argument("--keep", action="store_true", help="leave the lab running afterwards")
+    add_image_arguments(s)
     pod = sub.add_parser("pod", help="add, check or delete a pod").add_subparsers(dest="pod_command", required=True)
     s = pod.add_parser("add", parents=[common], help="create a Pod and attach it through the installed CNI plugin")
     s.add_argument("node")
@@ -116,7 +119,7 @@ async def _demo(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"pods": []}
     try:
         say(f"== flock-lab demo: 2 nodes in network namespaces, BGP to a route server, lab dir {plan.dir}")
-        await up(plan, report)
+        await up(plan, report, image_settings(args))
         say("== every agent is ready, every BGP session Established")
         say("")
         say("== adding pods through the installed CNI plugin (as containerd would)")
@@ -155,7 +158,7 @@ async def _demo(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace) -> int:
     report = _reporter()
     if args.command == "up":
-        state = await up(LabPlan.make(args.dir, args.nodes), report)
+        state = await up(LabPlan.make(args.dir, args.nodes), report, image_settings(args))
         doc = await status(state)
         _out(args, doc, status_text(doc))
         return 0

@@ -7,13 +7,17 @@ in place, so the PID it records is the program's own).
 
 Error handling: a process that exits while the lab is up is restarted after a
 backoff (0.5 s doubling to 5 s), as a kubelet restarts a container, and its
-restart count goes up; nothing else is retried.  SIGTERM stops the lab: every
+restart count goes up; nothing else is retried.  A process with probes (the
+image lab's containers, see :class:`ProbeSpec`) is polled as a kubelet polls
+a container: readiness is recorded, and ``failure_threshold`` failed liveness
+probes in a row terminate it, so it is restarted like a crashed one.  SIGTERM stops the lab: every
 process gets SIGTERM (last started first), those still there after
 ``STOP_GRACE_S`` get SIGKILL, and each is reaped before the keeper exits 0.
 
 The status file (``procs.json`` next to the spec, replaced atomically after
 every change) holds ``{"keeper": {pid, start_time}, "stopping": bool,
-"processes": {name: {pid, start_time, restarts, running, argv, log}}}``.
+"processes": {name: {pid, start_time, restarts, running, ready, argv, log}}}``
+(``ready``: the readiness probe's verdict, None without one).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import attrs
 import trio
 
+from flock.lab._nsio import http_in
 from flock.lab._procs import proc_ref
 
 STOP_GRACE_S = 8.0
@@ -38,18 +43,81 @@ RESTART_DELAY_MAX_S = 5.0
 
 
 @attrs.frozen
+class ProbeSpec:
+    """A kubelet probe: an HTTP GET from inside *netns* (2xx/3xx passes) or a
+    command (exit 0 passes), every *period* seconds after *initial_delay*."""
+
+    http: tuple[str, str, int, str] | None = None  # (netns, host, port, path)
+    argv: tuple[str, ...] | None = None
+    initial_delay: float = 0.0
+    period: float = 10.0
+    timeout: float = 1.0
+    failure_threshold: int = 3
+    success_threshold: int = 1
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any] | None) -> ProbeSpec | None:
+        if obj is None:
+            return None
+        http, argv = obj.get("http"), obj.get("argv")
+        return cls(
+            **{**obj, "http": None if http is None else tuple(http), "argv": None if argv is None else tuple(argv)}
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    async def passes(self) -> bool:
+        with trio.move_on_after(self.timeout):
+            if self.http is not None:
+                netns, host, port, path = self.http
+                try:
+                    status, _ = await trio.to_thread.run_sync(
+                        http_in, netns, host, port, "GET", path, None, self.timeout, abandon_on_cancel=True
+                    )
+                except OSError:
+                    return False
+                return 200 <= status < 400
+            if self.argv is not None:
+                proc = await trio.run_process(
+                    list(self.argv), stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False
+                )
+                return proc.returncode == 0
+        return False
+
+
+@attrs.frozen
 class ProcessSpec:
     name: str
     argv: tuple[str, ...]
     log: Path
     env: dict[str, str] | None = attrs.field(default=None, hash=False)
+    liveness: ProbeSpec | None = None
+    readiness: ProbeSpec | None = None
+    pre_stop: tuple[str, ...] | None = None  # run to completion (bounded by the grace) before SIGTERM
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ProcessSpec:
-        return cls(obj["name"], tuple(obj["argv"]), Path(obj["log"]), obj.get("env"))
+        return cls(
+            obj["name"],
+            tuple(obj["argv"]),
+            Path(obj["log"]),
+            obj.get("env"),
+            ProbeSpec.from_json(obj.get("liveness")),
+            ProbeSpec.from_json(obj.get("readiness")),
+            None if obj.get("pre_stop") is None else tuple(obj["pre_stop"]),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "argv": list(self.argv), "log": str(self.log), "env": self.env}
+        return {
+            "name": self.name,
+            "argv": list(self.argv),
+            "log": str(self.log),
+            "env": self.env,
+            "liveness": None if self.liveness is None else self.liveness.to_json(),
+            "readiness": None if self.readiness is None else self.readiness.to_json(),
+            "pre_stop": None if self.pre_stop is None else list(self.pre_stop),
+        }
 
 
 @attrs.define(eq=False)
@@ -60,6 +128,7 @@ class Keeper:
     _stop_requested: trio.Event = attrs.field(init=False, factory=trio.Event)
     _procs: dict[str, trio.Process] = attrs.field(init=False, factory=dict)
     _restarts: dict[str, int] = attrs.field(init=False, factory=dict)
+    _ready: dict[str, bool] = attrs.field(init=False, factory=dict)
     _stopping: bool = attrs.field(init=False, default=False)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -97,10 +166,18 @@ class Keeper:
                     list(spec.argv), stdin=subprocess.DEVNULL, stdout=log.wrapped, stderr=log.wrapped, env=spec.env
                 )
             self._procs[spec.name] = proc
+            self._ready.pop(spec.name, None)
             self._write_status()
             task_status.started()
             task_status = trio.TASK_STATUS_IGNORED
-            status = await proc.wait()
+            async with trio.open_nursery() as probes:
+                if spec.readiness is not None:
+                    probes.start_soon(self._poll_readiness, spec.name, spec.readiness)
+                if spec.liveness is not None:
+                    probes.start_soon(self._poll_liveness, spec.name, spec.liveness, proc)
+                status = await proc.wait()
+                probes.cancel_scope.cancel()
+            self._ready.pop(spec.name, None)
             self._write_status()
             if self._stopping:
                 return
@@ -111,10 +188,54 @@ class Keeper:
                 return
             self._restarts[spec.name] += 1
 
+    async def _poll_readiness(self, name: str, probe: ProbeSpec) -> None:
+        """Not ready until *success_threshold* passes in a row; not ready again after
+        *failure_threshold* failures in a row (the kubelet's readiness rule)."""
+        self._ready[name] = False
+        self._write_status()
+        await trio.sleep(probe.initial_delay)
+        passed = failed = 0
+        while True:
+            if await probe.passes():
+                passed, failed = passed + 1, 0
+                if passed >= probe.success_threshold and not self._ready[name]:
+                    self._ready[name] = True
+                    self._write_status()
+            else:
+                passed, failed = 0, failed + 1
+                if failed >= probe.failure_threshold and self._ready[name]:
+                    self._ready[name] = False
+                    self._write_status()
+            await trio.sleep(probe.period)
+
+    async def _poll_liveness(self, name: str, probe: ProbeSpec, proc: trio.Process) -> None:
+        """*failure_threshold* failures in a row: terminate *proc*; :meth:`_keep` restarts it."""
+        await trio.sleep(probe.initial_delay)
+        failed = 0
+        while True:
+            failed = 0 if await probe.passes() else failed + 1
+            if failed >= probe.failure_threshold:
+                print(json.dumps({"event": "liveness-failed", "name": name, "pid": proc.pid}), flush=True)
+                proc.terminate()
+                return
+            await trio.sleep(probe.period)
+
+    async def _run_hook(self, argv: tuple[str, ...]) -> None:
+        proc = await trio.run_process(
+            list(argv), stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False
+        )
+        print(json.dumps({"event": "pre-stop", "argv": list(argv), "status": proc.returncode}), flush=True)
+
     async def _stop_all(self) -> None:
         self._stopping = True
         self._write_status()
         procs = [p for p in reversed(list(self._procs.values())) if p.returncode is None]
+        hooks = [s.pre_stop for s in self.specs if s.pre_stop is not None and s.name in self._procs]
+        with trio.move_on_after(self.stop_grace):
+            # As a kubelet runs preStop hooks: before the signal, within the grace period.
+            async with trio.open_nursery() as nursery:
+                for argv in hooks:
+                    nursery.start_soon(self._run_hook, argv)
         for proc in procs:
             proc.terminate()
         with trio.move_on_after(self.stop_grace):
@@ -138,6 +259,7 @@ class Keeper:
                     "start_time": (ref.start_time if (ref := proc_ref(self._procs[spec.name].pid)) else 0),
                     "restarts": self._restarts.get(spec.name, 0),
                     "running": self._procs[spec.name].returncode is None,
+                    "ready": self._ready.get(spec.name),
                     "argv": list(spec.argv),
                     "log": str(spec.log),
                 }

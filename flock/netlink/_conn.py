@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import ipaddress
 import os
 import socket
@@ -78,8 +79,28 @@ async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
         ipr.close()
 
 
+PROC_SYS = "/proc/sys"
+# A container without privilege has /proc/sys mounted read-only; the DaemonSet
+# mounts the host's /proc/sys/net here instead (deploy/README.md).  Any view of
+# /proc/sys/net shows the network namespace of the thread that opens the file.
+HOST_PROC_SYS = "/host/proc/sys"
+
+
+@functools.cache
+def _proc_sys_writable() -> bool:
+    return not os.statvfs(PROC_SYS).f_flag & os.ST_RDONLY
+
+
+def sysctl_path(key: str) -> str:
+    """Where to write the sysctl *key* (``net/ipv6/...``): /proc/sys, or the host's
+    /proc/sys/net mounted at /host/proc/sys/net when /proc/sys is read-only."""
+    if key.startswith("net/") and not _proc_sys_writable() and os.path.isdir(os.path.join(HOST_PROC_SYS, "net")):
+        return os.path.join(HOST_PROC_SYS, key)
+    return os.path.join(PROC_SYS, key)
+
+
 def write_sysctls(netns: str | None, values: list[tuple[str, str]] | tuple) -> None:
-    """Write ``/proc/sys/<key>`` = value for each pair, inside *netns*.
+    """Write ``/proc/sys/<key>`` = value for each pair, inside *netns* (see :func:`sysctl_path`).
 
     /proc/sys/net resolves against the namespace of the thread that opens the
     file, so the writes run where the namespace is entered.
@@ -87,7 +108,7 @@ def write_sysctls(netns: str | None, values: list[tuple[str, str]] | tuple) -> N
 
     def write() -> None:
         for key, value in values:
-            with open(os.path.join("/proc/sys", key), "w") as f:
+            with open(sysctl_path(key), "w") as f:
                 f.write(value)
 
     _nsenter.run_in_netns(netns, write)

@@ -66,10 +66,33 @@ VALID_ATTACHMENTS = "cni.dev/valid-attachments"
 ADD_GATE = Gate("add", "start-up has not finished", label="ADD not served: ")
 
 Observer = Callable[[str, int, float], None]
+# (op, stage, seconds): where a request's time went (metrics: flock_cni_stage_duration_seconds).
+StageObserver = Callable[[str, str, float], None]
 
 
 def _no_observer(op: str, code: int, seconds: float) -> None:
     return None
+
+
+def _no_stage(op: str, stage: str, seconds: float) -> None:
+    return None
+
+
+class _Laps:
+    """Reports the time since the previous lap as one *stage* of a request."""
+
+    __slots__ = ("_last", "_observe", "_op")
+
+    def __init__(self, op: str, observe: StageObserver) -> None:
+        self._op, self._observe, self._last = op, observe, time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self._observe(self._op, stage, now - self._last)
+        self._last = now
+
+
+_NO_LAPS = _Laps("", _no_stage)
 
 
 @attrs.define(eq=False)
@@ -89,6 +112,7 @@ class PodHandler:
     pods: PodLookup = attrs.field(on_setattr=attrs.setters.frozen)
     state: NodeState = attrs.field(on_setattr=attrs.setters.frozen)
     observe: Observer = _no_observer
+    stage: StageObserver = _no_stage
     checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
     add_deadline: float = ADD_DEADLINE_S
     clock: Callable[[], float] = time.time
@@ -183,9 +207,11 @@ class PodHandler:
         waiting = self.state.reason(ADD_GATE.name)
         if waiting or self._ipam is None:
             raise NotReady("agent not ready", waiting or ADD_GATE.initial_reason)
+        lap = _Laps("ADD", self.stage)
         with trio.move_on_after(self.add_deadline):
             async with self._locks.hold(request.container_id):
-                alloc, macs = await self._add_locked(request, ref)
+                lap("lock")
+                alloc, macs = await self._add_locked(request, ref, lap)
             result = cni_result(
                 alloc,
                 host_iface=self.dataplane.host_ifname(alloc.container_id),
@@ -193,14 +219,18 @@ class PodHandler:
                 gateway4=self.dataplane.gateway4,
                 macs=macs,
             )
-            return convert_result(result, version)
+            converted = convert_result(result, version)
+            lap("result")
+            return converted
         raise AddTimedOut(
             "ADD did not finish in time",
             f"container {request.container_id}: not done within {self.add_deadline:g} s; "
             "its allocation stays pending for a retry, DEL or GC",
         )
 
-    async def _add_locked(self, request: Request, ref: PodRef) -> tuple[Allocation, tuple[str, str]]:
+    async def _add_locked(
+        self, request: Request, ref: PodRef, lap: _Laps = _NO_LAPS
+    ) -> tuple[Allocation, tuple[str, str]]:
         """The committed allocation and the (host, pod) MACs of its veth.
 
         MACs are not stored: the kernel is their one source.  A repeated ADD
@@ -209,6 +239,7 @@ class PodHandler:
         the kernel again (new MACs, which are then the truth)."""
         cid = request.container_id
         alloc = await self.store.get(cid)
+        lap("store_get")
         if alloc is not None:
             _same_attachment(alloc, request, ref)
             if alloc.state is AllocationState.COMMITTED:
@@ -225,12 +256,14 @@ class PodHandler:
             self._hold(alloc)
         else:
             self.checkpoint.reached("before-pending")
-            alloc = await self._reserve(request, ref)
+            alloc = await self._reserve(request, ref, lap)
             self.checkpoint.reached("after-pending")
         try:
             macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
+            lap("netlink")
             self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
+            lap("store_commit")
         except Exception:
             await self._undo(alloc)
             raise
@@ -238,7 +271,7 @@ class PodHandler:
         log.info("pod network ready", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return alloc, macs
 
-    async def _reserve(self, request: Request, ref: PodRef) -> Allocation:
+    async def _reserve(self, request: Request, ref: PodRef, lap: _Laps = _NO_LAPS) -> Allocation:
         """Allocate and store the pending row (nothing in the kernel yet)."""
         assert self._ipam is not None
         if ref.is_pod:
@@ -249,11 +282,13 @@ class PodHandler:
             annotations = netconf_annotations(request.config)
             pod = PodInfo(namespace="", name=ref.name, annotations=annotations)
             log.info("container without a pod: NodeConfig defaults", extra={"options": annotations})
+        lap("pod_lookup")
         ipam = self._ipam
         try:
             held = ipam.allocate(request.container_id, pod)
         finally:
             self._publish_exhaustion()
+        lap("ipam")
         now = self.clock()
         alloc = Allocation(
             container_id=request.container_id,
@@ -272,6 +307,7 @@ class PodHandler:
         )
         try:
             await self.store.put(alloc)
+            lap("store_pending")
         except BaseException:
             # Not stored → no row will ever explain these addresses.
             ipam.release(request.container_id)
@@ -321,10 +357,12 @@ class PodHandler:
         if scope.cancelled_caught:
             log.error("could not undo a failed ADD in time; the allocation stays pending")
 
-    async def _forget(self, alloc: Allocation, netns: str | None, if_name: str | None) -> None:
+    async def _forget(self, alloc: Allocation, netns: str | None, if_name: str | None, lap: _Laps = _NO_LAPS) -> None:
         """Teardown → delete row → release addresses (DEL's order)."""
         await self.dataplane.teardown(alloc.container_id, netns or alloc.netns, if_name or alloc.if_name)
+        lap("netlink")
         await self.store.delete(alloc.container_id)
+        lap("store_delete")
         self.state.drop_allocation(alloc.container_id)
         if self._ipam is not None:
             self._ipam.release(alloc.container_id)
@@ -333,17 +371,21 @@ class PodHandler:
             # A vanished pod namespace takes a whole IPv4 multipath route
             # with it: rebuild the routes of the anycast pods that remain.
             await self.dataplane.ensure_anycast([a for a in self.state.allocations.values() if a.anycast])
+            lap("anycast")
 
     # -- DEL -----------------------------------------------------------------
 
     async def delete(self, request: Request) -> dict[str, Any]:
         """Idempotent: no allocation, a missing netns or interface → success."""
+        lap = _Laps("DEL", self.stage)
         async with self._locks.hold(request.container_id):
+            lap("lock")
             alloc = await self.store.get(request.container_id)
+            lap("store_get")
             if alloc is None:
                 log.info("DEL of an unknown container: nothing to do")
                 return {}
-            await self._forget(alloc, request.netns, request.if_name)
+            await self._forget(alloc, request.netns, request.if_name, lap)
         log.info("pod network removed", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return {}
 

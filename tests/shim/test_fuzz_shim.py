@@ -1,4 +1,4 @@
-"""Property tests: the shim's ``run(env, stdin, stdout)`` in-process, against an
+"""Property tests: the shim's ``run(env, stdin, stdout)`` (its fast path and the full one, which must agree) in-process, against an
 unreachable agent and a real unix-socket peer answering arbitrary bytes.
 
 Whatever the runtime hands it, the shim exits 0 or 1 and prints one well-formed
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from flock import cni_shim
+from flock import cni_fastpath, cni_shim
 from flock.errors import INTERNAL
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,9 +88,12 @@ def stdins(draw, socket_path: str):
 
 
 def run_shim(env, stdin) -> tuple[int, dict]:
-    out = io.StringIO()
+    """The fast path (the bundle's entry) and the full shim on the same input: they must agree exactly."""
+    fast_out, out = io.StringIO(), io.StringIO()
+    fast_status = cni_fastpath.run(env, stdin, fast_out)
     status = cni_shim.run(env, stdin, out)
     text = out.getvalue()
+    assert (fast_status, fast_out.getvalue()) == (status, text)
     assert status in (0, 1)
     assert text.count("\n") <= 1
     obj = json.loads(text) if text else None

@@ -6,11 +6,13 @@ import os
 import socket
 import stat
 import sys
-import zipfile
+from pathlib import Path
 
 import pytest
 
-from flock.shim_bundle import SHIM_MODULES, build_shim
+import flock
+from flock import cni_fastpath as fastpath
+from flock.shim_bundle import MAIN_MODULE, SHIM_MODULES, build_shim, bundled_sources
 from flock.testing.shimrun import build, pod_env, run_plugin
 
 
@@ -45,13 +47,14 @@ def test_bundle_is_one_python38_file_with_only_bundled_imports(tmp_path):
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755
     assert dest.read_bytes().startswith(b"#!/usr/bin/env python3\n")
     assert os.listdir(tmp_path) == ["flock"]  # no temp file left behind
-    with zipfile.ZipFile(dest) as zf:
-        sources = {n: zf.read(n).decode() for n in zf.namelist() if n.endswith(".py")}
-    assert set(sources) == {"__main__.py", "flock/__init__.py", "flock/rpc/__init__.py"} | {
-        "flock/" + m for m in SHIM_MODULES
+    ast.parse(dest.read_text(), filename="flock", feature_version=(3, 8))  # the loader script itself
+    sources = {name: src for name, src in bundled_sources().items()}
+    sources["flock.cni_fastpath"] = (Path(flock.__file__).parent / MAIN_MODULE).read_text()
+    assert set(sources) == {"flock", "flock.rpc", "flock.cni_fastpath"} | {
+        "flock." + m[:-3].replace("/", ".") for m in SHIM_MODULES
     }
     # flock._site is the installer's optional settings member (absent here: the default applies).
-    bundled = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in sources} | {"flock._site"}
+    bundled = set(sources) | {"flock._site"}
     for name, src in sources.items():
         tree = ast.parse(src, filename=name, feature_version=(3, 8))
         for node in ast.walk(tree):
@@ -67,6 +70,31 @@ def test_bundle_is_one_python38_file_with_only_bundled_imports(tmp_path):
                     assert mod in bundled, f"{name} imports {mod}, which the bundle lacks"
                 else:
                     assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports non-stdlib {mod}"
+
+
+def test_fast_path_copies_of_constants_match_their_definitions():
+    from flock.rpc import cniresult, wire
+
+    assert fastpath.SUPPORTED_VERSIONS == cniresult.SUPPORTED_VERSIONS
+    assert fastpath.LATEST_VERSION == cniresult.LATEST_VERSION
+    for name in ("OPS", "FD_OPS", "FD_OPTIONAL_OPS", "PROTOCOL_VERSION", "MAX_REQUEST_BYTES", "MAX_JSON_DEPTH"):
+        assert getattr(fastpath, name) == getattr(wire, name), name
+    env_of_field = {"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"}
+    assert {op: tuple(env_of_field[f] for f in fs) for op, fs in wire.REQUIRED_FIELDS.items()} == fastpath.REQUIRED_ENV
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b'{"a": [1, 2.5, -0.0, 1e400, NaN, true, null, "\\u00e9\\ud800"]}', b" \n{}\r\n", b"[]", b'"x"', b"12",
+     b"{", b"{} x", b"\xef\xbb\xbf{}", b"", b"[" * 5000 + b"]" * 5000, b"\xff"],
+)  # fmt: skip
+def test_fast_loads_is_json_loads_or_none(data):
+    try:
+        expected = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        assert fastpath.loads(data) is None
+    else:
+        assert repr(fastpath.loads(data)) == repr(expected)
 
 
 def test_bundle_runs_isolated_without_flock_on_sys_path(tmp_path):
