@@ -48,6 +48,8 @@ async def test_agent_without_an_api_server_serves_status_then_shuts_down_cleanly
             assert (info.value.code, info.value.msg) == (50, "agent not ready")
             # flockctl's view works without an API server and says what the node waits for.
             admin = config.socket.parent / "admin.sock"
+            while not admin.exists():  # noqa: ASYNC110  (started after rpc and health)
+                await trio.sleep(0.01)
             assert stat.S_IMODE(admin.stat().st_mode) == 0o600
             seen = await trio.to_thread.run_sync(ask, admin, "status")
             assert not seen["ready"] and "NodeConfig host001 not loaded" in seen["not_ready"], seen
