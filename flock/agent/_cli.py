@@ -30,6 +30,11 @@ class AgentSettings:
     host_netns: str | None = None  # the node's network namespace (None: the agent's own)
     uplink: str | None = None  # interface for the pod gateway's route if the node has none
     namespace: str = "kube-system"  # the agent's own namespace: where BGP password Secrets are read
+    admin_socket: Path | None = None  # flockctl's socket (None: admin.sock beside --socket)
+
+    @property
+    def admin_path(self) -> Path:
+        return self.admin_socket if self.admin_socket is not None else self.socket.parent / "admin.sock"
 
 
 def _service_account_namespace() -> str | None:
@@ -86,6 +91,13 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         help="interface for a route to the pod gateway 169.254.1.1 when the node has none",
     )
     parser.add_argument(
+        "--admin-socket",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="flockctl's admin socket, 0600, local only (default: admin.sock beside --socket)",
+    )
+    parser.add_argument(
         "--namespace",
         default=environ.get("POD_NAMESPACE") or _service_account_namespace() or "kube-system",
         help="the agent's namespace, where BGP password Secrets are read "
@@ -102,6 +114,8 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         parser.error(f"--kubeconfig {args.kubeconfig}: not a readable file")
     if args.host_netns is not None and not os.path.exists(args.host_netns):
         parser.error(f"--host-netns {args.host_netns}: no such namespace file")
+    if args.admin_socket is not None and (not args.admin_socket.is_absolute() or args.admin_socket == args.socket):
+        parser.error(f"--admin-socket {args.admin_socket}: expected an absolute path other than --socket")
     for flag, path in (("--bird-config", args.bird_config), ("--bird-socket", args.bird_socket)):
         if not path.is_absolute():
             parser.error(f"{flag} {path}: expected an absolute path")
@@ -117,6 +131,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         bgp_lab_timers=args.bgp_lab_timers,
         host_netns=args.host_netns,
         uplink=args.uplink,
+        admin_socket=args.admin_socket,
         namespace=args.namespace,
     )
     return settings, args

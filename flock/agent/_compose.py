@@ -9,6 +9,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
     ├── health                  /healthz /readyz /metrics (flock.health)
+    ├── admin                   flock.ctl.AdminServer: flockctl's unix socket (0600, local only)
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
     │   └── pod-watcher         → pod lookups for ADD
@@ -39,6 +40,7 @@ import trio
 
 from flock.bird import BgpTimers, BirdReloader, RenderSettings
 from flock.bird.sessions import SessionMonitor
+from flock.ctl import AdminOps, AdminServer
 from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
@@ -111,21 +113,35 @@ def compose(
         checkpoint=crash,
         policy=policy,
     )
+    pending_deletes = settings.socket.parent / PENDING_DELETES
     bringup = NodeBringUp(
         handler=handler,
         dataplane=netlink,
         state=state,
-        pending_deletes=settings.socket.parent / PENDING_DELETES,
+        pending_deletes=pending_deletes,
         prepare=functools.partial(netlink.prepare_node, settings.uplink),
     )
     rpc = RpcServer(settings.socket, handler=handler)
     host, port = settings.health_address
     health = HealthServer(host, port, readiness=state, metrics=metrics)
     _node_metrics(metrics, state)
+    admin = AdminServer(
+        settings.admin_path,
+        AdminOps(
+            state=state,
+            handler=handler,
+            netlink=netlink,
+            pending_deletes=pending_deletes,
+            bird_socket=settings.bird_socket if settings.bird else None,
+            policy=policy,
+        ),
+    )
     services = [
         # Another agent on the socket does not go away by restarting: exit at once.
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
+        # flockctl's socket: read-mostly ops; releases go through the handler.
+        ChildSpec("admin", admin.run, fatal=(SocketInUse,)),
         ChildSpec("api", api.run),
         ChildSpec("policy", policy.run),
         ChildSpec("pods", bringup.run),

@@ -174,3 +174,28 @@ async def cleanup(
     except (NetlinkError, OSError) as exc:
         raise KernelRefused("netlink cleanup failed", str(exc)) from exc
     return CleanupReport(tuple(sorted(orphans)), tuple(routes))
+
+
+@attrs.frozen
+class Inventory:
+    """What flock owns in the host namespace right now (read-only): its host
+    veths and its own routes (protocol ``settings.protocol``), as text."""
+
+    interfaces: tuple[str, ...] = ()
+    routes: tuple[tuple[str, tuple[str, ...], bool], ...] = ()  # (dst, nexthop interfaces, blackhole)
+
+
+async def inventory(*, host_netns: str | None, settings: DataplaneSettings) -> Inventory:
+    """flock's host veths and routes, for flockctl (changes nothing)."""
+    try:
+        async with _conn.rtnl(host_netns) as host:
+            names = sorted(
+                [m.get("IFLA_IFNAME") async for m in await host.link("dump") if _apply.owned_by_flock(m, settings)]
+            )
+            routes = tuple(
+                (str(live.route.dst), tuple(sorted(h.ifname or "" for h in live.route.nexthops)), live.route.blackhole)
+                for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, all_links=True)
+            )
+    except (NetlinkError, OSError) as exc:
+        raise KernelRefused("netlink inventory failed", str(exc)) from exc
+    return Inventory(tuple(names), routes)

@@ -184,6 +184,10 @@ class NetlinkWorker:
             log.info("removed orphans", extra={"interfaces": list(report.interfaces), "routes": list(report.routes)})
         return report
 
+    async def inventory(self) -> _inspect.Inventory:
+        """flock's host veths and routes as the kernel has them (read-only, for flockctl)."""
+        return await self._run(_inspect.inventory, host_netns=self.host_netns, settings=self.settings)
+
     async def ensure_anycast(self, allocations: Iterable[Allocation]) -> list[str]:
         """Rewrite each anycast address's multipath route over all local pods
         in *allocations* whose veth exists (returns the routes rewritten).

@@ -46,7 +46,16 @@ from ._errors import (
     UnknownContainer,
 )
 from ._locks import KeyedLocks
-from ._protocols import AllocationStore, Checkpoint, Dataplane, NoCheckpoint, NoPolicy, PodLookup, PolicyGate
+from ._protocols import (
+    AllocationStore,
+    Checkpoint,
+    CleanupReport,
+    Dataplane,
+    NoCheckpoint,
+    NoPolicy,
+    PodLookup,
+    PolicyGate,
+)
 from ._result import cni_result, prev_result_addresses, prev_result_macs, result_addresses
 
 log = logging.getLogger("flock.pods")
@@ -392,6 +401,31 @@ class PodHandler:
             await self._forget(alloc, request.netns, request.if_name, lap)
         log.info("pod network removed", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return {}
+
+    # -- operator repairs (flockctl, through the admin socket) -------------------
+
+    async def release(self, container_id: str) -> Allocation | None:
+        """Remove *container_id*'s allocation as a DEL would (its kernel state,
+        row and addresses, under the container's lock); the allocation removed,
+        or None if there was none.  The caller decides whether it may."""
+        async with self._locks.hold(container_id):
+            alloc = await self.store.get(container_id)
+            if alloc is None:
+                return None
+            await self._forget(alloc, None, None)
+        log.warning(
+            "allocation released by an operator",
+            extra={"container_id": container_id, "addresses": [str(a) for a in alloc.all_addresses]},
+        )
+        return alloc
+
+    async def remove_orphans(self) -> CleanupReport:
+        """Remove flock's host veths and routes that no stored allocation
+        explains (GC's kernel part; an ADD under way has its row already)."""
+        remaining = await self.store.list()
+        report = await self.dataplane.cleanup([a.container_id for a in remaining])
+        await self.dataplane.ensure_anycast([a for a in remaining if a.anycast])
+        return report
 
     # -- CHECK ---------------------------------------------------------------
 

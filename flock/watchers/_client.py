@@ -71,6 +71,16 @@ class KubeClient:
 
         return KubeSource(self.bridge, "namespaces", core.list_namespace, get_namespace)
 
+    async def list_plain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every Pod and every NodeConfig in the cluster, once, as plain dicts (flockctl's ipam check)."""
+        core, custom = CoreV1Api(self.api_client), CustomObjectsApi(self.api_client)
+        raw = await self.bridge.call(core.list_pod_for_all_namespaces, _preload_content=False)
+        pods = await self.bridge.call(raw.json)  # type: ignore[attr-defined]  # the raw aiohttp response
+        configs = await self.bridge.call(
+            custom.list_cluster_custom_object, NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL
+        )
+        return list(pods.get("items") or []), list(configs.get("items") or [])
+
     def nodeconfig(self, name: str) -> KubeSource:
         """The NodeConfig named *name* (cluster-scoped)."""
         custom = CustomObjectsApi(self.api_client)

@@ -2,12 +2,14 @@
 
 import os
 import signal
+import stat
 
 import pytest
 import trio
 import trio.testing
 
 from flock.agent import EXIT_ESCALATED, Agent, AgentSettings, compose, parse_args, run_agent, serve
+from flock.ctl import ask
 from flock.errors import CniError
 from flock.nursery import Backoff, ChildSpec, RestartIntensity
 from flock.rpc import Request, decode_response
@@ -44,15 +46,22 @@ async def test_agent_without_an_api_server_serves_status_then_shuts_down_cleanly
             with pytest.raises(CniError) as info:
                 decode_response(await status(config.socket))
             assert (info.value.code, info.value.msg) == (50, "agent not ready")
+            # flockctl's view works without an API server and says what the node waits for.
+            admin = config.socket.parent / "admin.sock"
+            while not admin.exists():  # noqa: ASYNC110  (started after rpc and health)
+                await trio.sleep(0.01)
+            assert stat.S_IMODE(admin.stat().st_mode) == 0o600
+            seen = await trio.to_thread.run_sync(ask, admin, "status")
+            assert not seen["ready"] and "NodeConfig host001 not loaded" in seen["not_ready"], seen
             os.kill(os.getpid(), signal.SIGTERM)
-    assert not config.socket.exists()
+    assert not config.socket.exists() and not admin.exists()
 
 
 def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path):
     names = [c.name for c in compose(in_tmp(tmp_path), store=MemoryAllocations()).children]
-    assert names == ["signals", "rpc", "health", "api", "policy", "pods", "bird", "bgp-sessions"]
+    assert names == ["signals", "rpc", "health", "admin", "api", "policy", "pods", "bird", "bgp-sessions"]
     names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
-    assert names == ["signals", "rpc", "health", "api", "policy", "pods"]
+    assert names == ["signals", "rpc", "health", "admin", "api", "policy", "pods"]
 
 
 def test_child_names_are_unique(tmp_path):

@@ -1,0 +1,5 @@
+import sys
+
+from flock.ctl._cli import main
+
+sys.exit(main())

@@ -1,0 +1,358 @@
+"""flockctl: the operator's view of one node and its repair tool.
+
+Talks to the local flock-agent over its admin socket only; ``ipam check``
+also reads the API server itself (``--kubeconfig`` or in-cluster).
+
+Exit codes: 0 ok; 1 problems found (check), refused (release), node not
+ready (status), nothing matched (pods with a filter), BGP not established or
+BIRD unreachable (bgp); 2 usage error or the agent unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._protocol import DEFAULT_ADMIN_SOCKET, AdminRefused, AdminUnreachable, ask
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_UNREACHABLE = 0, 1, 2
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header], *[["-" if c in (None, "") else str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    st = ask(args.socket, "status")
+    nc = st["nodeconfig"]
+    lines = [f"node        {st['node']}  {'READY' if st['ready'] else 'NOT READY'}"]
+    for reason in st["not_ready"]:
+        lines.append(f"  not ready: {reason}")
+    for note in st["notes"]:
+        lines.append(f"  degraded:  {note}")
+    if nc is None:
+        lines.append("nodeconfig  none yet")
+    else:
+        lines.append(
+            f"nodeconfig  {nc['cidr6']} {nc['cidr4'] or ''}  families {','.join(nc['families'])}  "
+            f"AS {nc['asn'] or '-'}  router-id {nc['router_id'] or '-'}  peers {len(nc['peers'])}  "
+            f"rv {nc['resource_version'] or '-'}"
+        )
+    a = st["allocations"]
+    lines.append(f"pods        {a.get('committed', 0)} committed, {a.get('pending', 0)} pending")
+    lines.append(
+        f"deletes     {len(st['queued_deletes'])} queued"
+        + (f": {', '.join(st['queued_deletes'][:5])}" if st["queued_deletes"] else "")
+    )
+    if st["pools"]:
+        lines.append("")
+        lines.append(
+            table(
+                [
+                    [
+                        p["family"],
+                        p["cidr"],
+                        p["used"],
+                        p["free"],
+                        f"{100 * p['used'] / p['usable']:.1f}%" if p["usable"] else "-",
+                        "yes" if p["cidr"] in st["exhausted"] else "no",
+                    ]
+                    for p in st["pools"]
+                ],
+                ["FAMILY", "BLOCK", "USED", "FREE", "USE%", "EXHAUSTED"],
+            )
+        )
+    bgp = st["bgp"]
+    lines.append("")
+    if bgp is None:
+        lines.append("bgp         no BIRD on this node")
+    elif not bgp["reachable"]:
+        lines.append(f"bgp         unreachable: {bgp['error']}")
+    else:
+        lines.append(
+            table(
+                [[s["name"], s["neighbor"], s["state"], s["info"]] for s in bgp["sessions"]],
+                ["SESSION", "NEIGHBOR", "STATE", "INFO"],
+            )
+        )
+    pol = st.get("policy")
+    if pol is not None:
+        if pol["error"]:
+            lines.append(f"policy      NOT APPLIED: {pol['error']}")
+        elif not pol["applied"]:
+            lines.append("policy      nothing applied yet")
+        else:
+            lines.append(
+                f"policy      applied (resourceVersion {pol['applied_resource_version']}): "
+                f"{pol['isolated_pods']} isolated pods, {pol['chains']} chains, {pol['sets']} sets"
+            )
+    ag = st["agent"]
+    lines.append("")
+    lines.append(
+        f"agent       flock {ag['version']}  pid {ag['pid']}  up {_age(ag['uptime_s'])}  "
+        f"CNI wire v{','.join(map(str, ag['cni_wire_versions']))}  admin v{ag['admin_protocol_version']}"
+    )
+    return st, "\n".join(lines), EXIT_OK if st["ready"] else EXIT_PROBLEMS
+
+
+def cmd_pods(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    out = ask(args.socket, "pods")
+    pods = [
+        p
+        for p in out["pods"]
+        if (args.namespace is None or p["namespace"] == args.namespace)
+        and (args.pod is None or p["pod"] == args.pod)
+        and (args.address is None or args.address.split("/")[0] in (*p["addresses"], *p["anycast"]))
+    ]
+    result = {"pods": pods, "kernel_read": out["kernel_read"]}
+    rows = [
+        [
+            p["container_id"][:16],
+            f"{p['namespace']}/{p['pod']}" if p["namespace"] else f"(no pod) {p['pod']}".rstrip(),
+            " ".join(p["addresses"]),
+            " ".join(p["anycast"]),
+            p["host_veth"] + ("" if p["host_veth_present"] in (True, None) else " (missing)"),
+            p["state"] + ("" if p["netns_alive"] else ", netns gone"),
+            _age(p["age_s"]),
+        ]
+        for p in pods
+    ]
+    text = table(rows, ["CONTAINER", "POD", "ADDRESSES", "ANYCAST", "HOST VETH", "STATE", "AGE"])
+    filtered = args.namespace or args.pod or args.address
+    return result, text, EXIT_PROBLEMS if filtered and not pods else EXIT_OK
+
+
+def cmd_ipam_show(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    out = ask(args.socket, "ipam-show")
+    lines = [
+        table(
+            [
+                [
+                    b["family"],
+                    b["cidr"],
+                    "yes" if b["default"] else "no",
+                    b["usable"],
+                    b["used"],
+                    b["free"],
+                    b["anycast"],
+                ]
+                for b in out["blocks"]
+            ],
+            ["FAMILY", "BLOCK", "DEFAULT", "USABLE", "USED", "FREE", "ANYCAST"],
+        )
+    ]
+    for b in out["blocks"]:
+        lines.append("")
+        lines.append(f"largest free ranges in {b['cidr']}:")
+        for r in b["largest_free"]:
+            lines.append(f"  {r['first']} - {r['last']}  ({r['size']} addresses)")
+    if out["annotation_cidrs"]:
+        lines.append("")
+        lines.append("annotation CIDRs (pods' cidr6/cidr4):")
+        lines.append(
+            table(
+                [
+                    [c["family"], c["cidr"], c["pods"], c["usable"], c["used"], c["free"]]
+                    for c in out["annotation_cidrs"]
+                ],
+                ["FAMILY", "CIDR", "PODS", "USABLE", "USED", "FREE"],
+            )
+        )
+    if out["outside"]:
+        lines.append("")
+        lines.append("held outside the node blocks (fixed addresses):")
+        lines.append(table([[o["address"], o["container_id"][:16]] for o in out["outside"]], ["ADDRESS", "CONTAINER"]))
+    return out, "\n".join(lines), EXIT_OK
+
+
+def _default_kubeconfig(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """(kubeconfig, why not) — None with no reason means in-cluster."""
+    if args.kubeconfig is not None:
+        return args.kubeconfig, None
+    if os.environ.get("KUBECONFIG"):
+        return Path(os.environ["KUBECONFIG"].split(os.pathsep)[0]), None
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None, None
+    home = Path.home() / ".kube" / "config"
+    if home.exists():
+        return home, None
+    return None, "no --kubeconfig, $KUBECONFIG, ~/.kube/config or in-cluster service account"
+
+
+def cmd_ipam_check(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    out = ask(args.socket, "ipam-check", timeout=90)
+    problems = list(out["problems"])
+    unreached = list(out["unreached"])
+    checked = dict(out["checked"])
+    if args.no_api:
+        unreached.append({"part": "api", "error": "skipped (--no-api)"})
+    else:
+        kubeconfig, why = _default_kubeconfig(args)
+        if why is not None:
+            unreached.append({"part": "api", "error": why})
+        else:
+            import trio
+
+            from ._apicheck import ApiUnreachable, cross_check, read_cluster
+
+            try:
+                pods, configs = trio.run(read_cluster, kubeconfig)
+            except ApiUnreachable as exc:
+                unreached.append({"part": "api", "error": str(exc)})
+            else:
+                more, counts = cross_check(out["node"], out["nodeconfig"], out["allocations"], pods, configs)
+                problems += more
+                checked.update(counts)
+    result = {"node": out["node"], "checked": checked, "problems": problems, "unreached": unreached}
+    lines = [
+        "checked     " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in checked.items()),
+    ]
+    for u in unreached:
+        lines.append(f"NOT CHECKED {u['part']}: {u['error']}")
+    if problems:
+        lines.append("")
+        lines.append(
+            table([[p["kind"], p["subject"], p["detail"]] for p in problems], ["PROBLEM", "SUBJECT", "DETAIL"])
+        )
+        lines.append("")
+        lines.append("to repair:")
+        for subject, remedy in dict.fromkeys((p["subject"], p["remedy"]) for p in problems):
+            lines.append(f"  {subject}: {remedy}")
+    else:
+        lines.append("no problems found" + (" in the parts checked" if unreached else ""))
+    return result, "\n".join(lines), EXIT_PROBLEMS if problems else EXIT_OK
+
+
+def cmd_ipam_release(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    try:
+        out = ask(args.socket, "ipam-release", target=args.target, force=args.force)
+    except AdminRefused as exc:
+        result = {
+            "released": [],
+            "removed_interfaces": [],
+            "removed_routes": [],
+            "refused": exc.error,
+            "details": exc.details,
+        }
+        return result, f"refused: {exc.error}\n  {exc.details}", EXIT_PROBLEMS
+    out = {**out, "refused": None, "details": ""}
+    lines = []
+    for r in out["released"]:
+        who = f"{r['namespace']}/{r['pod']}" if r["namespace"] else f"no pod {r['pod']}".rstrip()
+        lines.append(f"released {r['container_id']} ({who}): {' '.join(r['addresses'] + r['anycast'])}")
+    for name in out["removed_interfaces"]:
+        lines.append(f"removed interface {name}")
+    for route in out["removed_routes"]:
+        lines.append(f"removed route {route}")
+    return out, "\n".join(lines) or "nothing to remove", EXIT_OK
+
+
+def cmd_bgp(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    out = ask(args.socket, "bgp")
+    if not out["reachable"]:
+        return out, f"BIRD unreachable: {out['error']}", EXIT_PROBLEMS
+    lines = [
+        table(
+            [
+                [
+                    s["name"],
+                    s["neighbor"],
+                    s["neighbor_as"],
+                    s["state"],
+                    s["bgp_state"],
+                    s["imported"],
+                    s["exported"],
+                    s["last_error"] or s["info"],
+                ]
+                for s in out["sessions"]
+            ],
+            ["SESSION", "NEIGHBOR", "AS", "STATE", "BGP STATE", "IMPORTED", "EXPORTED", "INFO"],
+        ),
+        "",
+        "announced: " + (" ".join(out["exported"]) or "-"),
+        "learned:   " + (" ".join(out["learned"]) or "-"),
+    ]
+    down = [s for s in out["sessions"] if s["bgp_state"] != "Established"]
+    return out, "\n".join(lines), EXIT_PROBLEMS if down else EXIT_OK
+
+
+# -- command line --------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output (stable keys)")
+    common.add_argument(
+        "--socket",
+        type=Path,
+        default=Path(os.environ.get("FLOCK_ADMIN_SOCKET", DEFAULT_ADMIN_SOCKET)),
+        help="the agent's admin socket (default: $FLOCK_ADMIN_SOCKET or %(default)s)",
+    )
+    p = argparse.ArgumentParser(
+        prog="flockctl",
+        description="flock's view of this node, and repairs through the agent",
+        epilog="exit codes: 0 ok; 1 problems found, refused, not ready or nothing matched; 2 usage or agent unreachable",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    s = sub.add_parser("status", parents=[common], help="readiness, NodeConfig, pools, BGP, queued deletes, versions")
+    s.set_defaults(run=cmd_status)
+    s = sub.add_parser("pods", parents=[common], help="every attachment on this node")
+    s.add_argument("--namespace", "-n")
+    s.add_argument("--pod")
+    s.add_argument("--address")
+    s.set_defaults(run=cmd_pods)
+    ipam = sub.add_parser("ipam", help="addresses: show, check, release").add_subparsers(
+        dest="ipam", required=True, metavar="SUBCOMMAND"
+    )
+    s = ipam.add_parser("show", parents=[common], help="usage per node block, largest free ranges")
+    s.set_defaults(run=cmd_ipam_show)
+    s = ipam.add_parser("check", parents=[common], help="store vs kernel vs API server; exit 1 on problems")
+    s.add_argument("--kubeconfig", type=Path, default=None, help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
+    s.add_argument("--no-api", action="store_true", help="check the local parts only")
+    s.set_defaults(run=cmd_ipam_check)
+    s = ipam.add_parser("release", parents=[common], help="release a leaked allocation through the agent")
+    s.add_argument("target", metavar="ADDRESS|CONTAINER|VETH")
+    s.add_argument("--force", action="store_true", help="even when its network namespace is still there")
+    s.set_defaults(run=cmd_ipam_release)
+    s = sub.add_parser("bgp", parents=[common], help="BGP sessions, announced and learned routes (from BIRD)")
+    s.set_defaults(run=cmd_bgp)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result, text, code = args.run(args)
+    except AdminUnreachable as exc:
+        print(f"flockctl: cannot reach flock-agent: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except AdminRefused as exc:
+        print(f"flockctl: the agent refused: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    if args.json:
+        json.dump(result, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    return code
