@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
-import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from flock.rpc.server import SocketInUse
+from flock.rpc.server import PrivateSocket
 
 from ._ops import AdminOps, OpRefused, Peer
 from ._protocol import ADMIN_PROTOCOL_VERSION, MAX_REQUEST_BYTES, OPS, encode
@@ -50,10 +48,14 @@ class AdminServer:
     read_deadline: float = READ_DEADLINE_S
     op_deadline: float = OP_DEADLINE_S
     _limit: trio.CapacityLimiter = attrs.field(init=False, factory=lambda: trio.CapacityLimiter(MAX_CONNECTIONS))
-    _inode: tuple[int, int] | None = attrs.field(init=False, default=None)
+    _socket: PrivateSocket = attrs.field(init=False)
+
+    @_socket.default
+    def _private_socket(self) -> PrivateSocket:
+        return PrivateSocket(self.path, backlog=16)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listener = await self._listen()
+        listener = await self._socket.listen()
         try:
             task_status.started()
             log.info("admin socket listening", extra={"socket": str(self.path)})
@@ -63,7 +65,7 @@ class AdminServer:
                     nursery.start_soon(self._serve, conn)
         finally:
             listener.close()
-            self._remove()
+            self._socket.remove()
 
     async def _serve(self, conn: trio.socket.SocketType) -> None:
         async with self._limit:
@@ -117,52 +119,3 @@ class AdminServer:
             log.debug("admin op served", extra=fields)
             return encode({"ok": True, "result": result})
         return _error("timed out", f"op {op} did not finish within {self.op_deadline:g} s")
-
-    async def _listen(self) -> trio.socket.SocketType:
-        directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        await self._refuse_live()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-        try:
-            await sock.bind(str(tmp))
-            os.chmod(tmp, 0o600)
-            sock.listen(16)
-            os.replace(tmp, self.path)
-        except BaseException:
-            sock.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        st = self.path.stat()
-        self._inode = (st.st_dev, st.st_ino)
-        return sock
-
-    async def _refuse_live(self) -> None:
-        try:
-            st = self.path.lstat()
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketInUse(f"{self.path} exists and is not a socket; refusing to replace it")
-        probe = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-        with probe:
-            try:
-                with trio.fail_after(1.0):
-                    await probe.connect(str(self.path))
-            except (ConnectionRefusedError, FileNotFoundError):
-                return
-            except (OSError, trio.TooSlowError) as exc:
-                raise SocketInUse(f"{self.path} is busy ({exc!r}); another flock-agent may be running") from exc
-        raise SocketInUse(f"another flock-agent answers on {self.path}")
-
-    def _remove(self) -> None:
-        if self._inode is None:
-            return
-        try:
-            st = self.path.lstat()
-            if (st.st_dev, st.st_ino) == self._inode:
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
-        self._inode = None

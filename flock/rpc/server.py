@@ -11,7 +11,6 @@ import errno
 import logging
 import os
 import socket
-import stat
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +19,10 @@ import trio
 
 from flock import logs
 from flock.errors import INTERNAL, INVALID_ENV, NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+from flock.rpc._unixsocket import PrivateSocket, SocketInUse
 from flock.rpc.wire import LineReader, Request, encode_error, encode_result
+
+__all__ = ["Handler", "NotReadyHandler", "PrivateSocket", "RpcServer", "SocketInUse"]
 
 log = logging.getLogger("flock.rpc")
 
@@ -35,8 +37,6 @@ LATE_REPLY_DEADLINE_S = 0.5
 # After refusing a request, how long / how much of the rest we read and drop.
 LINGER_S = 0.5
 LINGER_BYTES = 4 << 20
-# Probing an existing socket file for a live agent.
-PROBE_DEADLINE_S = 1.0
 # Ancillary room per read: a request carries at most one fd; room for a few
 # more lets the agent see (and close) extra ones instead of the kernel
 # truncating silently.
@@ -71,10 +71,6 @@ class NotReadyHandler:
         return {}
 
 
-class SocketInUse(RuntimeError):
-    """The socket path belongs to a live agent or is not a socket: refuse to start."""
-
-
 @attrs.define(eq=False)
 class RpcServer:
     """Listens on *path* and hands each request to *handler* (given at construction;
@@ -100,12 +96,16 @@ class RpcServer:
     _handling: set[trio.CancelScope] = attrs.field(init=False, factory=set)  # requests in the handler
     _draining: bool = attrs.field(init=False, default=False)
     _drained: trio.Event = attrs.field(init=False, factory=trio.Event)
-    _inode: tuple[int, int] | None = attrs.field(init=False, default=None)
+    _socket: PrivateSocket = attrs.field(init=False)
+
+    @_socket.default
+    def _private_socket(self) -> PrivateSocket:
+        return PrivateSocket(self.path)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; after :meth:`drain` it stays idle until cancelled
         (so a supervisor never mistakes a drained server for one that exited)."""
-        listener = await self._listen()
+        listener = await self._socket.listen()
         try:
             # Listening already: the kernel queues connections from here on.
             self._accepting = trio.CancelScope()
@@ -118,7 +118,7 @@ class RpcServer:
                     await self._accept_loop(listener, connections)
                 # Draining: no new connections from here; in-flight ones get a deadline.
                 listener.close()
-                self._remove_socket()
+                self._socket.remove()
                 cutoff = trio.current_time() + self.drain_deadline
                 for handling in self._handling:
                     handling.deadline = min(handling.deadline, cutoff)
@@ -130,7 +130,7 @@ class RpcServer:
         finally:
             self._accepting = None
             listener.close()
-            self._remove_socket()
+            self._socket.remove()
 
     async def drain(self) -> None:
         """Stop accepting, drop connections that have not sent a request, give
@@ -261,67 +261,6 @@ class RpcServer:
             )
         log.info("request served", extra={"code": 0, "ms": _ms_since(began)})
         return encode_result(result)
-
-    async def _listen(self) -> trio.socket.SocketType:
-        self._prepare_directory()
-        await self._refuse_live_agent()
-        # Bind beside the final name, restrict, then rename over it: a client
-        # never sees a missing socket or one with the umask's permissions.
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-        try:
-            await sock.bind(str(tmp))
-            os.chmod(tmp, 0o600)
-            sock.listen(128)
-            os.replace(tmp, self.path)
-        except BaseException:
-            sock.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        st = self.path.stat()
-        self._inode = (st.st_dev, st.st_ino)
-        return sock
-
-    def _prepare_directory(self) -> None:
-        directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        mode = directory.stat().st_mode
-        # Tighten flock's own directory; leave shared sticky ones (/tmp) alone.
-        if stat.S_IMODE(mode) & 0o077 and not mode & stat.S_ISVTX:
-            log.info("restricting socket directory to 0700", extra={"directory": str(directory)})
-            directory.chmod(0o700)
-
-    async def _refuse_live_agent(self) -> None:
-        try:
-            st = self.path.lstat()
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketInUse(f"{self.path} exists and is not a socket; refusing to replace it")
-        probe = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-        with probe:
-            try:
-                with trio.fail_after(PROBE_DEADLINE_S):
-                    await probe.connect(str(self.path))
-            except (ConnectionRefusedError, FileNotFoundError):
-                log.warning("replacing stale socket", extra={"socket": str(self.path)})
-                return
-            except (OSError, trio.TooSlowError) as exc:
-                raise SocketInUse(f"{self.path} is busy ({exc!r}); another flock-agent may be running") from exc
-        raise SocketInUse(f"another flock-agent answers on {self.path}")
-
-    def _remove_socket(self) -> None:
-        """Unlink the socket file if it is still ours (a newer agent may own the path)."""
-        if self._inode is None:
-            return
-        try:
-            st = self.path.lstat()
-            if (st.st_dev, st.st_ino) == self._inode:
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
-        self._inode = None
 
 
 def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
