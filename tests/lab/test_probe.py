@@ -109,8 +109,10 @@ def pair(require_root: None) -> Iterator[tuple[Netns, Netns]]:
             ns.ip("addr", "add", f"2001:db8:7::{host}/64", "dev", "eth0", "nodad")
             ns.ip("addr", "add", f"192.0.2.{host}/24", "dev", "eth0")
             ns.ip("link", "set", "eth0", "up")
-        # Routed to the server, which does not forward: dropped without an answer.
+        # Routed to the server, which drops it without an answer: a blackhole route (with no route at all
+        # the server's kernel answers ICMPv6 "no route" whenever the host-wide ICMP rate limit lets it).
         client.ip("route", "add", "2001:db8:9::/64", "via", "2001:db8:7::2")
+        server.ip("route", "add", "blackhole", "2001:db8:9::/64")
         client.ip("route", "add", "unreachable", "2001:db8:a::/64")
         yield client, server
 
