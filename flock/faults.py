@@ -43,3 +43,7 @@ class NodeUnprepared(Fault):
 
 class StoreUnavailable(Fault):
     """The allocation database cannot be used."""
+
+
+class PolicyNotEnforceable(Fault):
+    """nftables refuses this node's NetworkPolicy ruleset: a pod is not started unprotected."""

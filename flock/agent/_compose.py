@@ -12,11 +12,13 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── admin                   flock.ctl.AdminServer: flockctl's unix socket (0600, local only)
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
-    │   └── pod-watcher         → pod lookups for ADD
-    │   └── policy-watchers     NetworkPolicy, Namespace, Pod (cluster-wide) → PolicyInputs
+    │   ├── pod-watcher         → pod lookups for ADD
+    │   ├── policy-watchers     NetworkPolicy, Namespace, Pod (cluster-wide) → PolicyInputs
+    │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── pods                    flock.pods.NodeBringUp: start-up, opens ADD, then NodeConfig changes
-    └── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
+    ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
+    └── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
 
 State: :class:`flock.state.NodeState` (NodeConfig in force, allocation view,
 readiness gates, notes) is built here and handed to every service that

@@ -52,7 +52,7 @@ class AdminServer:
 
     @_socket.default
     def _private_socket(self) -> PrivateSocket:
-        return PrivateSocket(self.path, backlog=16)
+        return PrivateSocket(self.path, backlog=16, tighten_directory=False)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listener = await self._socket.listen()

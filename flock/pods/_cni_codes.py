@@ -18,6 +18,7 @@ from flock.faults import (
     KernelRefused,
     NetnsUnusable,
     NodeUnprepared,
+    PolicyNotEnforceable,
     StoreUnavailable,
 )
 from flock.ipam import AddressConflict, AnnotationError, PoolExhausted
@@ -63,6 +64,7 @@ CNI_CODES: tuple[tuple[type[Fault], int], ...] = (
     (IfNameTaken, errors.INVALID_ENV),
     (AllocationUnusable, errors.INVALID_CONFIG),
     (NodeUnprepared, errors.INVALID_CONFIG),
+    (PolicyNotEnforceable, errors.TRY_AGAIN_LATER),
     (KernelRefused, errors.IO_ERROR),
     (StoreUnavailable, errors.IO_ERROR),
 )

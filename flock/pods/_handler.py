@@ -258,7 +258,9 @@ class PodHandler:
                     log.info("ADD repeated: returning the committed allocation")
                     return alloc, macs
                 log.warning("ADD repeated but the pod's veth is missing: setting it up again")
-                return alloc, _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
+                macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
+                await self.policy.ensure(alloc)  # the new veth's chains are in before the pod runs again
+                return alloc, macs
             log.info(
                 "ADD retried: reusing the pending allocation",
                 extra={"addresses": [str(a) for a in alloc.all_addresses]},

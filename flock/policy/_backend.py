@@ -67,9 +67,18 @@ class NftCommand:
     async def run(self, script: str, *, json_output: bool = False) -> str:
         # With -j nft reads JSON too: a listing (flock's own one-line command) goes as arguments.
         argv = [*self.command, "-j", *script.split()] if json_output else [*self.command, "-f", "-"]
-        proc = await trio.run_process(
-            argv, stdin=b"" if json_output else script.encode(), capture_stdout=True, capture_stderr=True, check=False
-        )
+        try:
+            proc = await trio.run_process(
+                argv,
+                stdin=b"" if json_output else script.encode(),
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+        except OSError as exc:
+            # No nft binary (an image without nftables): a refusal the service retries and readiness names,
+            # not a crash that restarts the service until the agent exits.
+            raise NftError(127, f"cannot run {argv[0]}: {exc}") from exc
         if proc.returncode != 0:
             raise NftError(proc.returncode, proc.stderr.decode(errors="replace"))
         return proc.stdout.decode(errors="replace")

@@ -21,6 +21,7 @@ from typing import Protocol
 import attrs
 import trio
 
+from flock.faults import PolicyNotEnforceable
 from flock.model import Allocation
 from flock.nursery import Backoff
 
@@ -49,6 +50,11 @@ class LocalPods(Protocol):
 
     @property
     def allocations(self) -> Mapping[str, Allocation]: ...
+
+    @property
+    def allocations_loaded(self) -> bool:
+        """True once start-up has rebuilt the view from the store (before it, the view is empty, not true)."""
+        ...
 
 
 class Readiness(Protocol):
@@ -159,6 +165,13 @@ class PolicyService:
             applied = self._applied
             if applied is not None and applied.covered.get(alloc.container_id) == want:
                 return
+            if self._last_error is not None:
+                # Fail closed and fast: waiting out ADD's deadline would leave the runtime 25 s per pod
+                # and a pending row behind; 11 says "retry", and the service keeps retrying the apply.
+                raise PolicyNotEnforceable(
+                    "NetworkPolicy cannot be enforced on this node yet",
+                    f"nftables refused the ruleset (retrying): {self._last_error[:300]}",
+                )
             await self._applied_event.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -182,7 +195,10 @@ class PolicyService:
             allocations = dict(self.local.allocations)  # a copy: the owner's view may be live
             # The node's state changes for many reasons (readiness, NodeConfig): only the
             # watchers' snapshot and this node's attachments matter here.
-            if snap.complete and seen != (snap.generation, allocations):
+            # Before start-up has rebuilt this node's attachments the view is empty, not true: a table
+            # compiled from it would drop every running pod's chains. The table in the kernel (a previous
+            # agent's) stays until then; ADD cannot be served before it either.
+            if snap.complete and self.local.allocations_loaded and seen != (snap.generation, allocations):
                 try:
                     await self._apply(snap, mark, allocations)
                     attempt = 0
@@ -249,6 +265,9 @@ class PolicyService:
     def _failed(self, exc: NftError) -> None:
         self._failures += 1
         self._last_error = str(exc)[:500]
+        # Wake the ADDs waiting in ensure(): they answer "retry later" now rather than at their deadline.
+        self._applied_event.set()
+        self._applied_event = trio.Event()
         if self.metrics is not None:
             self.metrics.failures.inc()
         if self.readiness is not None:

@@ -30,6 +30,9 @@ class SocketInUse(RuntimeError):
 class PrivateSocket:
     path: Path
     backlog: int = 128
+    # The CNI socket's directory is flock's own (/run/flock): an existing one is tightened to 0700. The admin
+    # socket may be put anywhere by --admin-socket: its directory is created 0700 but never changed.
+    tighten_directory: bool = True
     _inode: tuple[int, int] | None = attrs.field(init=False, default=None)
 
     async def listen(self) -> trio.socket.SocketType:
@@ -67,6 +70,8 @@ class PrivateSocket:
     def _prepare_directory(self) -> None:
         directory = self.path.parent
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.tighten_directory:
+            return
         mode = directory.stat().st_mode
         # Tighten flock's own directory; leave shared sticky ones (/tmp) alone.
         if stat.S_IMODE(mode) & 0o077 and not mode & stat.S_ISVTX:

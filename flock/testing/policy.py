@@ -19,6 +19,7 @@ from flock.model import Allocation
 class MemoryLocalPods:
     """Attachments by container ID with a version and a change signal (as NodeState has)."""
 
+    loaded: bool = True  # start-up's rebuild from the store is done (NodeState.allocations_loaded)
     _allocations: dict[str, Allocation] = attrs.field(init=False, factory=dict)
     _version: int = attrs.field(init=False, default=0)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -30,6 +31,16 @@ class MemoryLocalPods:
     @property
     def allocations(self) -> Mapping[str, Allocation]:
         return self._allocations  # a live view, as NodeState's: readers must copy what they keep
+
+    @property
+    def allocations_loaded(self) -> bool:
+        return self.loaded
+
+    def load(self, rows: list[Allocation]) -> None:
+        """Start-up's rebuild (NodeState.load_allocations)."""
+        self._allocations = {a.container_id: a for a in rows}
+        self.loaded = True
+        self._bump()
 
     async def wait_changed(self, since: int) -> int:
         while self._version <= since:

@@ -48,6 +48,7 @@ from flock.store import StoreError
         (faults.AllocationUnusable("cannot plan pod network"), errors.INVALID_CONFIG),
         (faults.NodeUnprepared("uplink interface not found"), errors.INVALID_CONFIG),
         (faults.KernelRefused("netlink veth failed"), errors.IO_ERROR),
+        (faults.PolicyNotEnforceable("NetworkPolicy cannot be enforced on this node yet"), errors.TRY_AGAIN_LATER),
         (StoreError("/var/lib/flock/flock.db", "allocation database failed", "disk I/O error"), errors.IO_ERROR),
     ],
 )

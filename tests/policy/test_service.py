@@ -10,6 +10,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
+from flock.faults import PolicyNotEnforceable
 from flock.fnv import fnv1a_32
 from flock.model import Allocation
 from flock.policy import (
@@ -87,6 +88,24 @@ async def test_nothing_applied_before_every_kind_is_listed(autojump_clock: trio.
             nursery.cancel_scope.cancel()
 
 
+async def test_nothing_applied_before_start_up_rebuilt_the_nodes_attachments(autojump_clock: trio.abc.Clock) -> None:
+    # After a restart the allocation view is empty until the store is read: a table compiled from it
+    # would drop every running pod's chains, so the previous agent's table stays until then.
+    inputs, applier = PolicyInputs(), ScriptedApplier()
+    local = MemoryLocalPods(loaded=False)
+    svc = service(inputs, local, applier)
+    complete(inputs, [DENY], [WEB])
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await trio.sleep(5)
+            assert applier.applied == []
+            local.load([alloc("c1", "x/web", "2001:db8:1::1")])
+            await trio.sleep(1)
+            assert [rs.ingress_map for _, rs in applier.applied] == [{veth("c1"): f"in-{veth('c1')}"}]
+            nursery.cancel_scope.cancel()
+
+
 async def test_add_waits_for_its_chain_and_the_pods_labels(autojump_clock: trio.abc.Clock) -> None:
     inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
     svc = service(inputs, local, applier)
@@ -156,6 +175,26 @@ async def test_refused_transactions_retry_with_backoff_and_close_readiness(autoj
             assert gates.gates[POLICY_GATE] is None and svc.last_error is None
             assert metrics.registry.get_sample_value("flock_policy_apply_failures_total") == 3
             assert metrics.registry.get_sample_value("flock_policy_rules") == 1  # the pod chain's drop
+            nursery.cancel_scope.cancel()
+
+
+async def test_add_answers_retry_at_once_while_nft_refuses(autojump_clock: trio.abc.Clock) -> None:
+    # Fail closed and fast: not 25 s per ADD (and a pending row each) while the ruleset is refused.
+    inputs, local = PolicyInputs(), MemoryLocalPods()
+    applier = ScriptedApplier(refuse=3)
+    svc = service(inputs, local, applier)
+    complete(inputs, [DENY], [WEB])
+    a = alloc("c1", "x/web", "2001:db8:1::1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(a)
+            began = trio.current_time()
+            with pytest.raises(PolicyNotEnforceable, match="cannot be enforced"):
+                await svc.ensure(a)
+            assert trio.current_time() - began < 0.01
+            await trio.sleep(5)  # the service's retries succeed: the next ADD is served
+            await svc.ensure(a)
             nursery.cancel_scope.cancel()
 
 
