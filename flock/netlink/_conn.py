@@ -271,14 +271,15 @@ async def routes(
     side: Side,
     *,
     protocol: int | None = None,
+    route_type: int | None = None,
     oif: int | None = None,
     dsts: set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None,
     all_links: bool = False,
     names: dict[int, str] | None = None,
 ) -> list[LiveRoute]:
     """Unicast and blackhole routes of the main table (both families),
-    optionally only *protocol*'s and only those with a nexthop via *oif*
-    (filtered by the kernel), only those to *dsts* (filtered here, before
+    optionally only *protocol*'s, only those of *route_type* and only those
+    with a nexthop via *oif* (filtered by the kernel), only those to *dsts* (filtered here, before
     decoding).  Interface names come from *names* (index → name the caller
     already knows), then from one link dump when *all_links* (many routes),
     else from a lookup per interface seen."""
@@ -292,12 +293,16 @@ async def routes(
         req["table"] = MAIN_TABLE
         if protocol is not None:
             req["proto"] = protocol
+        if route_type is not None:
+            req["type"] = route_type
         if oif is not None:
             req["attrs"] = [("RTA_OIF", oif)]
         for msg in await _dump(ipr, req, RTM_GETROUTE):
             if msg.get("RTA_TABLE", msg["table"]) != MAIN_TABLE or msg["type"] not in (RTN_UNICAST, RTN_BLACKHOLE):
                 continue
             if protocol is not None and msg["proto"] != protocol:
+                continue
+            if route_type is not None and msg["type"] != route_type:
                 continue
             if dsts is not None and _dst_of(msg) not in dsts:
                 continue
