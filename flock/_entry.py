@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
+import os
 import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 # Parents first.
 LAZY_PACKAGES = (
@@ -70,8 +72,33 @@ def lazy_packages() -> None:
 
 
 def agent() -> None:
-    """``flock-agent``."""
+    """``flock-agent``: the agent, then a prompt exit (see :func:`exit_now`)."""
     lazy_packages()
     from flock.agent._main import main
 
-    main()
+    try:
+        main()
+    except SystemExit as exc:
+        exit_now(exc.code)
+    exit_now(0)
+
+
+def exit_now(code: int | str | None) -> NoReturn:
+    """Exit with *code* as ``sys.exit`` would, without tearing the interpreter down.
+
+    When the agent returns, its tree has stopped: every task ended, the store
+    closed, no worker thread left running (none is abandoned).  What an
+    ordinary exit adds is the interpreter's teardown (every module and object
+    freed, ~0.1 s for the agent's ~1700 modules), while the kubelet waits to
+    start the next agent: a restart's downtime.  Output is flushed first.
+    """
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code or 0)

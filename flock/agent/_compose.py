@@ -9,6 +9,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
     ├── health                  /healthz /readyz /metrics (flock.health)
+    ├── pods                    flock.pods.NodeBringUp: start-up (ADD behind its gate), then NodeConfig changes
     ├── admin                   flock.ctl.AdminServer: flockctl's unix socket (0600, local only)
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
@@ -16,7 +17,6 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   ├── policy-watchers     NetworkPolicy, Namespace, Pod (cluster-wide) → PolicyInputs
     │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
-    ├── pods                    flock.pods.NodeBringUp: start-up, opens ADD, then NodeConfig changes
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
     └── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
 
@@ -142,11 +142,13 @@ def compose(
         # Another agent on the socket does not go away by restarting: exit at once.
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
+        # Before the API link: what start-up does with the store and the kernel
+        # alone runs while the informers list (ADD waits behind its gate).
+        ChildSpec("pods", bringup.run),
         # flockctl's socket: read-mostly ops; releases go through the handler.
         ChildSpec("admin", admin.run, fatal=(SocketInUse,)),
         ChildSpec("api", api.run),
         ChildSpec("policy", policy.run),
-        ChildSpec("pods", bringup.run),
     ]
     if settings.bird:
         reloader = BirdReloader(

@@ -194,6 +194,9 @@ class NetlinkWorker:
         Call after a DEL whose pod namespace was already gone, and at startup:
         the kernel drops a whole IPv4 multipath route when one veth vanishes."""
         plans = [self.plan(a) for a in allocations]
+        if not any(p.anycast for p in plans):
+            # Nothing to compare (and a pyroute2 socket opened but never used is never closed).
+            return []
 
         async def apply() -> list[str]:
             with self._anycast_lock:
