@@ -14,6 +14,7 @@ imports them, so this module lives outside :mod:`flock.agent`.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import logging
@@ -72,7 +73,11 @@ def lazy_packages() -> None:
 
 
 def agent() -> None:
-    """``flock-agent``: the agent, then a prompt exit (see :func:`exit_now`)."""
+    """``flock-agent``: the agent, then a prompt exit (see :func:`exit_now`).
+
+    The cyclic garbage collector is off from here until the agent is ready
+    (``flock.agent._startup`` hands it back): start-up's objects all live on."""
+    gc.disable()
     lazy_packages()
     from flock.agent._main import main
 

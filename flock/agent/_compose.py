@@ -7,6 +7,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
 
     flock-agent                 (flock.agent.Agent; the store is opened before it)
     ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
+    ├── startup                 logs "ready" once (with when each gate opened); hands back the GC
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
     ├── health                  /healthz /readyz /metrics (flock.health)
     ├── pods                    flock.pods.NodeBringUp: start-up (ADD behind its gate), then NodeConfig changes
@@ -46,7 +47,7 @@ from flock.ctl import AdminOps, AdminServer
 from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
-from flock.nursery import ChildSpec
+from flock.nursery import ChildSpec, Restart
 from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler
 from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
 from flock.rpc.server import RpcServer, SocketInUse
@@ -59,6 +60,7 @@ from ._cli import AgentSettings
 from ._crash import CrashPoint
 from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import Agent, FatalStartError, check_state_dir
+from ._startup import StartupWatch
 
 log = logging.getLogger("flock.agent")
 
@@ -139,6 +141,8 @@ def compose(
         ),
     )
     services = [
+        # Logs when the node is first ready; hands the garbage collector back.
+        ChildSpec("startup", StartupWatch(state).run, restart=Restart.TRANSIENT),
         # Another agent on the socket does not go away by restarting: exit at once.
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
