@@ -30,6 +30,8 @@ LAZY_PACKAGES = (
     "kubernetes_asyncio.client",
     "kubernetes_asyncio.client.api",
     "kubernetes_asyncio.client.models",
+    # kubernetes_asyncio's Configuration imports it for basic auth alone (aiohttp does the HTTP).
+    "urllib3",
 )
 _FROM_IMPORT = re.compile(r"^from ([\w.]+) import (?:\(([^)]*)\)|([^\n#]*))", re.M)
 
@@ -55,7 +57,12 @@ def lazy_package(name: str) -> None:
     def __getattr__(attr: str) -> Any:
         origin = where.get(attr)
         if origin is None:
-            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+            # A submodule the __init__ imports relatively (``from . import util``).
+            if importlib.util.find_spec(f"{name}.{attr}") is None:
+                raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+            value = importlib.import_module(f"{name}.{attr}")
+            setattr(module, attr, value)
+            return value
         value = getattr(importlib.import_module(origin), attr)
         setattr(module, attr, value)
         return value
