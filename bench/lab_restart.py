@@ -175,8 +175,10 @@ async def restart_once(plan, node) -> dict[str, Any]:
     finally:
         os.close(pidfd)
     t["exec"] = exec_time(pid)
-    timeline = read_log(node.dir / "agent.log", t["kill"], t["ready"])
+    timeline = read_log(node.dir / "agent.log", t["kill"], t["ready"] + 0.5)
     first = next((at for at, entry in timeline if at >= t["exec"] - 0.01 and entry.get("msg") == "starting"), None)
+    # The agent's own account, where it has one: its age when ready and when each gate opened.
+    ready_line = next((entry for _, entry in timeline if entry.get("msg") == "ready"), {})
     return {
         "sigterm_to_exit_s": t["exit"] - t["kill"],
         "exit_to_exec_s": t["exec"] - t["exit"],
@@ -185,6 +187,8 @@ async def restart_once(plan, node) -> dict[str, Any]:
         "cpu_to_ready_s": cpu,
         "flock_sigterm_to_ready_s": (t["exit"] - t["kill"]) + (t["ready"] - t["exec"]),
         "sigterm_to_ready_s": t["ready"] - t["kill"],
+        "agent_ready_s": ready_line.get("since_exec_s"),
+        "gates_opened_s": ready_line.get("gates_opened_s"),
         "timeline": [
             [round(at - t["kill"], 3), entry.get("msg")] for at, entry in timeline if entry.get("msg") not in QUIET
         ],
@@ -282,6 +286,7 @@ async def main(args: argparse.Namespace) -> dict:
             # SIGTERM → exit of this checkout's agent plus exec → ready of this checkout's agent.
             figures["flock_sigterm_to_ready_s"] = {"median": round(exit_m["median"] + ready_m["median"], 3)}
         figures["timeline"] = news[-1]["timeline"] if news else None
+        figures["gates_opened_s"] = news[-1]["gates_opened_s"] if news else None
         by_variant[variant] = figures
     doc = {
         "pods": args.pods,
@@ -295,7 +300,7 @@ async def main(args: argparse.Namespace) -> dict:
         "load": os.getloadavg(),
     }
     for variant, figures in by_variant.items():
-        med = {k: (f["median"] if f else None) for k, f in figures.items() if k != "timeline"}
+        med = {k: (f["median"] if f else None) for k, f in figures.items() if k in keys or k.startswith("flock")}
         print(
             f"{variant}: SIGTERM → exit {med['sigterm_to_exit_s']} s; exec → first log {med['exec_to_first_log_s']} s; "
             f"exec → ready {med['exec_to_ready_s']} s (CPU {med['cpu_to_ready_s']} s); "
