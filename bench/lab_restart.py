@@ -4,8 +4,11 @@ A two-node flock-lab.  node1 gets --pods pods through the installed shim (the
 first 10 dual stack, the rest IPv6 only: a lab node's IPv4 block is a /26); a
 prober pod on node2 pings five of them (IPv6 first/quarter/half/last, IPv4
 first) every 10 ms throughout.  Then node1's agent gets SIGTERM --restarts
-times; the lab's keeper starts it again after its 0.5 s restart delay each
-time, as a kubelet would.  Measured per restart:
+times; the lab's keeper starts it again after its restart delay (0.5 s the
+first time, doubling after: a crash loop's backoff).  That delay is the
+lab's stand-in for the kubelet, whose own first restart of an exited
+container waits for nothing but its next pod sync: it is not flock's time,
+and the figure that counts is flock's part.  Measured per restart:
 
 - SIGTERM → the old process has exited (a pidfd of it turns readable),
 - old process gone → new process exec'd (the keeper's delay: not flock's),
@@ -13,7 +16,8 @@ time, as a kubelet would.  Measured per restart:
 - exec → /readyz answers 200 (polled every 10 ms), and the CPU the new
   process used until then,
 - flock's own part, SIGTERM → ready without the keeper's delay
-  (SIGTERM → exit plus exec → ready), and the raw SIGTERM → ready,
+  (SIGTERM → exit plus exec → ready), and the raw SIGTERM → ready (for the
+  first restart, with the keeper's 0.5 s),
 - the agent's log lines from SIGTERM to ready, as offsets (the timeline).
 
 Ping replies lost over all restarts, CNI CHECK of every pod afterwards, and
@@ -304,10 +308,15 @@ async def main(args: argparse.Namespace) -> dict:
         print(
             f"{variant}: SIGTERM → exit {med['sigterm_to_exit_s']} s; exec → first log {med['exec_to_first_log_s']} s; "
             f"exec → ready {med['exec_to_ready_s']} s (CPU {med['cpu_to_ready_s']} s); "
-            f"flock's SIGTERM → ready {med['flock_sigterm_to_ready_s']} s; "
-            f"with the keeper's delay {med['sigterm_to_ready_s']} s (medians)",
+            f"flock's SIGTERM → ready {med['flock_sigterm_to_ready_s']} s (medians)",
             flush=True,
         )
+    first = samples[0]
+    print(
+        f"first restart ({first['new']}), the keeper's delay included: SIGTERM → ready "
+        f"{first['sigterm_to_ready_s']:.3f} s (keeper {first['exit_to_exec_s']:.3f} s; it doubles on each restart)",
+        flush=True,
+    )
     print(
         f"{args.pods} pods attached in {doc['attach_s']} s; ping replies lost {doc['pings_lost']} of "
         f"{sum(p['sent'] for p in lost)}; CHECK failures after the restarts {check_failures}; RSS KiB {doc['rss_kib']}",
