@@ -245,13 +245,13 @@ async def main(args: argparse.Namespace) -> dict:
             choice.write_text(new + "\n")
             sample = await restart_once(plan, node1)
             samples.append({"old": running, "new": new, **sample})
-            running = new
             print(
-                f"restart {i + 1}: {running}; SIGTERM → exit {sample['sigterm_to_exit_s']:.3f} s, "
-                f"exec → ready {sample['exec_to_ready_s']:.3f} s (CPU {sample['cpu_to_ready_s']:.2f} s), "
+                f"restart {i + 1}: {running} → {new}; SIGTERM → old exit {sample['sigterm_to_exit_s']:.3f} s, "
+                f"new exec → ready {sample['exec_to_ready_s']:.3f} s (CPU {sample['cpu_to_ready_s']:.2f} s), "
                 f"flock's part {sample['flock_sigterm_to_ready_s']:.3f} s",
                 flush=True,
             )
+            running = new
             await trio.sleep(args.settle)
         lost = []
         for proc, target in zip(pings, targets, strict=True):
