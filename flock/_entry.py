@@ -101,7 +101,7 @@ def exit_now(code: int | str | None) -> NoReturn:
     When the agent returns, its tree has stopped: every task ended, the store
     closed, no worker thread left running (none is abandoned).  What an
     ordinary exit adds is the interpreter's teardown (every module and object
-    freed, ~0.1 s for the agent's ~1700 modules), while the kubelet waits to
+    freed: ~0.1 s for the agent's ~700 modules), while the kubelet waits to
     start the next agent: a restart's downtime.  Output is flushed first.
     """
     if isinstance(code, str):

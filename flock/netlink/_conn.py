@@ -207,16 +207,6 @@ async def addresses(ipr: AsyncIPRoute, index: int) -> list[LiveAddress]:
     return out
 
 
-async def all_addresses(ipr: AsyncIPRoute) -> list[LiveAddress]:
-    """Every address on every interface (both families)."""
-    out = []
-    for family in (socket.AF_INET, socket.AF_INET6):
-        req = ifaddrmsg()
-        req["family"] = family
-        out += _addresses_from(await _dump(ipr, req, RTM_GETADDR))
-    return out
-
-
 def _addresses_from(msgs: Any) -> list[LiveAddress]:
     out = []
     for msg in msgs:

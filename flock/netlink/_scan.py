@@ -123,8 +123,12 @@ class Scanner:
     def __attrs_post_init__(self) -> None:
         fd = _nsenter.run_in_netns(self.netns, _route_socket_fd)
         self._sock = socket.socket(fileno=fd)
-        self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
-        self._sock.bind((0, 0))
+        try:
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+            self._sock.bind((0, 0))
+        except BaseException:
+            self._sock.close()
+            raise
 
     def close(self) -> None:
         self._sock.close()
