@@ -62,7 +62,8 @@ async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
     The socket is opened on a throw-away thread (see _nsenter), so the calling
     thread never changes namespace and a missing namespace is never created.
     Strict checking lets the kernel filter dumps (by interface, protocol,
-    table), so a pod's setup does not read every other pod's routes.
+    table), so a pod's setup does not read every other pod's routes.  The
+    socket is closed on exit, used or not.
     """
     if netns is None:
         ipr = AsyncIPRoute(strict_check=True)
@@ -74,6 +75,10 @@ async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
             os.close(fd)
             raise
     try:
+        if netns is not None:
+            # pyroute2 takes *fd* over (and so closes it) only when it first
+            # uses its socket: make it do so now, or an unused one would leak.
+            ipr.fileno()
         yield ipr
     finally:
         ipr.close()
