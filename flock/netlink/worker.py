@@ -213,7 +213,7 @@ class NetlinkWorker:
                 return scanner.addresses()
 
         try:
-            # A raw dump: every pod veth has an address (fe80::1), pyroute2 would decode each.
+            # One dump on a plain socket (see _scan): every pod veth has an address (fe80::1).
             return frozenset(a.address for a in await trio.to_thread.run_sync(read, limiter=self._limiter))
         except OSError as exc:
             raise faults.KernelRefused("netlink address dump failed", str(exc)) from exc

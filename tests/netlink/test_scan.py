@@ -1,5 +1,5 @@
-"""The raw start-up dumps (flock.netlink._scan) against the kernel, compared
-with what ``ip`` and pyroute2 read from the same namespace."""
+"""The start-up dumps (flock.netlink._scan) against the kernel, compared
+with what ``ip`` and pyroute2's IPRoute read from the same namespace."""
 
 import ipaddress
 import socket
@@ -7,9 +7,10 @@ import socket
 import pytest
 import trio
 from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_GETROUTE
 
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker, _nsenter, host_ifname
-from flock.netlink._scan import RTN_BLACKHOLE, Scanner
+from flock.netlink._scan import RTN_BLACKHOLE, Scanner, link_request, route_request
 from flock.testing.netns import netns_pool
 
 pytestmark = pytest.mark.usefixtures("require_root")
@@ -121,6 +122,21 @@ def test_flock_routes_are_read_as_pyroute2_reads_them(node):
             for m in ipr.route("dump", table=254, proto=ROUTE_PROTOCOL)
         }
     assert theirs == set(routes)
+
+
+def test_the_kernel_leaves_out_statistics_and_filters_routes(node):
+    with Scanner(node.path) as scanner:
+        links = scanner.dump(RTM_GETLINK, link_request)
+        routes = scanner.dump(RTM_GETROUTE, lambda: route_request(socket.AF_INET, ROUTE_PROTOCOL, RTN_BLACKHOLE))
+    assert len(links) == 4 and all(m.get_attr("IFLA_IFNAME") for m in links)
+    # IFLA_EXT_MASK: without the per-interface IPv6 statistics (two thirds of a link message).
+    inet6 = [m.get_attr("IFLA_AF_SPEC").get_attr("AF_INET6") for m in links]
+    assert all(i.get_attr("IFLA_INET6_CONF") for i in inet6)
+    assert not any(i.get_attr("IFLA_INET6_STATS") or i.get_attr("IFLA_INET6_ICMP6STATS") for i in inet6)
+    # Strict checking: the kernel sent only the one v4 blackhole of flock's, in the main table.
+    assert [(m.get_attr("RTA_DST"), m["proto"], m["type"], m["table"]) for m in routes] == [
+        ("198.51.100.0", ROUTE_PROTOCOL, RTN_BLACKHOLE, 254)
+    ]
 
 
 async def test_cleanup_reads_cheaply_and_still_finds_a_lone_stale_route(node):
