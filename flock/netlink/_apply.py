@@ -1,5 +1,6 @@
 """Kernel changes: pod setup and teardown, anycast membership, blackholes and
-the node's proxy-ARP prerequisites (coroutines for ``_conn.run_blocking``).
+the node's proxy-ARP prerequisites (coroutines for ``_conn.run_blocking``;
+:func:`setup_pod` is blocking itself).
 
 Every function here is idempotent — create, accept "exists", re-read and
 verify; delete, accept "not found" — so re-running one converges whatever an
@@ -17,9 +18,10 @@ from typing import Any
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWADDR
 
 from flock.faults import IfNameTaken, KernelRefused, NetnsUnusable, NodeUnprepared
-from flock.netlink import _conn, _nsenter
+from flock.netlink import _batch, _build, _conn, _nsenter
 from flock.netlink.desired import (
     Address,
     AppliedPlan,
@@ -210,7 +212,7 @@ async def delete_route(ipr: AsyncIPRoute, live: _conn.LiveRoute) -> None:
         ignore_codes(exc, errno.ESRCH, errno.ENOENT)
 
 
-async def setup_pod(
+def setup_pod(
     plan: PodPlan,
     *,
     pod_netns: int,
@@ -220,7 +222,101 @@ async def setup_pod(
     fault: FaultHook | None = None,
 ) -> AppliedPlan:
     """Make the kernel match *plan* in the pod namespace *pod_netns* (a
-    verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to re-run."""
+    verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to
+    re-run.  Blocking: for worker threads.
+
+    A new pod (the veth did not exist) has nothing to read or reconcile: the
+    steps go out as a few batched requests, one datagram per side and step
+    group, on plain sockets.  When the veth already exists (a retry, an
+    interrupted attempt) :func:`converge_pod` reads and repairs instead.
+    """
+    step = STEPS[0]
+
+    def done(name: str) -> None:
+        nonlocal step
+        if fault is not None:
+            fault(name)
+        step = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
+
+    def apply(sock: _batch.RtnlSocket, groups: list[tuple[str, list[_batch.Request]]]) -> None:
+        """Send the requests of consecutive steps at once; the first refusal
+        names its step (the kernel still ran the messages after it: re-running
+        converges).  EEXIST means an address is there already."""
+        nonlocal step
+        replies = iter(sock.request([r for _, requests in groups for r in requests]))
+        for name, requests in groups:
+            step = name
+            for request in requests:
+                next(replies).unwrap(*((errno.EEXIST,) if request.msg_type == RTM_NEWADDR else ()))
+            done(name)
+
+    h_name, p_name = plan.veth.host, plan.veth.pod
+    what = f"container {plan.container_id} ({h_name} <-> {plan.netns}:{p_name})"
+    try:
+        with _batch.RtnlSocket.open_in(host_netns) as host:
+            created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
+            exists = created.error is not None and created.error.code == errno.EEXIST
+            if not exists:
+                created.unwrap()
+                (h,) = got.unwrap()
+                with _batch.RtnlSocket.open_in(pod_netns) as pod:
+                    (p,) = pod.one(_build.get_link(p_name))
+                    if not peers_match(h, p):
+                        raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify")
+                    done("veth")
+                    hi, pi = h["index"], p["index"]
+                    # The marker, and addrgenmode none before the link first
+                    # goes up so the kernel never adds a link-local next to
+                    # fe80::1 (a message of its own: the kernel applies flags
+                    # before IFLA_AF_SPEC).
+                    marker = owner_marker(plan.container_id)
+                    apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
+                    _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)])
+                    done("host-sysctls")
+                    host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
+                    apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])
+                    apply(
+                        pod,
+                        [
+                            ("pod-link", [_build.set_link(pi, up=True)]),  # the MTU was set at creation
+                            ("pod-addresses", [_build.new_address(a, pi) for a in plan.addresses_on(Side.POD)]),
+                            ("pod-routes", [_build.replace_route(r, {p_name: pi}) for r in plan.routes_on(Side.POD)]),
+                        ],
+                    )
+                host_routes = [_build.replace_route(r, {h_name: hi}) for r in plan.routes_on(Side.HOST)]
+                apply(host, [("host-routes", host_routes)])
+        if not exists:
+            if plan.anycast:
+                with anycast_lock:
+                    _conn.run_blocking(_join_anycast_in, host_netns, plan, hi, settings)
+            done("anycast")
+            return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+    except _nsenter.NetnsMissing as exc:
+        raise _netns_error(plan, exc.strerror or str(exc)) from exc
+    except (NetlinkError, OSError) as exc:
+        raise _fail(step, what, exc) from exc
+    return _conn.run_blocking(
+        converge_pod,
+        plan,
+        pod_netns=pod_netns,
+        host_netns=host_netns,
+        anycast_lock=anycast_lock,
+        settings=settings,
+        fault=fault,
+    )
+
+
+async def converge_pod(
+    plan: PodPlan,
+    *,
+    pod_netns: int,
+    host_netns: str | None,
+    anycast_lock: threading.Lock,
+    settings: DataplaneSettings,
+    fault: FaultHook | None = None,
+) -> AppliedPlan:
+    """Make the kernel match *plan* whatever an earlier, interrupted attempt
+    left: read what exists and change what differs (see :func:`setup_pod`)."""
     step = STEPS[0]
 
     def done(name: str) -> None:
@@ -303,6 +399,11 @@ async def setup_pod(
         raise _fail(
             step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc
         ) from exc
+
+
+async def _join_anycast_in(host_netns: str | None, plan: PodPlan, host_index: int, settings: DataplaneSettings) -> None:
+    async with _conn.rtnl(host_netns) as host:
+        await _join_anycast(host, plan, host_index, True, settings)
 
 
 async def _join_anycast(

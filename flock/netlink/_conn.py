@@ -311,7 +311,7 @@ async def routes(
 RTNH_F_ONLINK = 4
 
 
-def _onlink(gateway: Any) -> bool:
+def onlink(gateway: Any) -> bool:
     # A gateway that is a pod's own /128 is not on any host interface's
     # prefix: without ``onlink`` BIRD's kernel protocol calls the next hop
     # "strange" and never announces the route (seen with bird 2.0.12).
@@ -333,14 +333,14 @@ def route_kwargs(route: Route, index_of: dict[str, int]) -> dict:
         kw["oif"] = index_of[hop.ifname]
         if hop.gateway is not None:
             kw["gateway"] = str(hop.gateway)
-        if _onlink(hop.gateway):
+        if onlink(hop.gateway):
             kw["flags"] = RTNH_F_ONLINK
     else:
         kw["multipath"] = [
             {
                 "oif": index_of[h.ifname],
                 **({"gateway": str(h.gateway)} if h.gateway is not None else {}),
-                **({"flags": RTNH_F_ONLINK} if _onlink(h.gateway) else {}),
+                **({"flags": RTNH_F_ONLINK} if onlink(h.gateway) else {}),
             }
             for h in route.nexthops
         ]

@@ -2,8 +2,10 @@
 
 Every operation runs its pyroute2 calls on a Trio worker thread
 (``trio.to_thread.run_sync``), in a private asyncio loop there (pyroute2's
-``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call); a
-:class:`trio.CapacityLimiter` bounds how many run at once.  Those threads
+``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call) —
+except a new pod's setup, the hot path, which sends batched requests on plain
+blocking sockets (``_batch``); a :class:`trio.CapacityLimiter` bounds how
+many run at once.  Those threads
 never change namespace: sockets and sysctl writes for another namespace are
 opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
 worker thread is always in the agent's namespace.
@@ -98,9 +100,11 @@ class NetlinkWorker:
 
     async def _run(self, fn, *args, **kwargs):
         """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
-        return await trio.to_thread.run_sync(
-            functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
-        )
+        return await self._run_sync(_conn.run_blocking, fn, *args, **kwargs)
+
+    async def _run_sync(self, fn, *args, **kwargs):
+        """Run the blocking kernel function *fn* on a worker thread."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
     @property
     def gateway6(self) -> ipaddress.IPv6Address:
@@ -123,7 +127,7 @@ class NetlinkWorker:
         *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
         plan = self.plan(alloc)
         with self.pod_netns(alloc, netns_fd) as fd:
-            applied = await self._run(
+            applied = await self._run_sync(
                 _apply.setup_pod,
                 plan,
                 pod_netns=fd,

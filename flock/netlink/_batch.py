@@ -1,0 +1,144 @@
+"""A blocking rtnetlink socket that sends several requests in one datagram.
+
+The kernel handles the messages of one ``send`` in order and acknowledges
+each (``NLM_F_ACK``): a pod's addresses and routes cost one round trip, not
+one each.  A failed message does not stop the ones after it; each reply says
+which succeeded.  Messages are pyroute2's (``ifinfmsg``, ``ifaddrmsg``,
+``rtmsg``), built and encoded by pyroute2 directly, without its request
+processors (they cost more than the kernel's work) and without an event loop.
+
+One socket per caller thread: never shared, closed after use.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import attrs
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+from flock.netlink import _nsenter
+
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11  # error acks carry the kernel's reason ("Nexthop device is not up")
+RECV_SIZE = 1 << 16
+
+
+def _socket_fd() -> int:
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE).detach()
+
+
+@attrs.frozen
+class Request:
+    """One message: a pyroute2 message object, its type and flags
+    (NLM_F_REQUEST and NLM_F_ACK are always added)."""
+
+    msg: Any
+    msg_type: int
+    flags: int = 0
+
+
+@attrs.define(eq=False)
+class Reply:
+    """The kernel's answer to one :class:`Request`: the messages it sent
+    back (a GET's answer) and the error, None when it succeeded."""
+
+    msgs: list = attrs.field(factory=list)
+    error: NetlinkError | None = None
+
+    def unwrap(self, *ignored: int) -> list:
+        """The messages; raise the error unless its code is in *ignored*."""
+        if self.error is not None and self.error.code not in ignored:
+            raise self.error
+        return self.msgs
+
+
+@attrs.define(eq=False)
+class RtnlSocket:
+    """A NETLINK_ROUTE socket: *fd* (owned from here on; its namespace is
+    the one it was made in) or, None, a new one in this thread's namespace."""
+
+    fd: int | None = None
+    _sock: socket.socket = attrs.field(init=False)
+    _marshal: MarshalRtnl = attrs.field(init=False, factory=MarshalRtnl)
+    _seq: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        if self.fd is None:
+            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        else:
+            self._sock = socket.socket(fileno=self.fd)
+        try:
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+            self._sock.bind((0, 0))
+        except BaseException:
+            self._sock.close()
+            raise
+
+    @classmethod
+    def open_in(cls, netns: str | int | None) -> RtnlSocket:
+        """A socket in *netns* (a path, a borrowed namespace fd; None: this
+        thread's), made on a throw-away thread (see _nsenter) when elsewhere."""
+        if netns is None:
+            return cls()
+        fd = _nsenter.run_in_netns(netns, _socket_fd)
+        try:
+            return cls(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> RtnlSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _encode(self, request: Request) -> tuple[int, bytes]:
+        self._seq += 1
+        msg = request.msg
+        msg["header"]["type"] = request.msg_type
+        msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | request.flags
+        msg["header"]["sequence_number"] = self._seq
+        msg["header"]["pid"] = 0
+        msg.reset()
+        msg.encode()
+        return self._seq, msg.data
+
+    def request(self, requests: list[Request] | tuple[Request, ...]) -> list[Reply]:
+        """Send *requests* in one datagram; their replies, in order.  Raises
+        only for a socket error: a refused message is its Reply's error."""
+        seqs = []
+        data = b""
+        for request in requests:
+            seq, raw = self._encode(request)
+            seqs.append(seq)
+            data += raw
+        replies = {seq: Reply() for seq in seqs}
+        self._sock.send(data)
+        pending = set(seqs)
+        while pending:
+            for msg in self._marshal.parse(self._sock.recv(RECV_SIZE)):
+                header = msg["header"]
+                reply = replies.get(header["sequence_number"])
+                if reply is None:
+                    continue  # an earlier, abandoned request's late answer
+                if header["type"] == NLMSG_ERROR:
+                    reply.error = header["error"]
+                    pending.discard(header["sequence_number"])
+                else:
+                    reply.msgs.append(msg)
+        return [replies[seq] for seq in seqs]
+
+    def one(self, request: Request, *ignored: int) -> list:
+        """One request; its answer messages.  Raises its NetlinkError unless
+        the code is in *ignored*."""
+        (reply,) = self.request([request])
+        return reply.unwrap(*ignored)
