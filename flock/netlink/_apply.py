@@ -220,10 +220,12 @@ def setup_pod(
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
+    netns_thread: _nsenter.NetnsThread | None = None,
 ) -> AppliedPlan:
     """Make the kernel match *plan* in the pod namespace *pod_netns* (a
     verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to
-    re-run.  Blocking: for worker threads.
+    re-run.  Blocking: for worker threads.  Sockets and sysctl writes in other
+    namespaces go through *netns_thread* (None: a throw-away thread each).
 
     A new pod (the veth did not exist) has nothing to read or reconcile: the
     steps go out as a few batched requests, one datagram per side and step
@@ -250,16 +252,17 @@ def setup_pod(
                 next(replies).unwrap(*((errno.EEXIST,) if request.msg_type == RTM_NEWADDR else ()))
             done(name)
 
+    enter = netns_thread.run if netns_thread is not None else _nsenter.run_in_netns
     h_name, p_name = plan.veth.host, plan.veth.pod
     what = f"container {plan.container_id} ({h_name} <-> {plan.netns}:{p_name})"
     try:
-        with _batch.RtnlSocket.open_in(host_netns) as host:
+        with _batch.RtnlSocket.open_in(host_netns, enter) as host:
             created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
             exists = created.error is not None and created.error.code == errno.EEXIST
             if not exists:
                 created.unwrap()
                 (h,) = got.unwrap()
-                with _batch.RtnlSocket.open_in(pod_netns) as pod:
+                with _batch.RtnlSocket.open_in(pod_netns, enter) as pod:
                     (p,) = pod.one(_build.get_link(p_name))
                     if not peers_match(h, p):
                         raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify")
@@ -271,7 +274,7 @@ def setup_pod(
                     # before IFLA_AF_SPEC).
                     marker = owner_marker(plan.container_id)
                     apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
-                    _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)])
+                    _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)], enter)
                     done("host-sysctls")
                     host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
                     apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])

@@ -1,8 +1,7 @@
 """A blocking rtnetlink socket that sends several requests in one datagram.
 
-The kernel handles the messages of one ``send`` in order and acknowledges
-each (``NLM_F_ACK``): a pod's addresses and routes cost one round trip, not
-one each.  A failed message does not stop the ones after it; each reply says
+The kernel handles the messages of one ``send`` in order: a pod's addresses
+and routes cost one round trip, not one each.  A failed message does not stop the ones after it; each reply says
 which succeeded.  Messages are pyroute2's (``ifinfmsg``, ``ifaddrmsg``,
 ``rtmsg``), built and encoded by pyroute2 directly, without its request
 processors (they cost more than the kernel's work) and without an event loop.
@@ -14,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -26,6 +26,9 @@ from flock.netlink import _nsenter
 SOL_NETLINK = 270
 NETLINK_EXT_ACK = 11  # error acks carry the kernel's reason ("Nexthop device is not up")
 RECV_SIZE = 1 << 16
+
+# How to call a function in a namespace: _nsenter.run_in_netns or NetnsThread.run.
+Enter = Callable[[str | int | None, Callable[[], Any]], Any]
 
 
 def _socket_fd() -> int:
@@ -80,12 +83,12 @@ class RtnlSocket:
             raise
 
     @classmethod
-    def open_in(cls, netns: str | int | None) -> RtnlSocket:
+    def open_in(cls, netns: str | int | None, enter: Enter = _nsenter.run_in_netns) -> RtnlSocket:
         """A socket in *netns* (a path, a borrowed namespace fd; None: this
-        thread's), made on a throw-away thread (see _nsenter) when elsewhere."""
+        thread's), made by *enter* on another thread when elsewhere (see _nsenter)."""
         if netns is None:
             return cls()
-        fd = _nsenter.run_in_netns(netns, _socket_fd)
+        fd = enter(netns, _socket_fd)
         try:
             return cls(fd)
         except BaseException:
@@ -101,11 +104,11 @@ class RtnlSocket:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _encode(self, request: Request) -> tuple[int, bytes]:
+    def _encode(self, request: Request, ack: bool) -> tuple[int, bytes]:
         self._seq += 1
         msg = request.msg
         msg["header"]["type"] = request.msg_type
-        msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | request.flags
+        msg["header"]["flags"] = NLM_F_REQUEST | request.flags | (NLM_F_ACK if ack else 0)
         msg["header"]["sequence_number"] = self._seq
         msg["header"]["pid"] = 0
         msg.reset()
@@ -114,28 +117,33 @@ class RtnlSocket:
 
     def request(self, requests: list[Request] | tuple[Request, ...]) -> list[Reply]:
         """Send *requests* in one datagram; their replies, in order.  Raises
-        only for a socket error: a refused message is its Reply's error."""
+        only for a socket error: a refused message is its Reply's error.
+
+        Only the last message asks for an ack: the kernel runs the messages
+        in order and answers each in order (a refusal always), so that ack
+        comes after everything the others caused, and a success needs no
+        message of its own to read."""
         seqs = []
         data = b""
-        for request in requests:
-            seq, raw = self._encode(request)
+        for i, request in enumerate(requests):
+            seq, raw = self._encode(request, ack=i == len(requests) - 1)
             seqs.append(seq)
             data += raw
         replies = {seq: Reply() for seq in seqs}
         self._sock.send(data)
-        pending = set(seqs)
-        while pending:
+        last = seqs[-1]
+        while True:
             for msg in self._marshal.parse(self._sock.recv(RECV_SIZE)):
                 header = msg["header"]
                 reply = replies.get(header["sequence_number"])
                 if reply is None:
                     continue  # an earlier, abandoned request's late answer
-                if header["type"] == NLMSG_ERROR:
-                    reply.error = header["error"]
-                    pending.discard(header["sequence_number"])
-                else:
+                if header["type"] != NLMSG_ERROR:
                     reply.msgs.append(msg)
-        return [replies[seq] for seq in seqs]
+                    continue
+                reply.error = header["error"]
+                if header["sequence_number"] == last:
+                    return [replies[seq] for seq in seqs]
 
     def one(self, request: Request, *ignored: int) -> list:
         """One request; its answer messages.  Raises its NetlinkError unless

@@ -98,7 +98,7 @@ def replace_route(route: Route, index_of: dict[str, int]) -> Request:
     msg["proto"] = route.protocol
     msg["scope"] = int(Scope.LINK) if route.scope == Scope.LINK else RT_SCOPE_UNIVERSE
     msg["type"] = _conn.RTN_UNICAST
-    attrs: list = [("RTA_TABLE", _conn.MAIN_TABLE)]
+    attrs: list = []  # the table fits the header's byte: no RTA_TABLE
     if route.dst.prefixlen:
         attrs.append(("RTA_DST", str(route.dst.network_address)))
     attrs.append(("RTA_OIF", index_of[hop.ifname]))

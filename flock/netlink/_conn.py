@@ -99,11 +99,15 @@ def sysctl_path(key: str) -> str:
     return os.path.join(PROC_SYS, key)
 
 
-def write_sysctls(netns: str | None, values: list[tuple[str, str]] | tuple) -> None:
+def write_sysctls(
+    netns: str | None,
+    values: list[tuple[str, str]] | tuple,
+    enter: Callable[[str | None, Callable[[], None]], None] = _nsenter.run_in_netns,
+) -> None:
     """Write ``/proc/sys/<key>`` = value for each pair, inside *netns* (see :func:`sysctl_path`).
 
     /proc/sys/net resolves against the namespace of the thread that opens the
-    file, so the writes run where the namespace is entered.
+    file, so the writes run where the namespace is entered (by *enter*).
     """
 
     def write() -> None:
@@ -111,7 +115,7 @@ def write_sysctls(netns: str | None, values: list[tuple[str, str]] | tuple) -> N
             with open(sysctl_path(key), "w") as f:
                 f.write(value)
 
-    _nsenter.run_in_netns(netns, write)
+    enter(netns, write)
 
 
 def read_sysctls(netns: str | None, keys: list[str] | tuple) -> dict[str, str | None]:

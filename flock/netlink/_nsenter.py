@@ -9,20 +9,29 @@ here starts a fresh ``threading.Thread`` that enters the namespace, runs the
 function and exits: the namespace switch dies with that thread.  Objects the
 function creates stay bound to the namespace they were created in (a netlink
 socket, an open ``/proc/sys/net`` file), so the caller may use them anywhere.
+
+:class:`NetnsThread` saves the thread start on the hot path (a pod's socket
+on every ADD): one long-lived thread enters the namespace per call and
+returns to its own before it takes the next; a thread that cannot prove it is
+back home exits instead of serving again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import fcntl
 import functools
 import os
+import queue
 import stat
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import attrs
 
 T = TypeVar("T")
 
@@ -188,9 +197,125 @@ def run_in_netns(netns: str | int | None, fn: Callable[[], T]) -> T:
     finally:
         if isinstance(netns, str):
             os.close(fd)
+    return _unwrap(outcome, path)
+
+
+def _unwrap(outcome: list, path: str) -> Any:
     ok, value = outcome[0]
     if not ok:
         if isinstance(value, OSError) and value.errno == errno.EINVAL:
             raise NetnsMissing(errno.EINVAL, "not a network namespace", path) from value
         raise value
     return value
+
+
+THREAD_NETNS = "/proc/thread-self/ns/net"
+
+
+def _identity(path_or_fd: str | int) -> tuple[int, int]:
+    st = os.stat(path_or_fd)
+    return st.st_dev, st.st_ino
+
+
+@attrs.define(eq=False)
+class NetnsThread:
+    """Runs small functions in other network namespaces on one long-lived
+    thread (started on first use, gone after *idle* seconds without work).
+
+    Before it takes the next call the thread re-enters its home namespace
+    (the one it was born in: its creator's, never a pod's, as no thread that
+    runs this code has left its own) and verifies it by the identity of
+    ``/proc/thread-self/ns/net``.  If that fails it exits, never serving
+    again, and hands the calls still queued to throw-away threads
+    (:func:`run_in_netns`); the next call starts a new thread.
+    """
+
+    idle: float = 10.0
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _queue: queue.SimpleQueue | None = attrs.field(init=False, default=None)
+    # The serving thread's native id and its home namespace fd (tests look at
+    # them), None when there is no serving thread.
+    native_id: int | None = attrs.field(init=False, default=None)
+    home_fd: int | None = attrs.field(init=False, default=None)
+
+    def run(self, netns: str | int | None, fn: Callable[[], T]) -> T:
+        """Call *fn* in *netns* as :func:`run_in_netns` does (same arguments,
+        errors and result), on the long-lived thread."""
+        if netns is None:
+            return fn()
+        path = netns if isinstance(netns, str) else f"fd {netns}"
+        fd = open_netns(netns) if isinstance(netns, str) else netns
+        outcome: list = []
+        finished = threading.Lock()
+        finished.acquire()
+        try:
+            with self._lock:
+                if self._queue is None:
+                    self._queue = queue.SimpleQueue()
+                    threading.Thread(target=self._serve, args=(self._queue,), name="flock-netns", daemon=True).start()
+                self._queue.put((fd, fn, outcome, finished))
+            finished.acquire()
+        finally:
+            if isinstance(netns, str):
+                os.close(fd)
+        return _unwrap(outcome, path)
+
+    def _serve(self, jobs: queue.SimpleQueue) -> None:
+        try:
+            home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._give_up(jobs)
+            return
+        try:
+            home_id = _identity(home)
+            self.native_id, self.home_fd = threading.get_native_id(), home
+            while True:
+                try:
+                    fd, fn, outcome, finished = jobs.get(timeout=self.idle)
+                except queue.Empty:
+                    with self._lock:
+                        if jobs.empty():  # callers put under this lock: none can be lost
+                            self._retire(jobs)
+                            return
+                    continue
+                try:
+                    _setns(fd)
+                    outcome.append((True, fn()))
+                except BaseException as exc:  # handed to the caller's thread, re-raised there
+                    outcome.append((False, exc))
+                try:
+                    _setns(home)
+                    at_home = _identity(THREAD_NETNS) == home_id
+                except OSError:
+                    at_home = False
+                if not at_home:
+                    with self._lock:
+                        self._retire(jobs)
+                    finished.release()
+                    self._give_up(jobs)
+                    return
+                finished.release()
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(home)
+
+    def _give_up(self, jobs: queue.SimpleQueue) -> None:
+        """Serve no more: the calls still queued run on throw-away threads."""
+        with self._lock:
+            self._retire(jobs)
+        while True:
+            try:
+                fd, fn, outcome, finished = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcome.append((True, run_in_netns(fd, fn)))
+            except BaseException as exc:  # handed to the caller's thread, re-raised there
+                outcome.append((False, exc))
+            finished.release()
+
+    def _retire(self, jobs: queue.SimpleQueue) -> None:
+        """Stop taking calls (with the lock held)."""
+        if self._queue is jobs:
+            self._queue = None
+            self.native_id = self.home_fd = None

@@ -7,8 +7,9 @@ except a new pod's setup, the hot path, which sends batched requests on plain
 blocking sockets (``_batch``); a :class:`trio.CapacityLimiter` bounds how
 many run at once.  Those threads
 never change namespace: sockets and sysctl writes for another namespace are
-opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
-worker thread is always in the agent's namespace.
+opened on a dedicated short-lived thread, or for a new pod on one
+long-lived thread that returns home after each (see ``_nsenter``), so a
+reused worker thread is always in the agent's namespace.
 
 Error handling: nothing is retried here.  Kernel refusals propagate as
 :class:`~flock.faults.KernelRefused`, a missing or invalid pod namespace as
@@ -67,6 +68,8 @@ class NetlinkWorker:
     _anycast_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     # Namespaces no pod may be set up in: the agent's own, PID 1's, host_netns.
     _refused: frozenset[tuple[int, int]] = attrs.field(init=False)
+    # Opens each new pod's netlink socket in its namespace (see _nsenter).
+    _netns_thread: _nsenter.NetnsThread = attrs.field(init=False, factory=_nsenter.NetnsThread)
 
     def __attrs_post_init__(self) -> None:
         self._limiter = trio.CapacityLimiter(self.max_parallel)
@@ -135,6 +138,7 @@ class NetlinkWorker:
                 anycast_lock=self._anycast_lock,
                 settings=self.settings,
                 fault=self.fault,
+                netns_thread=self._netns_thread,
             )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
         return applied
