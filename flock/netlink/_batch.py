@@ -37,12 +37,13 @@ def _socket_fd() -> int:
 
 @attrs.frozen
 class Request:
-    """One message: a pyroute2 message object, its type and flags
-    (NLM_F_REQUEST and NLM_F_ACK are always added)."""
+    """One message: a pyroute2 message object, its type, flags (besides
+    NLM_F_REQUEST and the batch's NLM_F_ACK) and what it does, in words."""
 
     msg: Any
     msg_type: int
     flags: int = 0
+    what: str = ""
 
 
 @attrs.define(eq=False)
@@ -53,10 +54,16 @@ class Reply:
     msgs: list = attrs.field(factory=list)
     error: NetlinkError | None = None
 
+    what: str = ""
+
     def unwrap(self, *ignored: int) -> list:
-        """The messages; raise the error unless its code is in *ignored*."""
+        """The messages; raise the error (naming the request) unless its code
+        is in *ignored*."""
         if self.error is not None and self.error.code not in ignored:
-            raise self.error
+            reason = (
+                self.error.args[1] if len(self.error.args) > 1 and self.error.args[1] else os.strerror(self.error.code)
+            )
+            raise NetlinkError(self.error.code, f"{self.what}: {reason}" if self.what else reason)
         return self.msgs
 
 
@@ -129,7 +136,7 @@ class RtnlSocket:
             seq, raw = self._encode(request, ack=i == len(requests) - 1)
             seqs.append(seq)
             data += raw
-        replies = {seq: Reply() for seq in seqs}
+        replies = {seq: Reply(what=r.what) for seq, r in zip(seqs, requests, strict=True)}
         self._sock.send(data)
         last = seqs[-1]
         while True:

@@ -41,13 +41,13 @@ def new_veth(host: str, pod: str, pod_netns: int, mtu: int | None) -> Request:
             {"attrs": [("IFLA_INFO_KIND", "veth"), ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]})]},
         ),
     ]
-    return Request(msg, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL)
+    return Request(msg, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, f"create veth {host} <-> {pod}")
 
 
 def get_link(name: str) -> Request:
     msg = ifinfmsg()
     msg["attrs"] = [("IFLA_IFNAME", name)]
-    return Request(msg, RTM_GETLINK)
+    return Request(msg, RTM_GETLINK, what=f"read link {name}")
 
 
 def set_link(
@@ -70,7 +70,9 @@ def set_link(
         gen = [("IFLA_INET6_ADDR_GEN_MODE", _conn.ADDRGENMODE_NONE)]
         attrs.append(("IFLA_AF_SPEC", {"attrs": [("AF_INET6", {"attrs": gen})]}))
     msg["attrs"] = attrs
-    return Request(msg, RTM_NEWLINK)
+    changes = [f"alias {alias}" if alias is not None else "", f"mtu {mtu}" if mtu else ""]
+    changes += ["addrgenmode none" if addrgenmode_none else "", "up" if up else ""]
+    return Request(msg, RTM_NEWLINK, what=f"set link #{index} " + " ".join(c for c in changes if c))
 
 
 def new_address(addr: Address, index: int) -> Request:
@@ -83,7 +85,7 @@ def new_address(addr: Address, index: int) -> Request:
     msg["index"] = index
     text = str(addr.address)
     msg["attrs"] = [("IFA_LOCAL", text), ("IFA_ADDRESS", text)] if addr.family == 4 else [("IFA_ADDRESS", text)]
-    return Request(msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL)
+    return Request(msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, f"add address {addr} to link #{index}")
 
 
 def replace_route(route: Route, index_of: dict[str, int]) -> Request:
@@ -107,4 +109,4 @@ def replace_route(route: Route, index_of: dict[str, int]) -> Request:
         if _conn.onlink(hop.gateway):
             msg["flags"] = _conn.RTNH_F_ONLINK
     msg["attrs"] = attrs
-    return Request(msg, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE)
+    return Request(msg, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, f"replace route {route}")
