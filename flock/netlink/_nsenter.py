@@ -18,7 +18,6 @@ back home exits instead of serving again.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -233,8 +232,8 @@ class NetnsThread:
     idle: float = 10.0
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _queue: queue.SimpleQueue | None = attrs.field(init=False, default=None)
-    # The serving thread's native id and its home namespace fd (tests look at
-    # them), None when there is no serving thread.
+    # The serving thread's native id (None: there is none) and, during a
+    # call, its way home: the fd of the namespace it left (tests look at them).
     native_id: int | None = attrs.field(init=False, default=None)
     home_fd: int | None = attrs.field(init=False, default=None)
 
@@ -262,22 +261,27 @@ class NetnsThread:
 
     def _serve(self, jobs: queue.SimpleQueue) -> None:
         try:
-            home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+            home_id = _identity(THREAD_NETNS)
         except OSError:
             self._give_up(jobs)
             return
-        try:
-            home_id = _identity(home)
-            self.native_id, self.home_fd = threading.get_native_id(), home
-            while True:
-                try:
-                    fd, fn, outcome, finished = jobs.get(timeout=self.idle)
-                except queue.Empty:
-                    with self._lock:
-                        if jobs.empty():  # callers put under this lock: none can be lost
-                            self._retire(jobs)
-                            return
-                    continue
+        self.native_id = threading.get_native_id()
+        while True:
+            try:
+                fd, fn, outcome, finished = jobs.get(timeout=self.idle)
+            except queue.Empty:
+                with self._lock:
+                    if jobs.empty():  # callers put under this lock: none can be lost
+                        self._retire(jobs)
+                        return
+                continue
+            at_home = False
+            try:
+                # Opened per call: an idle thread holds no descriptor.
+                home = self.home_fd = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                outcome.append((False, exc))
+            else:
                 try:
                     _setns(fd)
                     outcome.append((True, fn()))
@@ -287,17 +291,17 @@ class NetnsThread:
                     _setns(home)
                     at_home = _identity(THREAD_NETNS) == home_id
                 except OSError:
-                    at_home = False
-                if not at_home:
-                    with self._lock:
-                        self._retire(jobs)
-                    finished.release()
-                    self._give_up(jobs)
-                    return
+                    pass
+                finally:
+                    self.home_fd = None
+                    os.close(home)
+            if not at_home:
+                with self._lock:
+                    self._retire(jobs)
                 finished.release()
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(home)
+                self._give_up(jobs)
+                return
+            finished.release()
 
     def _give_up(self, jobs: queue.SimpleQueue) -> None:
         """Serve no more: the calls still queued run on throw-away threads."""

@@ -94,11 +94,15 @@ def test_netns_thread_that_cannot_prove_it_is_home_never_serves_again():
         a, b = pool.create("a"), pool.create("b")
         helper.run(a.path, own_netns)
         first = helper.native_id
-        # Its way home now leads into b: it must notice and leave.
         fd = os.open(b.path, os.O_RDONLY)
-        try:
+
+        def lead_home_astray():
+            # Its way home now leads into b: it must notice and leave.
             os.dup2(fd, helper.home_fd)
-            assert helper.run(a.path, own_netns) == _nsenter.run_in_netns(a.path, own_netns)
+            return own_netns()
+
+        try:
+            assert helper.run(a.path, lead_home_astray) == _nsenter.run_in_netns(a.path, own_netns)
         finally:
             os.close(fd)
         assert helper.native_id is None
