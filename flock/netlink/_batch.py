@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_ERROR
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from flock.netlink import _nsenter
@@ -26,6 +27,7 @@ from flock.netlink import _nsenter
 SOL_NETLINK = 270
 NETLINK_EXT_ACK = 11  # error acks carry the kernel's reason ("Nexthop device is not up")
 RECV_SIZE = 1 << 16
+_GETS = frozenset({RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE})
 
 # How to call a function in a namespace: _nsenter.run_in_netns or NetnsThread.run.
 Enter = Callable[[str | int | None, Callable[[], Any]], Any]
@@ -44,6 +46,11 @@ class Request:
     msg_type: int
     flags: int = 0
     what: str = ""
+
+    @property
+    def answers(self) -> bool:
+        """Whether the kernel answers it even when it succeeds (a GET)."""
+        return self.msg_type in _GETS
 
 
 @attrs.define(eq=False)
@@ -126,14 +133,17 @@ class RtnlSocket:
         """Send *requests* in one datagram; their replies, in order.  Raises
         only for a socket error: a refused message is its Reply's error.
 
-        Only the last message asks for an ack: the kernel runs the messages
-        in order and answers each in order (a refusal always), so that ack
-        comes after everything the others caused, and a success needs no
-        message of its own to read."""
+        Only the last message asks for an ack, and not even it when it is a
+        GET (its answer is enough): the kernel runs the messages in order and
+        answers each in order (a refusal always), so the last answer comes
+        after everything the others caused, and a success needs no message
+        of its own to read.  Not for dumps (their answers have no end here)."""
+        if any(r.flags & NLM_F_DUMP for r in requests):
+            raise ValueError("request() sends no dumps")
         seqs = []
         data = b""
         for i, request in enumerate(requests):
-            seq, raw = self._encode(request, ack=i == len(requests) - 1)
+            seq, raw = self._encode(request, ack=i == len(requests) - 1 and not request.answers)
             seqs.append(seq)
             data += raw
         replies = {seq: Reply(what=r.what) for seq, r in zip(seqs, requests, strict=True)}
@@ -145,10 +155,10 @@ class RtnlSocket:
                 reply = replies.get(header["sequence_number"])
                 if reply is None:
                     continue  # an earlier, abandoned request's late answer
-                if header["type"] != NLMSG_ERROR:
+                if header["type"] == NLMSG_ERROR:
+                    reply.error = header["error"]
+                else:
                     reply.msgs.append(msg)
-                    continue
-                reply.error = header["error"]
                 if header["sequence_number"] == last:
                     return [replies[seq] for seq in seqs]
 
