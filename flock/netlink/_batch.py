@@ -138,7 +138,7 @@ class RtnlSocket:
         answers each in order (a refusal always), so the last answer comes
         after everything the others caused, and a success needs no message
         of its own to read.  Not for dumps (their answers have no end here)."""
-        if any(r.flags & NLM_F_DUMP for r in requests):
+        if any(r.answers and r.flags & NLM_F_DUMP for r in requests):
             raise ValueError("request() sends no dumps")
         seqs = []
         data = b""
