@@ -76,7 +76,8 @@ def set_link(
 
 
 def new_address(addr: Address, index: int) -> Request:
-    """*addr* on *index* (IPv4 with IFA_LOCAL too, as ``ip addr add`` does)."""
+    """*addr* on *index*.  IPv4 takes IFA_LOCAL (the kernel copies it to
+    IFA_ADDRESS, as for ``ip addr add``), IPv6 IFA_ADDRESS."""
     msg = ifaddrmsg()
     msg["family"] = socket.AF_INET6 if addr.family == 6 else socket.AF_INET
     msg["prefixlen"] = addr.prefixlen
@@ -84,7 +85,7 @@ def new_address(addr: Address, index: int) -> Request:
     msg["scope"] = RT_SCOPE_UNIVERSE
     msg["index"] = index
     text = str(addr.address)
-    msg["attrs"] = [("IFA_LOCAL", text), ("IFA_ADDRESS", text)] if addr.family == 4 else [("IFA_ADDRESS", text)]
+    msg["attrs"] = [("IFA_LOCAL" if addr.family == 4 else "IFA_ADDRESS", text)]
     return Request(msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, f"add address {addr} to link #{index}")
 
 
