@@ -6,7 +6,7 @@ on a checkout whose setup_pod is a coroutine, through ``_conn.run_blocking``
 as its worker does), ``worker`` awaits ``NetlinkWorker.setup`` from Trio,
 which is the agent's "netlink" ADD stage (thread hop included).  Every pod is
 then removed with ``NetlinkWorker.teardown`` (the DEL stage).  Each call's
-wall time and the process's CPU time (all threads, user and system) are one sample; the first pod of each process is a warm-up, not counted.
+X
 
 Pods are dual-stack (a /128 and a /32, no anycast): the common case.
 ``--before DIR`` runs another checkout (e.g. ``git archive main | tar -x -C
@@ -19,6 +19,7 @@ namespace, so load from elsewhere hits both alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import ipaddress
 import json
@@ -44,6 +45,7 @@ def _cpu() -> float:
 class Samples:
     def __init__(self) -> None:
         self.data: dict[str, dict[str, list[float]]] = {op: {"wall": [], "cpu": []} for op in OPS}
+        self.data["kernel"] = {}  # batch kind -> the send() of each: the kernel's work (netlink runs in the sender)
 
     def timed(self, op: str, start: float, cpu0: float) -> None:
         self.data[op]["wall"].append((time.perf_counter() - start) * 1000)
@@ -104,6 +106,7 @@ def worker(pods: int, tag: str) -> dict:
             if i and i != len(allocs):
                 samples.timed("teardown", t0, c0)
 
+    timing = kernel_timing(samples.data["kernel"])
     with netns_pool(f"fl-bnl-{tag}-") as pool:
         allocs = [alloc(i, pool.create(f"p{i}").path) for i in range(2 * pods + 2)]
         trio.run(NetlinkWorker(settings=settings).prepare_node, "uplink")
@@ -111,11 +114,60 @@ def worker(pods: int, tag: str) -> dict:
         direct = allocs[pods + 1 :]
         for i, a in enumerate(direct):
             t0, c0 = time.perf_counter(), _cpu()
-            setup_direct(a)
+            with timing(i > 0):
+                setup_direct(a)
             if i:
                 samples.timed("setup_direct", t0, c0)
         trio.run(run, allocs[: pods + 1], direct)
     return samples.data
+
+
+class _TimedSend:
+    def __init__(self, sock: object, into: list[float]) -> None:
+        self.sock, self.into = sock, into
+
+    def send(self, data: bytes) -> int:
+        t0 = time.perf_counter()
+        try:
+            return self.sock.send(data)  # type: ignore[attr-defined]
+        finally:
+            self.into.append((time.perf_counter() - t0) * 1000)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def kernel_timing(into: dict[str, list[float]]):
+    """A context manager factory: while on, each batched request's send()
+    is timed by kind (checkouts without flock.netlink._batch: nothing)."""
+    try:
+        from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
+
+        from flock.netlink import _batch
+    except ImportError:
+        return lambda on: contextlib.nullcontext()
+    names = {RTM_NEWLINK: "link", RTM_GETLINK: "getlink", RTM_NEWADDR: "addr", RTM_NEWROUTE: "route"}
+    original = _batch.RtnlSocket.request
+
+    def timed(self, requests):
+        kind = "+".join(names.get(r.msg_type, str(r.msg_type)) for r in requests)
+        sock = self._sock
+        self._sock = _TimedSend(sock, into.setdefault(kind, []))
+        try:
+            return original(self, requests)
+        finally:
+            self._sock = sock
+
+    @contextlib.contextmanager
+    def on(active: bool):
+        if active:
+            _batch.RtnlSocket.request = timed
+        try:
+            yield
+        finally:
+            _batch.RtnlSocket.request = original
+
+    return on
 
 
 def figures(values: list[float]) -> dict:
@@ -155,11 +207,12 @@ def inside(pods: int, rounds: int, before: str | None) -> dict:
             if out.returncode != 0:
                 raise RuntimeError(f"{name} round {r}: exit {out.returncode}: {out.stderr[-2000:]}")
             data = json.loads(out.stdout.splitlines()[-1])
-            for op in OPS:
-                for kind in ("wall", "cpu"):
-                    merged[name].data[op][kind] += data[op][kind]
+            for op in (*OPS, "kernel"):
+                for kind, values in data[op].items():
+                    merged[name].data[op].setdefault(kind, []).extend(values)
     results = {
-        name: {op: {kind: figures(v) for kind, v in s.data[op].items()} for op in OPS} for name, s in merged.items()
+        name: {op: {kind: figures(v) for kind, v in s.data[op].items()} for op in (*OPS, "kernel")}
+        for name, s in merged.items()
     }
     for op in OPS:
         for name in impls:
@@ -170,6 +223,13 @@ def inside(pods: int, rounds: int, before: str | None) -> dict:
                 f"  (n={f['wall']['n']})",
                 flush=True,
             )
+    kernel = results["this"]["kernel"]
+    if kernel:
+        print("setup_direct this: kernel time per batched send (ms, median / mean):", flush=True)
+        for kind, f in kernel.items():
+            print(f"    {kind:40} {f['median']:6.3f} / {f['mean']:6.3f}", flush=True)
+        total = sum(f["mean"] for f in kernel.values())
+        print(f"    {'all, per pod (sum of means)':40} {total:6.3f}", flush=True)
     return results
 
 
