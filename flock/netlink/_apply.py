@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import attrs
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWADDR
@@ -212,6 +213,31 @@ async def delete_route(ipr: AsyncIPRoute, live: _conn.LiveRoute) -> None:
         ignore_codes(exc, errno.ESRCH, errno.ENOENT)
 
 
+@attrs.define(eq=False)
+class _Steps:
+    """Where a setup is (the step a failure is reported under) and the fault
+    hook, called after each step in order."""
+
+    fault: FaultHook | None
+    current: str = STEPS[0]
+
+    def done(self, name: str) -> None:
+        if self.fault is not None:
+            self.fault(name)
+        self.current = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
+
+    def apply(self, sock: _batch.RtnlSocket, groups: list[tuple[str, list[_batch.Request]]]) -> None:
+        """Send the requests of consecutive steps in one datagram; the first
+        refusal names its step (the kernel still ran the messages after it:
+        re-running converges).  EEXIST of an address means it is there."""
+        replies = iter(sock.request([r for _, requests in groups for r in requests]))
+        for name, requests in groups:
+            self.current = name
+            for request in requests:
+                next(replies).unwrap(*((errno.EEXIST,) if request.msg_type == RTM_NEWADDR else ()))
+            self.done(name)
+
+
 def setup_pod(
     plan: PodPlan,
     *,
@@ -227,77 +253,30 @@ def setup_pod(
     re-run.  Blocking: for worker threads.  Sockets and sysctl writes in other
     namespaces go through *netns_thread* (None: a throw-away thread each).
 
-    A new pod (the veth did not exist) has nothing to read or reconcile: the
-    steps go out as a few batched requests, one datagram per side and step
-    group, on plain sockets.  When the veth already exists (a retry, an
-    interrupted attempt) :func:`converge_pod` reads and repairs instead.
+    A new pod (creating the veth succeeds) has nothing to read or reconcile:
+    its steps go out as a few batched requests on plain sockets
+    (:func:`_setup_new`).  When the veth exists already (a retry, an
+    interrupted attempt, a name taken) :func:`converge_pod` reads and repairs.
     """
-    step = STEPS[0]
-
-    def done(name: str) -> None:
-        nonlocal step
-        if fault is not None:
-            fault(name)
-        step = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
-
-    def apply(sock: _batch.RtnlSocket, groups: list[tuple[str, list[_batch.Request]]]) -> None:
-        """Send the requests of consecutive steps at once; the first refusal
-        names its step (the kernel still ran the messages after it: re-running
-        converges).  EEXIST means an address is there already."""
-        nonlocal step
-        replies = iter(sock.request([r for _, requests in groups for r in requests]))
-        for name, requests in groups:
-            step = name
-            for request in requests:
-                next(replies).unwrap(*((errno.EEXIST,) if request.msg_type == RTM_NEWADDR else ()))
-            done(name)
-
+    steps = _Steps(fault)
     enter = netns_thread.run if netns_thread is not None else _nsenter.run_in_netns
     h_name, p_name = plan.veth.host, plan.veth.pod
-    what = f"container {plan.container_id} ({h_name} <-> {plan.netns}:{p_name})"
     try:
         with _batch.RtnlSocket.open_in(host_netns, enter) as host:
             created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
-            exists = created.error is not None and created.error.code == errno.EEXIST
-            if not exists:
+            if created.error is None or created.error.code != errno.EEXIST:
                 created.unwrap()
                 (h,) = got.unwrap()
-                with _batch.RtnlSocket.open_in(pod_netns, enter) as pod:
-                    (p,) = pod.one(_build.get_link(p_name))
-                    if not peers_match(h, p):
-                        raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify")
-                    done("veth")
-                    hi, pi = h["index"], p["index"]
-                    # The marker, and addrgenmode none before the link first
-                    # goes up so the kernel never adds a link-local next to
-                    # fe80::1 (a message of its own: the kernel applies flags
-                    # before IFLA_AF_SPEC).
-                    marker = owner_marker(plan.container_id)
-                    apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
-                    _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)], enter)
-                    done("host-sysctls")
-                    host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
-                    apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])
-                    apply(
-                        pod,
-                        [
-                            ("pod-link", [_build.set_link(pi, up=True)]),  # the MTU was set at creation
-                            ("pod-addresses", [_build.new_address(a, pi) for a in plan.addresses_on(Side.POD)]),
-                            ("pod-routes", [_build.replace_route(r, {p_name: pi}) for r in plan.routes_on(Side.POD)]),
-                        ],
-                    )
-                host_routes = [_build.replace_route(r, {h_name: hi}) for r in plan.routes_on(Side.HOST)]
-                apply(host, [("host-routes", host_routes)])
-        if not exists:
-            if plan.anycast:
-                with anycast_lock:
-                    _conn.run_blocking(_join_anycast_in, host_netns, plan, hi, settings)
-            done("anycast")
-            return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+                p = _setup_new(host, h, plan, pod_netns=pod_netns, host_netns=host_netns, enter=enter, steps=steps)
+                if plan.anycast:
+                    with anycast_lock:
+                        _conn.run_blocking(_join_anycast_in, host_netns, plan, h["index"], settings)
+                steps.done("anycast")
+                return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
     except _nsenter.NetnsMissing as exc:
         raise _netns_error(plan, exc.strerror or str(exc)) from exc
     except (NetlinkError, OSError) as exc:
-        raise _fail(step, what, exc) from exc
+        raise _fail(steps.current, f"container {plan.container_id} ({h_name} <-> {plan.netns}:{p_name})", exc) from exc
     return _conn.run_blocking(
         converge_pod,
         plan,
@@ -307,6 +286,46 @@ def setup_pod(
         settings=settings,
         fault=fault,
     )
+
+
+def _setup_new(
+    host: _batch.RtnlSocket,
+    h: Any,
+    plan: PodPlan,
+    *,
+    pod_netns: int,
+    host_netns: str | None,
+    enter: _batch.Enter,
+    steps: _Steps,
+) -> Any:
+    """Every step but anycast for the veth just created (*h*: its host end,
+    made with the MTU, both ends down); the pod end's link message."""
+    h_name, p_name = plan.veth.host, plan.veth.pod
+    with _batch.RtnlSocket.open_in(pod_netns, enter) as pod:
+        (p,) = pod.one(_build.get_link(p_name))
+        if not peers_match(h, p):
+            raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
+        steps.done("veth")
+        hi, pi = h["index"], p["index"]
+        # The marker, and addrgenmode none before the link first goes up so
+        # the kernel never adds a link-local next to fe80::1 (a message of
+        # its own: the kernel applies flags before IFLA_AF_SPEC).
+        marker = owner_marker(plan.container_id)
+        steps.apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
+        _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)], enter)
+        steps.done("host-sysctls")
+        host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
+        steps.apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])
+        steps.apply(
+            pod,
+            [
+                ("pod-link", [_build.set_link(pi, up=True)]),
+                ("pod-addresses", [_build.new_address(a, pi) for a in plan.addresses_on(Side.POD)]),
+                ("pod-routes", [_build.replace_route(r, {p_name: pi}) for r in plan.routes_on(Side.POD)]),
+            ],
+        )
+    steps.apply(host, [("host-routes", [_build.replace_route(r, {h_name: hi}) for r in plan.routes_on(Side.HOST)])])
+    return p
 
 
 async def converge_pod(
