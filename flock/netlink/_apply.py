@@ -321,10 +321,10 @@ def _setup_new(
             [
                 ("pod-link", [_build.set_link(pi, up=True)]),
                 ("pod-addresses", [_build.new_address(a, pi) for a in plan.addresses_on(Side.POD)]),
-                ("pod-routes", [_build.replace_route(r, {p_name: pi}) for r in plan.routes_on(Side.POD)]),
+                ("pod-routes", [_build.replace_route(r, pi) for r in plan.routes_on(Side.POD)]),
             ],
         )
-    steps.apply(host, [("host-routes", [_build.replace_route(r, {h_name: hi}) for r in plan.routes_on(Side.HOST)])])
+    steps.apply(host, [("host-routes", [_build.replace_route(r, hi) for r in plan.routes_on(Side.HOST)])])
     return p
 
 

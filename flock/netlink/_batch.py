@@ -1,16 +1,18 @@
 """A blocking rtnetlink socket that sends several requests in one datagram.
 
 The kernel handles the messages of one ``send`` in order: a pod's addresses
-and routes cost one round trip, not one each.  A failed message does not stop the ones after it; each reply says
-which succeeded.  Messages are pyroute2's (``ifinfmsg``, ``ifaddrmsg``,
-``rtmsg``), built and encoded by pyroute2 directly, without its request
-processors (they cost more than the kernel's work) and without an event loop.
+and routes cost one round trip, not one each.  A failed message does not
+stop the ones after it; each reply says which succeeded.  Messages are
+pyroute2's (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``), built and encoded by
+pyroute2 directly, without its request processors (they cost more than the
+kernel's work) and without an event loop.
 
 One socket per caller thread: never shared, closed after use.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable
@@ -39,18 +41,35 @@ def _socket_fd() -> int:
 
 @attrs.frozen
 class Request:
-    """One message: a pyroute2 message object, its type, flags (besides
-    NLM_F_REQUEST and the batch's NLM_F_ACK) and what it does, in words."""
+    """One message: its type, flags (besides NLM_F_REQUEST and the batch's
+    NLM_F_ACK), what it does in words, and how to make it: *build* (a pure
+    function) called with *args* (hashable) returns the pyroute2 message."""
 
-    msg: Any
     msg_type: int
-    flags: int = 0
-    what: str = ""
+    flags: int
+    what: str
+    build: Callable[..., Any]
+    args: tuple = ()
 
     @property
     def answers(self) -> bool:
         """Whether the kernel answers it even when it succeeds (a GET)."""
         return self.msg_type in _GETS
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded(build: Callable[..., Any], args: tuple, msg_type: int, flags: int, seq: int) -> bytes:
+    """The message as pyroute2 encodes it.  Pure, so remembered: a new pod's
+    socket numbers its requests alike every time and its interface is
+    usually index 2, so most of the pod side (link up, the default routes)
+    encodes to the same bytes pod after pod."""
+    msg = build(*args)
+    msg["header"]["type"] = msg_type
+    msg["header"]["flags"] = flags
+    msg["header"]["sequence_number"] = seq
+    msg["header"]["pid"] = 0
+    msg.encode()
+    return bytes(msg.data)
 
 
 @attrs.define(eq=False)
@@ -120,14 +139,8 @@ class RtnlSocket:
 
     def _encode(self, request: Request, ack: bool) -> tuple[int, bytes]:
         self._seq += 1
-        msg = request.msg
-        msg["header"]["type"] = request.msg_type
-        msg["header"]["flags"] = NLM_F_REQUEST | request.flags | (NLM_F_ACK if ack else 0)
-        msg["header"]["sequence_number"] = self._seq
-        msg["header"]["pid"] = 0
-        msg.reset()
-        msg.encode()
-        return self._seq, msg.data
+        flags = NLM_F_REQUEST | request.flags | (NLM_F_ACK if ack else 0)
+        return self._seq, _encoded(request.build, request.args, request.msg_type, flags, self._seq)
 
     def request(self, requests: list[Request] | tuple[Request, ...]) -> list[Reply]:
         """Send *requests* in one datagram; their replies, in order.  Raises

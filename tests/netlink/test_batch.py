@@ -32,8 +32,7 @@ def test_every_message_is_answered_in_order_and_a_refusal_does_not_stop_the_rest
                 _build.new_address(Address(Side.HOST, "v0", ip("2001:db8::1"), 64), index),
                 _build.new_address(Address(Side.HOST, "v0", ip("2001:db8::2"), 64), 999_999),  # no such link
                 _build.replace_route(
-                    Route(Side.HOST, ipaddress.ip_network("2001:db8:1::/64"), (Nexthop("v0"),), Scope.UNIVERSE),
-                    {"v0": index},
+                    Route(Side.HOST, ipaddress.ip_network("2001:db8:1::/64"), (Nexthop("v0"),), Scope.UNIVERSE), index
                 ),
             ]
         )
