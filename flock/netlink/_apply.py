@@ -9,11 +9,13 @@ earlier, interrupted run left behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
+import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -262,12 +264,15 @@ def setup_pod(
     enter = netns_thread.run if netns_thread is not None else _nsenter.run_in_netns
     h_name, p_name = plan.veth.host, plan.veth.pod
     try:
-        with _batch.RtnlSocket.open_in(host_netns, enter) as host:
+        with (
+            _batch.RtnlSocket.open_in(host_netns, enter) as host,
+            _pod_socket_early(pod_netns, netns_thread) as pod_socket,
+        ):
             created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
             if created.error is None or created.error.code != errno.EEXIST:
                 created.unwrap()
                 (h,) = got.unwrap()
-                p = _setup_new(host, h, plan, pod_netns=pod_netns, host_netns=host_netns, enter=enter, steps=steps)
+                p = _setup_new(host, pod_socket, h, plan, host_netns=host_netns, enter=enter, steps=steps)
                 if plan.anycast:
                     with anycast_lock:
                         _conn.run_blocking(_join_anycast_in, host_netns, plan, h["index"], settings)
@@ -288,12 +293,38 @@ def setup_pod(
     )
 
 
+@contextlib.contextmanager
+def _pod_socket_early(
+    pod_netns: int, netns_thread: _nsenter.NetnsThread | None
+) -> Iterator[Callable[[], _batch.RtnlSocket]]:
+    """Start making a socket in the pod's namespace now, on *netns_thread*,
+    while this thread waits for the kernel to create the veth; yields how to
+    take it (the taker owns it); closes it if it was never taken."""
+    if netns_thread is None:
+        yield lambda: _batch.RtnlSocket.open_in(pod_netns)
+        return
+    pending = netns_thread.submit(pod_netns, _batch.socket_fd)
+    taken = False
+
+    def take() -> _batch.RtnlSocket:
+        nonlocal taken
+        taken = True
+        return _batch.RtnlSocket(pending.result())
+
+    try:
+        yield take
+    finally:
+        if not taken:
+            with contextlib.suppress(Exception):
+                os.close(pending.result())
+
+
 def _setup_new(
     host: _batch.RtnlSocket,
+    pod_socket: Callable[[], _batch.RtnlSocket],
     h: Any,
     plan: PodPlan,
     *,
-    pod_netns: int,
     host_netns: str | None,
     enter: _batch.Enter,
     steps: _Steps,
@@ -301,7 +332,7 @@ def _setup_new(
     """Every step but anycast for the veth just created (*h*: its host end,
     made with the MTU, both ends down); the pod end's link message."""
     h_name, p_name = plan.veth.host, plan.veth.pod
-    with _batch.RtnlSocket.open_in(pod_netns, enter) as pod:
+    with pod_socket() as pod:
         (p,) = pod.one(_build.get_link(p_name))
         if not peers_match(h, p):
             raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")

@@ -35,7 +35,8 @@ _GETS = frozenset({RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE})
 Enter = Callable[[str | int | None, Callable[[], Any]], Any]
 
 
-def _socket_fd() -> int:
+def socket_fd() -> int:
+    """A new NETLINK_ROUTE socket's fd, in this thread's namespace."""
     return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE).detach()
 
 
@@ -121,7 +122,7 @@ class RtnlSocket:
         thread's), made by *enter* on another thread when elsewhere (see _nsenter)."""
         if netns is None:
             return cls()
-        fd = enter(netns, _socket_fd)
+        fd = enter(netns, socket_fd)
         try:
             return cls(fd)
         except BaseException:

@@ -211,6 +211,33 @@ def _unwrap(outcome: list, path: str) -> Any:
 THREAD_NETNS = "/proc/thread-self/ns/net"
 
 
+def _outcome_of(fn: Callable[[], Any]) -> list:
+    try:
+        return [(True, fn())]
+    except Exception as exc:  # handed to Pending.result, re-raised there
+        return [(False, exc)]
+
+
+@attrs.define(eq=False)
+class Pending:
+    """A call submitted to a :class:`NetnsThread`."""
+
+    path: str
+    outcome: list = attrs.field(factory=list)
+    finished: threading.Lock | None = None
+    close: int | None = None  # the namespace fd submit opened, closed once the call is done
+
+    def result(self) -> Any:
+        """Wait for the call; its result, or its exception re-raised."""
+        if self.finished is not None:
+            self.finished.acquire()
+            self.finished = None
+            if self.close is not None:
+                os.close(self.close)
+                self.close = None
+        return _unwrap(self.outcome, self.path)
+
+
 def _identity(path_or_fd: str | int) -> tuple[int, int]:
     st = os.stat(path_or_fd)
     return st.st_dev, st.st_ino
@@ -240,24 +267,29 @@ class NetnsThread:
     def run(self, netns: str | int | None, fn: Callable[[], T]) -> T:
         """Call *fn* in *netns* as :func:`run_in_netns` does (same arguments,
         errors and result), on the long-lived thread."""
+        return self.submit(netns, fn).result()
+
+    def submit(self, netns: str | int | None, fn: Callable[[], T]) -> Pending:
+        """Start calling *fn* in *netns* and return at once; the caller must
+        collect :meth:`Pending.result` (which also closes a path it opened)."""
         if netns is None:
-            return fn()
+            return Pending(path="", outcome=_outcome_of(fn))
         path = netns if isinstance(netns, str) else f"fd {netns}"
         fd = open_netns(netns) if isinstance(netns, str) else netns
-        outcome: list = []
         finished = threading.Lock()
         finished.acquire()
+        pending = Pending(path=path, finished=finished, close=fd if isinstance(netns, str) else None)
         try:
             with self._lock:
                 if self._queue is None:
                     self._queue = queue.SimpleQueue()
                     threading.Thread(target=self._serve, args=(self._queue,), name="flock-netns", daemon=True).start()
-                self._queue.put((fd, fn, outcome, finished))
-            finished.acquire()
-        finally:
-            if isinstance(netns, str):
-                os.close(fd)
-        return _unwrap(outcome, path)
+                self._queue.put((fd, fn, pending.outcome, finished))
+        except BaseException:
+            if pending.close is not None:
+                os.close(pending.close)
+            raise
+        return pending
 
     def _serve(self, jobs: queue.SimpleQueue) -> None:
         try:
