@@ -4,12 +4,12 @@ Every operation runs its pyroute2 calls on a Trio worker thread
 (``trio.to_thread.run_sync``), in a private asyncio loop there (pyroute2's
 ``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call) —
 except a new pod's setup, the hot path, which sends batched requests on plain
-blocking sockets (``_batch``); a :class:`trio.CapacityLimiter` bounds how
-many run at once.  Those threads
-never change namespace: sockets and sysctl writes for another namespace are
-opened on a dedicated short-lived thread, or for a new pod on one
-long-lived thread that returns home after each (see ``_nsenter``), so a
-reused worker thread is always in the agent's namespace.
+blocking sockets (``_batch``).  A :class:`trio.CapacityLimiter` bounds how
+many run at once.  Those threads never change namespace: sockets and sysctl
+writes for another namespace are opened on a dedicated short-lived thread,
+or for a new pod on one long-lived thread that returns home after each call
+(see ``_nsenter``), so a reused worker thread is always in the agent's
+namespace.
 
 Error handling: nothing is retried here.  Kernel refusals propagate as
 :class:`~flock.faults.KernelRefused`, a missing or invalid pod namespace as
