@@ -38,7 +38,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from flock.netlink import _nsenter
+from flock.netlink import _batch, _nsenter
 from flock.netlink.desired import Nexthop, Route, Scope, Side
 
 RTEXT_FILTER_SKIP_STATS = 1 << 3  # linux/rtnetlink.h; pyroute2 names no RTEXT_FILTER_*
@@ -128,7 +128,7 @@ class Scanner:
     _seq: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
-        fd = _nsenter.run_in_netns(self.netns, _route_socket_fd)
+        fd = _nsenter.run_in_netns(self.netns, _batch.socket_fd)
         self._sock = socket.socket(fileno=fd)
         try:
             self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
@@ -233,7 +233,3 @@ class Scanner:
                 network = ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False)
                 out.append(RawRoute(network, rtype, proto, msg["scope"], hops))
         return out
-
-
-def _route_socket_fd() -> int:
-    return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE).detach()
