@@ -65,10 +65,10 @@ from flock.store._thread import MAX_GROUP
 
 __all__ = [
     "FILENAME",
-    "LazyCall",
     "MAX_GROUP",
     "MIGRATIONS",
     "AllocationNotFound",
+    "LazyCall",
     "Migration",
     "Store",
     "StoreCorrupt",

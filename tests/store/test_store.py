@@ -4,7 +4,6 @@ import sqlite3
 import threading
 
 import attrs
-
 import pytest
 import trio
 import trio.testing
