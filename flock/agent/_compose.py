@@ -106,7 +106,7 @@ def compose(
         watermark=policy_link,
         metrics=PolicyMetrics(metrics.registry),
     )
-    removals = VethRemovals(netlink)
+    removals = VethRemovals(netlink, checkpoint=crash)
     handler = PodHandler(
         store=store,
         dataplane=netlink,

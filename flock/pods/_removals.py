@@ -38,7 +38,7 @@ import trio
 
 from flock.faults import Fault
 
-from ._protocols import Dataplane
+from ._protocols import Checkpoint, Dataplane, NoCheckpoint
 
 log = logging.getLogger("flock.pods")
 
@@ -68,6 +68,8 @@ class VethRemovals:
     dataplane: Dataplane
     parallel: int = PARALLEL_REMOVALS
     drain_deadline: float = DRAIN_S
+    # Told "before-veth-removal" as each removal begins (the crash tests kill the agent there).
+    checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
     #: Failed attempts so far (each is logged and retried).
     failures: int = attrs.field(init=False, default=0)
     _pending: dict[str, _Removal] = attrs.field(init=False, factory=dict)
@@ -141,6 +143,7 @@ class VethRemovals:
 
     async def _remove(self, removal: _Removal) -> None:
         cid = removal.container_id
+        self.checkpoint.reached("before-veth-removal")
         pause = RETRY_FIRST_S
         while True:
             try:
