@@ -29,7 +29,7 @@ import trio
 
 from flock import errors
 from flock.faults import Fault, KernelRefused
-from flock.ipam import AddressConflict, Addresses, Ipam
+from flock.ipam import AddressConflict, Addresses, AnnotationError, Ipam, PoolExhausted
 from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
 from flock.rpc import Request, check_cni_version, convert_result
 from flock.state import Gate, NodeState
@@ -323,11 +323,20 @@ class PodHandler:
             pod = PodInfo(namespace="", name=ref.name, annotations=annotations)
             log.info("container without a pod: NodeConfig defaults", extra={"options": annotations})
         lap("pod_lookup")
-        ipam = self._ipam
         try:
-            held = ipam.allocate(request.container_id, pod)
+            held = self._ipam.allocate(request.container_id, pod)
+        except (PoolExhausted, AnnotationError):
+            # Full, or a fixed address taken: perhaps only by DEL'd pods whose
+            # veths are still being removed (a StatefulSet pod's new sandbox
+            # asks for its old address).  Wait for those, then try once more.
+            if not self._releasing or self.removals is None:
+                raise
+            for cid in list(self._releasing):
+                await self.removals.wait(cid)
+            held = self._ipam.allocate(request.container_id, pod)
         finally:
             self._publish_exhaustion()
+        ipam = self._ipam
         lap("ipam")
         now = self.clock()
         alloc = Allocation(

@@ -92,6 +92,10 @@ class VethRemovals:
     def is_pending(self, container_id: str) -> bool:
         return container_id in self._pending
 
+    def container_ids(self) -> list[str]:
+        """The containers whose removal is pending."""
+        return sorted(self._pending)
+
     def submit(self, container_id: str, done: Callable[[], None]) -> None:
         """Delete *container_id*'s host veth in the background, then call *done*
         (on the Trio thread).  Only while :attr:`running`; the caller holds the

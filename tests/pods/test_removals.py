@@ -68,15 +68,25 @@ async def test_del_answers_before_the_veth_goes_and_its_addresses_stay_held_unti
             assert "c0ffee0a" in kernel.veths and held(handler) == {"c0ffee0a"}
             await trio.sleep(1)  # the removal is under way, in the kernel
             assert removals.pending == 1 and kernel.teardowns == [("c0ffee0a", False)]
-            # Another pod cannot get an address the old veth still routes.
+            # Another pod cannot get an address the old veth still routes: an ADD
+            # asking for it (a StatefulSet's new sandbox) waits for the removal.
+            results = []
+
+            async def add_b() -> None:
+                results.append(await handler(request("ADD", cid="c0ffee0b", pod="b")))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(add_b)
+                await trio.sleep(5)
+                assert results == [] and "c0ffee0b" not in rows.rows and held(handler) == {"c0ffee0a"}
+                kernel.teardown_gate.set()
+            assert "c0ffee0a" not in kernel.veths and held(handler) == {"c0ffee0b"} and removals.pending == 0
+            assert any(ip["address"].startswith(PINNED + "/") for ip in results[0]["ips"])
+            # With nothing pending, the same conflict fails at once (code 7 naming the holder).
+            pods(api, "c", addresses=PINNED)
             with pytest.raises(errors.CniError) as info:
-                await handler(request("ADD", cid="c0ffee0b", pod="b"))
-            assert PINNED in info.value.details
-            kernel.teardown_gate.set()
-            await removals.wait("c0ffee0a")
-            assert "c0ffee0a" not in kernel.veths and held(handler) == set() and removals.pending == 0
-            result = await handler(request("ADD", cid="c0ffee0b", pod="b"))
-            assert any(ip["address"].startswith(PINNED + "/") for ip in result["ips"])
+                await handler(request("ADD", cid="c0ffee0c", pod="c"))
+            assert PINNED in info.value.details and "c0ffee0b" in info.value.details
 
 
 async def test_add_check_and_del_of_the_same_container_wait_for_its_pending_removal(autojump_clock):
