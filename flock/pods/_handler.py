@@ -220,7 +220,9 @@ class PodHandler:
             op = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "STATUS": self.status, "GC": self.gc}[
                 request.op
             ]
-            return await op(request)
+            # Background veth removals let requests go first.
+            with self.removals.request() if self.removals is not None else contextlib.nullcontext():
+                return await op(request)
         except Exception as exc:
             err = cni_error(exc)
             if err is None:

@@ -26,12 +26,19 @@ the retry finds nothing and succeeds.  Anything else is a bug: it ends the
 service, the supervisor restarts it, and the restarted service takes up every
 removal still pending.  Without the service running (stopped, restarting,
 or a handler built without one) DEL removes the veth itself, synchronously.
+
+Requests first: a removal waits while the handler has requests in flight
+(:meth:`VethRemovals.request`), at most :data:`MAX_YIELD_S`, so a burst of
+DELs is answered before the deletions take CPU; a removal someone waits
+for (:meth:`VethRemovals.wait`: an ADD of the same container ID, or one
+that needs its addresses) starts at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import attrs
 import trio
@@ -51,6 +58,8 @@ RETRY_MAX_S = 60.0
 # (what is left is the start-up cleanup's; the agent's drains together are
 # bounded by flock.agent's SHUTDOWN_DEADLINE_S).
 DRAIN_S = 3.0
+# How long a removal lets requests in flight go first.
+MAX_YIELD_S = 1.0
 
 
 @attrs.define(eq=False)
@@ -59,6 +68,7 @@ class _Removal:
     done: Callable[[], None]
     finished: trio.Event = attrs.field(factory=trio.Event)
     running: bool = False
+    urgent: bool = False  # someone waits for it: no yielding to requests
 
 
 @attrs.define(eq=False)
@@ -75,6 +85,9 @@ class VethRemovals:
     _pending: dict[str, _Removal] = attrs.field(init=False, factory=dict)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
+    _in_flight: int = attrs.field(init=False, default=0)
+    # Set (and replaced) when the requests in flight reach none, or a removal becomes urgent.
+    _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
         self._limiter = trio.CapacityLimiter(self.parallel)
@@ -108,10 +121,33 @@ class VethRemovals:
         self._start(removal)
 
     async def wait(self, container_id: str) -> None:
-        """Return once no removal of *container_id* is pending."""
+        """Return once no removal of *container_id* is pending (it starts at once)."""
         while (removal := self._pending.get(container_id)) is not None:
+            if not removal.urgent:
+                removal.urgent = True
+                self._wake()
             await removal.finished.wait()
         await trio.lowlevel.checkpoint()
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Around each request the handler serves: removals wait while any is in flight."""
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _yield_to_requests(self, removal: _Removal) -> None:
+        with trio.move_on_after(MAX_YIELD_S):
+            while self._in_flight and not removal.urgent:
+                await self._changed.wait()
 
     async def drain(self) -> None:
         """Shutdown: wait up to ``drain_deadline`` for the pending removals."""
@@ -150,6 +186,7 @@ class VethRemovals:
         self.checkpoint.reached("before-veth-removal")
         pause = RETRY_FIRST_S
         while True:
+            await self._yield_to_requests(removal)
             try:
                 async with self._limiter:
                     # Anycast routes were left before the DEL answered; the

@@ -237,3 +237,39 @@ async def test_drain_waits_a_bounded_time(autojump_clock, caplog):
             assert trio.current_time() - began == removals.drain_deadline and removals.pending == 1
             assert "veth removals pending" in caplog.text
             kernel.teardown_gate.set()
+
+
+async def test_removals_let_requests_in_flight_go_first_for_at_most_a_second(autojump_clock):
+    api = ObjectStore()
+    pods(api, "a", "b", "c", "d", "e")
+    with trio.fail_after(30):
+        async with running(api) as (handler, kernel, _rows, removals):
+            for name in "abc":
+                await handler(request("ADD", cid=f"c0ffee0{name}", pod=name))
+            kernel.gate = trio.Event()  # setups hang: an ADD stays in flight
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(handler, request("ADD", cid="c0ffee0d", pod="d"))
+                await handler(request("DEL", cid="c0ffee0a", pod="a"))
+                await trio.sleep(0.5)
+                assert kernel.teardowns == []  # the ADD in flight goes first
+                kernel.gate.set()
+            await removals.wait("c0ffee0a")
+            assert trio.current_time() < 1 and kernel.teardowns == [("c0ffee0a", False)]
+
+            kernel.gate = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(handler, request("ADD", cid="c0ffee0e", pod="e"))
+                began = trio.current_time()
+                await handler(request("DEL", cid="c0ffee0b", pod="b"))
+                await trio.sleep(0.9)
+                assert len(kernel.teardowns) == 1
+                await trio.sleep(0.2)  # a second at most, even while requests keep coming
+                assert kernel.teardowns[1] == ("c0ffee0b", False) and trio.current_time() - began < 1.2
+
+                # An ADD of the same container waits for its removal, which then starts at once.
+                await handler(request("DEL", cid="c0ffee0c", pod="c"))
+                nursery.start_soon(handler, request("ADD", cid="c0ffee0c", pod="c"))
+                await trio.sleep(0.1)
+                assert kernel.teardowns[2] == ("c0ffee0c", False)
+                kernel.gate.set()
+            assert set(handler.state.allocations) == {"c0ffee0c", "c0ffee0d", "c0ffee0e"}
