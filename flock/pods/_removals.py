@@ -28,10 +28,11 @@ removal still pending.  Without the service running (stopped, restarting,
 or a handler built without one) DEL removes the veth itself, synchronously.
 
 Requests first: a removal waits while the handler has requests in flight
-(:meth:`VethRemovals.request`), at most :data:`MAX_YIELD_S`, so a burst of
-DELs is answered before the deletions take CPU; a removal someone waits
-for (:meth:`VethRemovals.wait`: an ADD of the same container ID, or one
-that needs its addresses) starts at once.
+(:meth:`VethRemovals.request`) and for :data:`QUIET_S` after the last one,
+at most :data:`MAX_YIELD_S`, so a burst of DELs is answered before the
+deletions take CPU (and the GIL from the agent's loop and store thread); a
+removal someone waits for (:meth:`VethRemovals.wait`: an ADD of the same
+container ID, or one that needs its addresses) starts at once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ RETRY_MAX_S = 60.0
 # (what is left is the start-up cleanup's; the agent's drains together are
 # bounded by flock.agent's SHUTDOWN_DEADLINE_S).
 DRAIN_S = 3.0
-# How long a removal lets requests in flight go first.
+# A removal starts once no request has been in flight for QUIET_S (a burst
+# of DELs arrives as a stream of short requests), or after MAX_YIELD_S.
+QUIET_S = 0.02
 MAX_YIELD_S = 1.0
 
 
@@ -86,6 +89,7 @@ class VethRemovals:
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _in_flight: int = attrs.field(init=False, default=0)
+    _quiet_since: float = attrs.field(init=False, default=float("-inf"))
     # Set (and replaced) when the requests in flight reach none, or a removal becomes urgent.
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
 
@@ -138,6 +142,7 @@ class VethRemovals:
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
+                self._quiet_since = trio.current_time()
                 self._wake()
 
     def _wake(self) -> None:
@@ -146,8 +151,15 @@ class VethRemovals:
 
     async def _yield_to_requests(self, removal: _Removal) -> None:
         with trio.move_on_after(MAX_YIELD_S):
-            while self._in_flight and not removal.urgent:
-                await self._changed.wait()
+            while not removal.urgent:
+                if self._in_flight:
+                    await self._changed.wait()
+                    continue
+                quiet_at = self._quiet_since + QUIET_S
+                if trio.current_time() >= quiet_at:
+                    return
+                with trio.move_on_at(quiet_at):
+                    await self._changed.wait()
 
     async def drain(self) -> None:
         """Shutdown: wait up to ``drain_deadline`` for the pending removals."""

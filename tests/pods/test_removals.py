@@ -15,6 +15,7 @@ import trio
 from flock import errors
 from flock.model import NodeConfig
 from flock.pods import PodHandler, VethRemovals
+from flock.pods._removals import QUIET_S
 from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher
@@ -243,7 +244,7 @@ async def test_removals_let_requests_in_flight_go_first_for_at_most_a_second(aut
     api = ObjectStore()
     pods(api, "a", "b", "c", "d", "e")
     with trio.fail_after(30):
-        async with running(api) as (handler, kernel, _rows, removals):
+        async with running(api) as (handler, kernel, _rows, _removals):
             for name in "abc":
                 await handler(request("ADD", cid=f"c0ffee0{name}", pod=name))
             kernel.gate = trio.Event()  # setups hang: an ADD stays in flight
@@ -253,8 +254,10 @@ async def test_removals_let_requests_in_flight_go_first_for_at_most_a_second(aut
                 await trio.sleep(0.5)
                 assert kernel.teardowns == []  # the ADD in flight goes first
                 kernel.gate.set()
-            await removals.wait("c0ffee0a")
-            assert trio.current_time() < 1 and kernel.teardowns == [("c0ffee0a", False)]
+            await trio.sleep(QUIET_S / 2)
+            assert kernel.teardowns == []  # and the quiet period after it
+            await trio.sleep(QUIET_S)
+            assert kernel.teardowns == [("c0ffee0a", False)]
 
             kernel.gate = trio.Event()
             async with trio.open_nursery() as nursery:
