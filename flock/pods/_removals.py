@@ -190,8 +190,11 @@ class VethRemovals:
     def _start(self, removal: _Removal) -> None:
         assert self._nursery is not None
         if not removal.running:
+            try:
+                self._nursery.start_soon(self._remove, removal, name=f"remove-veth-{removal.container_id}")
+            except RuntimeError:  # the service is stopping: the next run() takes it up
+                return
             removal.running = True
-            self._nursery.start_soon(self._remove, removal, name=f"remove-veth-{removal.container_id}")
 
     async def _remove(self, removal: _Removal) -> None:
         cid = removal.container_id
