@@ -471,7 +471,11 @@ class PodHandler:
             if alloc is None:
                 log.info("DEL of an unknown container: nothing to do")
                 return {}
-            await self._forget(alloc, request.netns, request.if_name, lap, defer=True)
+            # A Kubernetes pod's namespace is destroyed right after its DEL: the
+            # veth may go later.  A container without a pod (podman, nerdctl, CNI
+            # used directly) may keep its namespace and attach it to another
+            # network under the same interface name: its veth goes before DEL answers.
+            await self._forget(alloc, request.netns, request.if_name, lap, defer=bool(alloc.namespace))
         log.info("pod network removed", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return {}
 

@@ -276,3 +276,20 @@ async def test_removals_let_requests_in_flight_go_first_for_at_most_a_second(aut
                 assert kernel.teardowns[2] == ("c0ffee0c", False)
                 kernel.gate.set()
             assert set(handler.state.allocations) == {"c0ffee0c", "c0ffee0d", "c0ffee0e"}
+
+
+async def test_a_container_without_a_pod_loses_its_veth_before_del_answers(autojump_clock):
+    """podman network disconnect/connect keeps the container's namespace: the
+    old interface must be gone when DEL answers, so that one is not deferred."""
+    api = ObjectStore()
+    with trio.fail_after(30):
+        async with running(api) as (handler, kernel, rows, removals):
+            podman = request("ADD", cid="c0ffee0a")
+            podman.args = "IgnoreUnknown=1;K8S_POD_NAME=my_app.1"
+            await handler(podman)
+            assert rows.rows["c0ffee0a"].namespace == ""
+            gone = request("DEL", cid="c0ffee0a")
+            gone.args = podman.args
+            await handler(gone)
+            assert kernel.veths == {} and held(handler) == set() and removals.pending == 0
+            assert kernel.teardowns == [("c0ffee0a", False)]
