@@ -3,7 +3,10 @@
 Deleting a veth (RTM_DELLINK) costs the kernel 20-45 ms of RCU grace
 periods, most of a DEL's time, while nothing in DEL's answer depends on it:
 once the row is deleted and the allocation dropped from the node's view,
-the pod is gone for the runtime, BIRD and the policy.  So DEL hands the
+the pod is gone for the runtime, BIRD and the policy.  (Only for a
+Kubernetes pod, whose namespace is destroyed right after its DEL: a
+container without a pod may keep its namespace and attach it to another
+network under the same interface name, so its DEL removes the veth itself.)  So DEL hands the
 deletion to this service and answers; removals run concurrently (the
 kernel's waits overlap) on the netlink worker.
 
