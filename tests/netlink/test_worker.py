@@ -516,3 +516,34 @@ async def test_a_refusal_inside_a_batch_names_its_step_and_a_rerun_converges(poo
         assert await w.check(alloc("c1", pod)) == []
         ping6 = await run(pod, "ping", "-6", "-c1", "-W1", "fe80::1%eth0")
         assert ping6.returncode == 0, ping6.stdout + ping6.stderr
+
+
+async def test_teardown_without_routes_relies_on_the_kernel_dropping_single_path_routes(pool, node):
+    """A pod without anycast addresses: DEL skips the route dump, the kernel
+    drops the veth's /128 and /32 with it."""
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        w = await worker_for(node)
+        await w.setup(alloc("c1", pod))
+        assert flock_state(node)[0] != []
+        await w.teardown("c1", routes=False)
+        assert flock_state(node) == ([], "")
+
+
+@pytest.mark.parametrize("anycast", ["2001:db8:aa::1", "203.0.113.9"])
+async def test_leave_routes_keeps_the_veth_and_the_other_pods_multipath_route(pool, node, anycast):
+    """Deferred DEL of an anycast pod: it leaves its multipath routes first (an IPv4
+    one would die whole with the veth), the veth goes later without a route dump."""
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        _p1, _a, b = await two_pods_sharing(pool, w, [anycast])
+        fam = "-6" if ":" in anycast else "-4"
+        await w.leave_routes("a1")
+        route = node.ip(fam, "route", "show", anycast)
+        assert "nexthop" not in route and host_ifname("b1") in route, route
+        assert host_ifname("a1") in node.ip("-o", "link")  # still there
+        await w.teardown("a1", routes=False)
+        assert host_ifname("a1") not in node.ip("-o", "link")
+        assert host_ifname("b1") in node.ip(fam, "route", "show", anycast)
+        assert await w.check(b) == []
+        await w.leave_routes("a1")  # gone already: nothing to do
