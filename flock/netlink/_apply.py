@@ -539,6 +539,37 @@ async def ensure_anycast(host: AsyncIPRoute, plans: list[PodPlan], settings: Dat
     return changed
 
 
+def remove_veth(
+    container_id: str,
+    *,
+    host_netns: str | None,
+    settings: DataplaneSettings,
+    enter: _batch.Enter = _nsenter.run_in_netns,
+) -> None:
+    """Delete the pod's host veth if flock can prove it made it (see
+    :func:`owned_by_flock`); gone already counts as removed.  Routes are not
+    touched: for a pod without anycast addresses (or one that has left its
+    multipath routes, :func:`teardown_pod` with ``link=False``) the kernel
+    drops its single-path routes with the device.  Blocking, two requests on
+    a plain socket (:mod:`._batch`): the deferred DEL's whole kernel part."""
+    name = host_ifname(container_id, settings.host_prefix)
+    try:
+        with _batch.RtnlSocket.open_in(host_netns, enter) as host:
+            found = host.one(_build.get_link(name), errno.ENODEV)
+            if not found:
+                return
+            (msg,) = found
+            if not owned_by_flock(msg, settings, container_id):
+                log.warning(
+                    "not deleting a link flock cannot prove it made",
+                    extra={"container_id": container_id, "interface": name, "alias": msg.get("IFLA_IFALIAS")},
+                )
+                return
+            host.one(_build.del_link(msg["index"], name), errno.ENODEV)
+    except (NetlinkError, OSError) as exc:
+        raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
+
+
 async def teardown_pod(
     container_id: str,
     *,

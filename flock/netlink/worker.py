@@ -153,6 +153,15 @@ class NetlinkWorker:
         *routes*=False skips leaving flock's routes first: right for a pod
         without anycast addresses, or one that has left them already
         (:meth:`leave_routes`); the kernel drops its single-path routes with the veth."""
+        if not routes:
+            await self._run_sync(
+                _apply.remove_veth,
+                container_id,
+                host_netns=self.host_netns,
+                settings=self.settings,
+                enter=self._netns_thread.run,
+            )
+            return
         await self._run(
             _apply.teardown_pod,
             container_id,
