@@ -8,6 +8,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     flock-agent                 (flock.agent.Agent; the store is opened before it)
     ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
     ├── startup                 logs "ready" once (with when each gate opened); hands back the GC
+    ├── removals                flock.pods.VethRemovals: DEL's veth deletions, in the background
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
     ├── health                  /healthz /readyz /metrics (flock.health)
     ├── pods                    flock.pods.NodeBringUp: start-up (ADD behind its gate), then NodeConfig changes
@@ -48,7 +49,7 @@ from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec, Restart
-from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler
+from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler, VethRemovals
 from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
 from flock.rpc.server import RpcServer, SocketInUse
 from flock.state import NodeState
@@ -107,6 +108,7 @@ def compose(
         watermark=policy_link,
         metrics=PolicyMetrics(metrics.registry),
     )
+    removals = VethRemovals(netlink, checkpoint=crash)
     handler = PodHandler(
         store=store,
         dataplane=netlink,
@@ -116,6 +118,7 @@ def compose(
         stage=metrics.stage,
         checkpoint=crash,
         policy=policy,
+        removals=removals,
     )
     pending_deletes = settings.socket.parent / PENDING_DELETES
     bringup = NodeBringUp(
@@ -129,6 +132,16 @@ def compose(
     host, port = settings.health_address
     health = HealthServer(host, port, readiness=state, metrics=metrics)
     _node_metrics(metrics, state)
+    metrics.gauge(
+        "flock_veth_removals_pending",
+        "DEL'd pods whose host veth is still being deleted (their addresses stay held until it is gone).",
+        lambda: float(removals.pending),
+    )
+    metrics.counter(
+        "flock_veth_removal_failures",
+        "Failed background veth deletions (each logged with its container_id and retried).",
+        lambda: float(removals.failures),
+    )
     admin = AdminServer(
         settings.admin_path,
         AdminOps(
@@ -143,6 +156,8 @@ def compose(
     services = [
         # Logs when the node is first ready; hands the garbage collector back.
         ChildSpec("startup", StartupWatch(state).run, restart=Restart.TRANSIENT),
+        # Before the RPC server, so DEL defers from the first request (without it DEL deletes synchronously).
+        ChildSpec("removals", removals.run),
         # Another agent on the socket does not go away by restarting: exit at once.
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
@@ -169,7 +184,8 @@ def compose(
         _bgp_metrics(metrics, state, sessions)
         services.append(ChildSpec("bird", BirdFollower(state, reloader).run))
         services.append(ChildSpec("bgp-sessions", sessions.run))
-    return Agent(services, drains=[rpc.drain])
+    # SIGTERM: no new requests, then a bounded wait for the veths DEL handed off.
+    return Agent(services, drains=[rpc.drain, removals.drain])
 
 
 def _node_metrics(metrics: Metrics, state: NodeState) -> None:
