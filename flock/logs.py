@@ -94,7 +94,7 @@ def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> Non
     """Install one handler on the root logger (replacing any earlier one)."""
     # Neither format shows where a call was made from nor the thread or process: skip
     # collecting them for every record (the logging HOWTO's "Optimization" switches).
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
