@@ -24,6 +24,9 @@ class Kind(enum.Enum):
     POD = "Pod"
 
 
+_EVERY_KIND = frozenset(Kind)
+
+
 @attrs.frozen
 class PolicySnapshot:
     """Everything the watchers know at one instant.
@@ -41,7 +44,7 @@ class PolicySnapshot:
 
     @property
     def complete(self) -> bool:
-        return self.synced == frozenset(Kind)
+        return self.synced == _EVERY_KIND
 
 
 class PolicySource(Protocol):
