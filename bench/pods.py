@@ -20,7 +20,7 @@ round, so load from elsewhere on the machine hits them alike.
 
 Prints a human summary, then the figures as a final JSON line.
 
-    python bench/pods.py [--parallel 1,10] [--rounds 20,5] [--before DIR]
+    python bench/pods.py [--parallel 1,10] [--rounds 20,5] [--before DIR] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -268,7 +268,9 @@ BENCH_POLICY = {
 }
 
 
-def inside(parallel: list[int], rounds: list[int], before: str | None, policy: bool = False) -> dict:
+def inside(
+    parallel: list[int], rounds: list[int], before: str | None, policy: bool = False, baseline: bool = True
+) -> dict:
     results: dict = {}
     seq = [0]
     with (
@@ -291,7 +293,7 @@ def inside(parallel: list[int], rounds: list[int], before: str | None, policy: b
             if policy:
                 api.create(NETWORKPOLICIES, BENCH_POLICY)
                 time.sleep(1)  # the agents apply it (nothing to enforce yet: no bench pod exists)
-            impls = [*flocks, Ptp(str(work / "host-local"))]
+            impls = [*flocks, Ptp(str(work / "host-local"))] if baseline else [*flocks]
             for n, r in zip(parallel, rounds, strict=True):
                 figures = measure(impls, pool, api, n, r, seq)
                 for f in flocks:
@@ -338,11 +340,17 @@ def main() -> None:
         "--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side"
     )
     ap.add_argument("--policy", action="store_true", help="a NetworkPolicy selects every bench pod")
+    ap.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="flock only, no ptp (its rounds leave the agents idle, and their idle CPU lands in the per-pod figure)",
+    )
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parallel, rounds = parallel_rounds(ap, args)
     if args.inside:
-        results = inside(parallel, rounds, args.before, args.policy)
+        results = inside(parallel, rounds, args.before, args.policy, args.baseline)
         print(
             json.dumps(
                 {
@@ -361,6 +369,8 @@ def main() -> None:
         extra += ["--before", os.path.abspath(args.before)]
     if args.policy:
         extra.append("--policy")
+    if not args.baseline:
+        extra.append("--no-baseline")
     returncode = rerun_in_node_namespace(__file__, extra)
     sys.exit(returncode)
 
