@@ -1,5 +1,6 @@
 """Kernel changes: pod setup and teardown, anycast membership, blackholes and
-the node's proxy-ARP prerequisites (coroutines for ``_conn.run_blocking``).
+the node's proxy-ARP prerequisites (coroutines for ``_conn.run_blocking``;
+:func:`setup_pod` is blocking itself).
 
 Every function here is idempotent — create, accept "exists", re-read and
 verify; delete, accept "not found" — so re-running one converges whatever an
@@ -8,18 +9,22 @@ earlier, interrupted run left behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
+import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import attrs
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWADDR
 
 from flock.faults import IfNameTaken, KernelRefused, NetnsUnusable, NodeUnprepared
-from flock.netlink import _conn, _nsenter
+from flock.netlink import _batch, _build, _conn, _nsenter
 from flock.netlink.desired import (
     Address,
     AppliedPlan,
@@ -210,7 +215,151 @@ async def delete_route(ipr: AsyncIPRoute, live: _conn.LiveRoute) -> None:
         ignore_codes(exc, errno.ESRCH, errno.ENOENT)
 
 
-async def setup_pod(
+@attrs.define(eq=False)
+class _Steps:
+    """Where a setup is (the step a failure is reported under) and the fault
+    hook, called after each step in order."""
+
+    fault: FaultHook | None
+    current: str = STEPS[0]
+
+    def done(self, name: str) -> None:
+        if self.fault is not None:
+            self.fault(name)
+        self.current = STEPS[min(STEPS.index(name) + 1, len(STEPS) - 1)]
+
+    def apply(self, sock: _batch.RtnlSocket, groups: list[tuple[str, list[_batch.Request]]]) -> None:
+        """Send the requests of consecutive steps in one datagram; the first
+        refusal names its step (the kernel still ran the messages after it:
+        re-running converges).  EEXIST of an address means it is there."""
+        replies = iter(sock.request([r for _, requests in groups for r in requests]))
+        for name, requests in groups:
+            self.current = name
+            for request in requests:
+                next(replies).unwrap(*((errno.EEXIST,) if request.msg_type == RTM_NEWADDR else ()))
+            self.done(name)
+
+
+def setup_pod(
+    plan: PodPlan,
+    *,
+    pod_netns: int,
+    host_netns: str | None,
+    anycast_lock: threading.Lock,
+    settings: DataplaneSettings,
+    fault: FaultHook | None = None,
+    netns_thread: _nsenter.NetnsThread | None = None,
+) -> AppliedPlan:
+    """Make the kernel match *plan* in the pod namespace *pod_netns* (a
+    verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to
+    re-run.  Blocking: for worker threads.  Sockets and sysctl writes in other
+    namespaces go through *netns_thread* (None: a throw-away thread each).
+
+    A new pod (creating the veth succeeds) has nothing to read or reconcile:
+    its steps go out as a few batched requests on plain sockets
+    (:func:`_setup_new`).  When the veth exists already (a retry, an
+    interrupted attempt, a name taken) :func:`converge_pod` reads and repairs.
+    """
+    steps = _Steps(fault)
+    enter = netns_thread.run if netns_thread is not None else _nsenter.run_in_netns
+    h_name, p_name = plan.veth.host, plan.veth.pod
+    try:
+        with (
+            _batch.RtnlSocket.open_in(host_netns, enter) as host,
+            _pod_socket_early(pod_netns, netns_thread) as pod_socket,
+        ):
+            created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
+            if created.error is None or created.error.code != errno.EEXIST:
+                created.unwrap()
+                (h,) = got.unwrap()
+                p = _setup_new(host, pod_socket, h, plan, host_netns=host_netns, enter=enter, steps=steps)
+                if plan.anycast:
+                    with anycast_lock:
+                        _conn.run_blocking(_join_anycast_in, host_netns, plan, h["index"], settings)
+                steps.done("anycast")
+                return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+    except _nsenter.NetnsMissing as exc:
+        raise _netns_error(plan, exc.strerror or str(exc)) from exc
+    except (NetlinkError, OSError) as exc:
+        raise _fail(steps.current, f"container {plan.container_id} ({h_name} <-> {plan.netns}:{p_name})", exc) from exc
+    return _conn.run_blocking(
+        converge_pod,
+        plan,
+        pod_netns=pod_netns,
+        host_netns=host_netns,
+        anycast_lock=anycast_lock,
+        settings=settings,
+        fault=fault,
+    )
+
+
+@contextlib.contextmanager
+def _pod_socket_early(
+    pod_netns: int, netns_thread: _nsenter.NetnsThread | None
+) -> Iterator[Callable[[], _batch.RtnlSocket]]:
+    """Start making a socket in the pod's namespace now, on *netns_thread*,
+    while this thread waits for the kernel to create the veth; yields how to
+    take it (the taker owns it); closes it if it was never taken."""
+    if netns_thread is None:
+        yield lambda: _batch.RtnlSocket.open_in(pod_netns)
+        return
+    pending = netns_thread.submit(pod_netns, _batch.socket_fd)
+    taken = False
+
+    def take() -> _batch.RtnlSocket:
+        nonlocal taken
+        taken = True
+        return _batch.RtnlSocket(pending.result())
+
+    try:
+        yield take
+    finally:
+        if not taken:
+            with contextlib.suppress(Exception):
+                os.close(pending.result())
+
+
+def _setup_new(
+    host: _batch.RtnlSocket,
+    pod_socket: Callable[[], _batch.RtnlSocket],
+    h: Any,
+    plan: PodPlan,
+    *,
+    host_netns: str | None,
+    enter: _batch.Enter,
+    steps: _Steps,
+) -> Any:
+    """Every step but anycast for the veth just created (*h*: its host end,
+    made with the MTU, both ends down); the pod end's link message."""
+    h_name, p_name = plan.veth.host, plan.veth.pod
+    with pod_socket() as pod:
+        (p,) = pod.one(_build.get_link(p_name))
+        if not peers_match(h, p):
+            raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
+        steps.done("veth")
+        hi, pi = h["index"], p["index"]
+        # The marker, and addrgenmode none before the link first goes up so
+        # the kernel never adds a link-local next to fe80::1 (a message of
+        # its own: the kernel applies flags before IFLA_AF_SPEC).
+        marker = owner_marker(plan.container_id)
+        steps.apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
+        _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)], enter)
+        steps.done("host-sysctls")
+        host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
+        steps.apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])
+        steps.apply(
+            pod,
+            [
+                ("pod-link", [_build.set_link(pi, up=True)]),
+                ("pod-addresses", [_build.new_address(a, pi) for a in plan.addresses_on(Side.POD)]),
+                ("pod-routes", [_build.replace_route(r, pi) for r in plan.routes_on(Side.POD)]),
+            ],
+        )
+    steps.apply(host, [("host-routes", [_build.replace_route(r, hi) for r in plan.routes_on(Side.HOST)])])
+    return p
+
+
+async def converge_pod(
     plan: PodPlan,
     *,
     pod_netns: int,
@@ -219,8 +368,8 @@ async def setup_pod(
     settings: DataplaneSettings,
     fault: FaultHook | None = None,
 ) -> AppliedPlan:
-    """Make the kernel match *plan* in the pod namespace *pod_netns* (a
-    verified fd, borrowed).  A :mod:`flock.faults` error on failure; safe to re-run."""
+    """Make the kernel match *plan* whatever an earlier, interrupted attempt
+    left: read what exists and change what differs (see :func:`setup_pod`)."""
     step = STEPS[0]
 
     def done(name: str) -> None:
@@ -303,6 +452,11 @@ async def setup_pod(
         raise _fail(
             step, f"container {plan.container_id} ({plan.veth.host} <-> {plan.netns}:{plan.veth.pod})", exc
         ) from exc
+
+
+async def _join_anycast_in(host_netns: str | None, plan: PodPlan, host_index: int, settings: DataplaneSettings) -> None:
+    async with _conn.rtnl(host_netns) as host:
+        await _join_anycast(host, plan, host_index, True, settings)
 
 
 async def _join_anycast(

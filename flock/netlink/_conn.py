@@ -99,19 +99,27 @@ def sysctl_path(key: str) -> str:
     return os.path.join(PROC_SYS, key)
 
 
-def write_sysctls(netns: str | None, values: list[tuple[str, str]] | tuple) -> None:
+def write_sysctls(
+    netns: str | None,
+    values: list[tuple[str, str]] | tuple,
+    enter: Callable[[str | None, Callable[[], None]], None] = _nsenter.run_in_netns,
+) -> None:
     """Write ``/proc/sys/<key>`` = value for each pair, inside *netns* (see :func:`sysctl_path`).
 
     /proc/sys/net resolves against the namespace of the thread that opens the
-    file, so the writes run where the namespace is entered.
+    file, so the writes run where the namespace is entered (by *enter*).
     """
 
     def write() -> None:
         for key, value in values:
-            with open(sysctl_path(key), "w") as f:
-                f.write(value)
+            # Unbuffered: open, write, close (a text file adds an fstat, an ioctl and its wrappers).
+            fd = os.open(sysctl_path(key), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, value.encode())
+            finally:
+                os.close(fd)
 
-    _nsenter.run_in_netns(netns, write)
+    enter(netns, write)
 
 
 def read_sysctls(netns: str | None, keys: list[str] | tuple) -> dict[str, str | None]:
@@ -311,7 +319,7 @@ async def routes(
 RTNH_F_ONLINK = 4
 
 
-def _onlink(gateway: Any) -> bool:
+def onlink(gateway: Any) -> bool:
     # A gateway that is a pod's own /128 is not on any host interface's
     # prefix: without ``onlink`` BIRD's kernel protocol calls the next hop
     # "strange" and never announces the route (seen with bird 2.0.12).
@@ -333,14 +341,14 @@ def route_kwargs(route: Route, index_of: dict[str, int]) -> dict:
         kw["oif"] = index_of[hop.ifname]
         if hop.gateway is not None:
             kw["gateway"] = str(hop.gateway)
-        if _onlink(hop.gateway):
+        if onlink(hop.gateway):
             kw["flags"] = RTNH_F_ONLINK
     else:
         kw["multipath"] = [
             {
                 "oif": index_of[h.ifname],
                 **({"gateway": str(h.gateway)} if h.gateway is not None else {}),
-                **({"flags": RTNH_F_ONLINK} if _onlink(h.gateway) else {}),
+                **({"flags": RTNH_F_ONLINK} if onlink(h.gateway) else {}),
             }
             for h in route.nexthops
         ]

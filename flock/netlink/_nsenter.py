@@ -9,6 +9,11 @@ here starts a fresh ``threading.Thread`` that enters the namespace, runs the
 function and exits: the namespace switch dies with that thread.  Objects the
 function creates stay bound to the namespace they were created in (a netlink
 socket, an open ``/proc/sys/net`` file), so the caller may use them anywhere.
+
+:class:`NetnsThread` saves the thread start on the hot path (a pod's socket
+on every ADD): one long-lived thread enters the namespace per call and
+returns to its own before it takes the next; a thread that cannot prove it is
+back home exits instead of serving again.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ import errno
 import fcntl
 import functools
 import os
+import queue
 import stat
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import attrs
 
 T = TypeVar("T")
 
@@ -188,9 +196,162 @@ def run_in_netns(netns: str | int | None, fn: Callable[[], T]) -> T:
     finally:
         if isinstance(netns, str):
             os.close(fd)
+    return _unwrap(outcome, path)
+
+
+def _unwrap(outcome: list, path: str) -> Any:
     ok, value = outcome[0]
     if not ok:
         if isinstance(value, OSError) and value.errno == errno.EINVAL:
             raise NetnsMissing(errno.EINVAL, "not a network namespace", path) from value
         raise value
     return value
+
+
+THREAD_NETNS = "/proc/thread-self/ns/net"
+
+
+def _outcome_of(fn: Callable[[], Any]) -> list:
+    try:
+        return [(True, fn())]
+    except Exception as exc:  # handed to Pending.result, re-raised there
+        return [(False, exc)]
+
+
+@attrs.define(eq=False)
+class Pending:
+    """A call submitted to a :class:`NetnsThread`."""
+
+    path: str
+    outcome: list = attrs.field(factory=list)
+    finished: threading.Lock | None = None
+    close: int | None = None  # the namespace fd submit opened, closed once the call is done
+
+    def result(self) -> Any:
+        """Wait for the call; its result, or its exception re-raised."""
+        if self.finished is not None:
+            self.finished.acquire()
+            self.finished = None
+            if self.close is not None:
+                os.close(self.close)
+                self.close = None
+        return _unwrap(self.outcome, self.path)
+
+
+def _identity(path_or_fd: str | int) -> tuple[int, int]:
+    st = os.stat(path_or_fd)
+    return st.st_dev, st.st_ino
+
+
+@attrs.define(eq=False)
+class NetnsThread:
+    """Runs small functions in other network namespaces on one long-lived
+    thread (started on first use, gone after *idle* seconds without work).
+
+    Before it takes the next call the thread re-enters its home namespace
+    (the one it was born in: its creator's, never a pod's, as no thread that
+    runs this code has left its own) and verifies it by the identity of
+    ``/proc/thread-self/ns/net``.  If that fails it exits, never serving
+    again, and hands the calls still queued to throw-away threads
+    (:func:`run_in_netns`); the next call starts a new thread.
+    """
+
+    idle: float = 10.0
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _queue: queue.SimpleQueue | None = attrs.field(init=False, default=None)
+    # The serving thread's native id (None: there is none) and, during a
+    # call, its way home: the fd of the namespace it left (tests look at them).
+    native_id: int | None = attrs.field(init=False, default=None)
+    home_fd: int | None = attrs.field(init=False, default=None)
+
+    def run(self, netns: str | int | None, fn: Callable[[], T]) -> T:
+        """Call *fn* in *netns* as :func:`run_in_netns` does (same arguments,
+        errors and result), on the long-lived thread."""
+        return self.submit(netns, fn).result()
+
+    def submit(self, netns: str | int | None, fn: Callable[[], T]) -> Pending:
+        """Start calling *fn* in *netns* and return at once; the caller must
+        collect :meth:`Pending.result` (which also closes a path it opened)."""
+        if netns is None:
+            return Pending(path="", outcome=_outcome_of(fn))
+        path = netns if isinstance(netns, str) else f"fd {netns}"
+        fd = open_netns(netns) if isinstance(netns, str) else netns
+        finished = threading.Lock()
+        finished.acquire()
+        pending = Pending(path=path, finished=finished, close=fd if isinstance(netns, str) else None)
+        try:
+            with self._lock:
+                if self._queue is None:
+                    self._queue = queue.SimpleQueue()
+                    threading.Thread(target=self._serve, args=(self._queue,), name="flock-netns", daemon=True).start()
+                self._queue.put((fd, fn, pending.outcome, finished))
+        except BaseException:
+            if pending.close is not None:
+                os.close(pending.close)
+            raise
+        return pending
+
+    def _serve(self, jobs: queue.SimpleQueue) -> None:
+        try:
+            home_id = _identity(THREAD_NETNS)
+        except OSError:
+            self._give_up(jobs)
+            return
+        self.native_id = threading.get_native_id()
+        while True:
+            try:
+                fd, fn, outcome, finished = jobs.get(timeout=self.idle)
+            except queue.Empty:
+                with self._lock:
+                    if jobs.empty():  # callers put under this lock: none can be lost
+                        self._retire(jobs)
+                        return
+                continue
+            at_home = False
+            try:
+                # Opened per call: an idle thread holds no descriptor.
+                home = self.home_fd = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                outcome.append((False, exc))
+            else:
+                try:
+                    _setns(fd)
+                    outcome.append((True, fn()))
+                except BaseException as exc:  # handed to the caller's thread, re-raised there
+                    outcome.append((False, exc))
+                try:
+                    _setns(home)
+                    at_home = _identity(THREAD_NETNS) == home_id
+                except OSError:
+                    pass
+                finally:
+                    self.home_fd = None
+                    os.close(home)
+            if not at_home:
+                with self._lock:
+                    self._retire(jobs)
+                finished.release()
+                self._give_up(jobs)
+                return
+            finished.release()
+
+    def _give_up(self, jobs: queue.SimpleQueue) -> None:
+        """Serve no more: the calls still queued run on throw-away threads."""
+        with self._lock:
+            self._retire(jobs)
+        while True:
+            try:
+                fd, fn, outcome, finished = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcome.append((True, run_in_netns(fd, fn)))
+            except BaseException as exc:  # handed to the caller's thread, re-raised there
+                outcome.append((False, exc))
+            finished.release()
+
+    def _retire(self, jobs: queue.SimpleQueue) -> None:
+        """Stop taking calls (with the lock held)."""
+        if self._queue is jobs:
+            self._queue = None
+            self.native_id = self.home_fd = None

@@ -2,11 +2,14 @@
 
 Every operation runs its pyroute2 calls on a Trio worker thread
 (``trio.to_thread.run_sync``), in a private asyncio loop there (pyroute2's
-``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call); a
-:class:`trio.CapacityLimiter` bounds how many run at once.  Those threads
-never change namespace: sockets and sysctl writes for another namespace are
-opened on a dedicated short-lived thread (see ``_nsenter``), so a reused
-worker thread is always in the agent's namespace.
+``AsyncIPRoute`` is asyncio-native; the loop lives and dies with the call) —
+except a new pod's setup, the hot path, which sends batched requests on plain
+blocking sockets (``_batch``).  A :class:`trio.CapacityLimiter` bounds how
+many run at once.  Those threads never change namespace: sockets and sysctl
+writes for another namespace are opened on a dedicated short-lived thread,
+or for a new pod on one long-lived thread that returns home after each call
+(see ``_nsenter``), so a reused worker thread is always in the agent's
+namespace.
 
 Error handling: nothing is retried here.  Kernel refusals propagate as
 :class:`~flock.faults.KernelRefused`, a missing or invalid pod namespace as
@@ -65,6 +68,8 @@ class NetlinkWorker:
     _anycast_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     # Namespaces no pod may be set up in: the agent's own, PID 1's, host_netns.
     _refused: frozenset[tuple[int, int]] = attrs.field(init=False)
+    # Opens each new pod's netlink socket in its namespace (see _nsenter).
+    _netns_thread: _nsenter.NetnsThread = attrs.field(init=False, factory=_nsenter.NetnsThread)
 
     def __attrs_post_init__(self) -> None:
         self._limiter = trio.CapacityLimiter(self.max_parallel)
@@ -98,9 +103,11 @@ class NetlinkWorker:
 
     async def _run(self, fn, *args, **kwargs):
         """Run the kernel coroutine *fn* on a worker thread (see module doc)."""
-        return await trio.to_thread.run_sync(
-            functools.partial(_conn.run_blocking, fn, *args, **kwargs), limiter=self._limiter
-        )
+        return await self._run_sync(_conn.run_blocking, fn, *args, **kwargs)
+
+    async def _run_sync(self, fn, *args, **kwargs):
+        """Run the blocking kernel function *fn* on a worker thread."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
     @property
     def gateway6(self) -> ipaddress.IPv6Address:
@@ -123,7 +130,7 @@ class NetlinkWorker:
         *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
         plan = self.plan(alloc)
         with self.pod_netns(alloc, netns_fd) as fd:
-            applied = await self._run(
+            applied = await self._run_sync(
                 _apply.setup_pod,
                 plan,
                 pod_netns=fd,
@@ -131,6 +138,7 @@ class NetlinkWorker:
                 anycast_lock=self._anycast_lock,
                 settings=self.settings,
                 fault=self.fault,
+                netns_thread=self._netns_thread,
             )
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
         return applied

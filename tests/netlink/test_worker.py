@@ -455,3 +455,64 @@ async def test_parallel_setups_converge_and_worker_threads_stay_in_our_netns(poo
 
                 n.start_soon(probe)
         assert seen == {ours}
+
+
+def normalized(node, pod):
+    """Both sides' links, addresses and routes with what differs between two
+    nodes' copies of one pod (MACs, interface indexes, namespace names) masked."""
+    out = snapshot(node, pod)
+    out.append(node.ip("-d", "link", "show", host_ifname("c1")))
+    out.append(pod.ip("-d", "link", "show", "eth0"))
+    text = "\n".join(out)
+    text = re.sub(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", "MAC", text)
+    text = re.sub(r"@if\d+|^\d+: |link-netns \S+|link-netnsid \d+", "", text, flags=re.M)
+    return re.sub(r"(carrier_changes|carrier_up_count|carrier_down_count) \d+", "", text)
+
+
+async def test_fresh_and_converging_setups_make_the_same_kernel_state(pool):
+    """A new pod takes the batched path; a pod whose veth exists already
+    (here: an attempt cut short right after creating it) the converging one."""
+    with trio.fail_after(30):
+        nodes = []
+        for name in ("n1", "n2"):
+            ns, up = pool.create(name), pool.create(name + "up")
+            pool.veth(ns, "uplink", up, "eth0")
+            ns.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
+            nodes.append(ns)
+        pods = [pool.create("pod1"), pool.create("pod2")]
+        a = [alloc("c1", pods[0], addresses=["203.0.113.7"]), alloc("c1", pods[1], addresses=["203.0.113.7"])]
+        fresh = await worker_for(nodes[0])
+        await fresh.setup(a[0])
+
+        def cut(step):
+            if step == "veth":
+                raise InjectedFault(step)
+
+        broken = await worker_for(nodes[1], fault=cut)
+        with pytest.raises(InjectedFault):
+            await broken.setup(a[1])
+        await NetlinkWorker(host_netns=nodes[1].path).setup(a[1])
+        assert normalized(nodes[0], pods[0]) == normalized(nodes[1], pods[1])
+        for node in nodes:
+            # addrgenmode none before up: the host veth has fe80::1 and no link-local of the kernel's.
+            v6 = node.ip("-6", "-o", "addr", "show", "dev", host_ifname("c1"))
+            assert re.findall(r"inet6 (\S+)", v6) == ["fe80::1/64"]
+
+
+async def test_a_refusal_inside_a_batch_names_its_step_and_a_rerun_converges(pool, node):
+    with trio.fail_after(30):
+        pod = pool.create("pod")
+        # IPv6 off in the pod: its eth0 refuses the /128 (the 2nd message of the pod's batch).
+        pod.run("sysctl", "-w", "net.ipv6.conf.default.disable_ipv6=1")
+        w = await worker_for(node)
+        with pytest.raises(Fault) as refused:
+            await w.setup(alloc("c1", pod))
+        assert refused.value.msg == "netlink pod-addresses failed"
+        assert "2001:db8::5" in refused.value.details and "c1" in refused.value.details
+        # The messages after it ran: the IPv4 address is there.
+        assert "198.51.100.5/32" in pod.ip("-4", "addr", "show", "dev", "eth0")
+        pod.run("sysctl", "-w", "net.ipv6.conf.eth0.disable_ipv6=0")
+        await w.setup(alloc("c1", pod))
+        assert await w.check(alloc("c1", pod)) == []
+        ping6 = await run(pod, "ping", "-6", "-c1", "-W1", "fe80::1%eth0")
+        assert ping6.returncode == 0, ping6.stdout + ping6.stderr
