@@ -7,6 +7,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
 
     flock-agent                 (flock.agent.Agent; the store is opened before it)
     ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
+    ├── removals                flock.pods.VethRemovals: DEL's veth deletions, in the background
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
     ├── health                  /healthz /readyz /metrics (flock.health)
     ├── admin                   flock.ctl.AdminServer: flockctl's unix socket (0600, local only)
@@ -47,7 +48,7 @@ from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec
-from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler
+from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler, VethRemovals
 from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
 from flock.rpc.server import RpcServer, SocketInUse
 from flock.state import NodeState
@@ -105,6 +106,7 @@ def compose(
         watermark=policy_link,
         metrics=PolicyMetrics(metrics.registry),
     )
+    removals = VethRemovals(netlink, checkpoint=crash)
     handler = PodHandler(
         store=store,
         dataplane=netlink,
@@ -114,6 +116,7 @@ def compose(
         stage=metrics.stage,
         checkpoint=crash,
         policy=policy,
+        removals=removals,
     )
     pending_deletes = settings.socket.parent / PENDING_DELETES
     bringup = NodeBringUp(
@@ -127,6 +130,16 @@ def compose(
     host, port = settings.health_address
     health = HealthServer(host, port, readiness=state, metrics=metrics)
     _node_metrics(metrics, state)
+    metrics.gauge(
+        "flock_veth_removals_pending",
+        "DEL'd pods whose host veth is still being deleted (their addresses stay held until it is gone).",
+        lambda: float(removals.pending),
+    )
+    metrics.counter(
+        "flock_veth_removal_failures",
+        "Failed background veth deletions (each logged with its container_id and retried).",
+        lambda: float(removals.failures),
+    )
     admin = AdminServer(
         settings.admin_path,
         AdminOps(
@@ -139,6 +152,8 @@ def compose(
         ),
     )
     services = [
+        # Before the RPC server, so DEL defers from the first request (without it DEL deletes synchronously).
+        ChildSpec("removals", removals.run),
         # Another agent on the socket does not go away by restarting: exit at once.
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
@@ -163,7 +178,8 @@ def compose(
         _bgp_metrics(metrics, state, sessions)
         services.append(ChildSpec("bird", BirdFollower(state, reloader).run))
         services.append(ChildSpec("bgp-sessions", sessions.run))
-    return Agent(services, drains=[rpc.drain])
+    # SIGTERM: no new requests, then a bounded wait for the veths DEL handed off.
+    return Agent(services, drains=[rpc.drain, removals.drain])
 
 
 def _node_metrics(metrics: Metrics, state: NodeState) -> None:

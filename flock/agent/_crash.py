@@ -1,4 +1,4 @@
-"""Crash points for the crash tests: SIGKILL the agent at a chosen step of ADD.
+"""Crash points for the crash tests: SIGKILL the agent at a chosen step of ADD (or of DEL's veth removal).
 
 Off unless ``FLOCK_CRASH_POINT`` names a point; the agent reads it once at
 start.  A killed process is what a node power cut or an OOM kill looks like
@@ -19,7 +19,9 @@ from flock.netlink import STEPS
 log = logging.getLogger("flock.agent")
 
 ENV = "FLOCK_CRASH_POINT"
-POINTS = ("before-pending", "after-pending", *(f"setup:{s}" for s in STEPS), "before-commit")
+# "before-veth-removal": a DEL has deleted the row and handed the veth to the
+# background removal (flock.pods.VethRemovals), which has not started on it.
+POINTS = ("before-pending", "after-pending", *(f"setup:{s}" for s in STEPS), "before-commit", "before-veth-removal")
 
 
 @attrs.frozen

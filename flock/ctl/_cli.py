@@ -64,6 +64,11 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     lines.append(
         f"deletes     {len(st['queued_deletes'])} queued"
         + (f": {', '.join(st['queued_deletes'][:5])}" if st["queued_deletes"] else "")
+        + (
+            f"; {st['veth_removals']['pending']} veth removals pending"
+            if st.get("veth_removals", {}).get("pending")
+            else ""
+        )
     )
     if st["pools"]:
         lines.append("")

@@ -180,6 +180,7 @@ class AdminOps:
             "pools": pools["blocks"],
             "exhausted": [str(b) for b in state.exhausted],
             "queued_deletes": self.queued_deletes(),
+            "veth_removals": self.veth_removals(),
             "bgp": None
             if bgp is None
             else {
@@ -196,6 +197,11 @@ class AdminOps:
                 "admin_protocol_version": ADMIN_PROTOCOL_VERSION,
             },
         }
+
+    def veth_removals(self) -> dict[str, int]:
+        """DEL'd pods whose veth the agent is still deleting (their addresses held meanwhile)."""
+        removals = self.handler.removals
+        return {"pending": removals.pending, "failures": removals.failures} if removals is not None else {}
 
     def queued_deletes(self) -> list[str]:
         """Container IDs whose DEL the shim queued while the agent was away."""
@@ -334,8 +340,13 @@ class AdminOps:
         else:
             explained = {self.netlink.host_ifname(c): c for c in by_id}
             kernel["interfaces"], kernel["routes"] = len(inv.interfaces), len(inv.routes)
+            removals = self.handler.removals
             for name in inv.interfaces:
-                if name not in explained:
+                # A DEL'd pod's veth being deleted in the background is not an orphan.
+                being_removed = removals is not None and any(
+                    self.netlink.host_ifname(cid) == name for cid in removals.container_ids()
+                )
+                if name not in explained and not being_removed:
                     problems.append(
                         problem(
                             "orphan-interface",

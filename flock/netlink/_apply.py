@@ -539,12 +539,45 @@ async def ensure_anycast(host: AsyncIPRoute, plans: list[PodPlan], settings: Dat
     return changed
 
 
+def remove_veth(
+    container_id: str,
+    *,
+    host_netns: str | None,
+    settings: DataplaneSettings,
+    enter: _batch.Enter = _nsenter.run_in_netns,
+) -> None:
+    """Delete the pod's host veth if flock can prove it made it (see
+    :func:`owned_by_flock`); gone already counts as removed.  Routes are not
+    touched: for a pod without anycast addresses (or one that has left its
+    multipath routes, :func:`teardown_pod` with ``link=False``) the kernel
+    drops its single-path routes with the device.  Blocking, two requests on
+    a plain socket (:mod:`._batch`): the deferred DEL's whole kernel part."""
+    name = host_ifname(container_id, settings.host_prefix)
+    try:
+        with _batch.RtnlSocket.open_in(host_netns, enter) as host:
+            found = host.one(_build.get_link(name), errno.ENODEV)
+            if not found:
+                return
+            (msg,) = found
+            if not owned_by_flock(msg, settings, container_id):
+                log.warning(
+                    "not deleting a link flock cannot prove it made",
+                    extra={"container_id": container_id, "interface": name, "alias": msg.get("IFLA_IFALIAS")},
+                )
+                return
+            host.one(_build.del_link(msg["index"], name), errno.ENODEV)
+    except (NetlinkError, OSError) as exc:
+        raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
+
+
 async def teardown_pod(
     container_id: str,
     *,
     host_netns: str | None,
     anycast_lock: threading.Lock,
     settings: DataplaneSettings,
+    routes: bool = True,
+    link: bool = True,
 ) -> None:
     """Remove the pod's host veth (its peer in the pod goes with it) and flock
     routes through it.  Anything already gone counts as removed.
@@ -554,25 +587,34 @@ async def teardown_pod(
     interface flock may delete is the host veth it can prove it made (name,
     kind and ownership marker, see :func:`owned_by_flock`).  A same-named
     link that is not flock's is left alone.
+
+    *routes*: take the veth out of flock's routes first (a dump and a
+    rewrite per route).  Only multipath (anycast) routes need it — the
+    kernel drops a single-path route with its device, but a whole IPv4
+    multipath route with any one of its devices — so a pod without anycast
+    addresses skips it.  *link*: delete the veth (False: only leave the
+    routes, the deferred DEL's synchronous part).
     """
     name = host_ifname(container_id, settings.host_prefix)
     try:
         async with _conn.rtnl(host_netns) as host:
-            link = await _conn.link_by_name(host, name)
-            if link is None:
+            found = await _conn.link_by_name(host, name)
+            if found is None:
                 return
-            if not owned_by_flock(link, settings, container_id):
+            if not owned_by_flock(found, settings, container_id):
                 log.warning(
                     "not deleting a link flock cannot prove it made",
-                    extra={"container_id": container_id, "interface": name, "alias": link.get("IFLA_IFALIAS")},
+                    extra={"container_id": container_id, "interface": name, "alias": found.get("IFLA_IFALIAS")},
                 )
                 return
-            with anycast_lock:
-                await leave_routes(host, {name}, settings, oif=link["index"])
-            try:
-                await host.link("del", index=link["index"])
-            except NetlinkError as exc:
-                ignore_codes(exc, errno.ENODEV)
+            if routes:
+                with anycast_lock:
+                    await leave_routes(host, {name}, settings, oif=found["index"])
+            if link:
+                try:
+                    await host.link("del", index=found["index"])
+                except NetlinkError as exc:
+                    ignore_codes(exc, errno.ENODEV)
     except (NetlinkError, OSError) as exc:
         raise _fail("teardown", f"container {container_id} ({name})", exc) from exc
 

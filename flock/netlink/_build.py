@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
+from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP, ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
@@ -55,6 +55,17 @@ def _veth_msg(host: str, pod: str, pod_netns: int, mtu: int | None) -> Any:
 
 def get_link(name: str) -> Request:
     return Request(RTM_GETLINK, 0, f"read link {name}", _get_link_msg, (name,))
+
+
+def del_link(index: int, name: str) -> Request:
+    """Delete the link *index* (its veth peer goes with it); *name* is for the error text."""
+    return Request(RTM_DELLINK, 0, f"delete link {name} (#{index})", _del_link_msg, (index,))
+
+
+def _del_link_msg(index: int) -> Any:
+    msg = ifinfmsg()
+    msg["index"] = index
+    return msg
 
 
 def _get_link_msg(name: str) -> Any:

@@ -143,17 +143,45 @@ class NetlinkWorker:
         log.debug("pod network set up", extra={"container_id": alloc.container_id, "host_iface": plan.veth.host})
         return applied
 
-    async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
+    async def teardown(
+        self, container_id: str, netns: str | None = None, if_name: str | None = None, *, routes: bool = True
+    ) -> None:
         """Remove the pod's veth and its share of flock routes; anything
         already gone (netns, interface, route) is success.  By container ID
         alone: *netns* and *if_name* are accepted for the callers' sake and
-        never used (the pod's namespace is not entered, see ``teardown_pod``)."""
+        never used (the pod's namespace is not entered, see ``teardown_pod``).
+        *routes*=False skips leaving flock's routes first: right for a pod
+        without anycast addresses, or one that has left them already
+        (:meth:`leave_routes`); the kernel drops its single-path routes with the veth."""
+        if not routes:
+            await self._run_sync(
+                _apply.remove_veth,
+                container_id,
+                host_netns=self.host_netns,
+                settings=self.settings,
+                enter=self._netns_thread.run,
+            )
+            return
         await self._run(
             _apply.teardown_pod,
             container_id,
             host_netns=self.host_netns,
             anycast_lock=self._anycast_lock,
             settings=self.settings,
+            routes=routes,
+        )
+
+    async def leave_routes(self, container_id: str) -> None:
+        """Take the pod's host veth (if flock's) out of every flock route, and
+        leave the veth: what must happen before an anycast pod's veth goes
+        (an IPv4 multipath route dies whole with any one of its devices)."""
+        await self._run(
+            _apply.teardown_pod,
+            container_id,
+            host_netns=self.host_netns,
+            anycast_lock=self._anycast_lock,
+            settings=self.settings,
+            link=False,
         )
 
     async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:

@@ -34,6 +34,7 @@ from flock.pods._protocols import (
     PodLookup,
     PolicyGate,
 )
+from flock.pods._removals import VethRemovals
 from flock.pods._result import cni_result, prev_result_addresses, result_addresses
 from flock.rpc import PENDING_DELETES  # the shim's journal of DELs, replayed at start-up
 
@@ -70,6 +71,7 @@ __all__ = [
     "PolicyGate",
     "Unavailable",
     "UnknownContainer",
+    "VethRemovals",
     "cni_error",
     "cni_result",
     "pod_ref",

@@ -15,11 +15,13 @@ a DEL or GC.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import ipaddress
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -27,7 +29,7 @@ import trio
 
 from flock import errors
 from flock.faults import Fault, KernelRefused
-from flock.ipam import AddressConflict, Addresses, Ipam
+from flock.ipam import AddressConflict, Addresses, AnnotationError, Ipam, PoolExhausted
 from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
 from flock.rpc import Request, check_cni_version, convert_result
 from flock.state import Gate, NodeState
@@ -56,6 +58,7 @@ from ._protocols import (
     PodLookup,
     PolicyGate,
 )
+from ._removals import VethRemovals
 from ._result import cni_result, prev_result_addresses, prev_result_macs, result_addresses
 
 log = logging.getLogger("flock.pods")
@@ -124,11 +127,16 @@ class PodHandler:
     stage: StageObserver = _no_stage
     checkpoint: Checkpoint = attrs.field(factory=NoCheckpoint)
     policy: PolicyGate = attrs.field(factory=NoPolicy)
+    # DEL's veth deletion in the background while it runs (None, or not
+    # running: DEL deletes the veth itself before it answers).
+    removals: VethRemovals | None = attrs.field(default=None, on_setattr=attrs.setters.frozen)
     add_deadline: float = ADD_DEADLINE_S
     clock: Callable[[], float] = time.time
     rng: random.Random = attrs.field(factory=random.SystemRandom)
     _ipam: Ipam | None = attrs.field(init=False, default=None)
     _locks: KeyedLocks = attrs.field(init=False, factory=KeyedLocks)
+    # Addresses of DEL'd pods whose veth is still being removed (held in the IPAM until it is gone).
+    _releasing: dict[str, Addresses] = attrs.field(init=False, factory=dict)
 
     @property
     def ipam(self) -> Ipam | None:
@@ -138,6 +146,14 @@ class PodHandler:
     @property
     def locks_in_use(self) -> int:
         return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, container_id: str) -> AsyncIterator[None]:
+        """The container's lock, once no removal of its old veth is pending."""
+        async with self._locks.hold(container_id):
+            if self.removals is not None:
+                await self.removals.wait(container_id)
+            yield
 
     # -- what the node bring-up drives ---------------------------------------
 
@@ -161,6 +177,15 @@ class PodHandler:
                 log.error(
                     "stored allocations conflict; this one is left out",
                     extra={"container_id": alloc.container_id, "error": str(exc)},
+                )
+        # DEL'd pods whose veth is still there keep their addresses until it goes.
+        for cid, held in self._releasing.items():
+            try:
+                ipam.mark_in_use(cid, held)
+            except AddressConflict as exc:
+                log.error(
+                    "a removed pod's addresses conflict with a stored row",
+                    extra={"container_id": cid, "error": str(exc)},
                 )
         self._ipam = ipam
         self.state.load_allocations(kept)
@@ -195,7 +220,9 @@ class PodHandler:
             op = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "STATUS": self.status, "GC": self.gc}[
                 request.op
             ]
-            return await op(request)
+            # Background veth removals let requests go first.
+            with self.removals.request() if self.removals is not None else contextlib.nullcontext():
+                return await op(request)
         except Exception as exc:
             err = cni_error(exc)
             if err is None:
@@ -219,7 +246,7 @@ class PodHandler:
             raise NotReady("agent not ready", waiting or ADD_GATE.initial_reason)
         lap = _Laps("ADD", self.stage)
         with trio.move_on_after(self.add_deadline):
-            async with self._locks.hold(request.container_id):
+            async with self._exclusive(request.container_id):
                 lap("lock")
                 alloc, macs = await self._add_locked(request, ref, lap)
             result = cni_result(
@@ -298,11 +325,20 @@ class PodHandler:
             pod = PodInfo(namespace="", name=ref.name, annotations=annotations)
             log.info("container without a pod: NodeConfig defaults", extra={"options": annotations})
         lap("pod_lookup")
-        ipam = self._ipam
         try:
-            held = ipam.allocate(request.container_id, pod)
+            held = self._ipam.allocate(request.container_id, pod)
+        except (PoolExhausted, AnnotationError):
+            # Full, or a fixed address taken: perhaps only by DEL'd pods whose
+            # veths are still being removed (a StatefulSet pod's new sandbox
+            # asks for its old address).  Wait for those, then try once more.
+            if not self._releasing or self.removals is None:
+                raise
+            for cid in list(self._releasing):
+                await self.removals.wait(cid)
+            held = self._ipam.allocate(request.container_id, pod)
         finally:
             self._publish_exhaustion()
+        ipam = self._ipam
         lap("ipam")
         now = self.clock()
         alloc = Allocation(
@@ -372,35 +408,74 @@ class PodHandler:
         if scope.cancelled_caught:
             log.error("could not undo a failed ADD in time; the allocation stays pending")
 
-    async def _forget(self, alloc: Allocation, netns: str | None, if_name: str | None, lap: _Laps = _NO_LAPS) -> None:
-        """Teardown → delete row → release addresses (DEL's order)."""
-        await self.dataplane.teardown(alloc.container_id, netns or alloc.netns, if_name or alloc.if_name)
-        lap("netlink")
-        await self.store.delete(alloc.container_id)
+    async def _forget(
+        self,
+        alloc: Allocation,
+        netns: str | None,
+        if_name: str | None,
+        lap: _Laps = _NO_LAPS,
+        *,
+        defer: bool = False,
+    ) -> None:
+        """Teardown → delete row → release addresses (DEL's order).
+
+        *defer* (DEL, with :attr:`removals` running): only an anycast pod's
+        leaving of its multipath routes happens before the row goes; the veth
+        is deleted in the background and the addresses are released after
+        that (see :mod:`flock.pods._removals`).  A pod without anycast
+        addresses leaves no route by hand: the kernel drops its single-path
+        routes with the veth."""
+        cid = alloc.container_id
+        removals = self.removals if defer and self.removals is not None and self.removals.running else None
+        if removals is None:
+            await self.dataplane.teardown(
+                cid, netns or alloc.netns, if_name or alloc.if_name, routes=bool(alloc.anycast)
+            )
+            lap("netlink")
+        elif alloc.anycast:
+            await self.dataplane.leave_routes(cid)
+            lap("netlink")
+        await self.store.delete(cid)
         lap("store_delete")
-        self.state.drop_allocation(alloc.container_id)
-        if self._ipam is not None:
-            self._ipam.release(alloc.container_id)
-            self._publish_exhaustion()
+        self.state.drop_allocation(cid)
+        if removals is None:
+            self._release(cid)
+        else:
+            self._releasing[cid] = Addresses.of(alloc)
+            removals.submit(cid, functools.partial(self._release, cid))
         if alloc.anycast:
             # A vanished pod namespace takes a whole IPv4 multipath route
             # with it: rebuild the routes of the anycast pods that remain.
             await self.dataplane.ensure_anycast([a for a in self.state.allocations.values() if a.anycast])
             lap("anycast")
 
+    def _release(self, container_id: str) -> None:
+        """The pod's veth is gone: its addresses are free."""
+        self._releasing.pop(container_id, None)
+        if self._ipam is not None:
+            self._ipam.release(container_id)
+            self._publish_exhaustion()
+
     # -- DEL -----------------------------------------------------------------
 
     async def delete(self, request: Request) -> dict[str, Any]:
         """Idempotent: no allocation, a missing netns or interface → success."""
         lap = _Laps("DEL", self.stage)
-        async with self._locks.hold(request.container_id):
+        async with self._exclusive(request.container_id):
             lap("lock")
-            alloc = await self.store.get(request.container_id)
-            lap("store_get")
+            # The node's view holds every row this agent serves, as stored (each
+            # change goes to the store first): no store round trip.  A row left
+            # out at start-up, or a DEL before the rebuild, is read from the store.
+            alloc = self.state.allocations.get(request.container_id) or await self.store.get(request.container_id)
+            lap("lookup")
             if alloc is None:
                 log.info("DEL of an unknown container: nothing to do")
                 return {}
-            await self._forget(alloc, request.netns, request.if_name, lap)
+            # A Kubernetes pod's namespace is destroyed right after its DEL: the
+            # veth may go later.  A container without a pod (podman, nerdctl, CNI
+            # used directly) may keep its namespace and attach it to another
+            # network under the same interface name: its veth goes before DEL answers.
+            await self._forget(alloc, request.netns, request.if_name, lap, defer=bool(alloc.namespace))
         log.info("pod network removed", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return {}
 
@@ -410,7 +485,7 @@ class PodHandler:
         """Remove *container_id*'s allocation as a DEL would (its kernel state,
         row and addresses, under the container's lock); the allocation removed,
         or None if there was none.  The caller decides whether it may."""
-        async with self._locks.hold(container_id):
+        async with self._exclusive(container_id):
             alloc = await self.store.get(container_id)
             if alloc is None:
                 return None
@@ -435,7 +510,7 @@ class PodHandler:
         check_cni_version(request.config)
         prev = prev_result_addresses(request.config)
         cid = request.container_id
-        async with self._locks.hold(cid):
+        async with self._exclusive(cid):
             alloc = await self.store.get(cid)
             if alloc is None:
                 raise UnknownContainer("unknown container", f"containerID={cid!r}: flock holds no allocation for it")
@@ -486,7 +561,7 @@ class PodHandler:
         for alloc in await self.store.list():
             if (alloc.container_id, alloc.if_name) in valid:
                 continue
-            async with self._locks.hold(alloc.container_id):
+            async with self._exclusive(alloc.container_id):
                 current = await self.store.get(alloc.container_id)
                 if current is None or (current.container_id, current.if_name) in valid:
                     continue

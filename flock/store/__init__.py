@@ -23,6 +23,25 @@ call is run again on its own, as if it had been queued alone.  A call
 queued alone runs as a single autocommit statement, exactly as without
 grouping.
 
+Durability (a deliberate refinement of DESIGN's "WAL, synchronous=FULL"):
+the connection runs at FULL, and every write that acknowledges something
+the runtime relies on — :meth:`SyncStore.commit`, which ADD's reply waits
+for, and a committed row put directly — is fsynced before it returns.  Two
+writes are not: a *pending* row and a *delete* commit at synchronous=NORMAL
+(the pragma is switched around that one transaction; a group made only of
+such calls, :class:`LazyCall`, commits so too).  Their purpose is to
+survive an agent crash, and a commit in WAL mode has written its frames to
+the WAL file before it returns, so a killed process loses nothing: the
+kernel holds the page cache.  Only a power loss (or kernel crash) can lose
+them, and then no pod namespace or veth survives either: a lost pending row
+explains nothing that is still there, and a lost delete brings back a row
+for a pod that is gone, like every other row after a power loss (the
+runtime's DEL/GC removes it).  Ordering is kept: the WAL is append-only and
+an fsync covers the whole file, so the next FULL commit (the ADD's own
+commit after its pending row) makes every earlier frame durable with it.
+The pending row saves an fsync per ADD and the delete one per DEL, and
+neither waits behind the other's disk flush.
+
 Error handling: nothing is retried here.  A database that is unreadable or
 corrupt (:class:`StoreCorrupt`), cannot be opened (:class:`StoreError`) or
 was written by a newer flock (:class:`StoreTooNew`) raises at open — it is
@@ -41,7 +60,7 @@ from flock.store._errors import (
     StoreTooNew,
 )
 from flock.store._schema import FILENAME, MIGRATIONS, Migration
-from flock.store._sync import SyncStore
+from flock.store._sync import LazyCall, SyncStore
 from flock.store._thread import MAX_GROUP
 
 __all__ = [
@@ -49,6 +68,7 @@ __all__ = [
     "MAX_GROUP",
     "MIGRATIONS",
     "AllocationNotFound",
+    "LazyCall",
     "Migration",
     "Store",
     "StoreCorrupt",

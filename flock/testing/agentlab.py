@@ -90,6 +90,19 @@ class AgentProcess:
 
         wait_for("/readyz", ready, 30)
 
+    def removals_pending(self) -> int:
+        """``flock_veth_removals_pending`` from /metrics: DEL'd veths still being deleted."""
+        for line in self.get("/metrics")[1].splitlines():
+            if line.startswith("flock_veth_removals_pending "):
+                return int(float(line.split()[1]))
+        raise AssertionError("no flock_veth_removals_pending on /metrics")
+
+    def settle(self) -> None:
+        """Wait until the agent (if running) has no veth removal pending: DEL
+        answers before the kernel has deleted the veth (flock.pods.VethRemovals)."""
+        if self.proc is not None and self.proc.poll() is None and self.health_port() is not None:
+            wait_for("the agent's pending veth removals", lambda: self.removals_pending() == 0, 30)
+
     def kill(self) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
@@ -249,7 +262,14 @@ class Lab:
         finally:
             store.close()
 
+    def settle(self) -> None:
+        """Wait for the running agents' background veth removals (see :meth:`AgentProcess.settle`)."""
+        for agent in self._agents:
+            agent.settle()
+
     def flock_links(self) -> set[str]:
+        """flock's host veths on the node, once the agent's pending removals are done."""
+        self.settle()
         return {
             line.split(":")[1].strip().split("@")[0]
             for line in self.node.ip("-o", "link", "show").splitlines()
@@ -257,7 +277,9 @@ class Lab:
         }
 
     def flock_routes(self) -> list[str]:
-        """flock's own routes on the node, blackholes for the node blocks excepted."""
+        """flock's own routes on the node, blackholes for the node blocks excepted
+        (once the agent's pending veth removals are done)."""
+        self.settle()
         out = self.node.ip("-6", "route", "show", "proto", "70") + self.node.ip("-4", "route", "show", "proto", "70")
         return sorted(line.strip() for line in out.splitlines() if line.strip() and not line.startswith("blackhole"))
 

@@ -70,6 +70,10 @@ class MemoryKernel:
     gate: trio.Event | None = None
     fail_with: Exception | None = None
     teardown_fails: set[str] = attrs.field(factory=set)
+    # When set, every teardown waits for it (a veth removal "in the kernel").
+    teardown_gate: trio.Event | None = None
+    teardowns: list[tuple[str, bool]] = attrs.field(factory=list)  # (container ID, routes)
+    left_routes: list[str] = attrs.field(factory=list)
     setups: int = 0
     in_setup: int = 0
     most_in_setup: int = 0
@@ -104,11 +108,20 @@ class MemoryKernel:
         await trio.lowlevel.checkpoint()
         return self.own_addresses
 
-    async def teardown(self, container_id: str, netns: str | None = None, if_name: str | None = None) -> None:
+    async def teardown(
+        self, container_id: str, netns: str | None = None, if_name: str | None = None, *, routes: bool = True
+    ) -> None:
+        self.teardowns.append((container_id, routes))
+        if self.teardown_gate is not None:
+            await self.teardown_gate.wait()
         await trio.lowlevel.checkpoint()
         if container_id in self.teardown_fails:
             raise KernelRefused("netlink teardown failed", f"container {container_id}: injected")
         self.veths.pop(container_id, None)
+
+    async def leave_routes(self, container_id: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.left_routes.append(container_id)
 
     async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
         await trio.lowlevel.checkpoint()

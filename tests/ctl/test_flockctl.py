@@ -16,7 +16,7 @@ from flock.testing.agentlab import BIN, CIDR4, CIDR6, NODE, open_lab, wait_for
 # The keys of every --json output: scripts rely on them (add keys deliberately, never rename).
 STATUS_KEYS = {
     "agent", "allocations", "bgp", "exhausted", "gates", "node", "nodeconfig", "nodeconfig_deleted",
-    "nodeconfig_refused", "not_ready", "notes", "policy", "pools", "queued_deletes", "ready",
+    "nodeconfig_refused", "not_ready", "notes", "policy", "pools", "queued_deletes", "ready", "veth_removals",
 }  # fmt: skip
 AGENT_KEYS = {"admin_protocol_version", "cni_wire_versions", "pid", "uptime_s", "version"}
 NODECONFIG_KEYS = {"asn", "cidr4", "cidr6", "families", "ip_algo", "name", "peers", "resource_version", "router_id"}
@@ -84,6 +84,7 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
 
     code, text, st = flockctl(lab, "status")
     assert code == 0, text
+    assert st["veth_removals"] == {"pending": 0, "failures": 0}
     assert set(st) == STATUS_KEYS and set(st["agent"]) == AGENT_KEYS and set(st["nodeconfig"]) == NODECONFIG_KEYS
     assert set(st["policy"]) == POLICY_KEYS and st["policy"]["error"] is None, st["policy"]
     assert all(set(p) == POOL_KEYS for p in st["pools"]) and len(st["pools"]) == 2

@@ -167,13 +167,14 @@ async def test_setup_converges_from_dual_stack_to_v6_only(pool, node):
         assert pod.ip("-4", "route").strip() == "" and "198.51.100.5" not in node.ip("route")
 
 
-async def test_teardown_twice_succeeds_and_leaves_nothing(pool, node):
+@pytest.mark.parametrize("routes", [True, False], ids=["leaving-routes", "link-only"])
+async def test_teardown_twice_succeeds_and_leaves_nothing(pool, node, routes):
     with trio.fail_after(20):
         pod = pool.create("pod")
         w = await worker_for(node)
         await w.setup(alloc("c1", pod))
-        await w.teardown("c1", pod.path, "eth0")
-        await w.teardown("c1", pod.path, "eth0")
+        await w.teardown("c1", pod.path, "eth0", routes=routes)
+        await w.teardown("c1", pod.path, "eth0", routes=routes)
         assert flock_state(node) == ([], "")
         assert "eth0" not in pod.ip("link")
 
@@ -306,7 +307,8 @@ async def test_setup_works_on_the_fd_not_the_path(pool, node):
             os.close(fd)
 
 
-async def test_host_veth_carries_the_owner_marker_and_unmarked_lookalikes_are_left_alone(pool, node):
+@pytest.mark.parametrize("routes", [True, False], ids=["leaving-routes", "link-only"])
+async def test_host_veth_carries_the_owner_marker_and_unmarked_lookalikes_are_left_alone(pool, node, routes):
     with trio.fail_after(20):
         w = await worker_for(node)
         pod = pool.create("pod")
@@ -319,8 +321,8 @@ async def test_host_veth_carries_the_owner_marker_and_unmarked_lookalikes_are_le
         node.ip("link", "set", host_ifname("c2"), "alias", "not-flock")
         pool.veth(node, host_ifname("c3"), other, "o1")
         node.ip("link", "set", host_ifname("c3"), "alias", "flock:someone-else")
-        await w.teardown("c2")
-        await w.teardown("c3")
+        await w.teardown("c2", routes=routes)
+        await w.teardown("c3", routes=routes)
         report = await w.cleanup(["c1", "c3"])
         assert host_ifname("c2") not in report.interfaces
         links = node.ip("-o", "link")
@@ -328,11 +330,11 @@ async def test_host_veth_carries_the_owner_marker_and_unmarked_lookalikes_are_le
         with pytest.raises(Fault) as info:
             await w.setup(alloc("c3", pool.create("pod"), "2001:db8::7", "198.51.100.7"))
         assert "not flock's veth" in info.value.details
-        await w.teardown("c1")
+        await w.teardown("c1", routes=routes)
         assert host_ifname("c1") not in node.ip("-o", "link")
         # A veth of flock's naming without any alias: what an agent before markers made; still flock's.
         pool.veth(node, host_ifname("c4"), other, "o2")
-        await w.teardown("c4")
+        await w.teardown("c4", routes=routes)
         assert host_ifname("c4") not in node.ip("-o", "link")
 
 
@@ -516,3 +518,34 @@ async def test_a_refusal_inside_a_batch_names_its_step_and_a_rerun_converges(poo
         assert await w.check(alloc("c1", pod)) == []
         ping6 = await run(pod, "ping", "-6", "-c1", "-W1", "fe80::1%eth0")
         assert ping6.returncode == 0, ping6.stdout + ping6.stderr
+
+
+async def test_teardown_without_routes_relies_on_the_kernel_dropping_single_path_routes(pool, node):
+    """A pod without anycast addresses: DEL skips the route dump, the kernel
+    drops the veth's /128 and /32 with it."""
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        w = await worker_for(node)
+        await w.setup(alloc("c1", pod))
+        assert flock_state(node)[0] != []
+        await w.teardown("c1", routes=False)
+        assert flock_state(node) == ([], "")
+
+
+@pytest.mark.parametrize("anycast", ["2001:db8:aa::1", "203.0.113.9"])
+async def test_leave_routes_keeps_the_veth_and_the_other_pods_multipath_route(pool, node, anycast):
+    """Deferred DEL of an anycast pod: it leaves its multipath routes first (an IPv4
+    one would die whole with the veth), the veth goes later without a route dump."""
+    with trio.fail_after(20):
+        w = await worker_for(node)
+        _p1, _a, b = await two_pods_sharing(pool, w, [anycast])
+        fam = "-6" if ":" in anycast else "-4"
+        await w.leave_routes("a1")
+        route = node.ip(fam, "route", "show", anycast)
+        assert "nexthop" not in route and host_ifname("b1") in route, route
+        assert host_ifname("a1") in node.ip("-o", "link")  # still there
+        await w.teardown("a1", routes=False)
+        assert host_ifname("a1") not in node.ip("-o", "link")
+        assert host_ifname("b1") in node.ip(fam, "route", "show", anycast)
+        assert await w.check(b) == []
+        await w.leave_routes("a1")  # gone already: nothing to do

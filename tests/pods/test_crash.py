@@ -74,3 +74,32 @@ def test_killed_during_add_recovers_without_leaks(lab, point):
     third = lab.cni("ADD", "c0ffee03", lab.pool.create("third"), "third")
     assert str(addresses(third.json)[1]) == "198.51.100.2/32"
     assert agent.stop() == 0
+
+
+def test_killed_between_del_and_the_veth_removal_start_up_removes_the_veth_and_frees_the_address(lab):
+    """DEL deletes the row (without an fsync of its own) and answers; the veth
+    goes in the background.  An agent killed in between leaves a veth no row
+    explains: the next start-up removes it, and its addresses are free."""
+    victim_ns = lab.pool.create("victim")
+    for name in ("victim", "third"):
+        lab.api.create(PODS, pod_object("default", name, "host001", annotations=V4))
+    agent = lab.agent(FLOCK_CRASH_POINT="before-veth-removal")
+    agent.wait_ready()
+    added = lab.cni("ADD", "c0ffee01", victim_ns, "victim")
+    assert added.status == 0, added
+    assert str(addresses(added.json)[1]) == "198.51.100.2/32"
+    left = lab.flock_links()
+    assert len(left) == 1
+    # Answered, or (killed before the answer went out) journaled by the shim: 0 either way.
+    assert lab.cni("DEL", "c0ffee01", victim_ns, "victim").status == 0
+    assert agent.wait_exit() == -signal.SIGKILL
+    assert lab.rows() == {}  # the delete survived the kill
+    assert lab.flock_links() == left  # the veth did not go
+
+    agent = lab.agent()
+    agent.wait_ready()
+    assert lab.flock_links() == set() and lab.flock_routes() == []
+    third = lab.cni("ADD", "c0ffee03", lab.pool.create("third"), "third")
+    assert str(addresses(third.json)[1]) == "198.51.100.2/32"  # the victim's address is free again
+    assert lab.cni("DEL", "c0ffee03", None, "third").status == 0
+    assert agent.stop() == 0

@@ -3,6 +3,7 @@ import ipaddress
 import sqlite3
 import threading
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -13,6 +14,7 @@ from flock.store import (
     FILENAME,
     MIGRATIONS,
     AllocationNotFound,
+    LazyCall,
     Store,
     StoreCorrupt,
     StoreError,
@@ -365,3 +367,43 @@ def test_every_store_error_reaches_the_runtime_as_code_5(error):
     cni = cni_error(error)
     assert cni is not None and cni.code == 5
     assert (cni.msg, cni.details) == (error.msg, error.details) and "/x/flock.db" in cni.details
+
+
+def test_pending_rows_and_deletes_skip_the_fsync_and_commits_keep_it(tmp_path):
+    """flock.store, "Durability": a pending row and a delete commit at synchronous=NORMAL
+    (written to the WAL, not fsynced); a commit, a committed row and any group with one
+    of those commit at FULL, which is also the connection's setting between writes."""
+    store = SyncStore.open(tmp_path)
+    seen: list[str] = []
+    store._conn.set_trace_callback(seen.append)
+
+    def levels() -> list[str]:
+        out = [s.split("=")[1].strip() for s in seen if s.startswith("PRAGMA synchronous")]
+        seen.clear()
+        return out
+
+    try:
+        store.put(alloc())
+        assert levels() == ["NORMAL", "FULL"]
+        store.commit("c1", now=2.0)
+        assert levels() == []
+        store.put(attrs.evolve(alloc("c2", ip6=A("2001:db8::2"), ip4=A("198.51.100.2")), state=COMMITTED))
+        assert levels() == []
+        assert store.delete("c1") is True
+        assert levels() == ["NORMAL", "FULL"]
+        lazy = [
+            LazyCall(lambda: store.put(alloc("c3", ip6=A("2001:db8::3"), ip4=A("198.51.100.3")))),
+            LazyCall(lambda: store.delete("c2")),
+        ]
+        assert [o.unwrap() for o in store.run_group(lazy)] == [None, True]
+        assert levels() == ["NORMAL", "FULL"]
+        mixed = [
+            LazyCall(lambda: store.delete("c3")),
+            lambda: store.put(attrs.evolve(alloc("c4", ip6=A("2001:db8::4"), ip4=A("198.51.100.4")), state=COMMITTED)),
+        ]
+        store.run_group(mixed)
+        assert levels() == []
+        assert store.settings()["synchronous"] == "FULL"
+        assert [a.container_id for a in store.list()] == ["c4"]
+    finally:
+        store.close()

@@ -100,3 +100,37 @@ def check_after_kill(state_dir, run, lines, acked) -> int:
             if op == "C":
                 assert rows[cid].state is AllocationState.COMMITTED
     return grouped
+
+
+PENDING_THEN_WAIT = """
+import sys
+from flock.store import SyncStore
+from flock.testing.store_crash import expected
+store = SyncStore.open(sys.argv[1])
+store.put(expected(7))
+print("written", flush=True)
+sys.stdin.read()  # killed here: no later commit, no close
+"""
+
+
+def test_a_pending_row_survives_sigkill_without_any_later_commit(tmp_path):
+    """A pending row is written without an fsync of its own (flock.store, "Durability"):
+    the WAL frame is in the file, so a process crash cannot lose it."""
+    with subprocess.Popen(
+        [sys.executable, "-c", PENDING_THEN_WAIT, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout.readline() == "written\n"
+            child.send_signal(signal.SIGKILL)
+            assert child.wait(timeout=30) == -signal.SIGKILL
+        finally:
+            child.kill()
+    store = SyncStore.open(tmp_path)
+    try:
+        assert store.get(expected(7).container_id) == expected(7)
+        assert store.get(expected(7).container_id).state is AllocationState.PENDING
+    finally:
+        store.close()
