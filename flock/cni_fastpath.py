@@ -39,10 +39,11 @@ if TYPE_CHECKING:
 # Set by the bundle's loader (flock.shim_bundle) to its embedded modules, packed; None when flock is installed.
 _BUNDLE = None  # type: Any
 
-# Copies of constants defined in flock.rpc.wire / flock.rpc.cniresult / flock.cni_shim, which this
-# file must not import on the fast path (tests/shim check each copy equals its original).
+# The CNI versions flock speaks (flock.rpc.cniresult imports them from here).
 SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+# Copies of constants defined in flock.rpc.wire / flock.cni_shim, which this
+# file must not import on the fast path (tests/shim check each copy equals its original).
 OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 FD_OPS = ("ADD", "CHECK")
 FD_OPTIONAL_OPS = ("DEL",)
@@ -114,9 +115,6 @@ def run(env: "Mapping[str, str]", stdin: bytes, stdout: "TextIO") -> int:
         result = reply.get("result") if isinstance(reply, dict) and "error" not in reply else None
         if isinstance(result, dict):
             if command == "ADD":
-                _bundle_imports()
-                from flock.rpc.cniresult import convert_result
-
                 try:
                     _print(stdout, convert_result(result, cni_version))
                 except Exception:
@@ -126,6 +124,61 @@ def run(env: "Mapping[str, str]", stdin: bytes, stdout: "TextIO") -> int:
             else:
                 return 0
     return _full().run(env, stdin, stdout, call=_replay(outcome))
+
+
+_LEGACY = ("0.3.0", "0.3.1", "0.4.0")
+_INTERFACE_FIELDS_1_0 = ("name", "mac", "sandbox")
+_INTERFACE_FIELDS_1_1 = (*_INTERFACE_FIELDS_1_0, "mtu", "socketPath", "pciID")
+_ROUTE_FIELDS_1_0 = ("dst", "gw")
+_ROUTE_FIELDS_1_1 = (*_ROUTE_FIELDS_1_0, "mtu", "advmss", "priority", "table", "scope")
+_IP_FIELDS = ("address", "gateway", "interface")
+
+
+class MalformedResult(ValueError):
+    """A result whose ``key`` is not a list of objects (its ``value`` as found)."""
+
+    def __init__(self, key: str, value: object) -> None:
+        super().__init__(key)
+        self.key, self.value = key, value
+
+
+def convert_result(result: "dict[str, Any]", to_version: str) -> "dict[str, Any]":
+    """A 1.1.0-form ADD result rewritten for *to_version*, one of
+    SUPPORTED_VERSIONS (see :mod:`flock.rpc.cniresult`, which checks the
+    version and names a :class:`MalformedResult` as a CNI error).  Defined
+    here so the shim's fast path converts an ADD's result without importing
+    anything."""
+    legacy = to_version in _LEGACY
+    newest = to_version == "1.1.0"
+    out = {"cniVersion": to_version}  # type: dict[str, Any]
+    if "interfaces" in result:
+        iface_fields = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
+        out["interfaces"] = [_pick(iface, iface_fields) for iface in _objects(result, "interfaces")]
+    if "ips" in result:
+        ips = []
+        for ip in _objects(result, "ips"):
+            item = _pick(ip, _IP_FIELDS)
+            if legacy:
+                item["version"] = "6" if ":" in str(ip.get("address", "")) else "4"
+            ips.append(item)
+        out["ips"] = ips
+    if "routes" in result:
+        route_fields = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
+        out["routes"] = [_pick(route, route_fields) for route in _objects(result, "routes")]
+    if "dns" in result:
+        out["dns"] = result["dns"]
+    return out
+
+
+def _objects(result: "dict[str, Any]", key: str) -> "list[dict[str, Any]]":
+    items = result[key]
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise MalformedResult(key, items)
+    return items
+
+
+def _pick(obj: "dict[str, Any]", keys: "tuple[str, ...]") -> "dict[str, Any]":
+    return {k: obj[k] for k in keys if k in obj}
 
 
 def _prepare(

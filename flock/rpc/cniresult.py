@@ -15,21 +15,13 @@ Python 3.8 syntax (bundled into the shim).
 
 from __future__ import annotations
 
+from flock import cni_fastpath
+from flock.cni_fastpath import LATEST_VERSION, SUPPORTED_VERSIONS, MalformedResult
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_CNI_VERSION, CniError, quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
-LATEST_VERSION = SUPPORTED_VERSIONS[-1]
-
-_LEGACY = ("0.3.0", "0.3.1", "0.4.0")
-_INTERFACE_FIELDS_1_0 = ("name", "mac", "sandbox")
-_INTERFACE_FIELDS_1_1 = (*_INTERFACE_FIELDS_1_0, "mtu", "socketPath", "pciID")
-_ROUTE_FIELDS_1_0 = ("dst", "gw")
-_ROUTE_FIELDS_1_1 = (*_ROUTE_FIELDS_1_0, "mtu", "advmss", "priority", "table", "scope")
-_IP_FIELDS = ("address", "gateway", "interface")
 
 
 def check_cni_version(config: dict[str, Any]) -> str:
@@ -60,36 +52,9 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
     """
     if to_version not in SUPPORTED_VERSIONS:
         check_cni_version({"cniVersion": to_version})
-    legacy = to_version in _LEGACY
-    newest = to_version == "1.1.0"
-    out = {"cniVersion": to_version}  # type: dict[str, Any]
-    if "interfaces" in result:
-        iface_fields = _INTERFACE_FIELDS_1_1 if newest else _INTERFACE_FIELDS_1_0
-        out["interfaces"] = [_pick(iface, iface_fields) for iface in _objects(result, "interfaces")]
-    if "ips" in result:
-        ips = []
-        for ip in _objects(result, "ips"):
-            item = _pick(ip, _IP_FIELDS)
-            if legacy:
-                item["version"] = "6" if ":" in str(ip.get("address", "")) else "4"
-            ips.append(item)
-        out["ips"] = ips
-    if "routes" in result:
-        route_fields = _ROUTE_FIELDS_1_1 if newest else _ROUTE_FIELDS_1_0
-        out["routes"] = [_pick(route, route_fields) for route in _objects(result, "routes")]
-    if "dns" in result:
-        out["dns"] = result["dns"]
-    return out
-
-
-def _objects(result: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    """``result[key]`` if it is a list of objects, else CniError code 6 naming it
-    (the result crossed the wire: a broken agent must not crash the shim)."""
-    items = result[key]
-    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-        raise CniError(DECODE_ERROR, "malformed result", f"field {key!r}={quote(items)}: expected a list of objects")
-    return items
-
-
-def _pick(obj: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: obj[k] for k in keys if k in obj}
+    try:
+        return cni_fastpath.convert_result(result, to_version)
+    except MalformedResult as exc:
+        raise CniError(
+            DECODE_ERROR, "malformed result", f"field {exc.key!r}={quote(exc.value)}: expected a list of objects"
+        ) from None

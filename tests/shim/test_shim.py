@@ -351,3 +351,38 @@ def test_an_agent_that_speaks_only_version_1_is_asked_again_by_path(shim, tmp_pa
         t.join(10)
     assert out.status == 0, out.stdout
     assert seen == [(2, True), (1, None)]
+
+
+@pytest.mark.parametrize("version", ["0.4.0", "1.1.0"])
+def test_a_successful_add_imports_nothing_beyond_the_fast_path(shim, tmp_path, pod_netns, version):
+    # The fast path converts the agent's result itself: no embedded module is
+    # unpacked, no flock.* module imported (-X importtime lists every import).
+    path = tmp_path / "agent.sock"
+    result = {"cniVersion": "1.1.0", "ips": [{"address": "2001:db8::5/128", "gateway": "fe80::1", "interface": 1}]}
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        import threading
+
+        def agent():
+            conn, _ = listener.accept()
+            with conn:
+                line = b""
+                while not line.endswith(b"\n"):
+                    line += conn.recv(65536)
+                conn.sendall(json.dumps({"result": result}).encode() + b"\n")
+
+        t = threading.Thread(target=agent)
+        t.start()
+        out = run_plugin(
+            [sys.executable, "-I", "-S", "-X", "importtime", *shim],
+            "ADD",
+            cfg(path, version),
+            tmp_path,
+            **pod_env(CNI_NETNS=pod_netns),
+        )
+        t.join(10)
+    assert out.status == 0, out.stderr
+    assert json.loads(out.stdout) == fastpath.convert_result(result, version)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    assert imported and not [m for m in imported if m.startswith("flock") or m in ("zlib", "binascii", "json")]
