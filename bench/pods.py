@@ -8,7 +8,10 @@ as a real process against the flock/testing API server (no BIRD).  For each
 parallelism N, every round creates N pod namespaces, ADDs all N concurrently
 (one plugin exec each), then DELs all N; each exec's wall time is one sample.
 The agent's own time per request (from its /metrics), its CPU time per pod
-(ADD + DEL, from /proc) and its resident memory when idle are reported beside it.
+(ADD + DEL, from /proc; all threads, and its main Trio thread alone) and its
+resident memory when idle are reported beside it.  Run it from outside the
+checkout (``cd /tmp``): with ``--before``, ``python -c`` would otherwise import
+the flock of the current directory.
 
 ``--before DIR`` also runs the flock-agent of another checkout of flock (e.g.
 ``git archive <old commit> | tar -x -C DIR``) side by side, on its own node
@@ -17,7 +20,7 @@ round, so load from elsewhere on the machine hits them alike.
 
 Prints a human summary, then the figures as a final JSON line.
 
-    python bench/pods.py [--parallel 1,10] [--rounds 20,5] [--before DIR]
+    python bench/pods.py [--parallel 1,10] [--rounds 20,5] [--before DIR] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -63,9 +66,11 @@ def run(argv: list[str], command: str, cid: str, netns: str, config: dict, args:
     return elapsed
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of *pid* (all its threads) from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of *pid* (all its threads, living and gone) from /proc; of one of its
+    threads with *thread* (the main thread: *pid* itself)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -135,7 +140,12 @@ class Flock:
     def ready(self) -> None:
         self.port = wait_ready(self.agent, self.log_path)
         self.rss_idle_mib = rss_mib(self.agent.pid)
-        self.mark = (agent_totals(self.port), cpu_seconds(self.agent.pid))
+        self.mark = self.totals()
+
+    def totals(self) -> tuple[dict, float, float]:
+        """The agent's /metrics totals, its CPU seconds, and those of its main (Trio) thread."""
+        pid = self.agent.pid
+        return agent_totals(self.port), cpu_seconds(pid), cpu_seconds(pid, pid)
 
     def stop(self) -> None:
         if self.agent is not None:
@@ -149,13 +159,15 @@ class Flock:
     def phase(self, pods: int) -> dict:
         """The agent's own mean time per ADD and DEL, and its CPU per pod,
         since the last call (or since ready)."""
-        (before, cpu_before), now = self.mark, (agent_totals(self.port), cpu_seconds(self.agent.pid))
+        (before, cpu_before, main_before), now = self.mark, self.totals()
         self.mark = now
         out = {}
         for op in ("ADD", "DEL"):
             seconds, count = now[0][op][0] - before[op][0], now[0][op][1] - before[op][1]
             out[f"agent_{op.lower()}_mean_ms"] = round(seconds / count * 1000, 2)
         out["agent_cpu_ms_per_pod"] = round((now[1] - cpu_before) / pods * 1000, 2)
+        # The Trio thread (RPC, handler, watchers, policy); the rest is the worker threads (netlink, SQLite, nft).
+        out["agent_main_thread_cpu_ms_per_pod"] = round((now[2] - main_before) / pods * 1000, 2)
         for op in ("ADD", "DEL"):
             stages = {}
             for key, (seconds, count) in now[0].items():
@@ -256,7 +268,9 @@ BENCH_POLICY = {
 }
 
 
-def inside(parallel: list[int], rounds: list[int], before: str | None, policy: bool = False) -> dict:
+def inside(
+    parallel: list[int], rounds: list[int], before: str | None, policy: bool = False, baseline: bool = True
+) -> dict:
     results: dict = {}
     seq = [0]
     with (
@@ -279,7 +293,7 @@ def inside(parallel: list[int], rounds: list[int], before: str | None, policy: b
             if policy:
                 api.create(NETWORKPOLICIES, BENCH_POLICY)
                 time.sleep(1)  # the agents apply it (nothing to enforce yet: no bench pod exists)
-            impls = [*flocks, Ptp(str(work / "host-local"))]
+            impls = [*flocks, Ptp(str(work / "host-local"))] if baseline else [*flocks]
             for n, r in zip(parallel, rounds, strict=True):
                 figures = measure(impls, pool, api, n, r, seq)
                 for f in flocks:
@@ -295,7 +309,8 @@ def inside(parallel: list[int], rounds: list[int], before: str | None, policy: b
                     if "agent_cpu_ms_per_pod" in fig:
                         print(
                             f"{'':12} agent's own time per request (mean): ADD {fig['agent_add_mean_ms']} ms, DEL "
-                            f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL)",
+                            f"{fig['agent_del_mean_ms']} ms; agent CPU {fig['agent_cpu_ms_per_pod']} ms per pod (ADD + DEL), "
+                            f"of which the main (Trio) thread {fig['agent_main_thread_cpu_ms_per_pod']} ms",
                             flush=True,
                         )
                         for op in ("add", "del"):
@@ -325,11 +340,17 @@ def main() -> None:
         "--before", metavar="DIR", help="also run the flock-agent of the flock checkout in DIR, side by side"
     )
     ap.add_argument("--policy", action="store_true", help="a NetworkPolicy selects every bench pod")
+    ap.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="flock only, no ptp (its rounds leave the agents idle, and their idle CPU lands in the per-pod figure)",
+    )
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parallel, rounds = parallel_rounds(ap, args)
     if args.inside:
-        results = inside(parallel, rounds, args.before, args.policy)
+        results = inside(parallel, rounds, args.before, args.policy, args.baseline)
         print(
             json.dumps(
                 {
@@ -348,6 +369,8 @@ def main() -> None:
         extra += ["--before", os.path.abspath(args.before)]
     if args.policy:
         extra.append("--policy")
+    if not args.baseline:
+        extra.append("--no-baseline")
     returncode = rerun_in_node_namespace(__file__, extra)
     sys.exit(returncode)
 

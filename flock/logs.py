@@ -45,10 +45,21 @@ def current() -> dict[str, Any]:
     return dict(_context.get())
 
 
+# One encoder for every line (``json.dumps`` with options builds a new one per call).
+_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+
+
 class JsonFormatter(logging.Formatter):
+    # The "YYYY-mm-ddTHH:MM:SS" of the last second formatted: lines come many to a second.
+    _second: int = -1
+    _stamp: str = ""
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -59,7 +70,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, separators=(",", ":"))
+        return _ENCODER.encode(entry)
 
 
 class TextFormatter(logging.Formatter):
@@ -81,6 +92,10 @@ class TextFormatter(logging.Formatter):
 
 def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> None:
     """Install one handler on the root logger (replacing any earlier one)."""
+    # Neither format shows where a call was made from nor the thread or process: skip
+    # collecting them for every record (the logging HOWTO's "Optimization" switches).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

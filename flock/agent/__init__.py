@@ -1,6 +1,13 @@
 """flock-agent: the composition root (CLI → settings → every service, wired once) and its entry point."""
 
-from flock.agent._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink, PodWatcherLookup
+from flock.agent._api import (
+    API_GATE,
+    NODECONFIG_INFORMER_GATE,
+    POD_INFORMER_GATE,
+    ApiLink,
+    ClusterPods,
+    PodWatcherLookup,
+)
 from flock.agent._bird import BirdFollower, bird_inputs
 from flock.agent._cli import (
     DEFAULT_BIRD_CONFIG,
@@ -44,6 +51,7 @@ __all__ = [
     "AgentSettings",
     "ApiLink",
     "BirdFollower",
+    "ClusterPods",
     "CrashPoint",
     "FatalStartError",
     "PodWatcherLookup",

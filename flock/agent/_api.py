@@ -16,7 +16,15 @@ from flock.model import PodInfo
 from flock.nursery import Backoff, ChildSpec, Supervisor
 from flock.pods import NotReady, PodLookupFailed
 from flock.state import NODECONFIG_GATE, Gate, NodeState, gated
-from flock.watchers import ClientConfigError, KubeClient, KubeError, NodeConfigWatcher, PodWatcher, open_kube_client
+from flock.watchers import (
+    ChangeListener,
+    ClientConfigError,
+    KubeClient,
+    KubeError,
+    NodeConfigWatcher,
+    PodWatcher,
+    open_kube_client,
+)
 
 log = logging.getLogger("flock.agent")
 
@@ -36,6 +44,19 @@ CONFIG_RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 Connect = Callable[[str | os.PathLike[str] | None], contextlib.AbstractAsyncContextManager[KubeClient]]
 # More watchers on the same connection (e.g. NetworkPolicy): their child specs for a client.
 WatcherFactory = Callable[[KubeClient], Sequence[ChildSpec]]
+
+
+@attrs.frozen
+class ClusterPods:
+    """Something that follows every pod of the cluster (the NetworkPolicy watchers):
+    *listener* gets each change of the link's one pod informer, *services* run beside it."""
+
+    listener: ChangeListener
+    services: Sequence[ChildSpec] = ()
+
+
+# A follower of the cluster's pods, built for each client.
+ClusterPodsFactory = Callable[[KubeClient], ClusterPods]
 
 
 @attrs.frozen
@@ -68,6 +89,11 @@ class ApiLink:
     watchers under a nested supervisor ("api": nodeconfig-watcher, pod-watcher,
     then whatever *watchers* add); ``started()`` once they have all listed.
 
+    With *cluster_pods* the pod watcher watches every pod of the cluster and
+    hands each change to that follower as well (one watch, one decoding of each
+    event, instead of a node-scoped watch beside a cluster-wide one); without,
+    it watches this node's pods only.
+
     The NodeConfig watcher publishes into *state*; each informer's readiness
     is a gate of *state*.  While the pod watcher runs, this object is the pod
     handler's :class:`flock.pods.PodLookup` (before and between: NotReady, 11).
@@ -83,6 +109,7 @@ class ApiLink:
     kubeconfig: Path | None
     state: NodeState
     watchers: Sequence[WatcherFactory] = ()
+    cluster_pods: ClusterPodsFactory | None = None
     connect: Connect = open_kube_client
     retry: Backoff = CONFIG_RETRY
     _pods: PodWatcherLookup | None = attrs.field(init=False, default=None)
@@ -105,7 +132,11 @@ class ApiLink:
     async def _watch(self, client: KubeClient, task_status: trio.TaskStatus[None]) -> None:
         node, state = self.node, self.state
         nodeconfigs = NodeConfigWatcher(client.nodeconfig(node), node, sink=state)
-        pods = PodWatcher(client.pods_on_node(node), node)
+        follower = self.cluster_pods(client) if self.cluster_pods is not None else None
+        if follower is None:
+            pods = PodWatcher(client.pods_on_node(node), node)
+        else:
+            pods = PodWatcher(client.all_pods(), node, listeners=(follower.listener,))
 
         async def serve_pods(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             lookup = PodWatcherLookup(pods)
@@ -125,6 +156,7 @@ class ApiLink:
         children = [
             ChildSpec("nodeconfig-watcher", gated(state, NODECONFIG_INFORMER_GATE, nodeconfigs.run)),
             ChildSpec("pod-watcher", gated(state, POD_INFORMER_GATE, serve_pods)),
+            *(follower.services if follower is not None else ()),
             *(spec for factory in self.watchers for spec in factory(client)),
         ]
         await Supervisor("api", children).run(task_status=task_status)

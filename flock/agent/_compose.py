@@ -15,8 +15,8 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── admin                   flock.ctl.AdminServer: flockctl's unix socket (0600, local only)
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
-    │   ├── pod-watcher         → pod lookups for ADD
-    │   ├── policy-watchers     NetworkPolicy, Namespace, Pod (cluster-wide) → PolicyInputs
+    │   ├── pod-watcher         every pod, watched once: this node's → pod lookups for ADD, all → PolicyInputs
+    │   ├── policy-watchers     NetworkPolicy, Namespace (cluster-wide) → PolicyInputs
     │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
@@ -96,7 +96,7 @@ def compose(
         watchers = (*watchers, bgp_passwords(settings.namespace, state))
     policy_inputs = PolicyInputs()
     policy_link = PolicyLink(policy_inputs)
-    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=(*watchers, policy_link.watchers))
+    api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)
     policy = PolicyService(
         inputs=policy_inputs,
         local=state,

@@ -1,14 +1,13 @@
 """NetworkPolicy in the agent: the cluster-wide watchers on each API client, and the policy service.
 
 One :class:`flock.policy.PolicyInputs` outlives API reconnects; each new
-client gets new watchers (NetworkPolicy, Namespace and every Pod) that fill
-it.  :class:`PolicyLink` is also the service's :class:`flock.policy.Watermark`:
+client gets new watchers (NetworkPolicy, Namespace) that fill it, and the
+pods come from the API link's one pod informer, which then watches every pod
+(:class:`flock.agent.ApiLink`'s ``cluster_pods``).  :class:`PolicyLink` is also the service's :class:`flock.policy.Watermark`:
 it follows whichever watcher is current.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import attrs
 import trio
@@ -18,19 +17,22 @@ from flock.policy import POLICY_GATE, WAITING_FOR_WATCHERS, PolicyInputs
 from flock.state import Gate
 from flock.watchers import KubeClient, PolicyWatcher
 
+from ._api import ClusterPods
+
 POLICY_READY_GATE = Gate(POLICY_GATE, WAITING_FOR_WATCHERS, label="NetworkPolicy not enforced: ")
 
 
 @attrs.define(eq=False)
 class PolicyLink:
-    """Builds the policy watchers for an API client (an ``ApiLink`` watcher factory)."""
+    """Builds the policy watchers for an API client (an ``ApiLink`` ``cluster_pods`` factory)."""
 
     inputs: PolicyInputs
     _current: PolicyWatcher | None = attrs.field(init=False, default=None)
     _replaced: trio.Event = attrs.field(init=False, factory=trio.Event)
 
-    def watchers(self, client: KubeClient) -> Sequence[ChildSpec]:
-        watcher = PolicyWatcher(client.network_policies(), client.namespaces(), self.inputs, pods=client.all_pods())
+    def cluster_pods(self, client: KubeClient) -> ClusterPods:
+        # pods=None: the link's pod informer feeds watcher.pod_listener.
+        watcher = PolicyWatcher(client.network_policies(), client.namespaces(), self.inputs)
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             self._set(watcher)
@@ -40,7 +42,7 @@ class PolicyLink:
                 if self._current is watcher:
                     self._set(None)
 
-        return [ChildSpec("policy-watchers", run)]
+        return ClusterPods(watcher.pod_listener, [ChildSpec("policy-watchers", run)])
 
     def _set(self, watcher: PolicyWatcher | None) -> None:
         self._current = watcher

@@ -69,6 +69,9 @@ class Metrics:
     _requests: Counter = attrs.field(init=False)
     _latency: Histogram = attrs.field(init=False)
     _stages: Histogram = attrs.field(init=False)
+    # Label children by label values: ``labels()`` validates and locks on every call (several per request).
+    _children: dict[tuple[str, int], tuple[Counter, Histogram]] = attrs.field(init=False, factory=dict)
+    _stage_children: dict[tuple[str, str], Histogram] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         ProcessCollector(registry=self.registry)
@@ -96,12 +99,21 @@ class Metrics:
 
     def observe(self, op: str, code: int, seconds: float) -> None:
         """One request served: *code* 0 for success, else the CNI error code."""
-        self._requests.labels(op=op, code=str(code)).inc()
-        self._latency.labels(op=op).observe(max(0.0, seconds))
+        children = self._children.get((op, code))
+        if children is None:
+            children = self._children[(op, code)] = (
+                self._requests.labels(op=op, code=str(code)),
+                self._latency.labels(op=op),
+            )
+        children[0].inc()
+        children[1].observe(max(0.0, seconds))
 
     def stage(self, op: str, stage: str, seconds: float) -> None:
         """One stage of an *op* request took *seconds* (see :class:`flock.pods.PodHandler`)."""
-        self._stages.labels(op=op, stage=stage).observe(max(0.0, seconds))
+        child = self._stage_children.get((op, stage))
+        if child is None:
+            child = self._stage_children[(op, stage)] = self._stages.labels(op=op, stage=stage)
+        child.observe(max(0.0, seconds))
 
     def requests(self, op: str, code: int = 0) -> int:
         value = self.registry.get_sample_value("flock_cni_requests_total", {"op": op, "code": str(code)})

@@ -355,6 +355,11 @@ class Compiler:
     ) -> Ruleset:
         locals_ = _check_local(local_pods)
         self._set_policies(policies)
+        if not self._policies:
+            # Nothing selects any pod: no chains, no sets (what the full pass below finds, without
+            # indexing every pod of the cluster as a peer — a node of a cluster without
+            # NetworkPolicies does no work per pod change).
+            return Ruleset()
         everyone = {p.key: p for p in pods}
         everyone.update((p.key, p) for p in locals_)
         peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})

@@ -24,6 +24,9 @@ class Kind(enum.Enum):
     POD = "Pod"
 
 
+_EVERY_KIND = frozenset(Kind)
+
+
 @attrs.frozen
 class PolicySnapshot:
     """Everything the watchers know at one instant.
@@ -41,7 +44,7 @@ class PolicySnapshot:
 
     @property
     def complete(self) -> bool:
-        return self.synced == frozenset(Kind)
+        return self.synced == _EVERY_KIND
 
 
 class PolicySource(Protocol):
@@ -49,8 +52,17 @@ class PolicySource(Protocol):
 
     def snapshot(self) -> PolicySnapshot: ...
 
+    @property
+    def generation(self) -> int:
+        """The generation the next snapshot will have (no snapshot is built to read it)."""
+        ...
+
     async def wait_changed(self, generation: int) -> PolicySnapshot:
         """Return the first snapshot whose generation is greater than *generation*."""
+        ...
+
+    async def wait_generation(self, generation: int) -> int:
+        """The current generation once it is greater than *generation* (no snapshot is built)."""
         ...
 
 
@@ -130,7 +142,15 @@ class PolicyInputs:
             )
         return self._snapshot
 
+    @property
+    def generation(self) -> int:
+        return self._generation
+
     async def wait_changed(self, generation: int) -> PolicySnapshot:
+        await self.wait_generation(generation)
+        return self.snapshot()
+
+    async def wait_generation(self, generation: int) -> int:
         while self._generation <= generation:
             await self._changed.wait()
-        return self.snapshot()
+        return self._generation

@@ -125,6 +125,10 @@ class PolicyService:
     _failures: int = attrs.field(init=False, default=0)
     _last_error: str | None = attrs.field(init=False, default=None)
     _mark: int = attrs.field(init=False, default=0)
+    # container ID → (allocation, the watchers' pod, the local PolicyPod, its addresses): see local_pods
+    _local_cache: dict[str, tuple[Allocation, PolicyPod, PolicyPod, tuple]] = attrs.field(init=False, factory=dict)
+    # Set (and replaced) whenever the watchers' snapshot or this node's attachments change.
+    _poked: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     @property
     def applied(self) -> Ruleset | None:
@@ -137,18 +141,31 @@ class PolicyService:
     def local_pods(
         self, snap: PolicySnapshot, allocations: Mapping[str, Allocation]
     ) -> tuple[list[PolicyPod], dict[str, tuple]]:
-        """This node's attachments whose pod the watchers know, as local PolicyPods."""
+        """This node's attachments whose pod the watchers know, as local PolicyPods.
+
+        Each one is derived from its allocation and the watchers' pod value,
+        and reused while both are the same objects: a change of one pod costs
+        one new value, not one per pod on the node."""
         pods: list[PolicyPod] = []
         covered: dict[str, tuple] = {}
+        cache, fresh = self._local_cache, {}
         for cid, alloc in allocations.items():
             known = snap.pods.get(f"{alloc.namespace}/{alloc.pod}")
             if known is None:
                 continue  # labels unknown: left out; ensure() keeps its ADD waiting
-            addrs = _addresses(alloc)
-            pods.append(
-                attrs.evolve(known, addresses=addrs, node=self.node, host_veth=self.host_ifname(cid), selectable=True)
-            )
-            covered[cid] = addrs
+            hit = cache.get(cid)
+            if hit is not None and hit[0] is alloc and hit[1] is known:
+                entry = hit
+            else:
+                addrs = _addresses(alloc)
+                local = attrs.evolve(
+                    known, addresses=addrs, node=self.node, host_veth=self.host_ifname(cid), selectable=True
+                )
+                entry = (alloc, known, local, addrs)
+            fresh[cid] = entry
+            pods.append(entry[2])
+            covered[cid] = entry[3]
+        self._local_cache = fresh
         return pods, covered
 
     async def ensure(self, alloc: Allocation) -> None:
@@ -182,6 +199,8 @@ class PolicyService:
             if self.watermark is not None:
                 nursery.start_soon(self._follow_watermark)
             nursery.start_soon(self._read_counters)
+            nursery.start_soon(self._follow_inputs)
+            nursery.start_soon(self._follow_local)
             task_status.started()
             await self._apply_loop()
 
@@ -230,7 +249,7 @@ class PolicyService:
         self._last_error = None
         if self.readiness is not None:
             self.readiness.open_gate(POLICY_GATE)
-        if self.metrics is not None:
+        if self.metrics is not None and mode != "unchanged":
             self.metrics.applied(ruleset, mode, seconds)
         self._publish(mark)
         if self.watermark is not None and self.inputs.snapshot().generation == snap.generation:
@@ -275,18 +294,29 @@ class PolicyService:
             self.readiness.close_gate(POLICY_GATE, f"nftables refused the ruleset: {first_line}")
 
     async def _wait_for_change(self, generation: int, local_version: int) -> None:
-        async with trio.open_nursery() as nursery:
+        """Until the watchers' snapshot is newer than *generation* or this node's
+        attachments than *local_version* (at once if already so).
 
-            async def inputs() -> None:
-                await self.inputs.wait_changed(generation)
-                nursery.cancel_scope.cancel()
+        Two long-lived followers (:meth:`_follow_inputs`, :meth:`_follow_local`)
+        poke one event, rather than two tasks started and cancelled per change."""
+        while self.inputs.generation == generation and self.local.version == local_version:
+            await self._poked.wait()
 
-            async def local() -> None:
-                await self.local.wait_changed(local_version)
-                nursery.cancel_scope.cancel()
+    def _poke(self) -> None:
+        self._poked.set()
+        self._poked = trio.Event()
 
-            nursery.start_soon(inputs)
-            nursery.start_soon(local)
+    async def _follow_inputs(self) -> None:
+        generation = -1
+        while True:
+            generation = await self.inputs.wait_generation(generation)
+            self._poke()
+
+    async def _follow_local(self) -> None:
+        version = -1
+        while True:
+            version = await self.local.wait_changed(version)
+            self._poke()
 
     async def _follow_watermark(self) -> None:
         """Between changes BOOKMARKs move the watermark on: publish it while the applied snapshot is the newest."""

@@ -16,13 +16,16 @@ propagate to the informer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import aiohttp
 import attrs
+import outcome
 import trio
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -65,12 +68,36 @@ async def _fetch(call: AsyncioCall, kwargs: dict[str, Any]) -> tuple[int, bytes]
         resp.release()
 
 
+async def _pump(content: aiohttp.StreamReader, send: trio.MemorySendChannel[outcome.Outcome[bytes]]) -> None:
+    """(asyncio) Every chunk of a response body into *send*, then ``b""`` at its end, or the
+    error that ended it; stops when the Trio side has closed its end."""
+    try:
+        while True:
+            try:
+                chunk = await content.readany()
+            except Exception as exc:
+                send.send_nowait(outcome.Error(exc))
+                return
+            send.send_nowait(outcome.Value(chunk))
+            if not chunk:
+                return
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+
+
 @attrs.define(eq=False)
 class _EventStream:
-    """Watch events from one response, one JSON object per line."""
+    """Watch events from one response, one JSON object per line.
 
-    _bridge: AsyncioBridge
-    _resp: aiohttp.ClientResponse
+    One asyncio task (:func:`_pump`, started by :meth:`KubeSource.watch`) reads
+    the body for the whole watch and hands each chunk over a Trio channel:
+    trio-asyncio runs asyncio callbacks on the Trio thread, so that is a plain
+    ``send_nowait``, where a bridge call per chunk would start an asyncio task
+    for every event.  The channel is unbounded; the informer applies each
+    event as it comes, and :data:`MAX_EVENT_BYTES` bounds a line.
+    """
+
+    _chunks: trio.MemoryReceiveChannel[outcome.Outcome[bytes]]
     _what: str
     _buffer: bytearray = attrs.field(factory=bytearray)
 
@@ -79,8 +106,9 @@ class _EventStream:
 
     async def __anext__(self) -> Mapping[str, Any]:
         while (end := self._buffer.find(b"\n")) < 0:
+            received = await self._chunks.receive()
             with translated_errors(self._what):
-                chunk = await self._bridge.call(self._resp.content.readany)
+                chunk = received.unwrap()
             if not chunk:
                 if self._buffer.strip():
                     raise TransientKubeError(f"{self._what}: stream ended inside an event")
@@ -146,14 +174,24 @@ class KubeSource:
         )
         with translated_errors(self.what):
             resp = await self.bridge.call(self.list_call, **kwargs)
+        pump: asyncio.Task[None] | None = None
         try:
             if resp.status != 200:
                 with translated_errors(self.what):
                     body = await self.bridge.call(resp.read)
                 raise error_for_status(resp.status, _json_or_none(body))
-            yield _EventStream(self.bridge, resp, self.what)
+            send, receive = trio.open_memory_channel[outcome.Outcome[bytes]](math.inf)
+            with send, receive:
+
+                def start_pump() -> asyncio.Task[None]:
+                    return asyncio.ensure_future(_pump(resp.content, send))
+
+                pump = await self.bridge.call_sync(start_pump)
+                yield _EventStream(receive, self.what)
         finally:
             with trio.move_on_after(CLOSE_SECONDS, shield=True):
+                if pump is not None:
+                    await self.bridge.call_sync(pump.cancel)
                 await self.bridge.call_sync(resp.close)
 
     async def _checked(self, call: AsyncioCall, **query: Any) -> Any:

@@ -9,7 +9,7 @@ import attrs
 import pytest
 import trio
 
-from flock.agent import API_GATE, ApiLink, node_state
+from flock.agent import API_GATE, ApiLink, ClusterPods, node_state
 from flock.nursery import ChildSpec
 from flock.pods import NotReady, PodLookupFailed
 from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
@@ -85,3 +85,90 @@ async def test_config_is_retried_then_watchers_publish_and_lookups_work(autojump
     assert "pod informer not synced" in state.not_ready()
     with pytest.raises(NotReady):
         await link.lookup("default", "web-0")
+
+
+@attrs.define(eq=False)
+class ClusterClient:
+    """A KubeClient over the store that records which pod sources the link asked for."""
+
+    api: ObjectStore
+    pod_sources: list[tuple[str, StoreSource]] = attrs.field(factory=list)
+
+    def nodeconfig(self, name: str) -> StoreSource:
+        return StoreSource(self.api, NODECONFIGS, f"metadata.name={name}")
+
+    def pods_on_node(self, node: str) -> StoreSource:
+        source = StoreSource(self.api, PODS, f"spec.nodeName={node}")
+        self.pod_sources.append(("node", source))
+        return source
+
+    def all_pods(self) -> StoreSource:
+        source = StoreSource(self.api, PODS)
+        self.pod_sources.append(("all", source))
+        return source
+
+
+@attrs.define(eq=False)
+class Follower:
+    """A ChangeListener that records what it was given."""
+
+    changes: list[tuple[str, str]] = attrs.field(factory=list)
+    listed: int = 0
+    progress: list[str] = attrs.field(factory=list)
+
+    def on_change(self, change) -> None:
+        self.changes.append((change.type.value, change.key))
+
+    def on_listed(self) -> None:
+        self.listed += 1
+
+    def on_progress(self, resource_version: str) -> None:
+        self.progress.append(resource_version)
+
+
+async def test_cluster_pods_one_pod_watch_serves_the_node_cache_and_the_follower(autojump_clock):
+    api = ObjectStore()
+    api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    api.create(PODS, pod_object("default", "web-0", NODE))
+    api.create(PODS, pod_object("default", "db-0", "host002"))
+    client = ClusterClient(api)
+    follower = Follower()
+    services_ran = []
+
+    @contextlib.asynccontextmanager
+    async def connect(kubeconfig):
+        yield client
+
+    def cluster_pods(c):
+        async def beside(*, task_status=trio.TASK_STATUS_IGNORED):
+            services_ran.append(c)
+            task_status.started()
+            await trio.sleep_forever()
+
+        return ClusterPods(follower, [ChildSpec("beside", beside)])
+
+    state = node_state(NODE)
+    link = ApiLink(NODE, None, state, cluster_pods=cluster_pods, connect=connect)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(link.run)
+            await trio.sleep(1)
+            # One source of pods, every pod, one watch: not a node-scoped watch beside it.
+            assert [kind for kind, _ in client.pod_sources] == ["all"]
+            source = client.pod_sources[0][1]
+            assert (source.lists, source.watches) == (1, 1)
+            assert services_ran == [client]
+            assert follower.listed == 1
+            assert sorted(follower.changes) == [("ADDED", "default/db-0"), ("ADDED", "default/web-0")]
+            assert sorted(state.pods) == ["default/web-0"]  # the node's cache keeps this node's pods
+            # A pod created unbound, then bound here: the follower sees both, the node's cache the binding.
+            api.create(PODS, pod_object("default", "web-1"))
+            api.patch(PODS, "web-1", {"spec": {"nodeName": NODE}}, "default")
+            assert (await link.lookup("default", "web-1")).name == "web-1"
+            assert follower.changes[-2:] == [("ADDED", "default/web-1"), ("MODIFIED", "default/web-1")]
+            assert follower.progress[-1] == str(api.list(PODS)[1])
+            api.delete(PODS, "db-0", "default")
+            await trio.sleep(1)
+            assert follower.changes[-1] == ("DELETED", "default/db-0")
+            assert sorted(state.pods) == ["default/web-0", "default/web-1"]
+            nursery.cancel_scope.cancel()

@@ -37,6 +37,9 @@ async def test_probes_and_metrics_over_http():
     metrics.observe("ADD", 0, 0.003)
     metrics.observe("ADD", 0, 0.2)
     metrics.observe("ADD", 11, 25.0)
+    metrics.stage("ADD", "netlink", 0.002)
+    metrics.stage("ADD", "netlink", 0.003)
+    metrics.stage("DEL", "netlink", 0.04)
     metrics.labelled_gauge("flock_allocations", "Pod allocations.", "state", ["committed"], lambda: {"committed": 2})
     server = HealthServer("127.0.0.1", 0, readiness=state, metrics=metrics)
     with trio.fail_after(10):
@@ -61,6 +64,10 @@ async def test_probes_and_metrics_over_http():
             assert got[("flock_cni_request_duration_seconds_bucket", (("le", "0.25"), ("op", "ADD")))] == 2
             assert got[("flock_cni_request_duration_seconds_bucket", (("le", "+Inf"), ("op", "ADD")))] == 3
             assert got[("flock_cni_request_duration_seconds_count", (("op", "ADD"),))] == 3
+            netlink = (("op", "ADD"), ("stage", "netlink"))
+            assert got[("flock_cni_stage_duration_seconds_count", netlink)] == 2
+            assert got[("flock_cni_stage_duration_seconds_sum", netlink)] == pytest.approx(0.005)
+            assert got[("flock_cni_stage_duration_seconds_count", (("op", "DEL"), ("stage", "netlink")))] == 1
             assert (
                 got[("flock_allocations", (("state", "committed"),))] == 2 and "# TYPE flock_allocations gauge" in text
             )

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flock.policy import (
+    Compiler,
     InvalidLocalPod,
     IPBlock,
     Match,
@@ -20,6 +21,7 @@ from flock.policy import (
     PolicyPod,
     Protocol,
     Rule,
+    Ruleset,
     block_prefixes,
     compile_ruleset,
     pod_chain,
@@ -59,6 +61,18 @@ def test_isolation_is_per_direction_and_only_for_selected_pods() -> None:
         Rule(Match(), "drop"),
     )
     assert rs.policy_chains == {policy_chain("x/web-in", Direction.INGRESS): "x/web-in"}
+
+
+def test_without_policies_nothing_is_isolated_and_a_reused_compiler_agrees() -> None:
+    p = policy("x", "web-in", {"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [FROM_CLIENTS]})
+    compiler = Compiler()
+    assert compiler.compile([], [Namespace("x")], [CLIENT], [WEB, DB]) == Ruleset()
+    isolated = compiler.compile([p], [Namespace("x")], [CLIENT], [WEB, DB])
+    assert isolated == compile_ruleset([p], [Namespace("x")], [CLIENT], [WEB, DB])
+    assert isolated.ingress_map == {"flock00000001": "in-flock00000001"}
+    # the policy goes, then comes back: the same compiler gives what a fresh one does
+    assert compiler.compile([], [Namespace("x")], [CLIENT], [WEB, DB]) == Ruleset()
+    assert compiler.compile([p], [Namespace("x")], [CLIENT], [WEB, DB]) == isolated
 
 
 def test_a_policy_allowing_nothing_is_just_the_drop() -> None:

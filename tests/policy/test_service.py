@@ -134,6 +134,36 @@ async def test_add_waits_for_its_chain_and_the_pods_labels(autojump_clock: trio.
             nursery.cancel_scope.cancel()
 
 
+async def test_local_pods_follow_label_and_address_changes(autojump_clock: trio.abc.Clock) -> None:
+    # The local PolicyPods are reused while neither the allocation nor the watchers' pod changed:
+    # a change of either must still reach the ruleset and what ensure() checks.
+    web_only = NetworkPolicy.from_object(
+        {"metadata": {"namespace": "x", "name": "web"}, "spec": {"podSelector": {"matchLabels": {"app": "web"}}}}
+    )
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    svc = service(inputs, local, applier)
+    other = attrs.evolve(WEB, labels={"app": "other"})
+    complete(inputs, [web_only], [other])
+    first = alloc("c1", "x/web", "2001:db8:1::1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(first)
+            await svc.ensure(first)
+            assert applier.applied[-1][1].ingress_map == {}  # not selected: app=other
+            inputs.set_pod(WEB)  # relabelled app=web
+            await trio.sleep(1)
+            assert applier.applied[-1][1].ingress_map == {veth("c1"): f"in-{veth('c1')}"}
+            again = alloc("c1", "x/web", "2001:db8:1::2")  # the same container with another address
+            local.put(again)
+            await svc.ensure(again)
+            assert svc.applied is applier.applied[-1][1]
+            inputs.set_pod(other)
+            await trio.sleep(1)
+            assert applier.applied[-1][1].ingress_map == {}
+            nursery.cancel_scope.cancel()
+
+
 async def test_add_of_a_container_without_a_pod_does_not_wait(autojump_clock: trio.abc.Clock) -> None:
     # podman/nerdctl attachments have no Pod object: no policy selects them, no label will ever come.
     inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
