@@ -30,11 +30,11 @@ def stats_ms(samples: list[float]) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def lab(nodes: int) -> AsyncIterator[LabPlan]:
+async def lab(nodes: int, agent_program: list[str] | None = None) -> AsyncIterator[LabPlan]:
     directory = Path(tempfile.mkdtemp(prefix="flab-b-"))  # short: unix socket paths
     plan = LabPlan.make(directory, nodes)
     try:
-        await up(plan)
+        await up(plan, agent_program=agent_program)
         yield plan
     finally:
         with trio.move_on_after(60, shield=True):

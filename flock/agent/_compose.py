@@ -7,9 +7,11 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
 
     flock-agent                 (flock.agent.Agent; the store is opened before it)
     ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
+    ├── startup                 logs "ready" once (with when each gate opened); hands back the GC
     ├── removals                flock.pods.VethRemovals: DEL's veth deletions, in the background
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
     ├── health                  /healthz /readyz /metrics (flock.health)
+    ├── pods                    flock.pods.NodeBringUp: start-up (ADD behind its gate), then NodeConfig changes
     ├── admin                   flock.ctl.AdminServer: flockctl's unix socket (0600, local only)
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
@@ -17,7 +19,6 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   ├── policy-watchers     NetworkPolicy, Namespace (cluster-wide) → PolicyInputs
     │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
-    ├── pods                    flock.pods.NodeBringUp: start-up, opens ADD, then NodeConfig changes
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
     └── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
 
@@ -47,7 +48,7 @@ from flock.ctl import AdminOps, AdminServer
 from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
-from flock.nursery import ChildSpec
+from flock.nursery import ChildSpec, Restart
 from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler, VethRemovals
 from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
 from flock.rpc.server import RpcServer, SocketInUse
@@ -60,6 +61,7 @@ from ._cli import AgentSettings
 from ._crash import CrashPoint
 from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import Agent, FatalStartError, check_state_dir
+from ._startup import StartupWatch
 
 log = logging.getLogger("flock.agent")
 
@@ -152,16 +154,20 @@ def compose(
         ),
     )
     services = [
+        # Logs when the node is first ready; hands the garbage collector back.
+        ChildSpec("startup", StartupWatch(state).run, restart=Restart.TRANSIENT),
         # Before the RPC server, so DEL defers from the first request (without it DEL deletes synchronously).
         ChildSpec("removals", removals.run),
         # Another agent on the socket does not go away by restarting: exit at once.
         ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)),
         ChildSpec("health", health.run),
+        # Before the API link: what start-up does with the store and the kernel
+        # alone runs while the informers list (ADD waits behind its gate).
+        ChildSpec("pods", bringup.run),
         # flockctl's socket: read-mostly ops; releases go through the handler.
         ChildSpec("admin", admin.run, fatal=(SocketInUse,)),
         ChildSpec("api", api.run),
         ChildSpec("policy", policy.run),
-        ChildSpec("pods", bringup.run),
     ]
     if settings.bird:
         reloader = BirdReloader(

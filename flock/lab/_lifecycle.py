@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +122,11 @@ def _env() -> dict[str, str]:
     }
 
 
-def agent_argv(node: NodePlan) -> list[str]:
+def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str]:
+    """The agent's command line: *program* (default: this installation's
+    ``flock-agent``) with the node's flags."""
     return [
-        _bin("flock-agent"),
+        *(program if program is not None else [_bin("flock-agent")]),
         f"--node={node.name}",
         f"--socket={node.socket}",
         f"--state-dir={node.state_dir}",
@@ -138,8 +140,9 @@ def agent_argv(node: NodePlan) -> list[str]:
     ]
 
 
-def process_specs(plan: LabPlan, nodes: bool = True) -> list[ProcessSpec]:
-    """The API server, the route server and (*nodes*) every node's bird and flock-agent."""
+def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str] | None = None) -> list[ProcessSpec]:
+    """The API server, the route server and (*nodes*) every node's bird and flock-agent
+    (*agent_program*: see :func:`agent_argv`)."""
     env, fab = _env(), plan.fabric_netns
     specs = [
         ProcessSpec(
@@ -205,7 +208,7 @@ def process_specs(plan: LabPlan, nodes: bool = True) -> list[ProcessSpec]:
         specs.append(
             ProcessSpec(
                 f"agent-{node.name}",
-                ("ip", "netns", "exec", node.netns, *agent_argv(node)),
+                ("ip", "netns", "exec", node.netns, *agent_argv(node, agent_program)),
                 node.dir / "agent.log",
                 env,
             )
@@ -306,9 +309,16 @@ def _not_ready(ready: dict[str, Any]) -> list[str]:
     return missing
 
 
-async def up(plan: LabPlan, report: Report = lambda line: None, image: ImageSettings | None = None) -> LabState:
+async def up(
+    plan: LabPlan,
+    report: Report = lambda line: None,
+    image: ImageSettings | None = None,
+    agent_program: Sequence[str] | None = None,
+) -> LabState:
     """Make the lab and return when every agent is ready and every BGP session Established.
-    With *image*, every node runs the DaemonSet's pod from that image (:mod:`flock.lab._image`)."""
+    With *image*, every node runs the DaemonSet's pod from that image (:mod:`flock.lab._image`).
+    *agent_program* replaces ``flock-agent`` on every node (a benchmark's
+    other checkout); the node's flags follow it."""
     if os.geteuid() != 0:
         raise LabError("flock-lab needs root (network namespaces, veths, routes)")
     for tool in ("bird", "birdc", "ip", "nsenter", "ping", *(("podman", "runc") if image else ())):
@@ -336,7 +346,7 @@ async def up(plan: LabPlan, report: Report = lambda line: None, image: ImageSett
     if image is None:
         report(f"files: BIRD configs, kubeconfigs, flock-install-cni into {plan.dir}/nodes/*/cni")
         await trio.to_thread.run_sync(write_files, plan)
-        specs = process_specs(plan)
+        specs = process_specs(plan, agent_program=agent_program)
     else:
         report(f"files: kubeconfigs, podman storage in {plan.dir}/podman (images from {image.image_dir})")
         await trio.to_thread.run_sync(write_files, plan, False)

@@ -87,15 +87,26 @@ def owned_by_flock(msg: Any, settings: DataplaneSettings, container_id: str | No
     that container).  A veth with flock's name and no alias at all is one an
     agent made before it set markers, or one cut short between creation and
     marking (both flock's: nobody else picks these names and leaves no alias)."""
-    name = msg.get("IFLA_IFNAME") or ""
-    if msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) != "veth":
+    return is_flock_link(
+        msg.get("IFLA_IFNAME") or "",
+        msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")),
+        msg.get("IFLA_IFALIAS") or "",
+        settings,
+        container_id,
+    )
+
+
+def is_flock_link(
+    name: str, kind: str | None, alias: str, settings: DataplaneSettings, container_id: str | None = None
+) -> bool:
+    """:func:`owned_by_flock` on the link's name, kind and alias."""
+    if kind != "veth":
         return False
     if container_id is not None:
         if name != host_ifname(container_id, settings.host_prefix):
             return False
     elif not is_host_ifname(name, settings.host_prefix):
         return False
-    alias = msg.get("IFLA_IFALIAS") or ""
     if not alias:
         return True
     if container_id is not None:
@@ -527,6 +538,8 @@ async def ensure_anycast(host: AsyncIPRoute, plans: list[PodPlan], settings: Dat
     """
     links = _conn.Links(host)
     wanted = anycast_routes([p for p in plans if p.anycast and await links.index(p.veth.host) is not None], settings)
+    if not wanted:
+        return []  # nothing to compare: spare the dump of every pod's routes
     live = {
         r.route.dst: r.route
         for r in await _conn.routes(host, Side.HOST, protocol=settings.protocol, dsts={r.dst for r in wanted})
@@ -625,7 +638,8 @@ async def ensure_blackholes(
     settings: DataplaneSettings,
 ) -> None:
     wanted = {r.dst: r for r in blackhole_routes(cidrs, settings)}
-    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol):
+    # The kernel filters by type: the pods' routes (one per pod) are not read.
+    for live in await _conn.routes(host, Side.HOST, protocol=settings.protocol, route_type=_conn.RTN_BLACKHOLE):
         if live.route.blackhole and live.route.dst not in wanted:
             await delete_route(host, live)
         elif live.route.blackhole:

@@ -62,7 +62,8 @@ async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
     The socket is opened on a throw-away thread (see _nsenter), so the calling
     thread never changes namespace and a missing namespace is never created.
     Strict checking lets the kernel filter dumps (by interface, protocol,
-    table), so a pod's setup does not read every other pod's routes.
+    table), so a pod's setup does not read every other pod's routes.  The
+    socket is closed on exit, used or not.
     """
     if netns is None:
         ipr = AsyncIPRoute(strict_check=True)
@@ -74,6 +75,10 @@ async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
             os.close(fd)
             raise
     try:
+        if netns is not None:
+            # pyroute2 takes *fd* over (and so closes it) only when it first
+            # uses its socket: make it do so now, or an unused one would leak.
+            ipr.fileno()
         yield ipr
     finally:
         ipr.close()
@@ -215,16 +220,6 @@ async def addresses(ipr: AsyncIPRoute, index: int) -> list[LiveAddress]:
     return out
 
 
-async def all_addresses(ipr: AsyncIPRoute) -> list[LiveAddress]:
-    """Every address on every interface (both families)."""
-    out = []
-    for family in (socket.AF_INET, socket.AF_INET6):
-        req = ifaddrmsg()
-        req["family"] = family
-        out += _addresses_from(await _dump(ipr, req, RTM_GETADDR))
-    return out
-
-
 def _addresses_from(msgs: Any) -> list[LiveAddress]:
     out = []
     for msg in msgs:
@@ -279,14 +274,15 @@ async def routes(
     side: Side,
     *,
     protocol: int | None = None,
+    route_type: int | None = None,
     oif: int | None = None,
     dsts: set[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None,
     all_links: bool = False,
     names: dict[int, str] | None = None,
 ) -> list[LiveRoute]:
     """Unicast and blackhole routes of the main table (both families),
-    optionally only *protocol*'s and only those with a nexthop via *oif*
-    (filtered by the kernel), only those to *dsts* (filtered here, before
+    optionally only *protocol*'s, only those of *route_type* and only those
+    with a nexthop via *oif* (filtered by the kernel), only those to *dsts* (filtered here, before
     decoding).  Interface names come from *names* (index → name the caller
     already knows), then from one link dump when *all_links* (many routes),
     else from a lookup per interface seen."""
@@ -300,12 +296,16 @@ async def routes(
         req["table"] = MAIN_TABLE
         if protocol is not None:
             req["proto"] = protocol
+        if route_type is not None:
+            req["type"] = route_type
         if oif is not None:
             req["attrs"] = [("RTA_OIF", oif)]
         for msg in await _dump(ipr, req, RTM_GETROUTE):
             if msg.get("RTA_TABLE", msg["table"]) != MAIN_TABLE or msg["type"] not in (RTN_UNICAST, RTN_BLACKHOLE):
                 continue
             if protocol is not None and msg["proto"] != protocol:
+                continue
+            if route_type is not None and msg["type"] != route_type:
                 continue
             if dsts is not None and _dst_of(msg) not in dsts:
                 continue

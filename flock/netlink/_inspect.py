@@ -12,7 +12,7 @@ import attrs
 from pyroute2.netlink.exceptions import NetlinkError
 
 from flock.faults import KernelRefused
-from flock.netlink import _apply, _conn, _nsenter
+from flock.netlink import _apply, _conn, _nsenter, _scan
 from flock.netlink.desired import Address, DataplaneSettings, PodPlan, Route, Side
 
 
@@ -148,7 +148,13 @@ async def cleanup(
 ) -> CleanupReport:
     """Remove flock-named host veths outside *explained_ifnames*, their share
     of multipath routes, and flock unicast routes through no explained veth.
-    Blackholes are left to ensure_blackholes."""
+    Blackholes are left to ensure_blackholes.
+
+    One cheap read first (:mod:`._scan`: a link dump and a dump of flock's
+    routes): on a node whose kernel matches the store — every restart but
+    one after a crash — nothing is due and nothing more is read."""
+    if not _orphans_seen(explained_ifnames, host_netns, settings):
+        return CleanupReport()
     try:
         async with _conn.rtnl(host_netns) as host:
             orphans = {
@@ -174,6 +180,26 @@ async def cleanup(
     except (NetlinkError, OSError) as exc:
         raise KernelRefused("netlink cleanup failed", str(exc)) from exc
     return CleanupReport(tuple(sorted(orphans)), tuple(routes))
+
+
+def _orphans_seen(explained_ifnames: set[str], host_netns: str | None, settings: DataplaneSettings) -> bool:
+    """Whether a flock veth or a flock unicast route is not explained by *explained_ifnames*."""
+    try:
+        with _scan.Scanner(host_netns) as scanner:
+            links = scanner.links()
+            routes = scanner.routes(settings.protocol)
+    except OSError as exc:
+        raise KernelRefused("netlink cleanup failed", str(exc)) from exc
+    if any(
+        link.name not in explained_ifnames and _apply.is_flock_link(link.name, link.kind, link.alias, settings)
+        for link in links
+    ):
+        return True
+    names = {link.index: link.name for link in links}
+    return any(
+        route.type != _scan.RTN_BLACKHOLE and not any(names.get(oif) in explained_ifnames for oif, _gw in route.hops)
+        for route in routes
+    )
 
 
 @attrs.frozen

@@ -37,7 +37,7 @@ import trio
 
 from flock import errors, faults
 from flock.model import Allocation
-from flock.netlink import _apply, _conn, _inspect, _nsenter
+from flock.netlink import _apply, _conn, _inspect, _nsenter, _scan
 from flock.netlink.desired import AppliedPlan, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
@@ -230,6 +230,9 @@ class NetlinkWorker:
         Call after a DEL whose pod namespace was already gone, and at startup:
         the kernel drops a whole IPv4 multipath route when one veth vanishes."""
         plans = [self.plan(a) for a in allocations]
+        if not any(p.anycast for p in plans):
+            # Nothing to compare (and a pyroute2 socket opened but never used is never closed).
+            return []
 
         async def apply() -> list[str]:
             with self._anycast_lock:
@@ -241,13 +244,14 @@ class NetlinkWorker:
     async def node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         """The node's own interface addresses (no pod may claim one)."""
 
-        async def read() -> list[_conn.LiveAddress]:
-            async with _conn.rtnl(self.host_netns) as host:
-                return await _conn.all_addresses(host)
+        def read() -> list[_scan.Address]:
+            with _scan.Scanner(self.host_netns) as scanner:
+                return scanner.addresses()
 
         try:
-            return frozenset(a.address for a in await self._run(read))
-        except (OSError, _conn.NetlinkError) as exc:
+            # One dump on a plain socket (see _scan): every pod veth has an address (fe80::1).
+            return frozenset(a.address for a in await trio.to_thread.run_sync(read, limiter=self._limiter))
+        except OSError as exc:
             raise faults.KernelRefused("netlink address dump failed", str(exc)) from exc
 
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:

@@ -6,6 +6,13 @@ objects no committed row explains cleaned → pending deletes replayed → ADD
 served.  Pending rows keep their addresses (the runtime retries that ADD,
 which must get the same addresses, or sends DEL/GC); their half-made kernel
 state is removed here and rebuilt by the retry.
+
+What needs only the store runs while the NodeConfig is awaited (the API
+link lists meanwhile, so a restart pays for the longer of the two, not their
+sum): the node's preparation, the kernel cleanup (what no committed row
+explains goes; a row, even one the IPAM rebuild later leaves out as a
+conflict, keeps its veth) and the anycast routes' repair.  ADD still
+waits for all of it and for the IPAM.
 """
 
 from __future__ import annotations
@@ -48,12 +55,13 @@ class NodeBringUp:
 
     Reads the NodeConfig from ``state`` (the NodeConfig watcher publishes it
     there) and opens :data:`ADD_GATE` once ADD can be served; ``started()``
-    then.  While running it closes that gate again while the NodeConfig is
-    deleted (existing pods keep working), replays DELs the shim journals,
-    and re-reads the node's own addresses (no pod may claim one).  Error
-    handling: a pending-delete file that cannot be read is logged and
-    removed; one whose DEL fails is logged and kept for a retry (the poll
-    backs off while it keeps failing).
+    comes first, as soon as the gate is closed (ADD's readiness is the
+    gate, and the API link is to list while start-up works).  While running
+    it closes that gate again while the NodeConfig is deleted (existing pods
+    keep working), replays DELs the shim journals, and re-reads the node's
+    own addresses (no pod may claim one).  Error handling: a pending-delete
+    file that cannot be read is logged and removed; one whose DEL fails is
+    logged and kept for a retry (the poll backs off while it keeps failing).
     Failures of the store or the kernel during start-up propagate to the
     supervisor, which restarts this service (the sequence is idempotent).  A
     node without a route for the pod gateway (``prepare``) is logged and does
@@ -71,19 +79,19 @@ class NodeBringUp:
         add = ADD_GATE.name
         self.state.close_gate(add, f"waiting for NodeConfig {self.state.node_name}")
         try:
-            node = await self._wait_for_node()
-            self.state.close_gate(add, "rebuilding allocations")
-            if self.prepare is not None:
-                try:
-                    await self.prepare()
-                except NodeUnprepared as exc:
-                    log.error("node preparation failed; IPv4 pods may lack their gateway", extra={"error": str(exc)})
+            # Serving from here: DEL and CHECK need nothing more, and ADD's readiness
+            # is ADD_GATE (the supervisor may start the API link now, to list
+            # while the kernel is restored).
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._restore_kernel)
+                node = await self._wait_for_node()
+                self.state.close_gate(add, "rebuilding allocations")
             await self._rebuild(node)
             await self._refresh_node_addresses()
             await self.replay_pending_deletes()
             self.state.open_gate(add)
             log.info("serving ADD", extra={"node": node.name, "cidr6": str(node.cidr6), "cidr4": str(node.cidr4)})
-            task_status.started()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.drain_pending_deletes)
                 nursery.start_soon(self._follow_node_addresses)
@@ -107,21 +115,31 @@ class NodeBringUp:
                 extra={"node": self.state.node_name},
             )
 
-    async def _rebuild(self, node: NodeConfig) -> None:
-        kept = await self.handler.rebuild(node)
-        committed = [a for a in kept if a.state is AllocationState.COMMITTED]
+    async def _restore_kernel(self) -> None:
+        """What start-up does with the store alone: the node prepared, kernel
+        objects no committed row explains removed, anycast routes repaired."""
+        if self.prepare is not None:
+            try:
+                await self.prepare()
+            except NodeUnprepared as exc:
+                log.error("node preparation failed; IPv4 pods may lack their gateway", extra={"error": str(exc)})
+        committed = [a for a in await self.handler.store.list() if a.state is AllocationState.COMMITTED]
         report = await self.dataplane.cleanup([a.container_id for a in committed])
         await self.dataplane.ensure_anycast([a for a in committed if a.anycast])
-        await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
         log.info(
-            "allocations rebuilt",
+            "kernel restored",
             extra={
                 "committed": len(committed),
-                "pending": len(kept) - len(committed),
                 "orphan_interfaces": list(report.interfaces),
                 "orphan_routes": list(report.routes),
             },
         )
+
+    async def _rebuild(self, node: NodeConfig) -> None:
+        kept = await self.handler.rebuild(node)
+        await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
+        committed = sum(a.state is AllocationState.COMMITTED for a in kept)
+        log.info("allocations rebuilt", extra={"committed": committed, "pending": len(kept) - committed})
 
     async def _refresh_node_addresses(self) -> None:
         try:

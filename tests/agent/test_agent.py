@@ -59,9 +59,21 @@ async def test_agent_without_an_api_server_serves_status_then_shuts_down_cleanly
 
 def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path):
     names = [c.name for c in compose(in_tmp(tmp_path), store=MemoryAllocations()).children]
-    assert names == ["signals", "removals", "rpc", "health", "admin", "api", "policy", "pods", "bird", "bgp-sessions"]
+    assert names == [
+        "signals",
+        "startup",
+        "removals",
+        "rpc",
+        "health",
+        "pods",
+        "admin",
+        "api",
+        "policy",
+        "bird",
+        "bgp-sessions",
+    ]
     names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
-    assert names == ["signals", "removals", "rpc", "health", "admin", "api", "policy", "pods"]
+    assert names == ["signals", "startup", "removals", "rpc", "health", "pods", "admin", "api", "policy"]
 
 
 def test_child_names_are_unique(tmp_path):

@@ -37,6 +37,14 @@ def setup(api: ObjectStore, rows: MemoryAllocations, kernel: MemoryKernel, tmp_p
     return nodeconfigs, pods, handler, service
 
 
+async def serving(nursery: trio.Nursery, service: NodeBringUp) -> None:
+    """Start the bring-up (it reports started before start-up's work) and wait until ADD is served."""
+    await nursery.start(service.run)
+    seen = -1
+    while service.state.reason(ADD_GATE.name):
+        seen = await service.state.wait_changed(seen)
+
+
 async def test_add_is_11_until_the_nodeconfig_arrives_and_a_late_one_is_logged_loudly(autojump_clock, tmp_path, caplog):
     api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(PODS, pod_object("default", "web-0", NODE))
@@ -88,7 +96,7 @@ async def test_rebuild_keeps_committed_and_pending_addresses_and_cleans_the_kern
         async with trio.open_nursery() as nursery:
             await nursery.start(nodeconfigs.run)
             await nursery.start(pods.run)
-            await nursery.start(service.run)
+            await serving(nursery, service)
             assert sorted(p.name for p in queue.iterdir()) == []
             assert set(rows.rows) == {"c0ffee02"}  # the queued DEL applied; the pending row kept
             assert set(kernel.veths) == set()  # orphan and the pending pod's half-made state removed
@@ -103,6 +111,38 @@ async def test_rebuild_keeps_committed_and_pending_addresses_and_cleans_the_kern
             nursery.cancel_scope.cancel()
 
 
+async def test_the_kernel_is_restored_and_del_served_before_the_nodeconfig_arrives(autojump_clock, tmp_path):
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
+    done = row("c0ffee01", AllocationState.COMMITTED, "2001:db8:0:1::1")
+    gone = row("c0ffee02", AllocationState.COMMITTED, "2001:db8:0:1::2")
+    for a in (done, gone):
+        rows.rows[a.container_id] = a
+        kernel.veths[a.container_id] = a
+    kernel.veths["deadbeef"] = row("deadbeef", AllocationState.COMMITTED, "2001:db8:0:1::9")  # no row explains it
+    nodeconfigs, pods, handler, service = setup(api, rows, kernel, tmp_path)
+    state = handler.state
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            await nursery.start(service.run)  # at once: ADD's readiness is its gate
+            await trio.sleep(1)
+            # No NodeConfig yet: the kernel is already in line with the store, DEL is served, ADD is not.
+            assert set(kernel.veths) == {"c0ffee01", "c0ffee02"}
+            assert await handler(request("DEL", cid="c0ffee02", pod="c0ffee02")) == {}
+            assert set(rows.rows) == {"c0ffee01"} and set(kernel.veths) == {"c0ffee01"}
+            assert "waiting for NodeConfig host001" in state.reason(ADD_GATE.name) and handler.ipam is None
+            api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+            seen = -1
+            while state.reason(ADD_GATE.name):
+                seen = await state.wait_changed(seen)
+            assert trio.current_time() < 1.1
+            # The IPAM knows the row that stayed and not the one deleted meanwhile.
+            assert set(handler.ipam.allocator.containers()) == {"c0ffee01"}
+            assert set(state.allocations) == {"c0ffee01"}
+            nursery.cancel_scope.cancel()
+
+
 async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresses(autojump_clock, tmp_path):
     api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
     api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
@@ -114,7 +154,7 @@ async def test_nodeconfig_changes_apply_at_run_time_and_pods_keep_their_addresse
         async with trio.open_nursery() as nursery:
             await nursery.start(nodeconfigs.run)
             await nursery.start(pods.run)
-            await nursery.start(service.run)
+            await serving(nursery, service)
             first = await handler(request("ADD", cid="c0ffee0a", pod="a"))
             obj = api.get(NODECONFIGS, NODE)
             obj["spec"] = {"cidr6": "2001:db8:0:2::/64", "bgp": {"asn": 64512, "routerID": "192.0.2.11", "peers": []}}
@@ -142,7 +182,7 @@ async def test_pending_deletes_are_drained_while_running_with_backoff_after_fail
         async with trio.open_nursery() as nursery:
             await nursery.start(nodeconfigs.run)
             await nursery.start(pods.run)
-            await nursery.start(service.run)
+            await serving(nursery, service)
             began = trio.current_time()
             # A shim journals a DEL while this agent runs (it timed out on a busy agent).
             queue.mkdir(mode=0o755)
@@ -173,7 +213,7 @@ async def test_a_deleted_nodeconfig_stops_add_until_it_is_back_and_pods_keep_wor
         async with trio.open_nursery() as nursery:
             await nursery.start(nodeconfigs.run)
             await nursery.start(pods.run)
-            await nursery.start(service.run)
+            await serving(nursery, service)
             await handler(request("ADD", cid="c0ffee0a", pod="a"))
             api.delete(NODECONFIGS, NODE)
             await trio.sleep(0.1)
