@@ -125,6 +125,14 @@ def parse_request(
     both = set(anycast) & set(addresses)
     if both:
         raise AnnotationError(ADDRESSES, annotations[ADDRESSES], f"{sorted(map(str, both))[0]} is also in {ANYCAST}")
+    v6_anycast = next((a for a in anycast if a.version == 6), None)
+    if v6_anycast is not None and cidr6 is None and not any(a.version == 6 for a in addresses):
+        # Linux takes no device-only IPv6 multipath nexthop: the route's gateway is one of the pod's own IPv6 addresses.
+        raise AnnotationError(
+            ANYCAST,
+            annotations[ANYCAST],
+            f"{str(v6_anycast)!r} is IPv6 but the pod has no IPv6 address of its own (IPv6 is off for it)",
+        )
     return PodRequest(cidr6=cidr6, cidr4=cidr4, layout=layout, anycast=anycast, addresses=addresses)
 
 

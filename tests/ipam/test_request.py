@@ -58,6 +58,9 @@ def test_anycast_and_addresses_parse_in_order():
     r = req({"anycast": "2001:db8:ffff::53, 203.0.113.53", "addresses": "2001:db8:0:1::80"})
     assert r.anycast == (ipaddress.ip_address("2001:db8:ffff::53"), ipaddress.ip_address("203.0.113.53"))
     assert r.addresses == (ipaddress.ip_address("2001:db8:0:1::80"),)
+    # Without an IPv6 address of its own, a fixed IPv6 address can carry the pod's IPv6 anycast.
+    v4_pod = req({"ipv6": "false", "anycast": "2001:db8:0:1::53", "addresses": "2001:db8:0:1::80"})
+    assert v4_pod.cidr6 is None and v4_pod.anycast == (ipaddress.ip_address("2001:db8:0:1::53"),)
 
 
 NO_V4 = node(cidr4=None, ipv4=False)
@@ -117,6 +120,14 @@ NO_V4 = node(cidr4=None, ipv4=False)
         ),
         ({"addresses": "198.51.100.255"}, BOTH, "addresses", "198.51.100.255", "broadcast address"),
         ({"addresses": "203.0.113.7", "anycast": "203.0.113.7"}, BOTH, "addresses", "203.0.113.7", "also in"),
+        # The IPv6 anycast route's gateway is one of the pod's own IPv6 addresses (found by the agent fuzz).
+        (
+            {"ipv6": "false", "anycast": "203.0.113.9,2001:db8:0:1::53"},
+            BOTH,
+            "anycast",
+            "203.0.113.9,2001:db8:0:1::53",
+            "'2001:db8:0:1::53' is IPv6 but the pod has no IPv6 address of its own",
+        ),
     ],
 )
 def test_each_annotation_error_names_key_and_value(annotations, nc, key, value, words):
