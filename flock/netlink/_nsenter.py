@@ -169,6 +169,16 @@ def open_netns(path: str) -> int:
         raise NetnsMissing(errno.ENOENT, "network namespace not found", path) from None
 
 
+def _call_in(fd: int, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    """Enter the namespace *fd* (this thread only) and call *fn*: (True, its
+    result) or (False, the exception, to be re-raised on the caller's thread)."""
+    try:
+        _setns(fd)
+        return True, fn()
+    except BaseException as exc:  # handed to the caller's thread, re-raised there
+        return False, exc
+
+
 def run_in_netns(netns: str | int | None, fn: Callable[[], T]) -> T:
     """Call *fn* in the network namespace *netns*: a path, an fd (borrowed:
     the caller keeps and closes it) or None (the caller's own).
@@ -183,11 +193,7 @@ def run_in_netns(netns: str | int | None, fn: Callable[[], T]) -> T:
     outcome: list = []
 
     def enter_and_run() -> None:
-        try:
-            _setns(fd)
-            outcome.append((True, fn()))
-        except BaseException as exc:  # handed to the caller's thread, re-raised there
-            outcome.append((False, exc))
+        outcome.append(_call_in(fd, fn))
 
     try:
         thread = threading.Thread(target=enter_and_run, name="flock-netns", daemon=True)
@@ -314,11 +320,7 @@ class NetnsThread:
             except OSError as exc:
                 outcome.append((False, exc))
             else:
-                try:
-                    _setns(fd)
-                    outcome.append((True, fn()))
-                except BaseException as exc:  # handed to the caller's thread, re-raised there
-                    outcome.append((False, exc))
+                outcome.append(_call_in(fd, fn))
                 try:
                     _setns(home)
                     at_home = _identity(THREAD_NETNS) == home_id

@@ -162,26 +162,22 @@ class NetlinkWorker:
                 enter=self._netns_thread.run,
             )
             return
-        await self._run(
-            _apply.teardown_pod,
-            container_id,
-            host_netns=self.host_netns,
-            anycast_lock=self._anycast_lock,
-            settings=self.settings,
-            routes=routes,
-        )
+        await self._teardown(container_id, routes=routes)
 
     async def leave_routes(self, container_id: str) -> None:
         """Take the pod's host veth (if flock's) out of every flock route, and
         leave the veth: what must happen before an anycast pod's veth goes
         (an IPv4 multipath route dies whole with any one of its devices)."""
+        await self._teardown(container_id, link=False)
+
+    async def _teardown(self, container_id: str, **what: bool) -> None:
         await self._run(
             _apply.teardown_pod,
             container_id,
             host_netns=self.host_netns,
             anycast_lock=self._anycast_lock,
             settings=self.settings,
-            link=False,
+            **what,
         )
 
     async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
