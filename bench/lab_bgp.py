@@ -17,43 +17,24 @@ The fabric's table is polled every 10 ms with birdc, so times carry up to
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import signal
 import time
-from pathlib import Path
 
 import trio
 from labkit import emit, lab, stats_ms
 
-from flock.lab import LabPlan, api_client, pod_add, process_refs, run_in
+from flock.lab import LabPlan, api_client, established, fabric_has, graceful_restart_under_ping, pod_add, run_in
 from flock.testing import PODS
 
 ANYCAST = "2001:db8:53::53"
 POLL_S = 0.01
 
 
-async def birdc(ctl: Path, *args: str) -> str:
-    proc = await trio.run_process(
-        ["birdc", "-s", str(ctl), *args], capture_stdout=True, capture_stderr=True, check=False
-    )
-    return proc.stdout.decode(errors="replace")
-
-
-async def on_fabric(plan: LabPlan, net: str) -> bool:
-    return net in await birdc(plan.fabric_dir / "bird.ctl", "show", "route", net)
-
-
 async def until(plan: LabPlan, net: str, present: bool, limit: float = 20.0) -> float:
     start = time.perf_counter()
     with trio.fail_after(limit):
-        while await on_fabric(plan, net) != present:  # noqa: ASYNC110  BIRD's routes: nothing to wait on
+        while await fabric_has(plan, net) != present:  # noqa: ASYNC110  BIRD's routes: nothing to wait on
             await trio.sleep(POLL_S)
     return time.perf_counter() - start
-
-
-async def established(ctl: Path, protocol: str) -> bool:
-    return "Established" in await birdc(ctl, "show", "protocols", protocol)
 
 
 async def main(rounds: int) -> None:
@@ -95,51 +76,13 @@ async def main(rounds: int) -> None:
         lost, fabric_gaps, back = [], 0, []
         target = web.addresses(6)[0]
         for i in range(rounds):
-            log = plan.dir / f"ping-{i}.log"
-            async with await trio.open_file(log, "wb") as out:
-                pinger = await trio.lowlevel.open_process(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        client.netns,
-                        "ping",
-                        "-n",
-                        "-q",
-                        "-i",
-                        "0.05",
-                        "-c",
-                        "100",
-                        "-W",
-                        "1",
-                        target,
-                    ],
-                    stdout=out.wrapped,
-                )
-            await trio.sleep(0.5)
-            gap = False
-
-            async def watch() -> None:
-                nonlocal gap
-                while True:
-                    gap |= not await on_fabric(plan, str(n1.cidr6))
-                    await trio.sleep(POLL_S)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch)
-                await birdc(n1.bird_ctl, "graceful", "restart")
-                os.kill(process_refs(plan.dir)[f"agent-{n1.name}"].pid, signal.SIGKILL)
-                t0 = time.perf_counter()
-                with trio.fail_after(30):
-                    while not await established(n1.bird_ctl, "bgp_fabric"):  # noqa: ASYNC110  BIRD's state
-                        await trio.sleep(0.05)
-                back.append(time.perf_counter() - t0)
-                nursery.cancel_scope.cancel()
-            await pinger.wait()
-            m = re.search(r"(\d+) packets transmitted, (\d+) received", log.read_text())
-            assert m, log.read_text()
-            lost.append(int(m.group(1)) - int(m.group(2)))
-            fabric_gaps += gap
+            drill = await graceful_restart_under_ping(
+                plan, n1, client.netns, target, plan.dir / f"ping-{i}.log", count=100, poll=POLL_S
+            )
+            assert drill.sent, drill.ping_summary
+            lost.append(drill.sent - drill.received)
+            back.append(drill.back_s)
+            fabric_gaps += drill.fabric_gap
             await trio.sleep(2)  # the keeper's restart backoff resets
 
         emit(

@@ -1,6 +1,7 @@
 """flock-lab: a routed multi-node flock cluster in network namespaces on one machine."""
 
 from flock.lab._check import Probe, matrix_text, reachability, summary, wait_anycast_routes
+from flock.lab._fabric import RestartDrill, birdc, established, fabric_has, graceful_restart_under_ping
 from flock.lab._lifecycle import agent_ready, api_client, down, up
 from flock.lab._nsio import in_netns, netns_path, run_in
 from flock.lab._plan import LabPlan, NodePlan
@@ -25,13 +26,18 @@ __all__ = [
     "PortSpec",
     "Probe",
     "ProbeResult",
+    "RestartDrill",
     "agent_ready",
     "api_client",
     "apply_objects",
+    "birdc",
     "delete",
     "down",
+    "established",
     "exec_conflist",
     "exec_plugin",
+    "fabric_has",
+    "graceful_restart_under_ping",
     "in_netns",
     "load_conflist",
     "load_pods",

@@ -15,10 +15,7 @@ figures are in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -26,11 +23,10 @@ from pathlib import Path
 
 import trio
 
-from flock.lab import LabPlan, down, pod_add, up
+from flock.lab import LabPlan, birdc, down, established, fabric_has, graceful_restart_under_ping, pod_add, up
 from flock.lab._lifecycle import HEALTH_ADDRESS, api_client
 from flock.lab._nsio import http_in, run_in
 from flock.lab._plan import AGENT_NAMESPACE, BGP_SECRET
-from flock.lab._state import process_refs
 from flock.testing import PODS, SECRETS
 
 ANYCAST = "2001:db8:53::53"
@@ -39,23 +35,6 @@ ANYCAST = "2001:db8:53::53"
 # 2-3 s after the cut, so "under 1.9 s" can only be BFD.
 ANYCAST_BOUND_S = 2.0
 BFD_BOUND_S = 1.9
-
-
-async def birdc(ctl: Path, *args: str) -> str:
-    proc = await trio.run_process(
-        ["birdc", "-s", str(ctl), *args], capture_stdout=True, capture_stderr=True, check=False
-    )
-    return proc.stdout.decode(errors="replace")
-
-
-async def fabric_has(plan: LabPlan, net: str) -> bool:
-    out = await birdc(plan.fabric_dir / "bird.ctl", "show", "route", net)
-    return net in out
-
-
-async def established(ctl: Path, protocol: str) -> bool:
-    out = await birdc(ctl, "show", "protocols", protocol)
-    return "Established" in out
 
 
 async def elapsed_until(condition: Callable[[], Awaitable[bool]], poll: float = 0.02) -> float:
@@ -125,53 +104,13 @@ async def test_graceful_restart_bfd_communities_passwords_and_anycast_health(
 
             # --- graceful restart: BIRD and the agent of node1 restart under traffic --
             # node1's fabric port treats a BFD failure as a restart (NodePlan.fabric_bfd).
-            target = web.addresses(6)[0]
-            ping_log = directory / "ping.log"
-            async with await trio.open_file(ping_log, "wb") as out:
-                pinger = await trio.lowlevel.open_process(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        client.netns,
-                        "ping",
-                        "-n",
-                        "-q",
-                        "-i",
-                        "0.05",
-                        "-c",
-                        "120",
-                        "-W",
-                        "1",
-                        target,
-                    ],
-                    stdout=out.wrapped,
-                    stderr=subprocess.STDOUT,
-                )
-            await trio.sleep(1)
-            fabric_lost_node1 = False
-
-            async def watch_fabric() -> None:
-                nonlocal fabric_lost_node1
-                while True:
-                    fabric_lost_node1 |= not await fabric_has(plan, str(n1.cidr6))
-                    await trio.sleep(0.05)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_fabric)
-                # What the DaemonSet's preStop hook does, then the kubelet's restart (the keeper's here).
-                await birdc(n1.bird_ctl, "graceful", "restart")
-                agent_pid = process_refs(directory)[f"agent-{n1.name}"].pid
-                os.kill(agent_pid, signal.SIGKILL)
-                restart = time.monotonic()
-                await elapsed_until(lambda: established(n1.bird_ctl, "bgp_fabric"), poll=0.1)
-                timings["node1 BIRD back to Established"] = time.monotonic() - restart
-                nursery.cancel_scope.cancel()
-            assert process_refs(directory)[f"agent-{n1.name}"].pid != agent_pid
-            await pinger.wait()
-            summary = ping_log.read_text()
-            assert pinger.returncode == 0 and " 0% packet loss" in summary, summary
-            assert not fabric_lost_node1, "the fabric dropped node1's block during a graceful restart"
+            drill = await graceful_restart_under_ping(
+                plan, n1, client.netns, web.addresses(6)[0], directory / "ping.log", count=120
+            )
+            timings["node1 BIRD back to Established"] = drill.back_s
+            assert drill.agent_replaced
+            assert drill.ping_status == 0 and " 0% packet loss" in drill.ping_summary, drill.ping_summary
+            assert not drill.fabric_gap, "the fabric dropped node1's block during a graceful restart"
 
             # --- a wrong password keeps the session down; /readyz says why --------------
             secret = await api.get(SECRETS, BGP_SECRET, AGENT_NAMESPACE)
