@@ -108,7 +108,7 @@ def run(env: "Mapping[str, str]", stdin: bytes, stdout: "TextIO") -> int:
     command = env.get("CNI_COMMAND", "")
     if command == "VERSION":
         config = loads(stdin)
-        version = config.get("cniVersion") if isinstance(config, dict) and not _too_deep(config) else None
+        version = config.get("cniVersion") if isinstance(config, dict) and not json_too_deep(config) else None
         _print(stdout, {"cniVersion": version if version in SUPPORTED_VERSIONS else LATEST_VERSION,
                         "supportedVersions": list(SUPPORTED_VERSIONS)})  # fmt: skip
         return 0
@@ -226,7 +226,7 @@ def _prepare(
     timeout = config.get("rpcTimeout", RPC_TIMEOUT_S)
     if type(timeout) not in (int, float) or not RPC_TIMEOUT_MIN_S <= timeout <= RPC_TIMEOUT_MAX_S:
         return None
-    if _too_deep(config):
+    if json_too_deep(config):
         return None
     from _json import encode_basestring_ascii as quote
 
@@ -391,7 +391,9 @@ def loads(data: bytes) -> "Any":
         return None
 
 
-def _too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON *value* nests lists/objects more than *limit* deep
+    (iterative: this must not recurse itself).  flock.rpc.wire uses it too."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()

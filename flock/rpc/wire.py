@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from types import MappingProxyType
 
+from flock.cni_fastpath import json_too_deep
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError, quote
 
 # typing costs milliseconds at import and the shim is on the pod start-up path;
@@ -428,21 +429,6 @@ def too_large(what: str, size: int, limit: int = MAX_REQUEST_BYTES, more: bool =
     return CniError(
         INVALID_ENV, f"{what} too large ({at_least}{size} bytes, limit {limit})", f"{what} line over {limit} bytes"
     )
-
-
-def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether decoded JSON *value* nests lists/objects more than *limit* deep
-    (iterative: this must not recurse itself)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            if depth >= limit:
-                return True
-            stack.extend((child, depth + 1) for child in item)
-    return False
 
 
 def load_json(text: str) -> object:
