@@ -12,6 +12,7 @@ One socket per caller thread: never shared, closed after use.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import socket
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_ERROR
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
@@ -28,6 +29,8 @@ from flock.netlink import _nsenter
 
 SOL_NETLINK = 270
 NETLINK_EXT_ACK = 11  # error acks carry the kernel's reason ("Nexthop device is not up")
+NETLINK_GET_STRICT_CHK = 12
+_DUMP_ATTEMPTS = 5
 RECV_SIZE = 1 << 16
 _GETS = frozenset({RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE})
 
@@ -100,6 +103,9 @@ class RtnlSocket:
     the one it was made in) or, None, a new one in this thread's namespace."""
 
     fd: int | None = None
+    # Strict checking: the kernel filters dumps by the request's header fields
+    # and attributes (table, protocol, type, …) instead of sending everything.
+    strict: bool = False
     _sock: socket.socket = attrs.field(init=False)
     _marshal: MarshalRtnl = attrs.field(init=False, factory=MarshalRtnl)
     _seq: int = attrs.field(init=False, default=0)
@@ -111,20 +117,24 @@ class RtnlSocket:
             self._sock = socket.socket(fileno=self.fd)
         try:
             self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+            if self.strict:
+                self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
             self._sock.bind((0, 0))
         except BaseException:
             self._sock.close()
             raise
 
     @classmethod
-    def open_in(cls, netns: str | int | None, enter: Enter = _nsenter.run_in_netns) -> RtnlSocket:
+    def open_in(
+        cls, netns: str | int | None, enter: Enter = _nsenter.run_in_netns, *, strict: bool = False
+    ) -> RtnlSocket:
         """A socket in *netns* (a path, a borrowed namespace fd; None: this
         thread's), made by *enter* on another thread when elsewhere (see _nsenter)."""
         if netns is None:
-            return cls()
+            return cls(strict=strict)
         fd = enter(netns, socket_fd)
         try:
-            return cls(fd)
+            return cls(fd, strict=strict)
         except BaseException:
             os.close(fd)
             raise
@@ -181,3 +191,41 @@ class RtnlSocket:
         the code is in *ignored*."""
         (reply,) = self.request([request])
         return reply.unwrap(*ignored)
+
+    def dump(self, msg_type: int, build: Callable[[], Any]) -> list[Any]:
+        """Every message of one dump (pyroute2's, decoded), *build* making the
+        request (a fresh pyroute2 message).  Read again when interrupted (the
+        table changed while it was read).  OSError for the kernel's error."""
+        for _ in range(_DUMP_ATTEMPTS):
+            self._seq += 1
+            seq = self._seq
+            request = build()
+            request["header"]["type"] = msg_type
+            request["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
+            request["header"]["sequence_number"] = seq
+            request["header"]["pid"] = 0
+            request.encode()
+            self._sock.send(request.data)
+            out: list[Any] = []
+            interrupted = False
+            done = False
+            while not done:
+                data, _, flags, _ = self._sock.recvmsg(RECV_SIZE)
+                if flags & socket.MSG_TRUNC:
+                    raise OSError(errno.EMSGSIZE, "netlink dump message larger than the receive buffer")
+                for msg in self._marshal.parse(data):
+                    header = msg["header"]
+                    if header["sequence_number"] != seq:
+                        continue  # an earlier, abandoned dump's late answer
+                    interrupted |= bool(header["flags"] & NLM_F_DUMP_INTR)
+                    error = header.get("error")  # pyroute2's NetlinkError (an OSError for ENOBUFS)
+                    if error is not None:
+                        code = getattr(error, "code", None) or getattr(error, "errno", None) or errno.EPROTO
+                        raise OSError(code, os.strerror(code))
+                    if header["type"] in (NLMSG_DONE, NLMSG_ERROR):
+                        done = True
+                    else:
+                        out.append(msg)
+            if not interrupted:
+                return out
+        raise OSError(errno.EINTR, f"netlink dump interrupted {_DUMP_ATTEMPTS} times in a row")

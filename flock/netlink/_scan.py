@@ -22,31 +22,24 @@ was read) is read again.  Errors: OSError (the kernel's error code).
 
 from __future__ import annotations
 
-import errno
 import functools
 import ipaddress
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-from pyroute2.netlink import NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
-from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from flock.netlink import _batch, _nsenter
+from flock.netlink import _batch
 from flock.netlink.desired import Nexthop, Route, Scope, Side
 
 RTEXT_FILTER_SKIP_STATS = 1 << 3  # linux/rtnetlink.h; pyroute2 names no RTEXT_FILTER_*
 RTN_UNICAST, RTN_BLACKHOLE = 1, 6
 MAIN_TABLE = 254
-SOL_NETLINK, NETLINK_GET_STRICT_CHK = 270, 12
-_RECV_BYTES = 1 << 16  # the kernel fills dump batches of at most 32 KiB
-_DUMP_ATTEMPTS = 5
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -123,22 +116,13 @@ class Scanner:
     """One netlink route socket in a namespace, for dumps (see the module doc).  Close it."""
 
     netns: str | int | None
-    _sock: socket.socket = attrs.field(init=False)
-    _marshal: MarshalRtnl = attrs.field(init=False, factory=MarshalRtnl)
-    _seq: int = attrs.field(init=False, default=0)
+    _rtnl: _batch.RtnlSocket = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        fd = _nsenter.run_in_netns(self.netns, _batch.socket_fd)
-        self._sock = socket.socket(fileno=fd)
-        try:
-            self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
-            self._sock.bind((0, 0))
-        except BaseException:
-            self._sock.close()
-            raise
+        self._rtnl = _batch.RtnlSocket.open_in(self.netns, strict=True)
 
     def close(self) -> None:
-        self._sock.close()
+        self._rtnl.close()
 
     def __enter__(self) -> Scanner:
         return self
@@ -147,41 +131,8 @@ class Scanner:
         self.close()
 
     def dump(self, msg_type: int, build: Callable[[], Any]) -> list[Any]:
-        """Every message of one dump (pyroute2's, decoded), *build* making the
-        request (a fresh pyroute2 message).  Read again when interrupted."""
-        for _ in range(_DUMP_ATTEMPTS):
-            self._seq += 1
-            seq = self._seq
-            request = build()
-            request["header"]["type"] = msg_type
-            request["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
-            request["header"]["sequence_number"] = seq
-            request["header"]["pid"] = 0
-            request.encode()
-            self._sock.send(request.data)
-            out: list[Any] = []
-            interrupted = False
-            done = False
-            while not done:
-                data, _, flags, _ = self._sock.recvmsg(_RECV_BYTES)
-                if flags & socket.MSG_TRUNC:
-                    raise OSError(errno.EMSGSIZE, "netlink dump message larger than the receive buffer")
-                for msg in self._marshal.parse(data):
-                    header = msg["header"]
-                    if header["sequence_number"] != seq:
-                        continue  # an earlier, abandoned dump's late answer
-                    interrupted |= bool(header["flags"] & NLM_F_DUMP_INTR)
-                    error = header.get("error")  # pyroute2's NetlinkError (an OSError for ENOBUFS)
-                    if error is not None:
-                        code = getattr(error, "code", None) or getattr(error, "errno", None) or errno.EPROTO
-                        raise OSError(code, os.strerror(code))
-                    if header["type"] in (NLMSG_DONE, NLMSG_ERROR):
-                        done = True
-                    else:
-                        out.append(msg)
-            if not interrupted:
-                return out
-        raise OSError(errno.EINTR, f"netlink dump interrupted {_DUMP_ATTEMPTS} times in a row")
+        """Every message of one dump (see :meth:`_batch.RtnlSocket.dump`)."""
+        return self._rtnl.dump(msg_type, build)
 
     def links(self) -> list[Link]:
         """Every interface: index, name, kind, alias (IPv6 statistics are not asked for)."""
