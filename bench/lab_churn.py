@@ -8,7 +8,11 @@ next pod and do what a runtime does per pod sandbox: make its network
 namespace, CNI ADD, CNI DEL (with the cached result), remove the namespace.
 The rate is pods / wall time of the whole churn.
 
-    python bench/lab_churn.py [--pods 500] [--parallel 10] [--stack dual|v4] [--no-baseline]
+``--floor`` also runs the same churn with a plugin that is the host's
+``python3 -IS`` doing nothing (bench/labkit.py FloorRuntime): the most any
+CNI whose plugin is a Python interpreter could reach in this harness.
+
+    python bench/lab_churn.py [--pods 500] [--parallel 10] [--stack dual|v4] [--no-baseline] [--floor]
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 from pathlib import Path
 
 import trio
-from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
+from labkit import FlockRuntime, FloorRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
 # The pod annotations per stack (as bench/lab_cni_latency.py).
 STACKS = {
@@ -73,6 +77,9 @@ async def main(args: argparse.Namespace) -> dict:
         if args.baseline:
             with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
                 doc["ptp+host-local"] = await churn(PtpRuntime(plan, Path(data), dual=args.stack == "dual"), args)
+        if args.floor:
+            with tempfile.TemporaryDirectory(prefix="flab-floor-") as bin_dir:
+                doc["python3 -IS floor"] = await churn(FloorRuntime(plan, Path(bin_dir)), args)
     return doc
 
 
@@ -82,4 +89,5 @@ if __name__ == "__main__":
     p.add_argument("--parallel", type=int, default=10)
     p.add_argument("--stack", choices=sorted(STACKS), default="dual", help="pod address families (default dual)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="flock only")
+    p.add_argument("--floor", action="store_true", help="also a do-nothing python3 -IS plugin (the floor)")
     emit(trio.run(main, p.parse_args()))

@@ -11,7 +11,11 @@ Modes: one at a time (ADD then DEL, ``--sequential`` pods) and 50 at once
 (``--burst`` ADDs concurrently, then the DELs concurrently); v4-only and
 dual stack.  ms, median and p99 of the operations.
 
-    python bench/lab_cni_latency.py [--sequential 30] [--burst 50]
+``--floor`` adds, per stack, a plugin that is the host's ``python3 -IS``
+doing nothing (bench/labkit.py FloorRuntime): what flock's shim costs at
+the least, before any RPC, agent or kernel work.
+
+    python bench/lab_cni_latency.py [--sequential 30] [--burst 50] [--floor]
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import trio
-from labkit import FlockRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
+from labkit import FlockRuntime, FloorRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
 
 STACKS = {
     "v4": {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/ipv6": "false"},
@@ -77,8 +81,12 @@ async def main(args: argparse.Namespace) -> dict:
     async with lab(1) as plan:
         with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
             for stack in ("v4", "dual"):
-                for rt in (FlockRuntime(plan), PtpRuntime(plan, Path(data) / stack, dual=stack == "dual")):
-                    tag = f"{'f' if rt.name == 'flock' else 'p'}{stack}"
+                runtimes = [FlockRuntime(plan), PtpRuntime(plan, Path(data) / stack, dual=stack == "dual")]
+                if args.floor:
+                    (Path(data) / f"floor-{stack}").mkdir()
+                    runtimes.append(FloorRuntime(plan, Path(data) / f"floor-{stack}"))
+                for rt in runtimes:
+                    tag = {"flock": "f", "ptp+host-local": "p"}.get(rt.name, "z") + stack
                     seq_add, seq_del = await one_at_a_time(rt, stack, args.sequential, tag)
                     burst_add, burst_del = await at_once(rt, stack, args.burst, tag)
                     row = {
@@ -100,4 +108,5 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--sequential", type=int, default=30)
     p.add_argument("--burst", type=int, default=50)
+    p.add_argument("--floor", action="store_true", help="also a do-nothing python3 -IS plugin (the floor)")
     emit(trio.run(main, p.parse_args()))

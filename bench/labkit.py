@@ -132,5 +132,36 @@ class PtpRuntime:
         )
 
 
+class FloorRuntime:
+    """What any CNI plugin run by the host's ``python3 -IS`` costs at least:
+    a plugin that is that interpreter doing nothing (it reads its stdin and
+    prints an empty result), exec'd the same way.  No agent, no kernel work:
+    the floor under flock's shim on this machine and in this harness."""
+
+    name = "python3 -IS floor"
+    PLUGIN = (
+        '#!/usr/bin/python3 -IS\nimport sys\nsys.stdin.buffer.read()\nsys.stdout.write(\'{"cniVersion": "1.0.0"}\')\n'
+    )
+
+    def __init__(self, plan: LabPlan, bin_dir: Path, node_index: int = 0) -> None:
+        self.plan, self.node, self.bin_dir = plan, plan.nodes[node_index], bin_dir
+        plugin = bin_dir / "pyfloor"
+        plugin.write_text(self.PLUGIN)
+        plugin.chmod(0o755)
+        self.conflist = {"cniVersion": "1.0.0", "name": "floor", "plugins": [{"type": "pyfloor"}]}
+
+    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
+        cid = secrets.token_hex(32)
+        return CniParams.for_pod(
+            cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8]
+        )
+
+    async def add(self, att: CniParams) -> PluginOutcome:
+        return await exec_conflist(self.node.netns, str(self.bin_dir), self.conflist, "ADD", att)
+
+    async def delete(self, att: CniParams) -> PluginOutcome:
+        return await exec_conflist(self.node.netns, str(self.bin_dir), self.conflist, "DEL", att)
+
+
 def emit(doc: dict[str, Any]) -> None:
     print(json.dumps(doc, separators=(",", ":")), flush=True)
