@@ -12,18 +12,23 @@ The rate is pods / wall time of the whole churn.
 ``python3 -IS`` doing nothing (bench/labkit.py FloorRuntime): the most any
 CNI whose plugin is a Python interpreter could reach in this harness.
 
+``--kubelet-cgroups`` places the lab's processes and the plugin execs in
+CPU cgroups as a kubelet-run node has them (bench/labkit.py kubelet_cgroups).
+
     python bench/lab_churn.py [--pods 500] [--parallel 10] [--stack dual|v4] [--no-baseline] [--floor]
+                              [--kubelet-cgroups]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
 
 import trio
-from labkit import FlockRuntime, FloorRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
+from labkit import FlockRuntime, FloorRuntime, PtpRuntime, emit, ip, kubelet_cgroups, lab, stats_ms, timed
 
 # The pod annotations per stack (as bench/lab_cni_latency.py).
 STACKS = {
@@ -70,9 +75,15 @@ async def churn(rt, args: argparse.Namespace) -> dict:
     return doc
 
 
+@contextlib.asynccontextmanager
+async def _maybe_cgroups(plan, wanted: bool):
+    with kubelet_cgroups(plan) if wanted else contextlib.nullcontext():
+        yield
+
+
 async def main(args: argparse.Namespace) -> dict:
     doc: dict = {"pods": args.pods, "parallel": args.parallel, "stack": args.stack}
-    async with lab(1) as plan:
+    async with lab(1) as plan, _maybe_cgroups(plan, args.kubelet_cgroups):
         doc["flock"] = await churn(FlockRuntime(plan), args)
         if args.baseline:
             with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
@@ -90,4 +101,5 @@ if __name__ == "__main__":
     p.add_argument("--stack", choices=sorted(STACKS), default="dual", help="pod address families (default dual)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="flock only")
     p.add_argument("--floor", action="store_true", help="also a do-nothing python3 -IS plugin (the floor)")
+    p.add_argument("--kubelet-cgroups", action="store_true", help="CPU cgroups as under a kubelet (see labkit)")
     emit(trio.run(main, p.parse_args()))

@@ -15,17 +15,21 @@ dual stack.  ms, median and p99 of the operations.
 doing nothing (bench/labkit.py FloorRuntime): what flock's shim costs at
 the least, before any RPC, agent or kernel work.
 
-    python bench/lab_cni_latency.py [--sequential 30] [--burst 50] [--floor]
+``--kubelet-cgroups`` places the lab's processes and the plugin execs in
+CPU cgroups as a kubelet-run node has them (bench/labkit.py kubelet_cgroups).
+
+    python bench/lab_cni_latency.py [--sequential 30] [--burst 50] [--floor] [--kubelet-cgroups]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 
 import trio
-from labkit import FlockRuntime, FloorRuntime, PtpRuntime, emit, ip, lab, stats_ms, timed
+from labkit import FlockRuntime, FloorRuntime, PtpRuntime, emit, ip, kubelet_cgroups, lab, stats_ms, timed
 
 STACKS = {
     "v4": {"flock.fritzlab.net/ipv4": "true", "flock.fritzlab.net/ipv6": "false"},
@@ -79,7 +83,10 @@ async def at_once(rt, stack: str, count: int, tag: str) -> tuple[list[float], li
 async def main(args: argparse.Namespace) -> dict:
     figures: dict = {"sequential": args.sequential, "burst": args.burst}
     async with lab(1) as plan:
-        with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
+        with (
+            kubelet_cgroups(plan) if args.kubelet_cgroups else contextlib.nullcontext(),
+            tempfile.TemporaryDirectory(prefix="flab-hl-") as data,
+        ):
             for stack in ("v4", "dual"):
                 runtimes = [FlockRuntime(plan), PtpRuntime(plan, Path(data) / stack, dual=stack == "dual")]
                 if args.floor:
@@ -109,4 +116,5 @@ if __name__ == "__main__":
     p.add_argument("--sequential", type=int, default=30)
     p.add_argument("--burst", type=int, default=50)
     p.add_argument("--floor", action="store_true", help="also a do-nothing python3 -IS plugin (the floor)")
+    p.add_argument("--kubelet-cgroups", action="store_true", help="CPU cgroups as under a kubelet (see labkit)")
     emit(trio.run(main, p.parse_args()))

@@ -10,18 +10,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
 from stats import summary  # bench/stats.py
 
-from flock.lab import CniParams, LabPlan, PluginOutcome, api_client, down, exec_conflist, load_conflist, netns_path, up
+from flock.lab import (
+    CniParams,
+    LabPlan,
+    PluginOutcome,
+    api_client,
+    down,
+    exec_conflist,
+    load_conflist,
+    load_procs,
+    netns_path,
+    up,
+)
 from flock.testing import PODS, pod_object
 
 
@@ -40,6 +52,48 @@ async def lab(nodes: int, agent_program: list[str] | None = None) -> AsyncIterat
         with trio.move_on_after(60, shield=True):
             await down(directory)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
+# kubelet's cgroup v1 layout, with deploy/daemonset.yaml's CPU request for flock-agent:
+# kubepods gets the node's allocatable CPUs as shares (2 here), a pod its requests (50m → 51);
+# the container runtime, which execs the CNI plugins, runs in system.slice (the default 1024).
+KUBEPODS_SHARES = 2048
+AGENT_POD_SHARES = 51
+SYSTEM_SLICE_SHARES = 1024
+
+
+@contextlib.contextmanager
+def kubelet_cgroups(plan: LabPlan) -> Iterator[None]:
+    """Place the lab as a kubelet-run node has it, for CPU: every lab process
+    (the keeper and what it runs: flock-agent, bird, the API server) in a pod
+    cgroup under "kubepods", and this process (the runtime: it execs the
+    plugins) in "system.slice".  Flat (the default), the agent is one task
+    among the 50 plugin interpreters of a burst; under a kubelet its pod's
+    cgroup gets its share whatever the number of plugin processes.  cgroup v1
+    only (what this machine has); undone on exit."""
+    if not (CPU_CGROUP / "cpu.shares").exists():
+        raise RuntimeError(f"--kubelet-cgroups needs cgroup v1's cpu controller at {CPU_CGROUP}")
+    top = CPU_CGROUP / f"flock-bench-{os.getpid()}"
+    pod, system = top / "kubepods" / "flock-agent", top / "system.slice"
+    made = [top, top / "kubepods", pod, system]
+    for group, shares in zip(made, (1024, KUBEPODS_SHARES, AGENT_POD_SHARES, SYSTEM_SLICE_SHARES), strict=True):
+        group.mkdir()
+        (group / "cpu.shares").write_text(str(shares))
+    try:
+        procs = load_procs(plan.dir)
+        pids = [procs["keeper"]["pid"], *(p["pid"] for p in procs.get("processes", {}).values())]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # one that just exited
+                (pod / "cgroup.procs").write_text(str(pid))
+        (system / "cgroup.procs").write_text(str(os.getpid()))
+        yield
+    finally:
+        for group in reversed(made):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    (CPU_CGROUP / "cgroup.procs").write_text(pid)
+            group.rmdir()
 
 
 async def ip(*args: str) -> None:
