@@ -243,6 +243,7 @@ class _Steps:
         """Send the requests of consecutive steps in one datagram; the first
         refusal names its step (the kernel still ran the messages after it:
         re-running converges).  EEXIST of an address means it is there."""
+        self.current = groups[0][0]
         replies = iter(sock.request([r for _, requests in groups for r in requests]))
         for name, requests in groups:
             self.current = name
@@ -330,6 +331,12 @@ def _pod_socket_early(
                 os.close(pending.result())
 
 
+def _addr_gen_mode_key(ifname: str) -> str:
+    """The sysctl of the link's IPv6 address generation mode (the field
+    IFLA_INET6_ADDR_GEN_MODE sets)."""
+    return f"net/ipv6/conf/{ifname}/addr_gen_mode"
+
+
 def _setup_new(
     host: _batch.RtnlSocket,
     pod_socket: Callable[[], _batch.RtnlSocket],
@@ -349,15 +356,24 @@ def _setup_new(
             raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
         steps.done("veth")
         hi, pi = h["index"], p["index"]
-        # The marker, and addrgenmode none before the link first goes up so
-        # the kernel never adds a link-local next to fe80::1 (a message of
-        # its own: the kernel applies flags before IFLA_AF_SPEC).
-        marker = owner_marker(plan.container_id)
-        steps.apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
-        _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)], enter)
-        steps.done("host-sysctls")
-        host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
-        steps.apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])
+        # addrgenmode none before the link first goes up, so the kernel never
+        # adds a link-local next to fe80::1: written with the sysctls, before
+        # the host link's one datagram (the marker, its address, up), so a
+        # refusal stops the set-up while the link is still down.  Written
+        # ahead of the marker, reported after it (the hooks keep STEPS order).
+        steps.current = "host-sysctls"
+        sysctls = [(_addr_gen_mode_key(h_name), str(_conn.ADDRGENMODE_NONE))]
+        sysctls += [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)]
+        _conn.write_sysctls(host_netns, sysctls, enter)
+        steps.apply(
+            host,
+            [
+                ("host-link", [_build.set_link(hi, alias=owner_marker(plan.container_id))]),
+                ("host-sysctls", []),
+                ("host-address", [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]),
+                ("host-up", [_build.set_link(hi, up=True)]),
+            ],
+        )
         steps.apply(
             pod,
             [
