@@ -257,14 +257,10 @@ def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings(
 
     families = {a.version for a in seen}
     if 6 in families:
-        pod_routes.append(
-            Route(Side.POD, _DEFAULT6, (Nexthop(pod, settings.gateway6),), Scope.UNIVERSE, p)
-        )
+        pod_routes.append(Route(Side.POD, _DEFAULT6, (Nexthop(pod, settings.gateway6),), Scope.UNIVERSE, p))
     if 4 in families:
         pod_routes.append(Route(Side.POD, _host_net(settings.gateway4), (Nexthop(pod),), Scope.LINK, p))
-        pod_routes.append(
-            Route(Side.POD, _DEFAULT4, (Nexthop(pod, settings.gateway4),), Scope.UNIVERSE, p)
-        )
+        pod_routes.append(Route(Side.POD, _DEFAULT4, (Nexthop(pod, settings.gateway4),), Scope.UNIVERSE, p))
 
     unicast = [a for a in (alloc.ip6, alloc.ip4) if a is not None] + list(alloc.addresses)
     for addr in unicast:
