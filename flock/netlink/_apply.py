@@ -372,10 +372,12 @@ def _setup_new(
         steps.done("veth")
         hi, pi = h["index"], p["index"]
         # addrgenmode none before the link first goes up, so the kernel never
-        # adds a link-local next to fe80::1: written with the sysctls, before
-        # the host link's one datagram (the marker, its address, up), so a
-        # refusal stops the set-up while the link is still down.  Written
-        # ahead of the marker, reported after it (the hooks keep STEPS order).
+        # adds a link-local next to fe80::1: a sysctl written with the others
+        # before the host link's one datagram (marker, address, up), so a
+        # refused write stops the set-up with the link still down.  The
+        # sysctls go ahead of the marker and are reported after it (the hooks
+        # keep STEPS order).  A refused marker does not stop the link going
+        # up: unmarked, it is still flock's (owned_by_flock); a re-run marks it.
         steps.current = "host-sysctls"
         sysctls = [(_addr_gen_mode_key(h_name), str(_conn.ADDRGENMODE_NONE))]
         sysctls += [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)]
