@@ -134,6 +134,22 @@ async def test_failure_after_each_step_then_rerun_converges(pool, node, step):
         assert ping6.returncode == 0
 
 
+async def test_both_setup_paths_call_the_fault_hook_once_per_step_in_order(pool, node):
+    """The fresh path batches steps (the host link's marker, address and up
+    in one datagram, its sysctls written before it): the hooks still come
+    in STEPS order, once each, as on the converging path."""
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        seen: list[str] = []
+        w = await worker_for(node, fault=seen.append)
+        a = alloc("c1", pod, anycast=["2001:db8:aa::1"])
+        await w.setup(a)
+        assert seen == list(STEPS)
+        seen.clear()
+        await w.setup(a)  # the veth exists: the converging path
+        assert seen == list(STEPS)
+
+
 async def test_setup_converges_after_addresses_change(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
