@@ -5,7 +5,7 @@ layout), and for an IPv4 /16 filled to 99%: the rate over the first 1% and
 over the last 1% (98%→99%), so a rescan-from-the-start allocator would show
 as a collapse.  A naive rescanning allocator runs on the same last 1% as the
 baseline.  Then churn at 99% full (release a random address, allocate), and
-the store's put+commit rate (one fsync'd transaction each).
+the store's put+commit rate (one transaction each).
 
     .venv/bin/python bench/ipam.py            # prints figures, then one JSON line
 

@@ -1,6 +1,7 @@
 """A pod's whole CNI ADD and DEL as the runtime sees them: the bundled ``flock``
-plugin → flock-agent (pod lookup, IPAM, SQLite pending/commit with
-synchronous=FULL, netlink) versus Debian's ``ptp`` + ``host-local``, in one run.
+plugin → flock-agent (pod lookup, IPAM, SQLite pending/commit, netlink)
+versus Debian's ``ptp`` + ``host-local``, in one run.  The plugin is built
+as flock-install-cni installs it: the host's ``/usr/bin/python3 -IS``.
 
 Everything happens inside a "node" network namespace this script creates (it
 re-executes itself there), with one fresh namespace per pod.  flock-agent runs
@@ -281,7 +282,7 @@ def inside(
         work = Path(tmp)
         api.write_kubeconfig(work / "kubeconfig")
         plugin = [str(work / "flock")]
-        build_shim(work / "flock")
+        build_shim(work / "flock", python="/usr/bin/python3 -IS")  # as flock-install-cni writes it
         flocks = [Flock("flock", "bench", "2001:db8:1::/64", None, plugin, work)]
         if before is not None:
             flocks.append(Flock("flock-before", "bench-before", "2001:db8:2::/64", before, plugin, work))

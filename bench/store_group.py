@@ -1,6 +1,6 @@
 """The allocation store under concurrent writers: W Trio tasks, each running a
-pod's store traffic (put pending → commit → delete, every call fsync'd with
-synchronous=FULL) over and over, against this checkout's store and, with
+pod's store traffic (put pending → commit → delete, each a transaction at the
+store's synchronous setting) over and over, against this checkout's store and, with
 ``--before DIR``, another checkout's (e.g. one without group commit), in
 the same run, taking turns.  Each variant runs in its own process, on a fresh
 database in ``--dir`` (default: a temporary directory under /var/tmp, i.e. on

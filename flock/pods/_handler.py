@@ -137,6 +137,8 @@ class PodHandler:
     _locks: KeyedLocks = attrs.field(init=False, factory=KeyedLocks)
     # Addresses of DEL'd pods whose veth is still being removed (held in the IPAM until it is gone).
     _releasing: dict[str, Addresses] = attrs.field(init=False, factory=dict)
+    # Stored rows the node's view leaves out (conflicts at the rebuild): read from the store.
+    _unviewed: set[str] = attrs.field(init=False, factory=set)
 
     @property
     def ipam(self) -> Ipam | None:
@@ -194,6 +196,7 @@ class PodHandler:
         for cid in [c for c in self.state.allocations if c not in still]:
             self.state.drop_allocation(cid)
             ipam.release(cid)
+        self._unviewed = still - set(self.state.allocations)
         self._publish_exhaustion()
         return list(self.state.allocations.values())
 
@@ -275,8 +278,8 @@ class PodHandler:
         returns the same result as the first; if the veth is gone it converges
         the kernel again (new MACs, which are then the truth)."""
         cid = request.container_id
-        alloc = await self.store.get(cid)
-        lap("store_get")
+        alloc = await self._stored(cid)
+        lap("lookup")
         if alloc is not None:
             _same_attachment(alloc, request, ref)
             if alloc.state is AllocationState.COMMITTED:
@@ -312,6 +315,15 @@ class PodHandler:
         self.state.put_allocation(alloc)
         log.info("pod network ready", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return alloc, macs
+
+    async def _stored(self, container_id: str) -> Allocation | None:
+        """The container's row.  Once rebuilt, the node's view holds every
+        stored row (each write goes to the store, then to the view, under the
+        container's lock), so a new pod's ADD costs no store round trip; a
+        row the rebuild left out, or any row before it, is read from the store."""
+        if self._ipam is None or container_id in self._unviewed:
+            return await self.store.get(container_id)
+        return self.state.allocations.get(container_id)
 
     async def _reserve(self, request: Request, ref: PodRef, lap: _Laps = _NO_LAPS) -> Allocation:
         """Allocate and store the pending row (nothing in the kernel yet)."""
@@ -358,6 +370,7 @@ class PodHandler:
         )
         try:
             await self.store.put(alloc)
+            self._unviewed.discard(request.container_id)
             lap("store_pending")
         except BaseException:
             # Not stored → no row will ever explain these addresses.
@@ -437,6 +450,7 @@ class PodHandler:
             lap("netlink")
         await self.store.delete(cid)
         lap("store_delete")
+        self._unviewed.discard(cid)
         self.state.drop_allocation(cid)
         if removals is None:
             self._release(cid)
@@ -463,10 +477,7 @@ class PodHandler:
         lap = _Laps("DEL", self.stage)
         async with self._exclusive(request.container_id):
             lap("lock")
-            # The node's view holds every row this agent serves, as stored (each
-            # change goes to the store first): no store round trip.  A row left
-            # out at start-up, or a DEL before the rebuild, is read from the store.
-            alloc = self.state.allocations.get(request.container_id) or await self.store.get(request.container_id)
+            alloc = await self._stored(request.container_id)
             lap("lookup")
             if alloc is None:
                 log.info("DEL of an unknown container: nothing to do")
@@ -511,7 +522,7 @@ class PodHandler:
         prev = prev_result_addresses(request.config)
         cid = request.container_id
         async with self._exclusive(cid):
-            alloc = await self.store.get(cid)
+            alloc = await self._stored(cid)
             if alloc is None:
                 raise UnknownContainer("unknown container", f"containerID={cid!r}: flock holds no allocation for it")
             if alloc.state is AllocationState.PENDING:

@@ -1,4 +1,4 @@
-"""Allocations on disk: SQLite at ``<state_dir>/flock.db`` (WAL, synchronous=FULL).
+"""Allocations on disk: SQLite at ``<state_dir>/flock.db`` (WAL, synchronous=NORMAL).
 
 Three rooms:
 
@@ -13,9 +13,9 @@ Three rooms:
   happened.
 
 Group commit: the thread takes every call queued at that moment and runs
-them in ONE transaction (one fsync), each inside its own savepoint, and
-answers every caller only after that COMMIT has returned — so nothing is
-acknowledged before it is on disk, and a call that fails is rolled back to
+them in ONE transaction, each inside its own savepoint, and answers every
+caller only after that COMMIT has returned — so nothing is acknowledged
+before it is in the WAL file, and a call that fails is rolled back to
 its savepoint without failing or losing the others.  If the group's
 transaction itself is lost (COMMIT fails, or SQLite rolls the whole
 transaction back on an I/O error), no caller has been answered yet: each
@@ -24,23 +24,20 @@ queued alone runs as a single autocommit statement, exactly as without
 grouping.
 
 Durability (a deliberate refinement of DESIGN's "WAL, synchronous=FULL"):
-the connection runs at FULL, and every write that acknowledges something
-the runtime relies on — :meth:`SyncStore.commit`, which ADD's reply waits
-for, and a committed row put directly — is fsynced before it returns.  Two
-writes are not: a *pending* row and a *delete* commit at synchronous=NORMAL
-(the pragma is switched around that one transaction; a group made only of
-such calls, :class:`LazyCall`, commits so too).  Their purpose is to
-survive an agent crash, and a commit in WAL mode has written its frames to
-the WAL file before it returns, so a killed process loses nothing: the
-kernel holds the page cache.  Only a power loss (or kernel crash) can lose
-them, and then no pod namespace or veth survives either: a lost pending row
-explains nothing that is still there, and a lost delete brings back a row
-for a pod that is gone, like every other row after a power loss (the
-runtime's DEL/GC removes it).  Ordering is kept: the WAL is append-only and
-an fsync covers the whole file, so the next FULL commit (the ADD's own
-commit after its pending row) makes every earlier frame durable with it.
-The pending row saves an fsync per ADD and the delete one per DEL, and
-neither waits behind the other's disk flush.
+the connection runs at synchronous=NORMAL, so no write waits for an fsync
+of its own.  In WAL mode a committed transaction has written its frames to
+the WAL file before the call returns: a killed or crashed agent loses
+nothing, because the kernel holds the page cache.  Only a power loss or a
+kernel crash can lose the last transactions (never the database's
+consistency: the WAL's checksums end it at the last whole commit), and
+then no pod namespace and no veth survives either.  After a reboot every
+row, whether lost or kept, describes a pod that is gone: a lost pending row
+or commit explains nothing that is still there, a lost delete brings back a
+row for a pod that is gone (the runtime's DEL or GC removes it, as it
+removes every other row from before the reboot).  So an
+fsync buys the runtime nothing, and it cost every ADD ~0.5-1 ms on the pod
+start-up path and made a burst's callers queue behind disk flushes.
+(Checkpoints still fsync the WAL before copying it into the database.)
 
 Error handling: nothing is retried here.  A database that is unreadable or
 corrupt (:class:`StoreCorrupt`), cannot be opened (:class:`StoreError`) or
@@ -60,7 +57,7 @@ from flock.store._errors import (
     StoreTooNew,
 )
 from flock.store._schema import FILENAME, MIGRATIONS, Migration
-from flock.store._sync import LazyCall, SyncStore
+from flock.store._sync import SyncStore
 from flock.store._thread import MAX_GROUP
 
 __all__ = [
@@ -68,7 +65,6 @@ __all__ = [
     "MAX_GROUP",
     "MIGRATIONS",
     "AllocationNotFound",
-    "LazyCall",
     "Migration",
     "Store",
     "StoreCorrupt",

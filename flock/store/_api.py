@@ -13,7 +13,7 @@ import trio
 
 from flock.model import Allocation, AllocationState
 from flock.store._schema import MIGRATIONS, Migration
-from flock.store._sync import LazyCall, SyncStore
+from flock.store._sync import SyncStore
 from flock.store._thread import StoreThread
 
 T = TypeVar("T")
@@ -43,8 +43,7 @@ class Store:
         return await self._call(self._core.settings)
 
     async def put(self, allocation: Allocation) -> None:
-        call = lambda: self._core.put(allocation)  # noqa: E731
-        await self._call(LazyCall(call) if allocation.state is AllocationState.PENDING else call)
+        await self._call(lambda: self._core.put(allocation))
 
     async def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         return await self._call(lambda: self._core.commit(container_id, now=now))
@@ -53,7 +52,7 @@ class Store:
         return await self._call(lambda: self._core.get(container_id))
 
     async def delete(self, container_id: str) -> bool:
-        return await self._call(LazyCall(lambda: self._core.delete(container_id)))
+        return await self._call(lambda: self._core.delete(container_id))
 
     async def list(self, state: AllocationState | None = None) -> list[Allocation]:
         return await self._call(lambda: self._core.list(state))

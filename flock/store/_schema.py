@@ -119,12 +119,13 @@ def decode(path: Path, row: sqlite3.Row) -> Allocation:
 
 
 def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration]) -> None:
-    """Set the connection up (WAL, synchronous=FULL), check the file and bring
+    """Set the connection up (WAL, synchronous=NORMAL: see :mod:`flock.store`,
+    "Durability"), check the file and bring
     its schema to ``len(migrations)``, each migration in its own transaction."""
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA synchronous = NORMAL")
         problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.Error as exc:

@@ -4,11 +4,10 @@ group commit (many calls in one transaction, each in its own savepoint)."""
 from __future__ import annotations
 
 import builtins
-import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,6 @@ from flock.model import Allocation, AllocationState
 from flock.store import _schema
 from flock.store._errors import AllocationNotFound, StoreError, from_sqlite
 from flock.store._schema import MIGRATIONS, Migration
-
-
-@attrs.frozen
-class LazyCall:
-    """A call of a group that needs no fsync of its own: a group made only
-    of these commits without one (see :mod:`flock.store`, "Durability")."""
-
-    fn: Callable[[], Any]
-
-    def __call__(self) -> Any:
-        return self.fn()
 
 
 class _GroupLost(Exception):
@@ -75,16 +63,13 @@ class SyncStore:
     def put(self, allocation: Allocation) -> None:
         """Insert or replace the row for ``allocation.container_id``, exactly
         as given (state included): the caller owns the pending → committed
-        order, and :meth:`commit` is the usual way to advance it.
-
-        Written without its own fsync when the row is pending (see
-        :mod:`flock.store`, "Durability"); a committed row is fsynced."""
-        self._write(_schema.PUT, _schema.encode(allocation), durable=allocation.state is not AllocationState.PENDING)
+        order, and :meth:`commit` is the usual way to advance it."""
+        self._run(_schema.PUT, _schema.encode(allocation))
 
     def commit(self, container_id: str, *, now: float | None = None) -> Allocation:
         """Move a row from pending to committed (a committed row stays so).
         A missing row raises :class:`~flock.store.AllocationNotFound`."""
-        rows = self._write(_schema.COMMIT, (time.time() if now is None else now, container_id), durable=True).fetchall()
+        rows = self._run(_schema.COMMIT, (time.time() if now is None else now, container_id)).fetchall()
         if not rows:
             raise AllocationNotFound(self.path, "no allocation to commit", container_id)
         return _schema.decode(self.path, rows[0])
@@ -94,9 +79,8 @@ class SyncStore:
         return _schema.decode(self.path, rows[0]) if rows else None
 
     def delete(self, container_id: str) -> bool:
-        """Remove the row; False when there was none.  Written without its own
-        fsync (see :mod:`flock.store`, "Durability")."""
-        return self._write(_schema.DELETE, (container_id,), durable=False).rowcount > 0
+        """Remove the row; False when there was none."""
+        return self._run(_schema.DELETE, (container_id,)).rowcount > 0
 
     def list(self, state: AllocationState | None = None) -> list[Allocation]:
         if state is None:
@@ -107,18 +91,15 @@ class SyncStore:
 
     def run_group(self, calls: Sequence[Callable[[], Any]]) -> builtins.list[outcome.Outcome]:
         """Run *calls* (methods of this store) in one transaction, each in its
-        own savepoint; one outcome per call, all durable when this returns
-        (written to the WAL only, if every call is a :class:`LazyCall`).
+        own savepoint; one outcome per call, all committed when this returns.
         One failing call is rolled back alone; a lost transaction re-runs
         every call on its own (see :mod:`flock.store`)."""
         if len(calls) == 1:
             return [outcome.capture(calls[0])]
-        lazy = all(isinstance(call, LazyCall) for call in calls)
         try:
-            with self._lazily() if lazy else contextlib.nullcontext():
-                self._conn.execute("BEGIN IMMEDIATE")
-                results = [self._in_savepoint(call) for call in calls]
-                self._conn.execute("COMMIT")
+            self._conn.execute("BEGIN IMMEDIATE")
+            results = [self._in_savepoint(call) for call in calls]
+            self._conn.execute("COMMIT")
         except (_GroupLost, sqlite3.Error):
             self._abandon_group()
             return [outcome.capture(call) for call in calls]
@@ -146,27 +127,6 @@ class SyncStore:
                 self._conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass  # the retries below report whatever is wrong with the database
-
-    def _write(self, sql: str, params: tuple[Any, ...], *, durable: bool) -> sqlite3.Cursor:
-        """One write; *durable*: its commit waits for the fsync (synchronous=FULL),
-        otherwise it is only written to the WAL file (synchronous=NORMAL).  In a
-        group, the group's COMMIT decides (see :meth:`run_group`)."""
-        if durable or self._conn.in_transaction:
-            return self._run(sql, params)
-        with self._lazily():
-            return self._run(sql, params)
-
-    @contextlib.contextmanager
-    def _lazily(self) -> Iterator[None]:
-        """synchronous=NORMAL for what runs inside (a commit then writes the WAL
-        file but does not fsync it), FULL again after: the connection's setting
-        outside a lazy write is always FULL.  SQLite refuses to change it inside
-        a transaction, so this wraps the whole of one."""
-        self._run("PRAGMA synchronous = NORMAL", ())
-        try:
-            yield
-        finally:
-            self._run("PRAGMA synchronous = FULL", ())
 
     def _pragma(self, name: str) -> Any:
         return self._run(f"PRAGMA {name}", ()).fetchone()[0]

@@ -28,9 +28,12 @@ from flock.store import AllocationNotFound
 @attrs.define(eq=False)
 class MemoryAllocations:
     rows: dict[str, Allocation] = attrs.field(factory=dict)
+    # The container IDs get() was asked for, in order (what reads the store).
+    gets: list[str] = attrs.field(factory=list)
 
     async def get(self, container_id: str) -> Allocation | None:
         await trio.lowlevel.checkpoint()
+        self.gets.append(container_id)
         return self.rows.get(container_id)
 
     async def put(self, allocation: Allocation) -> None:

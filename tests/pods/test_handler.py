@@ -7,11 +7,12 @@ import contextlib
 import ipaddress
 import logging
 
+import attrs
 import pytest
 import trio
 
 from flock import errors
-from flock.model import AllocationState, NodeConfig
+from flock.model import Allocation, AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, ADDRESS_EXHAUSTED, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
 from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
@@ -26,11 +27,11 @@ A = "flock.fritzlab.net/"
 
 
 @contextlib.asynccontextmanager
-async def handler_running(api: ObjectStore, *, ready: bool = True):
+async def handler_running(api: ObjectStore, *, ready: bool = True, rows: MemoryAllocations | None = None):
     source = StoreSource(api, PODS, f"spec.nodeName={NODE}")
     watcher = PodWatcher(source, NODE)
     kernel = MemoryKernel()
-    rows = MemoryAllocations()
+    rows = MemoryAllocations() if rows is None else rows
     handler = await serving_handler(watcher, NODE_CONFIG, rows=rows, kernel=kernel, ready=ready)
     async with trio.open_nursery() as nursery:
         await nursery.start(watcher.run)
@@ -94,6 +95,38 @@ async def test_add_past_its_deadline_is_code_11_and_stays_pending_for_the_retry(
             assert {ip["address"] for ip in result["ips"]} == {f"{pending.ip6}/128", f"{pending.ip4}/32"}
             assert rows.rows["c0ffee01"].state is AllocationState.COMMITTED
             assert handler.locks_in_use == 0
+
+
+async def test_once_rebuilt_add_del_and_check_read_rows_from_the_view_and_left_out_rows_from_the_store(
+    autojump_clock,
+):
+    """Every write goes to the store, then to the node's view: a new pod's ADD,
+    its repeat, CHECK and DEL cost no store read.  A row the rebuild left out (it
+    claims an address a committed row holds) is read from the store and removed."""
+    api = ObjectStore()
+    api.create(PODS, pod_object("default", "web-0", NODE))
+    rows = MemoryAllocations()
+    keeper = Allocation(
+        container_id="c0ffee0a", namespace="default", pod="a", pod_uid="", if_name="eth0", netns="/run/netns/c0ffee0a",
+        ip6=ipaddress.IPv6Address("2001:db8:0:1::a"), state=AllocationState.COMMITTED,
+    )  # fmt: skip
+    loser = attrs.evolve(
+        keeper, container_id="c0ffee0b", pod="b", netns="/run/netns/c0ffee0b", state=AllocationState.PENDING
+    )
+    rows.rows.update({keeper.container_id: keeper, loser.container_id: loser})
+    with trio.fail_after(10):
+        async with handler_running(api, rows=rows) as (handler, _kernel, _rows, _source, state):
+            assert set(state.allocations) == {"c0ffee0a"}
+            first = await handler(request("ADD"))
+            assert await handler(request("ADD")) == first
+            await handler(request("CHECK", prevResult=first))
+            await handler(request("DEL"))
+            assert rows.gets == [] and "c0ffee01" not in rows.rows
+            await handler(request("DEL", cid="c0ffee0b", pod="b"))
+            assert rows.gets == ["c0ffee0b"] and set(rows.rows) == {"c0ffee0a"}
+            await handler(request("DEL", cid="c0ffee0b", pod="b"))
+            assert rows.gets == ["c0ffee0b"]  # gone from the store and the view: nothing to read
+            assert held(handler) == {"c0ffee0a"}
 
 
 async def test_one_container_at_a_time_different_containers_in_parallel(autojump_clock):

@@ -114,8 +114,8 @@ sys.stdin.read()  # killed here: no later commit, no close
 
 
 def test_a_pending_row_survives_sigkill_without_any_later_commit(tmp_path):
-    """A pending row is written without an fsync of its own (flock.store, "Durability"):
-    the WAL frame is in the file, so a process crash cannot lose it."""
+    """Writes are not fsynced (flock.store, "Durability"): the WAL frame is in
+    the file, so a process crash cannot lose even a pending row."""
     with subprocess.Popen(
         [sys.executable, "-c", PENDING_THEN_WAIT, str(tmp_path)],
         stdin=subprocess.PIPE,
