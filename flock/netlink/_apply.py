@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import RTM_NEWADDR
+from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK
 
 from flock.faults import IfNameTaken, KernelRefused, NetnsUnusable, NodeUnprepared
 from flock.netlink import _batch, _build, _conn, _nsenter
@@ -295,10 +295,10 @@ def setup_pod(
             _batch.RtnlSocket.open_in(host_netns, enter) as host,
             _pod_socket_early(pod_netns, netns_thread) as pod_socket,
         ):
-            created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
+            (created,) = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu)])
             if created.error is None or created.error.code != errno.EEXIST:
                 created.unwrap()
-                (h,) = got.unwrap()
+                h = created_link(host, created, h_name)
                 p = _setup_new(host, pod_socket, h, plan, host_netns=host_netns, enter=enter, steps=steps)
                 if plan.anycast:
                     with anycast_lock:
@@ -318,6 +318,17 @@ def setup_pod(
         settings=settings,
         fault=fault,
     )
+
+
+def created_link(host: _batch.RtnlSocket, created: _batch.Reply, name: str) -> Any:
+    """The link message of *name*, just created by the request *created*
+    answered: the kernel's echo of it (see :func:`_build.new_veth`), or a
+    read when the kernel sent none."""
+    for msg in created.msgs:
+        if msg["header"]["type"] == RTM_NEWLINK and msg.get_attr("IFLA_IFNAME") == name:
+            return msg
+    (msg,) = host.one(_build.get_link(name))
+    return msg
 
 
 @contextlib.contextmanager
