@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import RTM_NEWADDR
+from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK
 
 from flock.faults import IfNameTaken, KernelRefused, NetnsUnusable, NodeUnprepared
 from flock.netlink import _batch, _build, _conn, _nsenter
@@ -88,12 +88,27 @@ def owned_by_flock(msg: Any, settings: DataplaneSettings, container_id: str | No
     agent made before it set markers, or one cut short between creation and
     marking (both flock's: nobody else picks these names and leaves no alias)."""
     return is_flock_link(
-        msg.get("IFLA_IFNAME") or "",
-        msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")),
-        msg.get("IFLA_IFALIAS") or "",
+        msg.get_attr("IFLA_IFNAME") or "",
+        link_kind(msg),
+        msg.get_attr("IFLA_IFALIAS") or "",
         settings,
         container_id,
     )
+
+
+# A link message's attributes are read with get_attr: pyroute2's get() looks
+# each name up through its nested-path and field fallbacks, about twice the
+# cost (a new pod's two link messages were read ten times).
+
+
+def link_kind(msg: Any) -> str | None:
+    """The link message's IFLA_INFO_KIND ("veth"), None without one."""
+    info = msg.get_attr("IFLA_LINKINFO")
+    return info.get_attr("IFLA_INFO_KIND") if info is not None else None
+
+
+def link_mac(msg: Any) -> str:
+    return msg.get_attr("IFLA_ADDRESS") or ""
 
 
 def is_flock_link(
@@ -117,10 +132,10 @@ def is_flock_link(
 def peers_match(host_msg: Any, pod_msg: Any) -> bool:
     return (
         pod_msg is not None
-        and host_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
-        and pod_msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) == "veth"
-        and host_msg.get("IFLA_LINK") == pod_msg["index"]
-        and pod_msg.get("IFLA_LINK") == host_msg["index"]
+        and host_msg.get_attr("IFLA_LINK") == pod_msg["index"]
+        and pod_msg.get_attr("IFLA_LINK") == host_msg["index"]
+        and link_kind(host_msg) == "veth"
+        and link_kind(pod_msg) == "veth"
     )
 
 
@@ -243,6 +258,7 @@ class _Steps:
         """Send the requests of consecutive steps in one datagram; the first
         refusal names its step (the kernel still ran the messages after it:
         re-running converges).  EEXIST of an address means it is there."""
+        self.current = groups[0][0]
         replies = iter(sock.request([r for _, requests in groups for r in requests]))
         for name, requests in groups:
             self.current = name
@@ -279,16 +295,16 @@ def setup_pod(
             _batch.RtnlSocket.open_in(host_netns, enter) as host,
             _pod_socket_early(pod_netns, netns_thread) as pod_socket,
         ):
-            created, got = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu), _build.get_link(h_name)])
+            (created,) = host.request([_build.new_veth(h_name, p_name, pod_netns, plan.mtu)])
             if created.error is None or created.error.code != errno.EEXIST:
                 created.unwrap()
-                (h,) = got.unwrap()
+                h = created_link(host, created, h_name)
                 p = _setup_new(host, pod_socket, h, plan, host_netns=host_netns, enter=enter, steps=steps)
                 if plan.anycast:
                     with anycast_lock:
                         _conn.run_blocking(_join_anycast_in, host_netns, plan, h["index"], settings)
                 steps.done("anycast")
-                return AppliedPlan(plan, h.get("IFLA_ADDRESS", ""), p.get("IFLA_ADDRESS", ""))
+                return AppliedPlan(plan, link_mac(h), link_mac(p))
     except _nsenter.NetnsMissing as exc:
         raise _netns_error(plan, exc.strerror or str(exc)) from exc
     except (NetlinkError, OSError) as exc:
@@ -302,6 +318,17 @@ def setup_pod(
         settings=settings,
         fault=fault,
     )
+
+
+def created_link(host: _batch.RtnlSocket, created: _batch.Reply, name: str) -> Any:
+    """The link message of *name*, just created by the request *created*
+    answered: the kernel's echo of it (see :func:`_build.new_veth`), or a
+    read when the kernel sent none."""
+    for msg in created.msgs:
+        if msg["header"]["type"] == RTM_NEWLINK and msg.get_attr("IFLA_IFNAME") == name:
+            return msg
+    (msg,) = host.one(_build.get_link(name))
+    return msg
 
 
 @contextlib.contextmanager
@@ -330,6 +357,12 @@ def _pod_socket_early(
                 os.close(pending.result())
 
 
+def _addr_gen_mode_key(ifname: str) -> str:
+    """The sysctl of the link's IPv6 address generation mode (the field
+    IFLA_INET6_ADDR_GEN_MODE sets)."""
+    return f"net/ipv6/conf/{ifname}/addr_gen_mode"
+
+
 def _setup_new(
     host: _batch.RtnlSocket,
     pod_socket: Callable[[], _batch.RtnlSocket],
@@ -349,15 +382,26 @@ def _setup_new(
             raise KernelRefused("netlink veth failed", f"{h_name} <-> {p_name}: pair did not verify after creation")
         steps.done("veth")
         hi, pi = h["index"], p["index"]
-        # The marker, and addrgenmode none before the link first goes up so
-        # the kernel never adds a link-local next to fe80::1 (a message of
-        # its own: the kernel applies flags before IFLA_AF_SPEC).
-        marker = owner_marker(plan.container_id)
-        steps.apply(host, [("host-link", [_build.set_link(hi, alias=marker, addrgenmode_none=True)])])
-        _conn.write_sysctls(host_netns, [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)], enter)
-        steps.done("host-sysctls")
-        host_addresses = [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]
-        steps.apply(host, [("host-address", host_addresses), ("host-up", [_build.set_link(hi, up=True)])])
+        # addrgenmode none before the link first goes up, so the kernel never
+        # adds a link-local next to fe80::1: a sysctl written with the others
+        # before the host link's one datagram (marker, address, up), so a
+        # refused write stops the set-up with the link still down.  The
+        # sysctls go ahead of the marker and are reported after it (the hooks
+        # keep STEPS order).  A refused marker does not stop the link going
+        # up: unmarked, it is still flock's (owned_by_flock); a re-run marks it.
+        steps.current = "host-sysctls"
+        sysctls = [(_addr_gen_mode_key(h_name), str(_conn.ADDRGENMODE_NONE))]
+        sysctls += [(s.key, s.value) for s in plan.sysctls_on(Side.HOST)]
+        _conn.write_sysctls(host_netns, sysctls, enter)
+        steps.apply(
+            host,
+            [
+                ("host-link", [_build.set_link(hi, alias=owner_marker(plan.container_id))]),
+                ("host-sysctls", []),
+                ("host-address", [_build.new_address(a, hi) for a in plan.addresses_on(Side.HOST)]),
+                ("host-up", [_build.set_link(hi, up=True)]),
+            ],
+        )
         steps.apply(
             pod,
             [

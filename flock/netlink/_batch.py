@@ -161,7 +161,9 @@ class RtnlSocket:
         GET (its answer is enough): the kernel runs the messages in order and
         answers each in order (a refusal always), so the last answer comes
         after everything the others caused, and a success needs no message
-        of its own to read.  Not for dumps (their answers have no end here)."""
+        of its own to read.  A request with NLM_F_ECHO gets the kernel's
+        notification of what it did among its messages (before the ack, when
+        it is the last).  Not for dumps (their answers have no end here)."""
         if any(r.answers and r.flags & NLM_F_DUMP for r in requests):
             raise ValueError("request() sends no dumps")
         seqs = []
@@ -173,6 +175,8 @@ class RtnlSocket:
         replies = {seq: Reply(what=r.what) for seq, r in zip(seqs, requests, strict=True)}
         self._sock.send(data)
         last = seqs[-1]
+        # The last answer: a GET's one message, else the ack (an echo comes before it).
+        last_is_ack = not requests[-1].answers
         while True:
             for msg in self._marshal.parse(self._sock.recv(RECV_SIZE)):
                 header = msg["header"]
@@ -183,7 +187,7 @@ class RtnlSocket:
                     reply.error = header["error"]
                 else:
                     reply.msgs.append(msg)
-                if header["sequence_number"] == last:
+                if header["sequence_number"] == last and (header["type"] == NLMSG_ERROR or not last_is_ack):
                     return [replies[seq] for seq in seqs]
 
     def one(self, request: Request, *ignored: int) -> list:

@@ -22,6 +22,7 @@ from flock.netlink import _conn
 from flock.netlink._batch import Request
 from flock.netlink.desired import Address, Route, Scope
 
+NLM_F_ECHO = 0x08
 NLM_F_REPLACE = 0x100
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
@@ -32,9 +33,16 @@ def new_veth(host: str, pod: str, pod_netns: int, mtu: int | None) -> Request:
     """Create the pair, the pod end in *pod_netns*, both ends down: the host
     end's addrgenmode must be set before it goes up and the kernel refuses
     IFLA_AF_SPEC at creation (EAFNOSUPPORT); the pod end cannot be created
-    up (veth's open finds no peer yet: ENOTCONN).  Both on kernel 6.18."""
+    up (veth's open finds no peer yet: ENOTCONN).  Both on kernel 6.18.
+    NLM_F_ECHO: the kernel answers with the host end's link message, as a
+    read of it would (kernels that do not echo a new link ignore the flag;
+    the peer's, made in another namespace, is never echoed)."""
     return Request(
-        RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, f"create veth {host} <-> {pod}", _veth_msg, (host, pod, pod_netns, mtu)
+        RTM_NEWLINK,
+        NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO,
+        f"create veth {host} <-> {pod}",
+        _veth_msg,
+        (host, pod, pod_netns, mtu),
     )
 
 

@@ -184,7 +184,14 @@ class AppliedPlan:
 
 
 def _host_net(addr: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    return ipaddress.ip_network(f"{addr}/{addr.max_prefixlen}")
+    # From the integer, not from text: the string round trip was half a pod's plan.
+    if addr.version == 4:
+        return ipaddress.IPv4Network((int(addr), 32))
+    return ipaddress.IPv6Network((int(addr), 128))
+
+
+_DEFAULT6 = ipaddress.IPv6Network("::/0")
+_DEFAULT4 = ipaddress.IPv4Network("0.0.0.0/0")
 
 
 def _invalid(alloc: Allocation, field: str, value: object, expected: str) -> AllocationUnusable:
@@ -250,14 +257,10 @@ def pod_plan(alloc: Allocation, settings: DataplaneSettings = DataplaneSettings(
 
     families = {a.version for a in seen}
     if 6 in families:
-        pod_routes.append(
-            Route(Side.POD, ipaddress.IPv6Network("::/0"), (Nexthop(pod, settings.gateway6),), Scope.UNIVERSE, p)
-        )
+        pod_routes.append(Route(Side.POD, _DEFAULT6, (Nexthop(pod, settings.gateway6),), Scope.UNIVERSE, p))
     if 4 in families:
         pod_routes.append(Route(Side.POD, _host_net(settings.gateway4), (Nexthop(pod),), Scope.LINK, p))
-        pod_routes.append(
-            Route(Side.POD, ipaddress.IPv4Network("0.0.0.0/0"), (Nexthop(pod, settings.gateway4),), Scope.UNIVERSE, p)
-        )
+        pod_routes.append(Route(Side.POD, _DEFAULT4, (Nexthop(pod, settings.gateway4),), Scope.UNIVERSE, p))
 
     unicast = [a for a in (alloc.ip6, alloc.ip4) if a is not None] + list(alloc.addresses)
     for addr in unicast:

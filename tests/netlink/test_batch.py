@@ -2,11 +2,12 @@
 
 import errno
 import ipaddress
+import os
 
 import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 
-from flock.netlink import _batch, _build, _nsenter
+from flock.netlink import _apply, _batch, _build, _nsenter
 from flock.netlink.desired import Address, Nexthop, Route, Scope, Side
 from flock.testing.netns import netns_pool
 
@@ -65,3 +66,26 @@ def test_set_link_refuses_up_with_addrgenmode_in_one_message():
     # The kernel applies flags before IFLA_AF_SPEC: the link would be up with its own link-local first.
     with pytest.raises(ValueError, match="addrgenmode"):
         _build.set_link(1, up=True, addrgenmode_none=True)
+
+
+def test_a_created_veth_is_echoed_before_the_ack_and_read_when_it_is_not():
+    with netns_pool("fl-nlb-") as pool:
+        node, pod = pool.create("node"), pool.create("pod")
+        fd = _nsenter.open_netns(pod.path)
+        try:
+            with _batch.RtnlSocket.open_in(node.path) as sock:
+                (created,) = sock.request([_build.new_veth("fl0", "eth0", fd, None)])
+                assert created.error is None
+                # Kernel 6.18 echoes the new host end (NLM_F_ECHO); the ack after it was read too.
+                (echo,) = created.msgs
+                assert _apply.created_link(sock, created, "fl0") is echo
+                assert echo.get_attr("IFLA_LINK") and echo.get_attr("IFLA_ADDRESS") in node.ip("link", "show", "fl0")
+                # A kernel that echoes nothing: the link is read instead.
+                read = _apply.created_link(sock, _batch.Reply(), "fl0")
+                assert read is not echo and read["index"] == echo["index"]
+                # Nothing of the creation is left unread to confuse the next request.
+                (again,) = sock.request([_build.new_veth("fl0", "eth0", fd, None)])
+                assert again.error is not None and again.error.code == errno.EEXIST and again.msgs == []
+                assert [m.get_attr("IFLA_IFNAME") for m in sock.one(_build.get_link("lo"))] == ["lo"]
+        finally:
+            os.close(fd)

@@ -134,6 +134,22 @@ async def test_failure_after_each_step_then_rerun_converges(pool, node, step):
         assert ping6.returncode == 0
 
 
+async def test_both_setup_paths_call_the_fault_hook_once_per_step_in_order(pool, node):
+    """The fresh path batches steps (the host link's marker, address and up
+    in one datagram, its sysctls written before it): the hooks still come
+    in STEPS order, once each, as on the converging path."""
+    with trio.fail_after(20):
+        pod = pool.create("pod")
+        seen: list[str] = []
+        w = await worker_for(node, fault=seen.append)
+        a = alloc("c1", pod, anycast=["2001:db8:aa::1"])
+        await w.setup(a)
+        assert seen == list(STEPS)
+        seen.clear()
+        await w.setup(a)  # the veth exists: the converging path
+        assert seen == list(STEPS)
+
+
 async def test_setup_converges_after_addresses_change(pool, node):
     with trio.fail_after(20):
         pod = pool.create("pod")
@@ -518,6 +534,51 @@ async def test_a_refusal_inside_a_batch_names_its_step_and_a_rerun_converges(poo
         assert await w.check(alloc("c1", pod)) == []
         ping6 = await run(pod, "ping", "-6", "-c1", "-W1", "fe80::1%eth0")
         assert ping6.returncode == 0, ping6.stdout + ping6.stderr
+
+
+async def test_a_refusal_in_the_host_links_batch_names_its_step_after_the_marker_and_addrgenmode(pool, node):
+    """The host veth's marker, address and up go in one datagram, after its
+    sysctls (addrgenmode none among them)."""
+    with trio.fail_after(30):
+        pod = pool.create("pod")
+        host = host_ifname("c1")
+        # IPv6 off for new links on the node: the host veth refuses fe80::1.
+        node.run("sysctl", "-w", "net.ipv6.conf.default.disable_ipv6=1")
+        w = await worker_for(node)
+        with pytest.raises(Fault) as refused:
+            await w.setup(alloc("c1", pod))
+        assert refused.value.msg == "netlink host-address failed"
+        assert "fe80::1" in refused.value.details and "c1" in refused.value.details
+        link = node.ip("-d", "link", "show", host)
+        assert "alias flock:c1" in link and "addrgenmode none" in link  # the steps before it ran
+        node.run("sysctl", "-w", "net.ipv6.conf.default.disable_ipv6=0")
+        node.run("sysctl", "-w", f"net.ipv6.conf.{host}.disable_ipv6=0")
+        await w.setup(alloc("c1", pod))
+        assert await w.check(alloc("c1", pod)) == []
+        # addrgenmode none was set before the link went up: no link-local of the kernel's.
+        v6 = node.ip("-6", "-o", "addr", "show", "dev", host)
+        assert re.findall(r"inet6 (\S+)", v6) == ["fe80::1/64"]
+
+
+async def test_a_failed_host_sysctl_names_its_step_and_leaves_the_link_down_and_unmarked(pool, node):
+    with trio.fail_after(30):
+        pod = pool.create("pod")
+        host = host_ifname("c1")
+
+        def vanish(step):
+            # The host veth disappears right after the pair verified: its sysctls are the first to miss it.
+            if step == "veth":
+                node.ip("link", "del", host)
+
+        w = await worker_for(node, fault=vanish)
+        with pytest.raises(Fault) as refused:
+            await w.setup(alloc("c1", pod))
+        assert refused.value.msg == "netlink host-sysctls failed"
+        assert host in refused.value.details
+        assert flock_state(node) == ([], "")
+        w = await worker_for(node)
+        await w.setup(alloc("c1", pod))
+        assert await w.check(alloc("c1", pod)) == []
 
 
 async def test_teardown_without_routes_relies_on_the_kernel_dropping_single_path_routes(pool, node):
