@@ -38,7 +38,7 @@ STACKS = {
 
 
 async def churn(rt, args: argparse.Namespace) -> dict:
-    atts = [await rt.prepare("churn", f"{rt.name[0]}{i}", STACKS[args.stack]) for i in range(args.pods)]
+    atts = [await rt.prepare("churn", f"{rt.tag}{i}", STACKS[args.stack]) for i in range(args.pods)]
     queue = list(reversed(atts))
     adds: list[float] = []
     dels: list[float] = []
@@ -75,22 +75,17 @@ async def churn(rt, args: argparse.Namespace) -> dict:
     return doc
 
 
-@contextlib.asynccontextmanager
-async def _maybe_cgroups(plan, wanted: bool):
-    with kubelet_cgroups(plan) if wanted else contextlib.nullcontext():
-        yield
-
-
 async def main(args: argparse.Namespace) -> dict:
     doc: dict = {"pods": args.pods, "parallel": args.parallel, "stack": args.stack}
-    async with lab(1) as plan, _maybe_cgroups(plan, args.kubelet_cgroups):
-        doc["flock"] = await churn(FlockRuntime(plan), args)
-        if args.baseline:
-            with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
-                doc["ptp+host-local"] = await churn(PtpRuntime(plan, Path(data), dual=args.stack == "dual"), args)
-        if args.floor:
-            with tempfile.TemporaryDirectory(prefix="flab-floor-") as bin_dir:
-                doc["python3 -IS floor"] = await churn(FloorRuntime(plan, Path(bin_dir)), args)
+    async with lab(1) as plan:
+        with kubelet_cgroups(plan) if args.kubelet_cgroups else contextlib.nullcontext():
+            doc["flock"] = await churn(FlockRuntime(plan), args)
+            if args.baseline:
+                with tempfile.TemporaryDirectory(prefix="flab-hl-") as data:
+                    doc["ptp+host-local"] = await churn(PtpRuntime(plan, Path(data), dual=args.stack == "dual"), args)
+            if args.floor:
+                with tempfile.TemporaryDirectory(prefix="flab-floor-") as bin_dir:
+                    doc["python3 -IS floor"] = await churn(FloorRuntime(plan, Path(bin_dir)), args)
     return doc
 
 

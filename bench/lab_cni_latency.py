@@ -93,7 +93,7 @@ async def main(args: argparse.Namespace) -> dict:
                     (Path(data) / f"floor-{stack}").mkdir()
                     runtimes.append(FloorRuntime(plan, Path(data) / f"floor-{stack}"))
                 for rt in runtimes:
-                    tag = {"flock": "f", "ptp+host-local": "p"}.get(rt.name, "z") + stack
+                    tag = rt.tag + stack
                     seq_add, seq_del = await one_at_a_time(rt, stack, args.sequential, tag)
                     burst_add, burst_del = await at_once(rt, stack, args.burst, tag)
                     row = {

@@ -115,15 +115,45 @@ async def timed(coro_fn, *args) -> tuple[PluginOutcome, float]:
     return outcome, time.perf_counter() - t0
 
 
-class FlockRuntime:
+class _Runtime:
+    """Execs the plugins of *conflist* from *cni_path* in the node's namespace
+    as a runtime does (DEL gets the cached result); pods without a Pod object."""
+
+    name = ""
+    tag = ""  # prefix of its pods' names: runtimes of one run never share a namespace name
+
+    def __init__(self, plan: LabPlan, cni_path: str, conflist: Mapping[str, Any], node_index: int = 0) -> None:
+        self.plan, self.node = plan, plan.nodes[node_index]
+        self.cni_path, self.conflist = cni_path, conflist
+        self.results: dict[str, dict[str, Any]] = {}
+
+    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
+        """What the runtime would pass (untimed)."""
+        cid = secrets.token_hex(32)
+        return CniParams.for_pod(
+            cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8]
+        )
+
+    async def add(self, att: CniParams) -> PluginOutcome:
+        out = await exec_conflist(self.node.netns, self.cni_path, self.conflist, "ADD", att)
+        if out.ok:
+            self.results[att.container_id] = out.json
+        return out
+
+    async def delete(self, att: CniParams) -> PluginOutcome:
+        return await exec_conflist(
+            self.node.netns, self.cni_path, self.conflist, "DEL", att, self.results.pop(att.container_id, None)
+        )
+
+
+class FlockRuntime(_Runtime):
     """Attaches pods of one lab node through the installed shim, as a runtime does."""
 
-    name = "flock"
+    name, tag = "flock", "f"
 
     def __init__(self, plan: LabPlan, node_index: int = 0) -> None:
-        self.plan, self.node = plan, plan.nodes[node_index]
-        self.conflist = load_conflist(self.node.cni_conf)
-        self.results: dict[str, dict[str, Any]] = {}
+        node = plan.nodes[node_index]
+        super().__init__(plan, str(node.cni_bin), load_conflist(node.cni_conf), node_index)
 
     async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
         """The Pod object and what the runtime would pass (untimed)."""
@@ -135,86 +165,40 @@ class FlockRuntime:
             cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, obj["metadata"]["uid"]
         )
 
-    async def add(self, att: CniParams) -> PluginOutcome:
-        out = await exec_conflist(self.node.netns, str(self.node.cni_bin), self.conflist, "ADD", att)
-        if out.ok:
-            self.results[att.container_id] = out.json
-        return out
 
-    async def delete(self, att: CniParams) -> PluginOutcome:
-        return await exec_conflist(
-            self.node.netns, str(self.node.cni_bin), self.conflist, "DEL", att, self.results.pop(att.container_id, None)
-        )
-
-
-class PtpRuntime:
+class PtpRuntime(_Runtime):
     """Debian's ptp + host-local on the same node namespace, exec'd the same way."""
 
-    name = "ptp+host-local"
+    name, tag = "ptp+host-local", "p"
 
     def __init__(self, plan: LabPlan, data_dir: Path, dual: bool, node_index: int = 0) -> None:
-        self.plan, self.node = plan, plan.nodes[node_index]
         ranges = [[{"subnet": "203.0.113.0/24"}]] + ([[{"subnet": "2001:db8:beef::/64"}]] if dual else [])
-        self.conflist = {
+        ipam = {"type": "host-local", "ranges": ranges, "dataDir": str(data_dir)}
+        conflist = {
             "cniVersion": "1.0.0",
             "name": "ptp-bench",
-            "plugins": [
-                {
-                    "type": "ptp",
-                    "ipMasq": False,
-                    "ipam": {"type": "host-local", "ranges": ranges, "dataDir": str(data_dir)},
-                }
-            ],
+            "plugins": [{"type": "ptp", "ipMasq": False, "ipam": ipam}],
         }
-        self.results: dict[str, dict[str, Any]] = {}
-
-    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
-        cid = secrets.token_hex(32)
-        return CniParams.for_pod(
-            cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8]
-        )
-
-    async def add(self, att: CniParams) -> PluginOutcome:
-        out = await exec_conflist(self.node.netns, "/usr/lib/cni", self.conflist, "ADD", att)
-        if out.ok:
-            self.results[att.container_id] = out.json
-        return out
-
-    async def delete(self, att: CniParams) -> PluginOutcome:
-        return await exec_conflist(
-            self.node.netns, "/usr/lib/cni", self.conflist, "DEL", att, self.results.pop(att.container_id, None)
-        )
+        super().__init__(plan, "/usr/lib/cni", conflist, node_index)
 
 
-class FloorRuntime:
+class FloorRuntime(_Runtime):
     """What any CNI plugin run by the host's ``python3 -IS`` costs at least:
     a plugin that is that interpreter doing nothing (it reads its stdin and
     prints an empty result), exec'd the same way.  No agent, no kernel work:
     the floor under flock's shim on this machine and in this harness."""
 
-    name = "python3 -IS floor"
+    name, tag = "python3 -IS floor", "z"
     PLUGIN = (
         '#!/usr/bin/python3 -IS\nimport sys\nsys.stdin.buffer.read()\nsys.stdout.write(\'{"cniVersion": "1.0.0"}\')\n'
     )
 
     def __init__(self, plan: LabPlan, bin_dir: Path, node_index: int = 0) -> None:
-        self.plan, self.node, self.bin_dir = plan, plan.nodes[node_index], bin_dir
         plugin = bin_dir / "pyfloor"
         plugin.write_text(self.PLUGIN)
         plugin.chmod(0o755)
-        self.conflist = {"cniVersion": "1.0.0", "name": "floor", "plugins": [{"type": "pyfloor"}]}
-
-    async def prepare(self, namespace: str, name: str, annotations: Mapping[str, str]) -> CniParams:
-        cid = secrets.token_hex(32)
-        return CniParams.for_pod(
-            cid, netns_path(f"{self.plan.pod_netns_prefix}{name}"), namespace, name, "uid-" + cid[:8]
-        )
-
-    async def add(self, att: CniParams) -> PluginOutcome:
-        return await exec_conflist(self.node.netns, str(self.bin_dir), self.conflist, "ADD", att)
-
-    async def delete(self, att: CniParams) -> PluginOutcome:
-        return await exec_conflist(self.node.netns, str(self.bin_dir), self.conflist, "DEL", att)
+        conflist = {"cniVersion": "1.0.0", "name": "floor", "plugins": [{"type": "pyfloor"}]}
+        super().__init__(plan, str(bin_dir), conflist, node_index)
 
 
 def emit(doc: dict[str, Any]) -> None:

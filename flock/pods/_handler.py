@@ -321,9 +321,11 @@ class PodHandler:
         stored row (each write goes to the store, then to the view, under the
         container's lock), so a new pod's ADD costs no store round trip; a
         row the rebuild left out, or any row before it, is read from the store."""
-        if self._ipam is None or container_id in self._unviewed:
-            return await self.store.get(container_id)
-        return self.state.allocations.get(container_id)
+        if self._ipam is not None:
+            alloc = self.state.allocations.get(container_id)
+            if alloc is not None or container_id not in self._unviewed:
+                return alloc
+        return await self.store.get(container_id)
 
     async def _reserve(self, request: Request, ref: PodRef, lap: _Laps = _NO_LAPS) -> Allocation:
         """Allocate and store the pending row (nothing in the kernel yet)."""
