@@ -30,7 +30,17 @@ from ._errors import (
     TransientKubeError,
     error_for_status,
 )
-from ._informer import Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource
+from ._informer import (
+    INITIAL_EVENTS_END,
+    Change,
+    ChangeListener,
+    ChangeType,
+    Informer,
+    InformerSettings,
+    ListOptions,
+    ListPage,
+    ListWatchSource,
+)
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._policy import PolicyWatcher
@@ -38,6 +48,9 @@ from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
+    "INITIAL_EVENTS_END",
+    "ListOptions",
+    "ListPage",
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
     "Change",

@@ -29,14 +29,54 @@ log = logging.getLogger("flock.watchers")
 Object = Mapping[str, Any]
 
 
+# The annotation on the BOOKMARK that ends a WatchList's initial events (KEP-3157).
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+@attrs.frozen
+class ListOptions:
+    """One list request, as client-go's reflector and pager make them.
+
+    *resource_version*: ``""`` the most recent (a consistent read), ``"0"`` any
+    (the API server's watch cache), else not older than it (or exactly it with
+    ``resource_version_match="Exact"``).  *limit* 0: no limit.  *continue_*:
+    the previous page's token; then *resource_version* and
+    *resource_version_match* are empty, as the API server requires.
+    """
+
+    resource_version: str = ""
+    resource_version_match: str = ""  # "", "NotOlderThan" or "Exact"
+    limit: int = 0
+    continue_: str = ""
+
+
+@attrs.frozen
+class ListPage:
+    """What a list answer says besides its items (its ``metadata``)."""
+
+    resource_version: str
+    continue_: str = ""
+    remaining_item_count: int | None = None
+
+
 class ListWatchSource(Protocol):
     """Where an informer gets its objects; errors are flock.watchers' KubeError family."""
 
-    async def list(self) -> tuple[list[Object], str]: ...
+    async def list(self, options: ListOptions, on_item: Callable[[Object], None]) -> ListPage:
+        """One list request.  Each item goes to *on_item* as soon as it is decoded, in
+        the answer's order, and is not kept: no whole list is ever held.  410 (an
+        expired continue token) → :class:`ResourceExpired`."""
+        ...
 
     def watch(
-        self, resource_version: str, timeout_seconds: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[Object]]: ...
+        self, resource_version: str, timeout_seconds: int, *, send_initial_events: bool = False
+    ) -> AbstractAsyncContextManager[AsyncIterator[Object]]:
+        """Events after *resource_version* (bookmarks allowed).  *send_initial_events*:
+        a WatchList (``sendInitialEvents=true``, ``resourceVersionMatch=NotOlderThan``):
+        first an ADDED event for every object as of *resource_version* ("" = the most
+        recent), then a BOOKMARK annotated :data:`INITIAL_EVENTS_END`, then changes.
+        A server that does not offer it answers :class:`KubeApiError` (422 or 400)."""
+        ...
 
     async def get(self, namespace: str | None, name: str) -> Object | None: ...
 
