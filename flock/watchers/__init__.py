@@ -49,8 +49,6 @@ from ._source import KubeSource
 
 __all__ = [
     "INITIAL_EVENTS_END",
-    "ListOptions",
-    "ListPage",
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",
     "Change",
@@ -63,6 +61,8 @@ __all__ = [
     "KubeClient",
     "KubeError",
     "KubeSource",
+    "ListOptions",
+    "ListPage",
     "ListWatchSource",
     "NodeConfigSink",
     "NodeConfigWatcher",

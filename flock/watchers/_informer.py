@@ -22,7 +22,7 @@ import trio
 
 from flock.nursery import Backoff
 
-from ._errors import ResourceExpired, TransientKubeError, error_for_status
+from ._errors import KubeApiError, ResourceExpired, TransientKubeError, error_for_status
 
 log = logging.getLogger("flock.watchers")
 
@@ -84,11 +84,18 @@ class ListWatchSource(Protocol):
 @attrs.frozen
 class InformerSettings:
     watch_seconds: int = 300  # timeoutSeconds of each watch: the server ends it cleanly
-    request_seconds: float = 30.0  # deadline of a list, and slack on a watch past watch_seconds
-    relist_seconds: float = 1800.0  # a full list at least this often bounds any staleness
+    request_seconds: float = 30.0  # a request (a page, a watch's start) without progress for this long has stalled
+    # A full relist without a cause (every object again from the API server): never by default.
+    # The watch is the truth; a relist follows a 410, a history reset or a broken watch.
+    relist_seconds: float = math.inf
     # Capped at 20 s (24 s with jitter): an API server back from a restart is
     # relisted within 30 s, however long it was away.
     backoff: Backoff = Backoff(initial=0.5, cap=20.0, jitter=0.2)
+    # A relist after a 410 or a reset waits a random [0, relist_spread) s first: an API server
+    # that compacts or restarts sends every agent of the cluster its 410 at the same moment.
+    relist_spread: float = 2.0
+    page_size: int = 500  # limit of each list request (client-go's pager); 0: unpaged
+    watch_list: bool = True  # try WatchList (sendInitialEvents) first; lists when the server refuses
 
 
 class ChangeType(enum.Enum):
@@ -101,7 +108,7 @@ class ChangeType(enum.Enum):
 class Change:
     type: ChangeType
     key: str
-    object: Object  # the new state; for DELETED the last state known
+    object: Any  # the value the informer keeps (its transform's result); for DELETED the last one known
 
 
 class ChangeListener(Protocol):
@@ -122,27 +129,55 @@ class HistoryReset(Exception):
     """A watch event older than what the cache has seen: the API server's store was reset or restored."""
 
 
+class _WatchListRefused(Exception):
+    """The server does not offer WatchList (it refused sendInitialEvents or ignored it)."""
+
+
 def _rv(obj: Object) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
+
+
+def identity(obj: Object) -> Any:
+    return obj
+
+
+@attrs.define(eq=False)
+class _Sweep:
+    """One full read of the collection (a paged list or a WatchList's initial events),
+    applied to the cache as it arrives: what it did not see is deleted at its end."""
+
+    seen: set[str] = attrs.field(factory=set)
 
 
 @attrs.define(eq=False)
 class Informer:
-    """Keeps :attr:`objects` equal to the server's matching objects.
+    """Keeps :attr:`objects` equal to the server's matching objects, as values.
 
-    *key* names an object in the cache; *on_change* is called synchronously,
-    in order, for every change (including the differences a relist finds).
-    *listeners* follow the same stream (one informer feeding several caches).
+    *transform* turns each raw object into the value kept (default: the object
+    itself), right after it is decoded: no raw object outlives the page or the
+    event it came in.  *key* names a raw object in the cache.  *on_change* is
+    called synchronously, in order, for every change of a value (a MODIFIED
+    event whose value equals the cached one is no change), including the
+    differences a relist finds.  *listeners* follow the same stream.
 
-    Error handling: 410 Gone (at watch start or as an ERROR event) and "too
-    large resource version" (the API server came back with a history that
-    starts over: restarted empty, or restored) → relist at once and replace
-    the cache; so does an event older than the cache's resourceVersion (the
-    same reset, seen from inside a watch).  TransientKubeError (connection
-    trouble, 5xx, 429) and a stalled watch (no event, bookmark or clean end
-    within its timeout plus ``request_seconds``) → retry after exponential
-    backoff with jitter (at most 24 s); a watch resumes from the last
-    resourceVersion seen.  Anything else (401, 403, 404 of the collection,
+    Reading the collection (client-go's reflector): first a WatchList
+    (``sendInitialEvents``) when ``settings.watch_list``, served by the API
+    server's watch cache and streamed; a server that refuses it (or ignores it)
+    is read with lists from then on: the first list at ``resourceVersion=0``
+    (the watch cache), paged by ``settings.page_size`` where the server pages;
+    a relist at the last version seen (the cache again); a relist after a 410
+    or a reset at ``""`` (a consistent read, paged).  Pages and list bodies are
+    decoded item by item (:class:`flock.watchers.ListDecoder`), never whole.
+
+    Error handling: 410 Gone (at watch start, as an ERROR event, or on a page's
+    expired continue token) and "too large resource version" (the API server
+    came back with a history that starts over) → relist from the start after a
+    random [0, ``relist_spread``) s; so does an event older than the cache's
+    resourceVersion.  TransientKubeError (connection trouble, 5xx, 429) and a
+    stalled request (no progress within ``request_seconds``) → retry after
+    exponential backoff with jitter (at most 24 s); a watch resumes from the
+    last resourceVersion seen.  Anything else (401, 403, 404 of the collection,
     bugs) propagates to the supervisor.
     """
 
@@ -153,13 +188,20 @@ class Informer:
     name: str = "informer"
     rng: random.Random = attrs.field(factory=random.Random)
     listeners: tuple[ChangeListener, ...] = ()
-    _objects: dict[str, Object] = attrs.field(init=False, factory=dict)
+    transform: Callable[[Object], Any] = identity
+    _objects: dict[str, Any] = attrs.field(init=False, factory=dict)
     _resource_version: str = attrs.field(init=False, default="")
     _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
     _advanced: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _watch_list: bool = attrs.field(init=False, default=True)
+    _consistent: bool = attrs.field(init=False, default=False)  # the next list must not be served stale
+    _lists: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self._watch_list = self.settings.watch_list
 
     @property
-    def objects(self) -> Mapping[str, Object]:
+    def objects(self) -> Mapping[str, Any]:
         return self._objects
 
     @property
@@ -169,6 +211,11 @@ class Informer:
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    @property
+    def uses_watch_list(self) -> bool:
+        """Whether the collection is read with WatchList (False once the server refused it)."""
+        return self._watch_list
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -182,45 +229,55 @@ class Informer:
             await self._advanced.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """List, then watch forever; started() after the first successful list."""
+        """Read the collection, then watch forever; started() once it has been read whole."""
         settings = self.settings
         failures = 0
         must_list = True
         listed_at = -math.inf
         started = False
+        spread = False  # the next relist follows a 410 or a reset: spread it
         while True:
             progressed = False
             try:
-                if must_list or trio.current_time() - listed_at >= settings.relist_seconds:
-                    with trio.fail_after(settings.request_seconds):
-                        items, rv = await self.source.list()
-                    self._replace(items, rv)
+                if spread:
+                    spread = False
+                    await trio.sleep(self.rng.random() * settings.relist_spread)
+                stale = trio.current_time() - listed_at >= settings.relist_seconds
+                if (must_list or stale) and self._watch_list:
+                    # One stream: the initial events, then the watch goes on.
+                    try:
+                        progressed = await self._watch_list_round(task_status if not started else None)
+                    except _WatchListRefused as exc:
+                        self._watch_list = False
+                        log.info(
+                            "%s: %s; reading it with paged lists from now on",
+                            self.name,
+                            exc,
+                            extra={"informer": self.name, "error": str(exc)},
+                        )
+                        continue
+                    listed_at, must_list, started, failures = trio.current_time(), False, True, 0
+                    continue
+                if must_list or stale:
+                    await self._list()
                     listed_at, must_list, failures = trio.current_time(), False, 0
                     if not started:
                         started = True
                         self._ready.set()
                         task_status.started()
-                opened = trio.current_time()
-                with trio.fail_after(settings.watch_seconds + settings.request_seconds):
-                    async with self.source.watch(self._resource_version, settings.watch_seconds) as events:
-                        async for event in events:
-                            progressed = True
-                            self._apply(event)
-                if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
-                    # A server or proxy that ends watches at once must not make us spin.
-                    raise TransientKubeError(f"{self.name}: watch ended at once without an event")
+                progressed = await self._watch()
                 failures = 0
-            except HistoryReset as exc:
-                log.warning("%s: %s; relisting", self.name, exc, extra={"informer": self.name, "error": str(exc)})
-                must_list = True
-            except ResourceExpired as exc:
-                log.info(
-                    "%s: resourceVersion %s expired, relisting",
-                    self.name,
-                    self._resource_version,
-                    extra={"informer": self.name, "error": str(exc)},
-                )
-                must_list = True
+            except (HistoryReset, ResourceExpired) as exc:
+                if isinstance(exc, HistoryReset):
+                    log.warning("%s: %s; relisting", self.name, exc, extra={"informer": self.name, "error": str(exc)})
+                else:
+                    log.info(
+                        "%s: resourceVersion %s expired, relisting",
+                        self.name,
+                        self._resource_version or "(none)",
+                        extra={"informer": self.name, "error": str(exc)},
+                    )
+                must_list, spread, self._consistent = True, True, True
             except (TransientKubeError, trio.TooSlowError) as exc:
                 if progressed:
                     failures = 0
@@ -229,29 +286,133 @@ class Informer:
                 log.warning(
                     "%s: %s; retrying in %.2fs",
                     self.name,
-                    exc or "request stalled",
+                    str(exc) or f"request stalled (no answer within {settings.request_seconds:g} s)",
                     delay,
                     extra={"informer": self.name, "attempt": failures},
                 )
                 await trio.sleep(delay)
 
-    def _replace(self, items: list[Object], resource_version: str) -> None:
-        """Swap in a fresh list, emitting only what differs from the cache."""
-        old, new = self._objects, {self.key(obj): obj for obj in items}
-        self._objects = new
-        for key, obj in new.items():
-            before = old.get(key)
-            if before is None:
-                self._emit(Change(ChangeType.ADDED, key, obj))
-            elif _rv(before) != _rv(obj) or before != obj:
-                self._emit(Change(ChangeType.MODIFIED, key, obj))
-        for key, obj in old.items():
-            if key not in new:
-                self._emit(Change(ChangeType.DELETED, key, obj))
+    async def _list(self) -> None:
+        """Read the whole collection with list requests (pages where the server pages)."""
+        settings = self.settings
+        if self._consistent:
+            # After a 410 or a reset: a consistent read (from etcd, so paged).
+            first = ListOptions(limit=settings.page_size)
+        elif self._resource_version:
+            # A relist: not older than what we have seen, from the watch cache (client-go leaves
+            # the limit off here: a limit would send it to etcd).
+            first = ListOptions(self._resource_version, "NotOlderThan")
+        else:
+            first = ListOptions("0", limit=settings.page_size)  # the watch cache, whatever its age
+        sweep = _Sweep()
+        options = first
+        list_rv = ""
+        while True:
+            # A stall is no progress for request_seconds: every item moves the deadline on, so a
+            # big unpaged answer streaming steadily is never cut (at 150,000 pods it takes a while).
+            with trio.CancelScope(deadline=trio.current_time() + settings.request_seconds) as scope:
+
+                def item(obj: Object, scope: trio.CancelScope = scope) -> None:
+                    scope.deadline = trio.current_time() + settings.request_seconds
+                    self._swept(sweep, obj)
+
+                page = await self.source.list(options, item)
+            if scope.cancelled_caught:
+                raise trio.TooSlowError
+            list_rv = list_rv or page.resource_version
+            if not page.continue_:
+                break
+            options = ListOptions(limit=settings.page_size, continue_=page.continue_)
+        self._consistent = False
+        self._lists += 1
+        self._end_sweep(sweep, list_rv)
+
+    async def _watch_list_round(self, task_status: trio.TaskStatus[None] | None) -> bool:
+        """A WatchList: its initial events swept into the cache up to the annotated
+        BOOKMARK, then the watch as usual.  Returns whether any event arrived."""
+        settings = self.settings
+        rv = "" if self._consistent else self._resource_version
+        sweep: _Sweep | None = _Sweep()
+        progressed = False
+        opened = trio.current_time()
+        with trio.fail_after(settings.watch_seconds + settings.request_seconds) as scope:
+            try:
+                async with self.source.watch(rv, settings.watch_seconds, send_initial_events=True) as events:
+                    async for event in events:
+                        progressed = True
+                        if sweep is None:
+                            self._apply(event)
+                            continue
+                        kind, obj = event.get("type"), event.get("object") or {}
+                        if kind == "BOOKMARK":
+                            meta = obj.get("metadata") or {}
+                            if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
+                                raise _WatchListRefused("the server ignored sendInitialEvents (a bookmark came first)")
+                            self._consistent = False
+                            self._lists += 1
+                            self._end_sweep(sweep, _rv(obj))
+                            sweep = None
+                            if task_status is not None:
+                                self._ready.set()
+                                task_status.started()
+                                task_status = None
+                        elif kind in ("ADDED", "MODIFIED"):
+                            self._swept(sweep, obj)
+                        elif kind == "ERROR":
+                            raise error_for_status(int(obj.get("code") or 500), obj)
+                        else:
+                            raise TransientKubeError(f"{kind} event among the initial events")
+            except KubeApiError as exc:
+                if sweep is not None and exc.status in (400, 422):
+                    raise _WatchListRefused(f"the server refused WatchList ({exc})") from None
+                raise
+        if sweep is not None:
+            if scope.cancelled_caught:
+                raise trio.TooSlowError
+            # A server that offers WatchList ends its initial events with the bookmark, however few
+            # they are; one that ends the stream cleanly without it ignored sendInitialEvents.
+            raise _WatchListRefused("the server ignored sendInitialEvents (the watch ended without its bookmark)")
+        if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
+            raise TransientKubeError("watch ended at once without an event")
+        return progressed
+
+    async def _watch(self) -> bool:
+        settings = self.settings
+        progressed = False
+        opened = trio.current_time()
+        with trio.fail_after(settings.watch_seconds + settings.request_seconds):
+            async with self.source.watch(self._resource_version, settings.watch_seconds) as events:
+                async for event in events:
+                    progressed = True
+                    self._apply(event)
+        if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
+            # A server or proxy that ends watches at once must not make us spin.
+            raise TransientKubeError("watch ended at once without an event")
+        return progressed
+
+    def _swept(self, sweep: _Sweep, obj: Object) -> None:
+        """One object of a full read: into the cache, the difference delivered."""
+        key = self.key(obj)
+        sweep.seen.add(key)
+        self._put(key, self.transform(obj))
+
+    def _end_sweep(self, sweep: _Sweep, resource_version: str) -> None:
+        gone = [key for key in self._objects if key not in sweep.seen]
+        for key in gone:
+            self._emit(Change(ChangeType.DELETED, key, self._objects.pop(key)))
         # The version moves after the changes it covers were delivered (see ChangeListener.on_progress).
         self._set_resource_version(resource_version)
         for listener in self.listeners:
             listener.on_listed()
+
+    def _put(self, key: str, value: Any) -> None:
+        before = self._objects.get(key)
+        if before is None:
+            self._objects[key] = value
+            self._emit(Change(ChangeType.ADDED, key, value))
+        elif before is not value and before != value:
+            self._objects[key] = value
+            self._emit(Change(ChangeType.MODIFIED, key, value))
 
     def _apply(self, event: Object) -> None:
         kind, obj = event.get("type"), event.get("object") or {}
@@ -261,20 +422,19 @@ class Informer:
             self._set_resource_version(_rv(obj))
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
-            raise TransientKubeError(f"{self.name}: unknown watch event type {kind!r}")
-        key = self.key(obj)
+            raise TransientKubeError(f"unknown watch event type {kind!r}")
         rv = _rv(obj)
         if rv.isdigit() and self._resource_version.isdigit() and int(rv) < int(self._resource_version):
             raise HistoryReset(
                 f"event at resourceVersion {rv} after {self._resource_version}: the server's history restarted"
             )
+        key = self.key(obj)
         if kind == "DELETED":
-            if self._objects.pop(key, None) is not None:
-                self._emit(Change(ChangeType.DELETED, key, obj))
+            before = self._objects.pop(key, None)
+            if before is not None:
+                self._emit(Change(ChangeType.DELETED, key, before))
         else:
-            change = ChangeType.MODIFIED if key in self._objects else ChangeType.ADDED
-            self._objects[key] = obj
-            self._emit(Change(change, key, obj))
+            self._put(key, self.transform(obj))
         # The version moves after the change it covers was delivered (see ChangeListener.on_progress).
         self._set_resource_version(rv)
 

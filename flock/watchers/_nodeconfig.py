@@ -52,7 +52,11 @@ class NodeConfigWatcher:
 
     def __attrs_post_init__(self) -> None:
         self._informer = Informer(
-            self.source, _name_key, self._on_change, self.settings, name=f"nodeconfig {self.node}"
+            self.source,
+            _name_key,
+            self._on_change,  # One object: a list is as good as a WatchList (which custom resources' client calls lack).
+            attrs.evolve(self.settings, watch_list=False),
+            name=f"nodeconfig {self.node}",
         )
 
     @property

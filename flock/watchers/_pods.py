@@ -24,6 +24,7 @@ import trio
 from flock.model import PodInfo
 
 from ._informer import Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource, Object
+from ._values import PodRecord, PodTransform
 
 log = logging.getLogger("flock.watchers")
 
@@ -37,11 +38,6 @@ class PodChange:
     pod: PodInfo  # for DELETED, the last state known
 
 
-def _node_of(obj: Object) -> str:
-    spec = obj.get("spec")
-    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
-
-
 def _pod_key(obj: Object) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
@@ -51,8 +47,10 @@ def _pod_key(obj: Object) -> str:
 class PodWatcher:
     """Supervised service keeping the cache of this node's pods.
 
-    Observe changes with :meth:`subscribe`.  Error handling: see
-    :class:`Informer`; a pod object PodInfo cannot read is logged and skipped.
+    The informer keeps a :class:`PodRecord` per pod (its policy value, and for
+    this node's pods their :class:`PodInfo`), never the objects.  Observe
+    changes with :meth:`subscribe`.  Error handling: see :class:`Informer`; a
+    pod object PodInfo cannot read is logged and treated as not on this node.
     """
 
     source: ListWatchSource
@@ -67,7 +65,13 @@ class PodWatcher:
 
     def __attrs_post_init__(self) -> None:
         self._informer = Informer(
-            self.source, _pod_key, self._on_change, self.settings, name=f"pods on {self.node}", listeners=self.listeners
+            self.source,
+            _pod_key,
+            self._on_change,
+            self.settings,
+            name=f"pods on {self.node}",
+            listeners=self.listeners,
+            transform=PodTransform(self.node),
         )
 
     @property
@@ -148,22 +152,18 @@ class PodWatcher:
             send.close()
 
     def _on_change(self, change: Change) -> None:
-        if change.type is ChangeType.DELETED or _node_of(change.object) != self.node:
+        record: PodRecord = change.object
+        if change.type is ChangeType.DELETED or record.local is None:
             pod = self._pods.pop(change.key, None)
             if pod is None:
                 return
-            change = Change(ChangeType.DELETED, change.key, change.object)
+            kind = ChangeType.DELETED
         else:
-            try:
-                pod = PodInfo.from_object(change.object)
-            except (ValueError, TypeError, AttributeError) as exc:
-                log.error("pod %s: cannot read it: %s", change.key, exc, extra={"pod": change.key})
-                return
+            pod = record.local
             # ADDED/MODIFIED as this cache sees it: a pod bound here after it was seen unbound is new here.
             kind = ChangeType.MODIFIED if change.key in self._pods else ChangeType.ADDED
-            change = Change(kind, change.key, change.object)
             self._pods[change.key] = pod
             if (lot := self._waiters.pop(change.key, None)) is not None:
                 lot.unpark_all()
         for send in self._subscribers:
-            send.send_nowait(PodChange(change.type, pod))
+            send.send_nowait(PodChange(kind, pod))

@@ -26,16 +26,17 @@ that gauge with the API server's resourceVersion.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
 from flock.model import InvalidObject
-from flock.policy import Kind, Namespace, NetworkPolicy, PolicyInputs, PolicyPod
+from flock.policy import Kind, PolicyInputs
 
 from ._informer import Change, ChangeListener, ChangeType, Informer, InformerSettings, ListWatchSource, Object
+from ._values import PodTransform, namespace_value, network_policy_value
 
 log = logging.getLogger("flock.watchers")
 
@@ -53,16 +54,16 @@ def _ignore(change: Change) -> None:
     """The informers' own callback: the feed follows them as a listener."""
 
 
-_READERS: dict[Kind, Callable[[Mapping[str, Any]], Any]] = {
-    Kind.NETWORK_POLICY: NetworkPolicy.from_object,
-    Kind.NAMESPACE: Namespace.from_object,
-    Kind.POD: PolicyPod.from_object,
+_TRANSFORMS: dict[Kind, Callable[[], Callable[[Object], Any]]] = {
+    Kind.NETWORK_POLICY: lambda: network_policy_value,
+    Kind.NAMESPACE: lambda: namespace_value,
+    Kind.POD: PodTransform,
 }
 
 
 @attrs.define(eq=False)
 class _KindFeed:
-    """One kind's informer stream → values in ``inputs`` (a :class:`ChangeListener`)."""
+    """One kind's informer stream of values → ``inputs`` (a :class:`ChangeListener`)."""
 
     kind: Kind
     inputs: PolicyInputs
@@ -78,19 +79,18 @@ class _KindFeed:
             self.refused.pop(change.key, None)
             self.inputs.delete(self.kind, change.key)
             return
-        try:
-            value = _READERS[self.kind](change.object)
-        except InvalidObject as exc:
+        value = change.object.policy if self.kind is Kind.POD else change.object
+        if isinstance(value, InvalidObject):
             # Neither the old value (no longer what the cluster says) nor a guess: the
             # object is left out, logged, and counted until it changes or goes.
-            self.refused[change.key] = exc
+            self.refused[change.key] = value
             self.inputs.delete(self.kind, change.key)
             log.error(
                 "%s %s refused: %s",
                 self.kind.value,
                 change.key,
-                exc,
-                extra={"kind": self.kind.value, "object": change.key, "field": exc.field},
+                value,
+                extra={"kind": self.kind.value, "object": change.key, "field": value.field},
             )
             return
         self.refused.pop(change.key, None)
@@ -153,6 +153,7 @@ class PolicyWatcher:
                 self.settings,
                 name=f"{kind.value} (cluster-wide)",
                 listeners=(feed,),
+                transform=_TRANSFORMS[kind](),
             )
 
     @property

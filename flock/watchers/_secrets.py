@@ -55,7 +55,11 @@ class SecretWatcher:
 
     def __attrs_post_init__(self) -> None:
         self._informer = Informer(
-            self.source, _name_key, self._on_change, self.settings, name=f"secret {self.namespace}/{self.name}"
+            self.source,
+            _name_key,
+            self._on_change,  # One object: a list is as good as a WatchList (which custom resources' client calls lack).
+            attrs.evolve(self.settings, watch_list=False),
+            name=f"secret {self.namespace}/{self.name}",
         )
 
     @property

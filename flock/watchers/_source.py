@@ -3,10 +3,12 @@
 A :class:`KubeSource` is what an informer consumes (see
 :class:`flock.watchers.ListWatchSource`).  It asks for raw JSON
 (``_preload_content=False``): the informer decodes into flock's own values, so
-building the library's model objects would be wasted work.  Watches are read
-line by line from the response here rather than through the library's
-``Watch`` helper, which opens a second HTTP session per watch and silently
-retries once after a 410.
+building the library's model objects would be wasted work.  Every body is
+read as it arrives: a list's items are decoded one by one
+(:class:`flock.watchers.ListDecoder`) and handed on, a watch's events line by
+line, so neither a whole list nor its raw objects are ever held.  Watches are
+read here rather than through the library's ``Watch`` helper, which opens a
+second HTTP session per watch and silently retries once after a 410.
 
 Error handling: nothing is retried here.  The client stack's errors become
 :class:`TransientKubeError` (connection trouble, 429/5xx, malformed stream),
@@ -31,6 +33,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from ._bridge import AsyncioBridge
 from ._errors import KubeError, TransientKubeError, error_for_status
+from ._informer import ListOptions, ListPage
+from ._liststream import ListDecodeError, ListDecoder
 
 # Closing a response or session must not hang shutdown.
 CLOSE_SECONDS = 5.0
@@ -48,7 +52,7 @@ def translated_errors(what: str) -> Iterator[None]:
         raise
     except ApiException as exc:
         raise error_for_status(exc.status, _json_or_none(exc.body)) from exc
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, ListDecodeError) as exc:
         raise TransientKubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -87,17 +91,12 @@ async def _pump(content: aiohttp.StreamReader, send: trio.MemorySendChannel[outc
 
 @attrs.define(eq=False)
 class _EventStream:
-    """Watch events from one response, one JSON object per line.
+    """Watch events from one response body, one JSON object per line.
 
-    One asyncio task (:func:`_pump`, started by :meth:`KubeSource.watch`) reads
-    the body for the whole watch and hands each chunk over a Trio channel:
-    trio-asyncio runs asyncio callbacks on the Trio thread, so that is a plain
-    ``send_nowait``, where a bridge call per chunk would start an asyncio task
-    for every event.  The channel is unbounded; the informer applies each
-    event as it comes, and :data:`MAX_EVENT_BYTES` bounds a line.
+    The informer applies each event as it comes; :data:`MAX_EVENT_BYTES` bounds a line.
     """
 
-    _chunks: trio.MemoryReceiveChannel[outcome.Outcome[bytes]]
+    _next_chunk: Callable[[], Awaitable[bytes]]
     _what: str
     _buffer: bytearray = attrs.field(factory=bytearray)
 
@@ -106,9 +105,7 @@ class _EventStream:
 
     async def __anext__(self) -> Mapping[str, Any]:
         while (end := self._buffer.find(b"\n")) < 0:
-            received = await self._chunks.receive()
-            with translated_errors(self._what):
-                chunk = received.unwrap()
+            chunk = await self._next_chunk()
             if not chunk:
                 if self._buffer.strip():
                     raise TransientKubeError(f"{self._what}: stream ended inside an event")
@@ -140,10 +137,35 @@ class KubeSource:
     get_call: Callable[..., Awaitable[Any]]  # (namespace, name, **query)
     field_selector: str = ""
 
-    async def list(self) -> tuple[list[Mapping[str, Any]], str]:
-        """All matching objects and the list's resourceVersion."""
-        body = await self._checked(self.list_call, field_selector=self.field_selector)
-        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+    async def list(self, options: ListOptions, on_item: Callable[[Any], None]) -> ListPage:
+        """One list request; its body is decoded as it arrives and each item handed to
+        *on_item* (see :class:`ListDecoder`): no whole list is ever held."""
+        query: dict[str, Any] = {"field_selector": self.field_selector}
+        if options.limit:
+            query["limit"] = options.limit
+        if options.continue_:
+            query["_continue"] = options.continue_
+        if options.resource_version:
+            query["resource_version"] = options.resource_version
+        if options.resource_version_match:
+            query["resource_version_match"] = options.resource_version_match
+        decoder = ListDecoder(on_item, max_item_chars=MAX_EVENT_BYTES)
+        async with self._response(query) as chunks:
+            while chunk := await chunks():
+                with translated_errors(self.what):
+                    decoder.feed(chunk)
+                await trio.lowlevel.checkpoint()  # a long body must not starve the agent's other tasks
+            with translated_errors(self.what):
+                fields = decoder.close()
+        meta = fields.get("metadata")
+        if not isinstance(meta, Mapping) or not meta.get("resourceVersion"):
+            raise TransientKubeError(f"{self.what}: list answer without metadata.resourceVersion")
+        remaining = meta.get("remainingItemCount")
+        return ListPage(
+            str(meta["resourceVersion"]),
+            str(meta.get("continue") or ""),
+            remaining if isinstance(remaining, int) and not isinstance(remaining, bool) else None,
+        )
 
     async def get(self, namespace: str | None, name: str) -> Mapping[str, Any] | None:
         """One object by name, or None when the server says 404."""
@@ -160,20 +182,35 @@ class KubeSource:
 
     @contextlib.asynccontextmanager
     async def watch(
-        self, resource_version: str, timeout_seconds: int
+        self, resource_version: str, timeout_seconds: int, *, send_initial_events: bool = False
     ) -> AsyncIterator[AsyncIterator[Mapping[str, Any]]]:
         """Events after *resource_version*; the server ends the stream after
-        *timeout_seconds*.  The response is closed on exit, even when cancelled."""
-        kwargs = dict(
-            field_selector=self.field_selector,
+        *timeout_seconds*.  *send_initial_events*: a WatchList (see
+        :class:`flock.watchers.ListWatchSource`).  The response is closed on exit,
+        even when cancelled."""
+        query: dict[str, Any] = dict(
             watch=True,
-            resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_seconds,
-            _preload_content=False,
+            field_selector=self.field_selector,
         )
+        if resource_version:
+            query["resource_version"] = resource_version
+        if send_initial_events:
+            query["send_initial_events"] = True
+            query["resource_version_match"] = "NotOlderThan"
+        async with self._response(query) as chunks:
+            yield _EventStream(chunks, self.what)
+
+    @contextlib.asynccontextmanager
+    async def _response(self, query: dict[str, Any]) -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
+        """One request whose body is read as it arrives: yields a function returning the
+        next chunk (``b""`` at its end).  A status other than 200 raises its KubeError.
+        One asyncio task (:func:`_pump`) reads the body and hands each chunk over a Trio
+        channel: trio-asyncio runs asyncio callbacks on the Trio thread, so that is a plain
+        ``send_nowait``, where a bridge call per chunk would start an asyncio task each."""
         with translated_errors(self.what):
-            resp = await self.bridge.call(self.list_call, **kwargs)
+            resp = await self.bridge.call(self.list_call, **query, _preload_content=False)
         pump: asyncio.Task[None] | None = None
         try:
             if resp.status != 200:
@@ -187,7 +224,13 @@ class KubeSource:
                     return asyncio.ensure_future(_pump(resp.content, send))
 
                 pump = await self.bridge.call_sync(start_pump)
-                yield _EventStream(receive, self.what)
+
+                async def next_chunk() -> bytes:
+                    received = await receive.receive()
+                    with translated_errors(self.what):
+                        return received.unwrap()
+
+                yield next_chunk
         finally:
             with trio.move_on_after(CLOSE_SECONDS, shield=True):
                 if pump is not None:

@@ -41,23 +41,38 @@ def server_state(api: ApiServer) -> dict[str, dict[str, Any]]:
     return {f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in api.list(PODS, f"spec.nodeName={NODE}")}
 
 
+def cached(watcher: PodWatcher) -> dict[str, PodInfo | None]:
+    """What the informer keeps of each pod on the node (values, never the objects)."""
+    return {k: record.local for k, record in watcher.informer.objects.items()}
+
+
+def wanted(api: ApiServer) -> dict[str, PodInfo | None]:
+    return {k: PodInfo.from_object(o) for k, o in server_state(api).items()}
+
+
 async def converged(api: ApiServer, watcher: PodWatcher) -> None:
     """Until the watcher's cache equals the server's state (woken by each change, no polling)."""
     with watcher.subscribe() as changes:
-        while dict(watcher.informer.objects) != server_state(api):
+        while cached(watcher) != wanted(api):
             await changes.receive()
-    want = server_state(api)
-    assert dict(watcher.informer.objects) == want
-    assert dict(watcher.pods) == {k: PodInfo.from_object(o) for k, o in want.items()}
+    want = wanted(api)
+    assert cached(watcher) == want
+    assert dict(watcher.pods) == want
 
 
 def pod_lists(api: ApiServer) -> int:
-    """How many times pods were listed (not watched) on this server."""
-    return sum(
-        1
-        for method, path in api.requests
-        if method == "GET" and urlsplit(path).path == "/api/v1/pods" and "watch" not in parse_qs(urlsplit(path).query)
-    )
+    """How many times the pods were read whole on this server: lists (their first pages)
+    and WatchLists (watches with sendInitialEvents)."""
+    reads = 0
+    for method, path in api.requests:
+        query = parse_qs(urlsplit(path).query)
+        if method != "GET" or urlsplit(path).path != "/api/v1/pods":
+            continue
+        if "watch" in query:
+            reads += query.get("sendInitialEvents") == ["true"]
+        else:
+            reads += "continue" not in query
+    return reads
 
 
 class Churn:

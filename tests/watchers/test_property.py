@@ -75,7 +75,8 @@ def test_cache_converges_to_server_state(steps: list[tuple[list[tuple[Any, ...]]
                 want = {
                     f"ns/{o['metadata']['name']}": o for o in store.list(PODS)[0] if o["spec"].get("nodeName") == NODE
                 }
-                assert dict(watcher.informer.objects) == want
+                cached = {k: r.local for k, r in watcher.informer.objects.items()}
+                assert cached == {k: PodInfo.from_object(o) for k, o in want.items()}
                 assert dict(watcher.pods) == {k: PodInfo.from_object(o) for k, o in want.items()}
 
     trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -36,7 +36,8 @@ def cache_matches(store: ObjectStore, watcher: PodWatcher) -> None:
         if o["spec"].get("nodeName") == NODE
     }
     assert {k: p.resource_version for k, p in watcher.pods.items()} == want
-    assert {k: o["metadata"]["resourceVersion"] for k, o in watcher.informer.objects.items()} == want
+    # The informer keeps values (a PodRecord a pod), never the objects.
+    assert {k: r.local.resource_version for k, r in watcher.informer.objects.items() if r.local} == want
 
 
 async def test_pod_arriving_after_wait_starts_is_returned_the_moment_it_arrives(autojump_clock: trio.abc.Clock) -> None:
