@@ -195,7 +195,8 @@ class Informer:
     _advanced: trio.Event = attrs.field(init=False, factory=trio.Event)
     _watch_list: bool = attrs.field(init=False, default=True)
     _consistent: bool = attrs.field(init=False, default=False)  # the next list must not be served stale
-    _lists: int = attrs.field(init=False, default=0)
+    _must_read: bool = attrs.field(init=False, default=True)  # the next round reads the collection whole
+    _read_at: float = attrs.field(init=False, default=-math.inf)
 
     def __attrs_post_init__(self) -> None:
         self._watch_list = self.settings.watch_list
@@ -232,9 +233,7 @@ class Informer:
         """Read the collection, then watch forever; started() once it has been read whole."""
         settings = self.settings
         failures = 0
-        must_list = True
-        listed_at = -math.inf
-        started = False
+        self._must_read = True
         spread = False  # the next relist follows a 410 or a reset: spread it
         while True:
             progressed = False
@@ -242,11 +241,12 @@ class Informer:
                 if spread:
                     spread = False
                     await trio.sleep(self.rng.random() * settings.relist_spread)
-                stale = trio.current_time() - listed_at >= settings.relist_seconds
-                if (must_list or stale) and self._watch_list:
+                if trio.current_time() - self._read_at >= settings.relist_seconds:
+                    self._must_read = True
+                if self._must_read and self._watch_list:
                     # One stream: the initial events, then the watch goes on.
                     try:
-                        progressed = await self._watch_list_round(task_status if not started else None)
+                        progressed = await self._watch_list_round(task_status)
                     except _WatchListRefused as exc:
                         self._watch_list = False
                         log.info(
@@ -256,16 +256,11 @@ class Informer:
                             extra={"informer": self.name, "error": str(exc)},
                         )
                         continue
-                    listed_at, must_list, started, failures = trio.current_time(), False, True, 0
-                    continue
-                if must_list or stale:
-                    await self._list()
-                    listed_at, must_list, failures = trio.current_time(), False, 0
-                    if not started:
-                        started = True
-                        self._ready.set()
-                        task_status.started()
-                progressed = await self._watch()
+                else:
+                    if self._must_read:
+                        await self._list()
+                        self._read(task_status)
+                    progressed = await self._watch()
                 failures = 0
             except (HistoryReset, ResourceExpired) as exc:
                 if isinstance(exc, HistoryReset):
@@ -277,7 +272,7 @@ class Informer:
                         self._resource_version or "(none)",
                         extra={"informer": self.name, "error": str(exc)},
                     )
-                must_list, spread, self._consistent = True, True, True
+                self._must_read, spread, self._consistent = True, True, True
             except (TransientKubeError, trio.TooSlowError) as exc:
                 if progressed:
                     failures = 0
@@ -291,6 +286,14 @@ class Informer:
                     extra={"informer": self.name, "attempt": failures},
                 )
                 await trio.sleep(delay)
+
+    def _read(self, task_status: trio.TaskStatus[None]) -> None:
+        """The collection has been read whole: the watch resumes from here; the first time, ready."""
+        self._must_read = False
+        self._read_at = trio.current_time()
+        if not self._ready.is_set():
+            self._ready.set()
+            task_status.started()
 
     async def _list(self) -> None:
         """Read the whole collection with list requests (pages where the server pages)."""
@@ -324,10 +327,9 @@ class Informer:
                 break
             options = ListOptions(limit=settings.page_size, continue_=page.continue_)
         self._consistent = False
-        self._lists += 1
         self._end_sweep(sweep, list_rv)
 
-    async def _watch_list_round(self, task_status: trio.TaskStatus[None] | None) -> bool:
+    async def _watch_list_round(self, task_status: trio.TaskStatus[None]) -> bool:
         """A WatchList: its initial events swept into the cache up to the annotated
         BOOKMARK, then the watch as usual.  Returns whether any event arrived."""
         settings = self.settings
@@ -349,13 +351,9 @@ class Informer:
                             if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
                                 raise _WatchListRefused("the server ignored sendInitialEvents (a bookmark came first)")
                             self._consistent = False
-                            self._lists += 1
                             self._end_sweep(sweep, _rv(obj))
                             sweep = None
-                            if task_status is not None:
-                                self._ready.set()
-                                task_status.started()
-                                task_status = None
+                            self._read(task_status)
                         elif kind in ("ADDED", "MODIFIED"):
                             self._swept(sweep, obj)
                         elif kind == "ERROR":

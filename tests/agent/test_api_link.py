@@ -156,7 +156,7 @@ async def test_cluster_pods_one_pod_watch_serves_the_node_cache_and_the_follower
             # One source of pods, every pod, one watch: not a node-scoped watch beside it.
             assert [kind for kind, _ in client.pod_sources] == ["all"]
             source = client.pod_sources[0][1]
-            assert (source.lists, source.watches) == (1, 1)
+            assert (source.lists, source.watch_requests) == (0, [("", True)])  # one WatchList, no list
             assert services_ran == [client]
             assert follower.listed == 1
             assert sorted(follower.changes) == [("ADDED", "default/db-0"), ("ADDED", "default/web-0")]

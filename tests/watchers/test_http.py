@@ -69,7 +69,7 @@ def pod_lists(api: ApiServer) -> int:
         if method != "GET" or urlsplit(path).path != "/api/v1/pods":
             continue
         if "watch" in query:
-            reads += query.get("sendInitialEvents") == ["true"]
+            reads += query.get("sendInitialEvents", [""])[0].lower() == "true"
         else:
             reads += "continue" not in query
     return reads

@@ -10,10 +10,11 @@ import contextlib
 import ipaddress
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -32,7 +33,16 @@ from flock.testing import (
     pod_object,
     serving,
 )
-from flock.watchers import ChangeType, InformerSettings, PodWatcher, PolicyWatcher, open_kube_client
+from flock.watchers import (
+    ChangeType,
+    InformerSettings,
+    KubeApiError,
+    ListOptions,
+    ListPage,
+    PodWatcher,
+    PolicyWatcher,
+    open_kube_client,
+)
 
 NODE = "node1"
 SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
@@ -68,7 +78,8 @@ def watchers(store: ObjectStore, own_pods: bool = True) -> tuple[PolicyWatcher, 
 
 
 def expected(store: ObjectStore) -> dict[str, dict[str, Any]]:
-    """What the inputs must hold: every object of the store, as policy values."""
+    """What the inputs must hold: every object of the store, as policy values (a pod's
+    resourceVersion is not kept: nothing reads it)."""
     from flock.policy import PolicyPod
 
     policies, _ = store.list(NETWORKPOLICIES)
@@ -79,7 +90,12 @@ def expected(store: ObjectStore) -> dict[str, dict[str, Any]]:
             f"{o['metadata']['namespace']}/{o['metadata']['name']}": NetworkPolicy.from_object(o) for o in policies
         },
         "namespaces": {o["metadata"]["name"]: Namespace.from_object(o) for o in namespaces},
-        "pods": {f"{o['metadata']['namespace']}/{o['metadata']['name']}": PolicyPod.from_object(o) for o in pods},
+        "pods": {
+            f"{o['metadata']['namespace']}/{o['metadata']['name']}": attrs.evolve(
+                PolicyPod.from_object(o), resource_version=""
+            )
+            for o in pods
+        },
     }
 
 
@@ -141,7 +157,8 @@ async def test_one_pod_informer_feeds_the_node_cache_and_the_policy_inputs(autoj
             snap = inputs.snapshot()
             assert snap.complete and sorted(snap.pods) == ["x/a", "x/b"]
             assert sorted(pods.pods) == ["x/a"]  # the node's own cache keeps only this node's pods
-            assert source.lists == 1 and source.watches == 1  # pods are watched once
+            # Pods are read once (one WatchList, no list) and watched on that one stream.
+            assert source.lists == 0 and source.watch_requests == [("", True)]
 
             with pods.subscribe() as changes:
                 store.create(PODS, pod_object("x", "c"))  # not scheduled yet: not this node's
@@ -166,17 +183,25 @@ async def test_one_pod_informer_feeds_the_node_cache_and_the_policy_inputs(autoj
 
 
 class _Listed:
-    """A ListWatchSource that lists fixed objects and then watches nothing."""
+    """A ListWatchSource that lists fixed objects and then watches nothing (without WatchList)."""
 
     def __init__(self, items: list[Mapping[str, Any]], rv: str) -> None:
         self.items, self.rv = items, rv
 
-    async def list(self) -> tuple[list[Mapping[str, Any]], str]:
+    async def list(self, options: ListOptions, on_item: Callable[[Mapping[str, Any]], None]) -> ListPage:
         await trio.lowlevel.checkpoint()
-        return self.items, self.rv
+        for item in self.items:
+            on_item(item)
+        return ListPage(self.rv)
 
     @contextlib.asynccontextmanager
-    async def watch(self, resource_version: str, timeout_seconds: int) -> AsyncIterator[AsyncIterator[Any]]:
+    async def watch(
+        self, resource_version: str, timeout_seconds: int, *, send_initial_events: bool = False
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        if send_initial_events:
+            raise KubeApiError(
+                422, "Invalid", "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+            )
         _send, receive = trio.open_memory_channel[Any](math.inf)
         with receive:
             yield _Quiet(receive)

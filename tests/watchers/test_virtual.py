@@ -17,10 +17,13 @@ import trio
 
 from flock.nursery import Backoff
 from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object, serving
-from flock.watchers import ChangeType, InformerSettings, NodeConfigWatcher, PodWatcher
+from flock.watchers import ChangeType, InformerSettings, ListPage, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"
-SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))
+# List+watch (the reads themselves, WatchList included, are tests/watchers/test_reads.py's).
+SETTINGS = InformerSettings(
+    watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0), watch_list=False
+)
 
 
 def pod_watcher(store: ObjectStore) -> tuple[PodWatcher, StoreSource]:
@@ -277,7 +280,8 @@ async def test_a_server_whose_history_is_behind_ours_is_relisted(autojump_clock:
             fresh = ObjectStore()  # restored from an old backup: versions start over, web-0 only
             fresh.create(PODS, pod_object("web", "web-0", NODE))
             source.store = fresh  # swapped under an open watch, without a connection reset
-            await trio.sleep(61)  # the open watch ends (60 s); resuming is refused as too new: relist
+            # The open watch ends (60 s); resuming is refused as too new: relist, within relist_spread.
+            await trio.sleep(60 + SETTINGS.relist_spread + 1)
             assert source.lists == 2 and set(watcher.pods) == {"web/web-0"}
 
 
@@ -287,15 +291,16 @@ class ReplayingSource:
 
     lists: int = 0
 
-    async def list(self):
+    async def list(self, options, on_item):
         await trio.lowlevel.checkpoint()
         self.lists += 1
         obj = pod_object("web", "web-0", NODE)
         obj["metadata"]["resourceVersion"] = "50" if self.lists == 1 else "3"
-        return [obj], obj["metadata"]["resourceVersion"]
+        on_item(obj)
+        return ListPage(obj["metadata"]["resourceVersion"])
 
     @contextlib.asynccontextmanager
-    async def watch(self, resource_version, timeout_seconds):
+    async def watch(self, resource_version, timeout_seconds, *, send_initial_events=False):
         async def events():
             if self.lists == 1:
                 old = pod_object("web", "web-1", NODE)
@@ -315,6 +320,6 @@ async def test_an_event_older_than_the_cache_means_a_reset_history_and_relists(a
     watcher = PodWatcher(source, NODE, SETTINGS)
     with trio.fail_after(60):
         async with serving(watcher):
-            await trio.sleep(1)
+            await trio.sleep(SETTINGS.relist_spread + 1)  # the relist comes within relist_spread
             assert source.lists == 2 and set(watcher.pods) == {"web/web-0"}
             assert watcher.informer.resource_version == "3"
