@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, Custo
 
 from ._bridge import AsyncioBridge, open_bridge
 from ._config import in_cluster_configuration, kubeconfig_configuration
+from ._informer import ListOptions
 from ._source import CLOSE_SECONDS, KubeSource
 
 NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL = "flock.fritzlab.net", "v1alpha1", "nodeconfigs"
@@ -72,14 +73,31 @@ class KubeClient:
         return KubeSource(self.bridge, "namespaces", core.list_namespace, get_namespace)
 
     async def list_plain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Every Pod and every NodeConfig in the cluster, once, as plain dicts (flockctl's ipam check)."""
-        core, custom = CoreV1Api(self.api_client), CustomObjectsApi(self.api_client)
-        raw = await self.bridge.call(core.list_pod_for_all_namespaces, _preload_content=False)
-        pods = await self.bridge.call(raw.json)  # type: ignore[attr-defined]  # the raw aiohttp response
+        """Every Pod and every NodeConfig in the cluster, once, as plain dicts (flockctl's ipam check).
+
+        Pods are read in pages from the watch cache and trimmed to what the check reads
+        (identity, node, hostNetwork, phase, IPs) as they arrive: a 150,000-pod cluster is
+        never held whole."""
+        pods: list[dict[str, Any]] = []
+
+        def keep(obj: Any) -> None:
+            meta, spec, status = (obj.get(k) or {} for k in ("metadata", "spec", "status"))
+            pods.append(
+                {
+                    "metadata": {k: meta[k] for k in ("namespace", "name", "uid") if k in meta},
+                    "spec": {k: spec[k] for k in ("nodeName", "hostNetwork") if k in spec},
+                    "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},
+                }
+            )
+
+        source, options = self.all_pods(), ListOptions("0", limit=500)
+        while (page := await source.list(options, keep)).continue_:
+            options = ListOptions(limit=500, continue_=page.continue_)
+        custom = CustomObjectsApi(self.api_client)
         configs = await self.bridge.call(
             custom.list_cluster_custom_object, NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL
         )
-        return list(pods.get("items") or []), list(configs.get("items") or [])
+        return pods, list(configs.get("items") or [])
 
     def nodeconfig(self, name: str) -> KubeSource:
         """The NodeConfig named *name* (cluster-scoped)."""
