@@ -40,6 +40,11 @@ class AsyncioBridge:
 
         return await self.call(on_loop)
 
+    def soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """Schedule a plain function on the asyncio loop, from Trio, without waiting for it
+        (no asyncio task: the cheap way to wake an asyncio waiter once per chunk)."""
+        self._loop.call_soon(fn, *args)
+
 
 def _sole_exception(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:

@@ -72,11 +72,20 @@ async def _fetch(call: AsyncioCall, kwargs: dict[str, Any]) -> tuple[int, bytes]
         resp.release()
 
 
-async def _pump(content: aiohttp.StreamReader, send: trio.MemorySendChannel[outcome.Outcome[bytes]]) -> None:
+# Chunks a response's reader may run ahead of the Trio side: the rest waits in the socket
+# (TCP's flow control holds the API server back), so a slow decode never buffers a list.
+READ_AHEAD_CHUNKS = 16
+
+
+async def _pump(
+    content: aiohttp.StreamReader, send: trio.MemorySendChannel[outcome.Outcome[bytes]], room: asyncio.Semaphore
+) -> None:
     """(asyncio) Every chunk of a response body into *send*, then ``b""`` at its end, or the
-    error that ended it; stops when the Trio side has closed its end."""
+    error that ended it; stops when the Trio side has closed its end.  Each chunk takes
+    one unit of *room*, which the Trio side gives back once it has taken the chunk."""
     try:
         while True:
+            await room.acquire()
             try:
                 chunk = await content.readany()
             except Exception as exc:
@@ -219,14 +228,20 @@ class KubeSource:
                 raise error_for_status(resp.status, _json_or_none(body))
             send, receive = trio.open_memory_channel[outcome.Outcome[bytes]](math.inf)
             with send, receive:
+                room: asyncio.Semaphore | None = None
 
                 def start_pump() -> asyncio.Task[None]:
-                    return asyncio.ensure_future(_pump(resp.content, send))
+                    nonlocal room
+                    room = asyncio.Semaphore(READ_AHEAD_CHUNKS)
+                    return asyncio.ensure_future(_pump(resp.content, send, room))
 
                 pump = await self.bridge.call_sync(start_pump)
+                assert room is not None
+                release = room.release
 
                 async def next_chunk() -> bytes:
                     received = await receive.receive()
+                    self.bridge.soon(release)
                     with translated_errors(self.what):
                         return received.unwrap()
 
