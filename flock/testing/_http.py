@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import socket
 import time
@@ -19,14 +18,25 @@ import attrs
 from aiohttp import web
 
 from ._resources import RESOURCES, Resource
-from ._selectors import FieldSelector
+from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
 from ._status import StatusError, status_object
-from ._store import ObjectStore, merge_patch
+from ._store import (
+    RESOURCE_VERSION_WAIT,
+    ObjectStore,
+    Subscription,
+    WatchEvent,
+    added_events,
+    bookmark,
+    encode,
+    merge_patch,
+)
 
 log = logging.getLogger("flock.testing.apiserver")
 
 # kube-apiserver's --min-request-timeout: a watch without timeoutSeconds ends after about this long.
 DEFAULT_WATCH_SECONDS = 1800.0
+_FRESH_POLL = 0.02
+_BATCH = 500  # list items or initial watch events written at a time
 _TRUE = ("true", "True", "1")
 # A strategic merge patch is applied as a JSON merge patch: the same for maps
 # (annotations, labels, spec fields); lists are replaced rather than merged by key.
@@ -34,7 +44,7 @@ _MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-mer
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(obj).encode(), status=status, content_type="application/json")
+    return web.Response(body=encode(obj), status=status, content_type="application/json")
 
 
 def _status_response(err: StatusError) -> web.Response:
@@ -45,6 +55,10 @@ def _status_response(err: StatusError) -> web.Response:
 class HttpFrontend:
     """Serves *store* over HTTP at *host*:*port* (port 0: any free port).
 
+    Lists are paged (``limit``/``continue``) or answered whole as kube-apiserver 1.32
+    decides (:meth:`ListQuery.plan`); big lists and a WatchList's initial events are
+    written in batches of :data:`_BATCH`, the loop free in between.
+
     Fault injection (call on the server's loop, see :class:`ApiServer` for the
     thread-safe wrappers): :meth:`drop_connections`, :meth:`fail_next`,
     :meth:`pause` / :meth:`resume`; compaction lives on the store.
@@ -54,6 +68,11 @@ class HttpFrontend:
     host: str = "127.0.0.1"
     port: int = 0
     bookmark_interval: float = 1.0
+    # The WatchList feature gate (on by default since 1.32): off, sendInitialEvents → 422.
+    watch_list: bool = True
+    # 1.33's snapshots of the watch cache: lists at "0" (or not older than N) honour limit too.
+    paged_cache_lists: bool = False
+    resource_version_wait: float = RESOURCE_VERSION_WAIT
     # (method, path?query) of the latest API requests; bounded for a long-running lab server.
     requests: collections.deque[tuple[str, str]] = attrs.field(
         init=False, factory=lambda: collections.deque(maxlen=100_000)
@@ -81,6 +100,7 @@ class HttpFrontend:
         app.router.add_get("/readyz", self._plain_ok)
         app.router.add_get("/version", self._version)
         app.router.add_post("/flock-testing/{fault}", self._fault)
+        app.router.add_get("/flock-testing/stats", self._stats)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -157,7 +177,11 @@ class HttpFrontend:
         return web.Response(text="ok")
 
     async def _version(self, request: web.Request) -> web.Response:
-        return _json({"major": "1", "minor": "31", "gitVersion": "v1.31.0-flock-testing"})
+        return _json({"major": "1", "minor": "32", "gitVersion": "v1.32.0-flock-testing"})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        """What the store holds (objects and bytes of JSON per resource) and its version."""
+        return _json({"resourceVersion": str(self.store.resource_version), "resources": self.store.footprint()})
 
     async def _fault(self, request: web.Request) -> web.Response:
         fault, q = request.match_info["fault"], request.query
@@ -231,19 +255,39 @@ class HttpFrontend:
         if q.get("labelSelector"):
             raise StatusError(400, "flock.testing does not implement labelSelector")
         selector = FieldSelector.parse(q.get("fieldSelector"), res.kind)
-        if q.get("watch") in _TRUE:
+        if parse_bool("watch", q.get("watch") or "false"):
             return await self._watch(request, res, ns, selector)
-        # limit/continue are ignored: a whole list is what kube-apiserver also
-        # answers when it serves from its watch cache.
-        items, rv = self.store.list(res, ns, selector)
-        return _json(
-            {
-                "kind": res.list_kind,
-                "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(rv)},
-                "items": items,
-            }
-        )
+        plan = ListQuery.from_query(q).plan(paged_cache_lists=self.paged_cache_lists)
+        if plan.from_cache:
+            await self._until_version(plan.minimum)
+        result = self.store.read(res, ns, selector, plan)
+        if len(result.items) <= _BATCH:
+            return web.Response(body=b"".join(result.chunks(res)), content_type="application/json")
+        # A big list is written as it is encoded, a batch at a time, the loop free in between.
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        try:
+            for chunk in result.chunks(res, _BATCH):
+                await self._serving_wait()
+                await resp.write(chunk)
+                await asyncio.sleep(0)
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client hung up
+        return resp
+
+    async def _until_version(self, minimum: int) -> None:
+        """Wait (at most ``resource_version_wait``) for the store to reach *minimum*, as the
+        watch cache waits to be fresh; the caller then answers 504 if it is still behind."""
+        deadline = time.monotonic() + self.resource_version_wait
+        # Any thread writes the store: polled, not signalled.
+        while self.store.resource_version < minimum and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(_FRESH_POLL)
+
+    async def _serving_wait(self) -> None:
+        assert self._serving is not None
+        await self._serving.wait()
 
     async def _watch(
         self, request: web.Request, res: Resource, ns: str | None, selector: FieldSelector
@@ -253,20 +297,36 @@ class HttpFrontend:
             seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
         except ValueError:
             raise StatusError(400, f"invalid timeoutSeconds {q['timeoutSeconds']!r}: expected seconds") from None
-        bookmarks = q.get("allowWatchBookmarks") in _TRUE
-        assert self._serving is not None
+        query = WatchQuery.from_query(q).checked(self.watch_list)
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        events: asyncio.Queue[WatchEvent] = asyncio.Queue()
 
-        def deliver(event: dict[str, Any]) -> None:
+        def deliver(event: WatchEvent) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        sub = self.store.watch(res, ns, selector, q.get("resourceVersion"), deliver)
+        if query.initial_events:
+            await self._until_version(query.minimum)
+        started = self.store.start_watch(res, ns, selector, deliver, query)
+        sub = started if isinstance(started, Subscription) else None
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         try:
-            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
             resp.enable_chunked_encoding()
             await resp.prepare(request)
             end = time.monotonic() + seconds
+            if isinstance(started, WatchEvent):
+                await resp.write(started.encode())  # refused: one ERROR event
+                await resp.write_eof()
+                return resp
+            assert sub is not None
+            initial, sub.initial = sub.initial, []
+            for i in range(0, len(initial), _BATCH):
+                await self._serving_wait()
+                await resp.write(added_events(initial[i : i + _BATCH]))
+                await asyncio.sleep(0)
+            del initial
+            if query.end_bookmark:
+                await resp.write(bookmark(res, sub.resource_version, initial_events_end=True).encode())
+            bookmarks = query.allow_bookmarks
             next_bookmark = time.monotonic() + self.bookmark_interval
             while (now := time.monotonic()) < end:
                 wake = min(end, next_bookmark) if bookmarks else end
@@ -278,15 +338,18 @@ class HttpFrontend:
                         sub.bookmark()  # arrives through the queue, after the events before it
                         next_bookmark = time.monotonic() + self.bookmark_interval
                     continue
-                await self._serving.wait()
-                await resp.write(json.dumps(ev).encode() + b"\n")
-                if ev["type"] == "ERROR":
+                await self._serving_wait()
+                await resp.write(ev.encode())
+                if ev.type == "ERROR":
                     break
-            await self._serving.wait()  # a paused server does not end streams either
+            await self._serving_wait()  # a paused server does not end streams either
             await resp.write_eof()
             return resp
+        except ConnectionResetError:
+            return resp  # the client hung up: nothing to answer
         finally:
-            sub.close()
+            if sub is not None:
+                sub.close()
 
 
 async def _body(request: web.Request) -> Mapping[str, Any]:

@@ -3,51 +3,177 @@
 Plain Python under one ``threading.Lock``, so the HTTP server's asyncio thread,
 a test's Trio thread and the lab's control calls can all use it.  Every write
 takes the next resourceVersion (one counter for all kinds, like etcd's
-revision) and appends to a bounded history that watches replay from; versions
-older than the history answer 410 Expired.  Watchers are plain callbacks
-called under the lock, in resourceVersion order; they must not block (the HTTP
-server hands the event to its loop with ``call_soon_threadsafe``).
+revision) and appends to a bounded history; versions older than the history
+are compacted: a watch from one answers 410, an exact list at one 410.
+
+Lean at scale: each object is kept as its encoded JSON (compact, as
+kube-apiserver sends it) plus the few values its field selectors read, in a
+key order (``namespace/name``, etcd's); a read decodes only what it returns,
+and list bodies and watch events are joined from those bytes.  150,000 pods
+of 5–6 KiB hold about their JSON's size.
+
+Reads at an older version (a continue token's, an Exact list's) are the
+state then: the current objects with every change since undone from the
+history, as etcd's MVCC read at that revision gives.
+
+Watchers are plain callbacks called under the lock, in resourceVersion order;
+they must not block (the HTTP server hands the event to its loop with
+``call_soon_threadsafe``).
 """
 
 from __future__ import annotations
 
 import base64
+import bisect
 import collections
 import copy
 import datetime
+import heapq
+import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ._admission import admit, invalid
 from ._resources import SECRETS, Resource
-from ._selectors import FieldSelector
-from ._status import StatusError, expired
-
-Event = dict[str, Any]  # {"type": "ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERROR", "object": {...}}
-Deliver = Callable[[Event], None]
+from ._selectors import (
+    INITIAL_EVENTS_END,
+    SUPPORTED_FIELDS,
+    FieldSelector,
+    FieldValues,
+    ListPlan,
+    WatchQuery,
+    encode_continue,
+    field_values,
+)
+from ._status import StatusError, expired, expired_list, inconsistent_continue, too_large
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 DEFAULT_HISTORY = 10_000
+# The watch cache's wait for a resourceVersion it has not seen yet (the cacher's blockTimeout).
+RESOURCE_VERSION_WAIT = 3.0
+_BULK_CHUNK = 1000  # bulk_create commits this many objects per hold of the lock
+_NODE_FIELD = "spec.nodeName"  # indexed, as the watch cache indexes pods by node
+
+
+def encode(obj: Any) -> bytes:
+    """Compact JSON, UTF-8, as kube-apiserver writes it."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@attrs.frozen(slots=True, weakref_slot=False)
+class StoredObject:
+    """One version of an object: its JSON and what selectors read (see :func:`field_values`)."""
+
+    key: str  # "namespace/name", or "name" for a cluster-scoped kind
+    data: bytes
+    resource_version: int
+    fields: FieldValues
+
+    def decode(self) -> dict[str, Any]:
+        """A private copy of the object."""
+        result: dict[str, Any] = json.loads(self.data)
+        return result
+
+
+@attrs.frozen(slots=True, weakref_slot=False)
+class NewObject:
+    """An object admitted and encoded for creation (:func:`prepare_new`), its resourceVersion
+    still to take: *data* holds :data:`_PENDING` where it goes."""
+
+    key: str
+    name: str
+    data: bytes
+    fields: FieldValues
+
+
+# Where a prepared object's resourceVersion goes: metadata comes first and no name, uid or
+# namespace before it holds a NUL, so the first occurrence in the JSON is this one.
+_PENDING = "\x00resourceVersion\x00"
+_PENDING_JSON = encode(_PENDING)
+
+
+@attrs.frozen(slots=True, weakref_slot=False)
+class WatchEvent:
+    """A watch event whose object is already JSON."""
+
+    type: str  # "ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERROR"
+    object: bytes
+
+    @classmethod
+    def of(cls, type: str, obj: Mapping[str, Any]) -> WatchEvent:
+        return cls(type, encode(obj))
+
+    def encode(self) -> bytes:
+        """One line of a watch response."""
+        return b'{"type":"' + self.type.encode() + b'","object":' + self.object + b"}\n"
+
+    def decode(self) -> dict[str, Any]:
+        return {"type": self.type, "object": json.loads(self.object)}
+
+
+Deliver = Callable[[WatchEvent], None]
+
+
+def bookmark(resource: Resource, resource_version: int, *, initial_events_end: bool = False) -> WatchEvent:
+    """A BOOKMARK at *resource_version*; *initial_events_end*: the one that ends a WatchList's initial events."""
+    meta: dict[str, Any] = {"resourceVersion": str(resource_version)}
+    if initial_events_end:
+        meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+    return WatchEvent.of("BOOKMARK", {"kind": resource.kind, "apiVersion": resource.api_version, "metadata": meta})
+
+
+def added_events(objects: Iterable[StoredObject]) -> bytes:
+    """ADDED events for *objects*, as watch response lines."""
+    return b"".join(b'{"type":"ADDED","object":' + obj.data + b"}\n" for obj in objects)
 
 
 @attrs.frozen
+class ListResult:
+    """One list answer: its items (in key order) and its ``metadata``."""
+
+    items: list[StoredObject]
+    resource_version: int
+    continue_: str = ""
+    remaining_item_count: int | None = None
+
+    def chunks(self, resource: Resource, batch: int = 500) -> Iterator[bytes]:
+        """The response body, *batch* items a chunk (so a big one is written as it is made)."""
+        meta: dict[str, Any] = {"resourceVersion": str(self.resource_version)}
+        if self.continue_:
+            meta["continue"] = self.continue_
+        if self.remaining_item_count is not None:
+            meta["remainingItemCount"] = self.remaining_item_count
+        head = {"kind": resource.list_kind, "apiVersion": resource.api_version, "metadata": meta}
+        yield encode(head)[:-1] + b',"items":['
+        for i in range(0, len(self.items), batch):
+            yield (b"," if i else b"") + b",".join(obj.data for obj in self.items[i : i + batch])
+        yield b"]}"
+
+
+@attrs.frozen(slots=True, weakref_slot=False)
 class _Change:
     rv: int
     resource: Resource
     type: str
-    old: Mapping[str, Any] | None
-    new: Mapping[str, Any]
+    key: str
+    old: StoredObject | None
+    new: StoredObject  # for DELETED: the object as deleted (at the deletion's version)
 
 
 @attrs.define(eq=False)
 class Subscription:
-    """One open watch: which objects it sees and where its events go."""
+    """One open watch: which objects it sees and where its events go.
+
+    *initial*: the objects at the watch's start, when it asked for them (ADDED
+    events the caller sends before any delivered one); *resource_version*: the
+    version the watch started at.
+    """
 
     store: ObjectStore
     resource: Resource
@@ -55,49 +181,85 @@ class Subscription:
     selector: FieldSelector
     deliver: Deliver
     closed: bool = False
+    initial: list[StoredObject] = attrs.field(factory=list)
+    resource_version: int = 0
+    _matches: Callable[[FieldValues], bool] = attrs.field(init=False)
 
-    def sees(self, obj: Mapping[str, Any] | None) -> bool:
+    def __attrs_post_init__(self) -> None:
+        self._matches = self.selector.matcher(self.resource.kind)
+
+    def sees(self, obj: StoredObject | None) -> bool:
         if obj is None:
             return False
-        if self.namespace is not None and obj["metadata"].get("namespace") != self.namespace:
+        if self.namespace is not None and not obj.key.startswith(self.namespace + "/"):
             return False
-        return self.selector.matches(obj)
+        return self._matches(obj.fields)
 
-    def event_for(self, change: _Change) -> Event | None:
+    def event_for(self, change: _Change) -> WatchEvent | None:
         """The event this watch gets for *change*: an object entering the
         selection is ADDED, one leaving it is DELETED (as kube-apiserver does)."""
         if change.resource != self.resource:
             return None
         was, now = self.sees(change.old), self.sees(change.new)
         if change.type == "DELETED":
-            return {"type": "DELETED", "object": change.new} if was else None
+            return WatchEvent("DELETED", change.new.data) if was else None
         if was and now:
-            return {"type": change.type, "object": change.new}
+            return WatchEvent(change.type, change.new.data)
         if now:
-            return {"type": "ADDED", "object": change.new}
+            return WatchEvent("ADDED", change.new.data)
         if was:
-            return {"type": "DELETED", "object": change.new}
+            return WatchEvent("DELETED", change.new.data)
         return None
 
     def bookmark(self) -> None:
         """Deliver a BOOKMARK at the current resourceVersion, in order with the events."""
         with self.store._lock:
             if not self.closed:
-                self.deliver(
-                    {
-                        "type": "BOOKMARK",
-                        "object": {
-                            "kind": self.resource.kind,
-                            "apiVersion": self.resource.api_version,
-                            "metadata": {"resourceVersion": str(self.store._rv)},
-                        },
-                    }
-                )
+                self.deliver(bookmark(self.resource, self.store._rv))
 
     def close(self) -> None:
         with self.store._lock:
             self.closed = True
+            self.initial = []
             self.store._subscriptions.discard(self)
+
+
+@attrs.define(eq=False)
+class _Collection:
+    """The objects of one resource: by key, the keys sorted, and the keys by node."""
+
+    objects: dict[str, StoredObject] = attrs.field(factory=dict)
+    keys: list[str] = attrs.field(factory=list)
+    node_field: int | None = None  # index of spec.nodeName in the kind's field values
+    by_node: dict[str, set[str]] = attrs.field(factory=dict)
+
+    def put(self, obj: StoredObject, *, sort: bool = True) -> None:
+        old = self.objects.get(obj.key)
+        self.objects[obj.key] = obj
+        if old is None:
+            if sort:
+                bisect.insort(self.keys, obj.key)
+            else:
+                self.keys.append(obj.key)
+        if self.node_field is not None:
+            node = obj.fields[self.node_field]
+            if old is not None and old.fields[self.node_field] != node:
+                self._unindex(old)
+            self.by_node.setdefault(node, set()).add(obj.key)
+
+    def remove(self, key: str) -> None:
+        old = self.objects.pop(key)
+        del self.keys[bisect.bisect_left(self.keys, key)]
+        if self.node_field is not None:
+            self._unindex(old)
+
+    def _unindex(self, obj: StoredObject) -> None:
+        assert self.node_field is not None
+        node = obj.fields[self.node_field]
+        keys = self.by_node[node]
+        keys.discard(obj.key)
+        if not keys:
+            del self.by_node[node]
 
 
 @attrs.define(eq=False)
@@ -107,63 +269,112 @@ class ObjectStore:
     history_limit: int = DEFAULT_HISTORY
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _rv: int = attrs.field(init=False, default=1)
-    _objects: dict[tuple[Resource, str, str], Mapping[str, Any]] = attrs.field(init=False, factory=dict)
-    _history: collections.deque[_Change] = attrs.field(init=False)
-    _oldest: int = attrs.field(init=False, default=1)  # watches from an rv below this get 410
+    _collections: dict[Resource, _Collection] = attrs.field(init=False, factory=dict)
+    _history: collections.deque[_Change] = attrs.field(init=False, factory=collections.deque)
+    _oldest: int = attrs.field(init=False, default=1)  # versions below this are compacted
     _subscriptions: set[Subscription] = attrs.field(init=False, factory=set)
-
-    @_history.default
-    def _new_history(self) -> collections.deque[_Change]:
-        return collections.deque()
 
     @property
     def resource_version(self) -> int:
         with self._lock:
             return self._rv
 
+    def footprint(self) -> dict[str, dict[str, int]]:
+        """Per resource plural: how many objects and how many bytes of JSON the store holds."""
+        with self._lock:
+            return {
+                res.plural: {
+                    "objects": len(coll.objects),
+                    "bytes": sum(len(obj.data) for obj in coll.objects.values()),
+                }
+                for res, coll in self._collections.items()
+                if coll.objects
+            }
+
+    @property
+    def oldest_resource_version(self) -> int:
+        """The oldest version still readable (older ones are compacted)."""
+        with self._lock:
+            return self._oldest
+
     # ---- reads ---------------------------------------------------------------
 
     def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         with self._lock:
-            obj = self._objects.get((resource, self._ns(resource, namespace), name))
+            obj = self._collection(resource).objects.get(_key(resource, namespace, name))
         if obj is None:
             raise _not_found(resource, name)
-        return copy.deepcopy(dict(obj))
+        return obj.decode()
 
     def list(
         self, resource: Resource, namespace: str | None = None, selector: FieldSelector = FieldSelector()
-    ) -> tuple[list[Mapping[str, Any]], int]:
-        """Matching objects (shared, never mutated: do not change them) and the list's resourceVersion."""
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Every matching object now (private copies, in key order) and the list's resourceVersion."""
+        result = self.read(resource, namespace, selector, ListPlan())
+        return [obj.decode() for obj in result.items], result.resource_version
+
+    def read(self, resource: Resource, namespace: str | None, selector: FieldSelector, plan: ListPlan) -> ListResult:
+        """One list answer as *plan* says (see :meth:`flock.testing._selectors.ListQuery.plan`).
+
+        Raises StatusError: 504 "Too large resource version" for a version not reached yet
+        (retry after 1 s when the watch cache answers, which has waited for it); 410 Expired
+        for an exact version compacted away (a continue token's: with the token for the rest
+        at the latest version).
+        """
         with self._lock:
-            items = [
-                obj
-                for (res, ns, _), obj in self._objects.items()
-                if res == resource and (namespace is None or ns == namespace) and selector.matches(obj)
-            ]
-            return items, self._rv
+            current = self._rv
+            if plan.at is not None:
+                if plan.at > current:
+                    raise too_large(plan.at, current)
+                if plan.at < self._oldest:
+                    if plan.continued:
+                        raise inconsistent_continue(encode_continue(-1, plan.start))
+                    raise expired_list()
+                at = plan.at
+            else:
+                if plan.minimum > current:
+                    raise too_large(plan.minimum, current, 1 if plan.from_cache else 0)
+                at = current
+            return self._select_locked(resource, namespace, selector, at, plan.start, plan.limit)
 
     # ---- writes --------------------------------------------------------------
 
     def create(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
-        new = self._validated(resource, obj, namespace)
-        meta = new["metadata"]
+        new = admitted(resource, obj, namespace)
+        _created(new)
         with self._lock:
-            key = (resource, meta.get("namespace", ""), meta["name"])
-            if key in self._objects:
-                raise StatusError(
-                    409,
-                    f'{resource.plural} "{meta["name"]}" already exists',
-                    reason="AlreadyExists",
-                    details={"name": meta["name"], "kind": resource.plural},
-                )
-            meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = _now()
-            meta["generation"] = 1
+            key = _key(resource, new["metadata"].get("namespace"), new["metadata"]["name"])
+            if key in self._collection(resource).objects:
+                raise _already_exists(resource, new["metadata"]["name"])
             return self._commit(resource, key, "ADDED", None, new)
+
+    def bulk_create(self, resource: Resource, objects: Iterable[dict[str, Any]], namespace: str | None = None) -> int:
+        """Create many objects fast (a benchmark's cluster); returns how many.
+
+        Each is admitted and versioned as :meth:`create` does, but the dicts are taken
+        over, not copied: they may be changed.  See :meth:`create_prepared`.
+        """
+        return self.create_prepared(resource, (prepare_new(resource, obj, namespace) for obj in objects))
+
+    def create_prepared(self, resource: Resource, objects: Iterable[NewObject]) -> int:
+        """Create objects :func:`prepare_new` made (on any process); returns how many.
+
+        An object that exists already → 409, after the ones before it were created.
+        Holds the lock :data:`_BULK_CHUNK` objects at a time, so a server keeps
+        answering meanwhile.
+        """
+        count = 0
+        chunk: list[NewObject] = []
+        for obj in objects:
+            chunk.append(obj)
+            if len(chunk) >= _BULK_CHUNK:
+                count += self._create_all(resource, chunk)
+                chunk = []
+        return count + self._create_all(resource, chunk)
 
     def update(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Replace an object; a stale ``metadata.resourceVersion`` → 409 Conflict."""
-        new = self._validated(resource, obj, namespace)
+        new = admitted(resource, obj, namespace)
         with self._lock:
             return self._replace_locked(resource, new)
 
@@ -177,12 +388,12 @@ class ObjectStore:
         if not isinstance(patch, Mapping):
             raise StatusError(400, f"a merge patch must be an object, got {type(patch).__name__}")
         with self._lock:
-            old = self._objects.get((resource, self._ns(resource, namespace), name))
+            old = self._collection(resource).objects.get(_key(resource, namespace, name))
             if old is None:
                 raise _not_found(resource, name)
-            merged = merge_patch(copy.deepcopy(dict(old)), patch)
+            merged = merge_patch(old.decode(), patch)
             merged.setdefault("metadata", {})["name"] = name
-            return self._replace_locked(resource, self._validated(resource, merged, namespace))
+            return self._replace_locked(resource, admitted(resource, merged, namespace, owned=True))
 
     def set_status(
         self,
@@ -194,21 +405,227 @@ class ObjectStore:
     ) -> dict[str, Any]:
         """Replace only ``status`` (the ``/status`` subresource, as the kubelet writes podIPs)."""
         with self._lock:
-            old = self._objects.get((resource, self._ns(resource, namespace), name))
+            old = self._collection(resource).objects.get(_key(resource, namespace, name))
             if old is None:
                 raise _not_found(resource, name)
-            new = copy.deepcopy(dict(old))
+            new = old.decode()
             new["status"] = copy.deepcopy(status)
             if resource_version:
                 new["metadata"]["resourceVersion"] = resource_version
-            return self._replace_locked(resource, self._validated(resource, new, namespace))
+            return self._replace_locked(resource, admitted(resource, new, namespace, owned=True))
+
+    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            key = _key(resource, namespace, name)
+            old = self._collection(resource).objects.get(key)
+            if old is None:
+                raise _not_found(resource, name)
+            return self._commit(resource, key, "DELETED", old, old.decode())
+
+    def compact(self, *, expire_watches: bool = False) -> int:
+        """Forget the history up to now: watches from an older version, exact lists at
+        one and continue tokens of one get 410.
+
+        With *expire_watches*, open watches also get an ERROR 410 event (as when
+        a real watcher falls out of the apiserver's window).  Returns the
+        resourceVersion compacted to.
+        """
+        with self._lock:
+            self._history.clear()
+            self._oldest = self._rv
+            if expire_watches:
+                for sub in list(self._subscriptions):
+                    sub.deliver(WatchEvent.of("ERROR", expired("watch", self._oldest).status()))
+                    sub.closed = True
+                self._subscriptions.clear()
+            return self._rv
+
+    # ---- watches -------------------------------------------------------------
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        selector: FieldSelector,
+        deliver: Deliver,
+        *,
+        since: int | None = None,
+        initial: bool = False,
+    ) -> Subscription:
+        """Open a watch: from *since* (its later history replayed through *deliver*), or,
+        with None, from now; *initial*: the matching objects now go in the subscription's
+        ``initial`` (the caller sends them first).  Then live events.
+
+        Raises StatusError 410 when *since* is older than the kept history, 504
+        "Too large resource version" when it is newer than the store.
+        """
+        sub = Subscription(self, resource, namespace, selector, deliver)
+        with self._lock:
+            if since is not None:
+                if since < self._oldest:
+                    raise expired(since, self._oldest)
+                if since > self._rv:
+                    # What a real API server answers a client whose version is
+                    # from before a restore or an empty restart.
+                    raise too_large(since, self._rv)
+                for change in self._history:
+                    if change.rv > since and (ev := sub.event_for(change)) is not None:
+                        deliver(ev)
+            if initial:
+                sub.initial = self._select_locked(resource, namespace, selector, self._rv, "", 0).items
+            sub.resource_version = self._rv
+            self._subscriptions.add(sub)
+        return sub
+
+    def start_watch(
+        self, resource: Resource, namespace: str | None, selector: FieldSelector, deliver: Deliver, query: WatchQuery
+    ) -> Subscription | WatchEvent:
+        """The watch *query* (checked and defaulted) asks for, as the watch cache starts it; or
+        the ERROR event a stream answers instead (200, then that one event): a WatchList not
+        older than a version the store has not reached (the caller has waited for it, see
+        :attr:`WatchQuery.minimum`), a version compacted away.
+
+        Raises StatusError 504 for a version ahead of the store (the fake's stand-in for a
+        watch cache behind its client: a restored or wiped etcd).
+        """
+        if query.initial_events:
+            current = self.resource_version
+            if query.minimum > current:
+                return WatchEvent.of("ERROR", too_large(query.minimum, current, 1).status())
+            return self.watch(resource, namespace, selector, deliver, initial=True)
+        if query.from_now:
+            return self.watch(resource, namespace, selector, deliver)
+        try:
+            return self.watch(resource, namespace, selector, deliver, since=query.minimum)
+        except StatusError as err:
+            if err.code != 410:
+                raise
+            # cacher.Watch: "once we have passed authn/authz/admission, and successfully parsed a
+            # resource version, other errors must fail with a watch event of type ERROR".
+            return WatchEvent.of("ERROR", err.status())
+
+    # ---- internals -------------------------------------------------------------
+
+    def _collection(self, resource: Resource) -> _Collection:
+        found = self._collections.get(resource)
+        if found is None:
+            fields = SUPPORTED_FIELDS.get(resource.kind, ())
+            node = fields.index(_NODE_FIELD) if _NODE_FIELD in fields else None
+            found = self._collections[resource] = _Collection(node_field=node)
+        return found
+
+    def _select_locked(
+        self, resource: Resource, namespace: str | None, selector: FieldSelector, at: int, start: str, limit: int
+    ) -> ListResult:
+        """The matching objects as of *at* from key *start* (relative to *namespace*'s prefix)
+        on, at most *limit* (0: all), in key order, with the continue token for the rest."""
+        coll = self._collection(resource)
+        prefix = f"{namespace}/" if namespace and resource.namespaced else ""
+        low = prefix + start
+        high = prefix[:-1] + "0" if prefix else None  # "0" follows "/": the end of the namespace's keys
+        # What changed after `at`, undone: each key changed since → its version then (None: absent).
+        overlay: dict[str, StoredObject | None] = {}
+        if at < self._rv:
+            for change in reversed(self._history):
+                if change.rv <= at:
+                    break
+                if change.resource == resource:
+                    overlay[change.key] = change.old
+
+        def at_version(key: str) -> StoredObject | None:
+            return overlay[key] if key in overlay else coll.objects.get(key)
+
+        def in_range(key: str) -> bool:
+            return key >= low and (high is None or key < high)
+
+        keys = coll.keys
+        first = bisect.bisect_left(keys, low)
+        end = len(keys) if high is None else bisect.bisect_left(keys, high)
+        node = selector.required(_NODE_FIELD) if coll.node_field is not None else None
+        if node is not None:
+            # The node index: only that node's keys (now, or changed since `at`) can match.
+            candidates: Iterable[str] = sorted(k for k in coll.by_node.get(node, set()) | overlay.keys() if in_range(k))
+        else:
+            gone = sorted(k for k, v in overlay.items() if v is not None and k not in coll.objects and in_range(k))
+            candidates = heapq.merge(keys[first:end], gone) if gone else keys[first:end]
+        matches = selector.matcher(resource.kind)
+        items: list[StoredObject] = []
+        last = ""
+        more = False
+        for key in candidates:
+            obj = at_version(key)
+            if obj is None:
+                continue
+            if limit and len(items) >= limit:
+                more = True
+                break
+            if matches(obj.fields):
+                items.append(obj)
+                last = key
+        if node is not None and limit and len(items) >= limit and not more:
+            # etcd pages by key, whatever matches: any key after the last item means more.
+            after = bisect.bisect_right(keys, last)
+            more = after < end or any(v is not None and k > last and in_range(k) for k, v in overlay.items())
+        if not more:
+            return ListResult(items, at)
+        remaining = None
+        if selector.empty:
+            present = end - first  # keys in range now, then as of `at`
+            for key, then in overlay.items():
+                if in_range(key):
+                    present += (then is not None) - (key in coll.objects)
+            remaining = present - limit
+        return ListResult(items, at, encode_continue(at, last[len(prefix) :] + "\x00"), remaining)
+
+    def _commit(
+        self, resource: Resource, key: str, kind: str, old: StoredObject | None, new: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._rv += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        fields = old.fields if old is not None and kind == "DELETED" else field_values(new, resource.kind)
+        self._commit_stored(resource, kind, old, StoredObject(key, encode(new), self._rv, fields))
+        return new
+
+    def _commit_stored(
+        self, resource: Resource, kind: str, old: StoredObject | None, stored: StoredObject, *, sort: bool = True
+    ) -> None:
+        """*stored* (at the version just taken) into the collection, the history and the watches."""
+        coll = self._collection(resource)
+        if kind == "DELETED":
+            coll.remove(stored.key)
+        else:
+            coll.put(stored, sort=sort)
+        change = _Change(self._rv, resource, kind, stored.key, old, stored)
+        self._history.append(change)
+        while len(self._history) > self.history_limit:
+            self._oldest = self._history.popleft().rv
+        for sub in self._subscriptions:
+            if (ev := sub.event_for(change)) is not None:
+                sub.deliver(ev)
+
+    def _create_all(self, resource: Resource, objects: Sequence[NewObject]) -> int:
+        with self._lock:
+            coll = self._collection(resource)
+            try:
+                for obj in objects:
+                    if obj.key in coll.objects:
+                        raise _already_exists(resource, obj.name)
+                    self._rv += 1
+                    data = obj.data.replace(_PENDING_JSON, b'"%d"' % self._rv, 1)
+                    self._commit_stored(
+                        resource, "ADDED", None, StoredObject(obj.key, data, self._rv, obj.fields), sort=False
+                    )
+            finally:
+                coll.keys.sort()
+        return len(objects)
 
     def _replace_locked(self, resource: Resource, new: dict[str, Any]) -> dict[str, Any]:
         meta = new["metadata"]
-        key = (resource, meta.get("namespace", ""), meta["name"])
-        old = self._objects.get(key)
-        if old is None:
+        key = _key(resource, meta.get("namespace"), meta["name"])
+        stored = self._collection(resource).objects.get(key)
+        if stored is None:
             raise _not_found(resource, meta["name"])
+        old = stored.decode()
         wanted = meta.get("resourceVersion")
         if wanted and wanted != old["metadata"]["resourceVersion"]:
             raise StatusError(
@@ -224,132 +641,72 @@ class ObjectStore:
         meta["generation"] = generation + 1 if new.get("spec") != old.get("spec") else generation
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
-            return copy.deepcopy(dict(old))  # a write that changes nothing is no change: no new version, no event
-        return self._commit(resource, key, "MODIFIED", old, new)
+            return old  # a write that changes nothing is no change: no new version, no event
+        return self._commit(resource, key, "MODIFIED", stored, new)
 
-    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        with self._lock:
-            key = (resource, self._ns(resource, namespace), name)
-            old = self._objects.get(key)
-            if old is None:
-                raise _not_found(resource, name)
-            gone = copy.deepcopy(dict(old))
-            return self._commit(resource, key, "DELETED", old, gone)
 
-    def compact(self, *, expire_watches: bool = False) -> int:
-        """Forget the history up to now: watches from an older version get 410.
+def admitted(
+    resource: Resource, obj: Mapping[str, Any], namespace: str | None, *, owned: bool = False
+) -> dict[str, Any]:
+    """*obj* admitted: a private copy unless *owned* (then it may be changed in place)."""
+    if not isinstance(obj, Mapping):
+        raise StatusError(400, f"expected a {resource.kind} object, got {type(obj).__name__}")
+    new: dict[str, Any]
+    if owned and isinstance(obj, dict):
+        new = obj
+    else:
+        try:
+            new = json.loads(json.dumps(obj))
+        except (TypeError, ValueError) as exc:
+            raise StatusError(400, f"the {resource.kind} object is not JSON: {exc}") from None
+    meta = new.setdefault("metadata", {})
+    if not isinstance(meta, dict):
+        raise invalid(resource, "?", "metadata", meta, "must be an object")
+    name = meta.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise invalid(resource, str(name), "metadata.name", name, "must be a lowercase RFC 1123 subdomain")
+    if resource.namespaced:
+        ns = namespace or meta.get("namespace") or "default"
+        if meta.get("namespace") not in (None, ns):
+            raise StatusError(
+                400, "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        meta["namespace"] = ns
+    else:
+        meta.pop("namespace", None)
+    if list(new)[:2] != ["apiVersion", "kind"]:  # first, as the API server writes them
+        typed = {"apiVersion": resource.api_version, "kind": resource.kind}
+        typed.update(new)
+        new.clear()
+        new.update(typed)
+    new["apiVersion"], new["kind"] = resource.api_version, resource.kind
+    if resource == SECRETS:
+        return _secret(new, str(name))
+    return admit(resource, new)
 
-        With *expire_watches*, open watches also get an ERROR 410 event (as when
-        a real watcher falls out of the apiserver's window).  Returns the
-        resourceVersion compacted to.
-        """
-        with self._lock:
-            self._history.clear()
-            self._oldest = self._rv
-            if expire_watches:
-                for sub in list(self._subscriptions):
-                    sub.deliver({"type": "ERROR", "object": expired("watch", self._oldest).status()})
-                    sub.closed = True
-                self._subscriptions.clear()
-            return self._rv
 
-    # ---- watches -------------------------------------------------------------
+def prepare_new(resource: Resource, obj: dict[str, Any], namespace: str | None = None) -> NewObject:
+    """*obj* (taken over) admitted, stamped and encoded for :meth:`ObjectStore.create_prepared`;
+    pure, so any process can do it."""
+    new = admitted(resource, obj, namespace, owned=True)
+    _created(new)
+    meta = new["metadata"]
+    meta["resourceVersion"] = _PENDING
+    return NewObject(
+        _key(resource, meta.get("namespace"), meta["name"]), meta["name"], encode(new), field_values(new, resource.kind)
+    )
 
-    def watch(
-        self,
-        resource: Resource,
-        namespace: str | None,
-        selector: FieldSelector,
-        since: str | None,
-        deliver: Deliver,
-    ) -> Subscription:
-        """Open a watch: replay what happened after *since* (or, for no
-        version / "0", ADDED for every current object), then deliver live events.
 
-        Raises StatusError 410 when *since* is older than the kept history.
-        """
-        sub = Subscription(self, resource, namespace, selector, deliver)
-        with self._lock:
-            if since in (None, "", "0"):
-                for (res, _, _), obj in self._objects.items():
-                    if res == resource and sub.sees(obj):
-                        deliver({"type": "ADDED", "object": obj})
-            else:
-                try:
-                    start = int(since)
-                except ValueError:
-                    raise StatusError(400, f"invalid resourceVersion {since!r}") from None
-                if start < self._oldest:
-                    raise expired(start, self._oldest)
-                if start > self._rv:
-                    # What a real API server answers a client whose version is
-                    # from before a restore or an empty restart.
-                    raise StatusError(
-                        504,
-                        f"Too large resource version: {start}, current: {self._rv}",
-                        reason="Timeout",
-                        details={
-                            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
-                        },
-                    )
-                for change in self._history:
-                    if change.rv > start and (ev := sub.event_for(change)) is not None:
-                        deliver(ev)
-            self._subscriptions.add(sub)
-        return sub
+def _key(resource: Resource, namespace: str | None, name: str) -> str:
+    return f"{namespace or 'default'}/{name}" if resource.namespaced else name
 
-    # ---- internals -------------------------------------------------------------
 
-    @staticmethod
-    def _ns(resource: Resource, namespace: str | None) -> str:
-        return (namespace or "default") if resource.namespaced else ""
-
-    def _commit(
-        self,
-        resource: Resource,
-        key: tuple[Resource, str, str],
-        kind: str,
-        old: Mapping[str, Any] | None,
-        new: dict[str, Any],
-    ) -> dict[str, Any]:
-        self._rv += 1
-        new["metadata"]["resourceVersion"] = str(self._rv)
-        if kind == "DELETED":
-            del self._objects[key]
-        else:
-            self._objects[key] = new
-        change = _Change(self._rv, resource, kind, old, new)
-        self._history.append(change)
-        while len(self._history) > self.history_limit:
-            self._oldest = self._history.popleft().rv
-        for sub in self._subscriptions:
-            if (ev := sub.event_for(change)) is not None:
-                sub.deliver(ev)
-        return copy.deepcopy(new)
-
-    def _validated(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
-        if not isinstance(obj, Mapping):
-            raise StatusError(400, f"expected a {resource.kind} object, got {type(obj).__name__}")
-        new = copy.deepcopy(dict(obj))
-        meta = new.setdefault("metadata", {})
-        if not isinstance(meta, dict):
-            raise invalid(resource, "?", "metadata", meta, "must be an object")
-        name = meta.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise invalid(resource, str(name), "metadata.name", name, "must be a lowercase RFC 1123 subdomain")
-        if resource.namespaced:
-            ns = namespace or meta.get("namespace") or "default"
-            if meta.get("namespace") not in (None, ns):
-                raise StatusError(
-                    400, "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = ns
-        else:
-            meta.pop("namespace", None)
-        new["apiVersion"], new["kind"] = resource.api_version, resource.kind
-        if resource == SECRETS:
-            return _secret(new, str(name))
-        return admit(resource, new)
+def _created(new: dict[str, Any]) -> None:
+    """What the API server sets on a new object."""
+    meta = new["metadata"]
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = _now()
+    meta["generation"] = 1
 
 
 def _secret(new: dict[str, Any], name: str) -> dict[str, Any]:
@@ -399,4 +756,13 @@ def _not_found(resource: Resource, name: str) -> StatusError:
     return StatusError(404, f'{group} "{name}" not found', details={"name": name, "kind": resource.plural})
 
 
-__all__ = ["ObjectStore", "Subscription"]
+def _already_exists(resource: Resource, name: str) -> StatusError:
+    return StatusError(
+        409,
+        f'{resource.plural} "{name}" already exists',
+        reason="AlreadyExists",
+        details={"name": name, "kind": resource.plural},
+    )
+
+
+__all__ = ["ListResult", "NewObject", "ObjectStore", "StoredObject", "Subscription", "WatchEvent", "prepare_new"]

@@ -12,16 +12,19 @@ As a process (the lab)::
 
     python -m flock.testing.apiserver --host 2001:db8::1 --port 6443 --kubeconfig-out /tmp/kc
 
-It prints one JSON line ``{"url": …, "kubeconfig": …}`` once it serves, and
-faults can be injected over HTTP: ``POST /flock-testing/drop``,
+It prints one JSON line ``{"url": …, "kubeconfig": …}`` once it serves (after
+``--load``: JSON or JSON lines, e.g. a benchmark's 150,000 pods), and faults
+can be injected over HTTP: ``POST /flock-testing/drop``,
 ``/flock-testing/fail?count=3&status=503``, ``/flock-testing/compact?expire=1``,
-``/flock-testing/pause``, ``/flock-testing/resume``.
+``/flock-testing/pause``, ``/flock-testing/resume``; ``GET /flock-testing/stats``
+says what it holds (objects and bytes of JSON per resource).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -29,14 +32,29 @@ import sys
 from ._http import HttpFrontend
 from ._resources import NODECONFIGS, PODS, SECRETS
 from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
-from ._store import ObjectStore
+from ._store import DEFAULT_HISTORY, ObjectStore
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    store = ObjectStore()
-    for path in args.load:
-        load_objects(store, path)
-    frontend = HttpFrontend(store, args.host, args.port, args.bookmark_interval)
+    store = ObjectStore(history_limit=args.history)
+    # This process owns the collector: none while loading (every decoded object is garbage at
+    # once, and collections would scan the ones kept), then what was loaded is left out of
+    # later collections (gc.freeze), which would otherwise walk every stored object.
+    gc.disable()
+    try:
+        for path in args.load:
+            load_objects(store, path)
+    finally:
+        gc.enable()
+    gc.freeze()
+    frontend = HttpFrontend(
+        store,
+        args.host,
+        args.port,
+        args.bookmark_interval,
+        watch_list=not args.no_watch_list,
+        paged_cache_lists=args.paged_cache_lists,
+    )
     await frontend.start()
     try:
         if args.kubeconfig_out:
@@ -57,9 +75,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
     parser.add_argument("--kubeconfig-out", help="write a kubeconfig pointing at this server here")
     parser.add_argument(
-        "--load", action="append", default=[], help="JSON file of Pods/NodeConfigs/Secrets to create at start"
+        "--load",
+        action="append",
+        default=[],
+        help="JSON (a list or a List) or JSON-lines file of objects to create at start (repeatable)",
     )
     parser.add_argument("--bookmark-interval", type=float, default=5.0, help="seconds between BOOKMARK events")
+    parser.add_argument(
+        "--no-watch-list",
+        action="store_true",
+        help="refuse sendInitialEvents (422), as a server with the WatchList feature gate off",
+    )
+    parser.add_argument(
+        "--paged-cache-lists",
+        action="store_true",
+        help='page lists at resourceVersion "0" too (1.33+); by default they are answered whole, as 1.32 does',
+    )
+    parser.add_argument(
+        "--history", type=int, default=DEFAULT_HISTORY, help="changes kept (older versions are compacted)"
+    )
     asyncio.run(_serve(parser.parse_args(argv)))
     return 0
 

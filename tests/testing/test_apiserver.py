@@ -24,7 +24,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from flock.testing import PODS, SECRETS, ApiServer, nodeconfig_object, pod_object, secret_object
-from flock.watchers import KubeClient, open_kube_client
+from flock.watchers import KubeClient, ListOptions, open_kube_client
 
 
 async def run_scenario(api: ApiServer, tmp_path: Path, scenario: Any) -> Any:
@@ -165,7 +165,7 @@ async def raw_watch(kube: KubeClient, **query: Any) -> tuple[int, list[dict[str,
         resp.release()
 
 
-async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -> None:
+async def test_watch_too_old_is_an_error_event_then_bookmarks_and_410_mid_stream(tmp_path: Path) -> None:
     with trio.fail_after(20), ApiServer(bookmark_interval=0.2) as api:
         api.create(PODS, pod_object("a", "p1", "n1"))
         old = api.create(PODS, pod_object("a", "p2", "n1"))["metadata"]["resourceVersion"]
@@ -173,9 +173,12 @@ async def test_watch_410_at_start_bookmarks_and_410_mid_stream(tmp_path: Path) -
         compacted = api.compact()
 
         async def scenario(kube: KubeClient) -> None:
-            status, (body,) = await raw_watch(kube, resource_version=old)
-            assert status == 410
+            # As the watch cache: a version too old is an ERROR event, the stream already open.
+            status, (event,) = await raw_watch(kube, resource_version=old)
+            assert status == 200 and event["type"] == "ERROR"
+            body = event["object"]
             assert (body["kind"], body["code"], body["reason"]) == ("Status", 410, "Expired")
+            assert body["message"] == f"too old resource version: {old} ({compacted})"
 
             status, events = await raw_watch(
                 kube, resource_version=str(compacted), allow_watch_bookmarks="true", timeout_seconds=1
@@ -313,7 +316,8 @@ def test_fault_endpoints_for_the_lab() -> None:
         api.create(PODS, pod_object("a", "p1", "n1"))
         status, (body,) = call(api, "POST", "/flock-testing/compact")
         assert body == {"resourceVersion": str(api.store.resource_version)}
-        assert call(api, "GET", "/api/v1/pods?watch=1&resourceVersion=1")[0] == 410
+        status, (event,) = call(api, "GET", "/api/v1/pods?watch=1&resourceVersion=1")
+        assert (status, event["type"], event["object"]["code"]) == (200, "ERROR", 410)
         assert call(api, "POST", "/flock-testing/pause")[0] == 200
         with pytest.raises(TimeoutError):
             urllib.request.urlopen(api.url + "/api/v1/pods", timeout=0.3)
@@ -353,7 +357,8 @@ async def test_secrets_are_served_like_kube_apiserver_does(tmp_path: Path) -> No
         events = []
         async with open_kube_client(api.write_kubeconfig(tmp_path / "kubeconfig")) as kube:
             src = kube.secret("kube-system", "bgp")  # the agent's own source, over HTTP
-            items, rv = await src.list()
+            items: list[dict[str, Any]] = []
+            rv = (await src.list(ListOptions(), items.append)).resource_version
             assert [i["metadata"]["name"] for i in items] == ["bgp"]
             api.patch(SECRETS, "other", {"stringData": {"k": "w"}}, "kube-system")
             api.patch(SECRETS, "bgp", {"stringData": {"tor1": "rotated"}}, "kube-system")
