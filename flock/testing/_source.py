@@ -13,7 +13,7 @@ import contextlib
 import math
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, overload
+from typing import Any
 
 import attrs
 import trio
@@ -21,7 +21,7 @@ import trio
 from flock.watchers import ListOptions, ListPage, TransientKubeError, error_for_status
 
 from ._resources import Resource
-from ._selectors import NOT_OLDER_THAN, FieldSelector, ListPlan, ListQuery, WatchQuery
+from ._selectors import NOT_OLDER_THAN, FieldSelector, ListQuery, WatchQuery
 from ._status import StatusError
 from ._store import RESOURCE_VERSION_WAIT, ObjectStore, StoredObject, Subscription, WatchEvent, bookmark
 
@@ -77,31 +77,16 @@ class StoreSource:
     def _selector(self) -> FieldSelector:
         return FieldSelector.parse(self.field_selector, self.resource.kind)
 
-    @overload
-    async def list(self) -> tuple[list[Object], str]: ...
-
-    @overload
-    async def list(self, options: ListOptions, on_item: Callable[[Object], None]) -> ListPage: ...
-
-    async def list(
-        self, options: ListOptions | None = None, on_item: Callable[[Object], None] | None = None
-    ) -> ListPage | tuple[list[Object], str]:
+    async def list(self, options: ListOptions, on_item: Callable[[Object], None]) -> ListPage:
         """One list request, by the API server's rules (see :meth:`ListQuery.plan`); each item
         goes to *on_item*, decoded, in key order.  Errors as the HTTP source raises them:
         410 → ResourceExpired, 504 too large → ResourceVersionTooLarge, 400/422 → KubeApiError.
-
-        Without arguments (the informer before paging): every matching object now, and the
-        list's resourceVersion.
         """
         await trio.lowlevel.checkpoint()
         if self.fail_lists > 0:
             self.fail_lists -= 1
             raise TransientKubeError("503 ServiceUnavailable: injected")
         self.lists += 1
-        if options is None:
-            result = self.store.read(self.resource, None, self._selector, ListPlan())
-            return [obj.decode() for obj in result.items], str(result.resource_version)
-        assert on_item is not None, "list(options) needs on_item"
         self.list_requests.append(options)
         query = ListQuery(options.resource_version, options.resource_version_match, options.limit, options.continue_)
         try:

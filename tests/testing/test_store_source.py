@@ -55,10 +55,6 @@ async def test_lists_page_as_the_server_does_and_are_recorded(autojump_clock: tr
         page = await paged.list(ListOptions("0", limit=3), [].append)
         assert page.continue_ and page.remaining_item_count == 4
 
-        # The old shape: every object now and the version.
-        objects, rv = await source.list()
-        assert len(objects) == 7 and rv == str(store.resource_version)
-
 
 async def test_list_errors_are_the_watchers_errors(autojump_clock: trio.abc.Clock) -> None:
     store = filled(4)
