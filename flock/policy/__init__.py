@@ -25,12 +25,15 @@ and passed to them and to the policy service::
     # watcher, per watch event:      inputs.set_pod(p) / inputs.delete(Kind.POD, "ns/name")
     #                                inputs.set_policy(p) / inputs.delete(Kind.NETWORK_POLICY, "ns/name")
     #                                inputs.set_namespace(n) / inputs.delete(Kind.NAMESPACE, "name")
-    # policy service:                snap = inputs.snapshot(); snap = await inputs.wait_changed(snap.generation)
+    # policy service:                journal = inputs.journal(); read inputs.pods/namespaces/policies once;
+    #                                then per wake-up (inputs.wait_generation): journal.drain() → changed keys
 
 Keys: ``"ns/name"`` for policies and pods, the name for namespaces.  Setting an
-equal value is a no-op (no wake-up).  The service applies nothing until all
-three kinds are synced (``snapshot().complete``), so after a restart the old
-kernel table stays until a ruleset from a complete view replaces it.
+equal value is a no-op (no wake-up).  Values are kept as given (shared with the
+watchers, never copied); ``inputs.snapshot()`` copies everything and is for
+tools and tests, not per change.  The service applies nothing until all three
+kinds are synced (``inputs.complete``), so after a restart the old kernel table
+stays until a ruleset from a complete view replaces it.
 
 The compiler is a pure function::
 
@@ -39,12 +42,17 @@ The compiler is a pure function::
 ``pods`` are all pods known cluster-wide; ``local_pods`` are this node's
 attached pods (``host_veth`` set, addresses from the allocation); a local pod
 overrides the cluster-wide entry with the same key.  :class:`Compiler` is the
-same with caches (the agent's); :func:`evaluate` is the reference semantics.
+same with caches; :func:`evaluate` is the reference semantics.
+:class:`PolicyEngine` (the agent's) computes the same ruleset once and then
+follows the inputs' changes, doing work in proportion to the selectors a
+change touches, and hands :class:`RulesetChange` values (set elements that
+moved, the structure when it changed) to the applier.
 
-The rest: :class:`NftApplier` (full replace or incremental diff, one
-transaction each) over :class:`LibNftables` or :class:`NftCommand`, and
-:class:`PolicyService`, the supervised loop (snapshot + this node's
-allocations → compile → apply, retried with backoff, readiness gate
+The rest: :class:`NftApplier` (full replace or incremental change, one
+transaction each) over :class:`LibNftables` or :class:`NftCommand`,
+:class:`MemoryApplier` (the same in memory, for tests and benchmarks), and
+:class:`PolicyService`, the supervised loop (inputs' changes + this node's
+allocations → engine → apply, retried with backoff, readiness gate
 :data:`POLICY_GATE`, :class:`PolicyMetrics`) whose :meth:`PolicyService.ensure`
 is the ADD gate (:class:`PolicyGate`).
 """
@@ -52,7 +60,9 @@ is the ADD gate (:class:`PolicyGate`).
 from ._apply import ApplyResult, NftApplier
 from ._backend import LibNftables, NftBackend, NftCommand, NftError, default_backend
 from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
-from ._inputs import Kind, PolicyInputs, PolicySnapshot, PolicySource
+from ._engine import PolicyEngine
+from ._inputs import InputChanges, InputJournal, Kind, PolicyInputs, PolicySnapshot, PolicySource
+from ._memory import MemoryApplier
 from ._metrics import PolicyMetrics
 from ._model import (
     NAMESPACE_NAME_LABEL,
@@ -71,7 +81,7 @@ from ._model import (
     Requirement,
 )
 from ._reference import Endpoint, evaluate
-from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, ServiceSet
+from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, RulesetChange, ServiceSet
 from ._service import (
     POLICY_GATE,
     WAITING_FOR_WATCHERS,
@@ -98,12 +108,15 @@ __all__ = [
     "Direction",
     "Endpoint",
     "IPBlock",
+    "InputChanges",
+    "InputJournal",
     "InvalidLocalPod",
     "Kind",
     "LabelSelector",
     "LibNftables",
     "LocalPods",
     "Match",
+    "MemoryApplier",
     "NamedPort",
     "Namespace",
     "NetworkPolicy",
@@ -114,6 +127,7 @@ __all__ = [
     "Operator",
     "Packet",
     "Peer",
+    "PolicyEngine",
     "PolicyGate",
     "PolicyInputs",
     "PolicyMetrics",
@@ -129,6 +143,7 @@ __all__ = [
     "Rule",
     "Ruleset",
     "RulesetApplier",
+    "RulesetChange",
     "ServiceSet",
     "Watermark",
     "block_prefixes",

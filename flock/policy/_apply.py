@@ -1,8 +1,11 @@
-"""Apply a :class:`Ruleset` to the kernel with ``nft -f -`` (Debian's nftables), one transaction each.
+"""Apply a :class:`Ruleset` to the kernel with nft (libnftables or ``nft -f -``), one transaction each.
 
-The applier remembers what it applied last.  The first apply (and any apply
-after a failure, when the kernel's state is no longer known) replaces the
-whole table atomically; later ones send only the difference.  A failed
+The applier remembers what it applied last: the ruleset's structure (chains,
+maps, set declarations) and the token of the :class:`RulesetChange` it came
+in.  The first apply (and any apply after a failure, when the kernel's state
+is no longer known, or of a change that does not continue the applied one)
+replaces the whole table atomically; later ones send only the difference:
+the structure's, and the set elements the change says moved.  A failed
 incremental transaction changed nothing (nft batches are atomic), and is
 followed at once by a full replace; if that fails too the error propagates
 and the kernel still holds the last good ruleset.
@@ -24,17 +27,13 @@ import attrs
 import trio
 
 from ._backend import NftBackend, NftCommand, NftError
-from ._nft import FAMILY, TABLE, render_full, render_update, summarize
-from ._ruleset import Ruleset
+from ._nft import FAMILY, TABLE, render_change, render_full, summarize
+from ._ruleset import Ruleset, RulesetChange
 
 log = logging.getLogger("flock.policy")
 
 
 _DROP_TABLE = f"add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n"
-
-
-def _empty(ruleset: Ruleset) -> bool:
-    return not ruleset.chains and not ruleset.egress_map and not ruleset.ingress_map
 
 
 @attrs.frozen
@@ -50,54 +49,77 @@ class NftApplier:
 
     *backend*: :class:`LibNftables` in the agent (in-process, the node's
     namespace), or :class:`NftCommand` (``nft -f -``; tests prefix
-    ``ip netns exec NAME``).
+    ``ip netns exec NAME``).  The policy service hands it changes
+    (:meth:`apply_change`); tools and tests may hand it whole rulesets
+    (:meth:`apply`), diffed against the last one it applied whole.
     """
 
     backend: NftBackend = attrs.field(factory=lambda: NftCommand())
-    _applied: Ruleset | None = attrs.field(init=False, default=None)
-    _present: bool = attrs.field(init=False, default=False)  # the table exists (when _applied is known)
+    _structure: Ruleset | None = attrs.field(init=False, default=None)
+    _token: object | None = attrs.field(init=False, default=None)  # the change applied last (with _structure)
+    _whole: Ruleset | None = attrs.field(init=False, default=None)  # the last one applied by apply(), elements too
+    _present: bool = attrs.field(init=False, default=False)  # the table exists (when _structure is known)
     _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)
 
     @property
     def applied(self) -> Ruleset | None:
-        """The ruleset the kernel holds, as far as this applier knows (None: unknown)."""
-        return self._applied
+        """What the kernel holds, as far as this applier knows (None: unknown).
+
+        After :meth:`apply`, that ruleset; after :meth:`apply_change`, its
+        structure (the elements of pod sets are the service's to keep)."""
+        return self._structure
 
     async def apply(self, ruleset: Ruleset) -> ApplyResult:
         """Make the kernel hold *ruleset*: an incremental transaction when possible, else a full replace."""
         async with self._lock:
-            start = time.perf_counter()
-            old = self._applied
-            if _empty(ruleset):
-                # Nothing isolated: no table at all (a node without policies never loads nftables rules).
-                if old is not None and not self._present:
-                    return ApplyResult("unchanged", time.perf_counter() - start)
-                self._applied = None
-                await self.backend.run(_DROP_TABLE)
-                self._applied, self._present = ruleset, False
-                return ApplyResult("removed", time.perf_counter() - start)
-            if old is not None and self._present:
-                script = render_update(old, ruleset)
-                if not script:
-                    return ApplyResult("unchanged", time.perf_counter() - start)
-                try:
-                    await self.backend.run(script)
-                except NftError as exc:
-                    log.warning(
-                        "incremental nftables update refused, replacing the table",
-                        extra={"op": "policy", "error": str(exc)[:500]},
-                    )
-                else:
-                    self._applied = ruleset
-                    return ApplyResult("incremental", time.perf_counter() - start, summarize(old, ruleset))
-            self._applied = None
-            await self.backend.run(render_full(ruleset))
-            self._applied, self._present = ruleset, True
-            return ApplyResult("full", time.perf_counter() - start, summarize(None, ruleset))
+            previous, self._whole = self._whole, None
+            result = await self._apply(
+                RulesetChange.of(ruleset, previous, self._token if previous is not None else None)
+            )
+            self._whole = ruleset
+            return result
+
+    async def apply_change(self, change: RulesetChange) -> ApplyResult:
+        """Make the kernel hold ``change.whole()``: incrementally when it continues the last change applied."""
+        async with self._lock:
+            self._whole = None
+            return await self._apply(change)
+
+    async def _apply(self, change: RulesetChange) -> ApplyResult:
+        start = time.perf_counter()
+        new, old = change.structure, self._structure
+        if new.empty:
+            # Nothing isolated: no table at all (a node without policies never loads nftables rules).
+            if old is not None and not self._present:
+                self._structure, self._token = new, change.token
+                return ApplyResult("unchanged", time.perf_counter() - start)
+            self._structure = self._token = None
+            await self.backend.run(_DROP_TABLE)
+            self._structure, self._token, self._present = new, change.token, False
+            return ApplyResult("removed", time.perf_counter() - start)
+        if old is not None and self._present and change.base is not None and change.base is self._token:
+            script = render_change(old, change)
+            if not script:
+                self._structure, self._token = new, change.token
+                return ApplyResult("unchanged", time.perf_counter() - start)
+            try:
+                await self.backend.run(script)
+            except NftError as exc:
+                log.warning(
+                    "incremental nftables update refused, replacing the table",
+                    extra={"op": "policy", "error": str(exc)[:500]},
+                )
+            else:
+                self._structure, self._token = new, change.token
+                return ApplyResult("incremental", time.perf_counter() - start, summarize(old, change))
+        self._structure = self._token = None
+        await self.backend.run(render_full(change.whole()))
+        self._structure, self._token, self._present = new, change.token, True
+        return ApplyResult("full", time.perf_counter() - start, summarize(None, change))
 
     async def counters(self) -> dict[str, tuple[int, int]]:
         """Packets and bytes per chain of ``inet flock`` (summed over the chain's counted rules)."""
-        if self._applied is not None and not self._present:
+        if self._structure is not None and not self._present:
             return {}
         out = await self.backend.run(f"list table {FAMILY} {TABLE}", json_output=True)
         totals: dict[str, tuple[int, int]] = {}
@@ -116,7 +138,8 @@ class NftApplier:
         """Delete the table (uninstall and tests); absent is fine."""
         async with self._lock:
             await self.backend.run(_DROP_TABLE)
-            self._applied, self._present = None, False
+            self._structure = self._token = self._whole = None
+            self._present = False
 
 
 def nft_available(command: Sequence[str] = ("nft",)) -> str | None:

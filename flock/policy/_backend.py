@@ -127,17 +127,23 @@ class LibNftables:
         plain = lib.nft_ctx_output_get_flags(ctx)
         try:
             while (request := self._requests.get()) is not None:
-                script, json_output, result = request
-                lib.nft_ctx_output_set_flags(ctx, plain | (_NFT_CTX_OUTPUT_JSON if json_output else 0))
-                rc = lib.nft_run_cmd_from_buffer(ctx, script.encode())
-                out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
-                err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
-                if rc != 0:
-                    result.set_exception(NftError(rc, err))
-                else:
-                    result.set_result(out)
+                self._run(ctx, plain, *request)
+                del request  # not kept while waiting for the next: a full table's script is megabytes
         finally:
             lib.nft_ctx_free(ctx)
+
+    def _run(
+        self, ctx: int, plain: int, script: str, json_output: bool, result: concurrent.futures.Future[str]
+    ) -> None:
+        lib = self._lib
+        lib.nft_ctx_output_set_flags(ctx, plain | (_NFT_CTX_OUTPUT_JSON if json_output else 0))
+        rc = lib.nft_run_cmd_from_buffer(ctx, script.encode())
+        out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
+        err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+        if rc != 0:
+            result.set_exception(NftError(rc, err))
+        else:
+            result.set_result(out)
 
     def _call(self, script: str, json_output: bool) -> str:
         result: concurrent.futures.Future[str] = concurrent.futures.Future()

@@ -58,6 +58,18 @@ def pod_chain(veth: str, direction: Direction) -> str:
     return ("in-" if direction is Direction.INGRESS else "eg-") + veth
 
 
+def selector_set(
+    scope: str | None, ns_selector: LabelSelector | None, pod_selector: LabelSelector | None, family: int
+) -> str:
+    """The set of the pods a peer selects (*scope*: the policy's namespace when it has no namespace selector)."""
+    return f"p-{_id('pods', scope, ns_selector, pod_selector)}-{family}"
+
+
+def service_set(named: tuple[tuple[str, Protocol], ...], family: int) -> str:
+    """The set of (address, protocol, port) of every pod declaring one of the *named* ports."""
+    return f"n-{_id('named', tuple((n, p.value) for n, p in named))}-{family}"
+
+
 @attrs.frozen
 class _Group:
     """Selectable pods sharing namespace and labels: selectors see them as one."""
@@ -219,8 +231,7 @@ class _RuleBuilder:
 
     def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str]]:
         scope = policy.namespace if peer.namespace_selector is None else None
-        key = _id("pods", scope, peer.namespace_selector, peer.pod_selector)
-        names = [(f, f"p-{key}-{f}") for f in self.families]
+        names = [(f, selector_set(scope, peer.namespace_selector, peer.pod_selector, f)) for f in self.families]
         for family, name in names:
             self.specs[name] = ("pods", scope, peer.namespace_selector, peer.pod_selector, family)
         return names
@@ -231,7 +242,7 @@ class _RuleBuilder:
         return (block.cidr.version, aset.name)
 
     def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int) -> str:
-        name = f"n-{_id('named', tuple((n, p.value) for n, p in named))}-{family}"
+        name = service_set(named, family)
         self.specs[name] = ("named", named, family)
         return name
 
@@ -276,7 +287,8 @@ def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[
     return _PolicyChains(Chain(name, body) if body else None, builder.specs, builder.static)
 
 
-def _check_local(pods: Iterable[PolicyPod]) -> list[PolicyPod]:
+def check_local(pods: Iterable[PolicyPod]) -> list[PolicyPod]:
+    """*pods* by key, each with a flock host veth (else :class:`InvalidLocalPod`)."""
     out = sorted(pods, key=lambda p: p.key)
     for p in out:
         if p.host_veth is None or not HOST_VETH.match(p.host_veth):
@@ -309,6 +321,15 @@ class Compiler:
         attrs.field(init=False, factory=dict)
     )
     _selection: dict[tuple[str, Labels, Direction], tuple[NetworkPolicy, ...]] = attrs.field(init=False, factory=dict)
+
+    @property
+    def policies(self) -> tuple[NetworkPolicy, ...]:
+        """The policies last given, by key."""
+        return self._policies
+
+    def set_policies(self, policies: Iterable[NetworkPolicy]) -> None:
+        """Compile for *policies* from now on (what :meth:`compile` does first)."""
+        self._set_policies(policies)
 
     def _set_policies(self, policies: Iterable[NetworkPolicy]) -> None:
         ordered = tuple(sorted(policies, key=lambda p: p.key))
@@ -353,7 +374,7 @@ class Compiler:
         pods: Iterable[PolicyPod],
         local_pods: Iterable[PolicyPod],
     ) -> Ruleset:
-        locals_ = _check_local(local_pods)
+        locals_ = check_local(local_pods)
         self._set_policies(policies)
         if not self._policies:
             # Nothing selects any pod: no chains, no sets (what the full pass below finds, without
@@ -363,14 +384,36 @@ class Compiler:
         everyone = {p.key: p for p in pods}
         everyone.update((p.key, p) for p in locals_)
         peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})
-        families = peers.families
+        layout = self.layout(locals_, peers.families)
+        service_sets: dict[str, ServiceSet] = {}
+        address_sets = dict(layout.address_sets)
+        selected: dict[tuple[object, ...], list[IPAddress]] = {}
+        for name, spec in layout.specs.items():
+            if spec[0] == "pods":
+                _, scope, ns_sel, pod_sel, family = spec
+                members = selected.get((scope, ns_sel, pod_sel))
+                if members is None:
+                    members = selected[(scope, ns_sel, pod_sel)] = peers.select(scope, ns_sel, pod_sel)
+                address_sets[name] = AddressSet(
+                    name, family, False, frozenset(a for a in members if a.version == family)
+                )
+            else:
+                _, named, family = spec
+                elements = (m for key in named for m in peers.named.get(key, ()) if m[0].version == family)
+                service_sets[name] = ServiceSet(name, family, frozenset(elements))
+        return layout.ruleset(address_sets, service_sets)
 
+    def layout(self, locals_: list[PolicyPod], families: tuple[int, ...]) -> Layout:
+        """This node's chains, maps and sets for *locals_* (checked, by key) under the policies last set.
+
+        Sets filled by pods are left as specs: the caller fills them."""
         chains: dict[str, Chain] = {}
         policy_chains: dict[str, str] = {}
         egress_map: dict[str, str] = {}
         ingress_map: dict[str, str] = {}
         specs: dict[str, SetSpec] = {}
         static: dict[str, AddressSet | PortSet] = {}
+        used: dict[tuple[str, tuple[str, ...]], Chain] = {}
         for pod in locals_:
             assert pod.host_veth is not None
             for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
@@ -394,35 +437,43 @@ class Compiler:
                 cached = self._pod_chains.get(jump_key)
                 if cached is None:
                     jumps = [Rule(Match(), f"jump {t}", counter=False) for t in targets]
-                    cached = self._pod_chains[jump_key] = Chain(chain, (*jumps, Rule(Match(), "drop")))
-                chains[chain] = cached
+                    cached = Chain(chain, (*jumps, Rule(Match(), "drop")))
+                used[jump_key] = chains[chain] = cached
                 vmap[pod.host_veth] = chain
-
-        address_sets: dict[str, AddressSet] = {n: s for n, s in static.items() if isinstance(s, AddressSet)}
-        port_sets: dict[str, PortSet] = {n: s for n, s in static.items() if isinstance(s, PortSet)}
-        service_sets: dict[str, ServiceSet] = {}
-        selected: dict[tuple[object, ...], list[IPAddress]] = {}
-        for name, spec in specs.items():
-            if spec[0] == "pods":
-                _, scope, ns_sel, pod_sel, family = spec
-                members = selected.get((scope, ns_sel, pod_sel))
-                if members is None:
-                    members = selected[(scope, ns_sel, pod_sel)] = peers.select(scope, ns_sel, pod_sel)
-                address_sets[name] = AddressSet(
-                    name, family, False, frozenset(a for a in members if a.version == family)
-                )
-            else:
-                _, named, family = spec
-                elements = (m for key in named for m in peers.named.get(key, ()) if m[0].version == family)
-                service_sets[name] = ServiceSet(name, family, frozenset(elements))
-        return Ruleset(
+        self._pod_chains = used  # the chains of pods gone from this node go too
+        return Layout(
             chains=dict(sorted(chains.items())),
-            address_sets=dict(sorted(address_sets.items())),
-            service_sets=dict(sorted(service_sets.items())),
-            port_sets=dict(sorted(port_sets.items())),
+            address_sets={n: s for n, s in static.items() if isinstance(s, AddressSet)},
+            port_sets=dict(sorted((n, s) for n, s in static.items() if isinstance(s, PortSet))),
+            specs=specs,
             egress_map=egress_map,
             ingress_map=ingress_map,
             policy_chains=policy_chains,
+        )
+
+
+@attrs.frozen
+class Layout:
+    """A ruleset but for the elements of the sets pods fill: those are ``specs`` (set name → what fills it)."""
+
+    chains: dict[str, Chain]
+    address_sets: dict[str, AddressSet]  # the static ones (ipBlocks)
+    port_sets: dict[str, PortSet]
+    specs: dict[str, SetSpec]
+    egress_map: dict[str, str]
+    ingress_map: dict[str, str]
+    policy_chains: dict[str, str]
+
+    def ruleset(self, address_sets: Mapping[str, AddressSet], service_sets: Mapping[str, ServiceSet]) -> Ruleset:
+        """The ruleset with *address_sets* (static and filled) and *service_sets*."""
+        return Ruleset(
+            chains=self.chains,
+            address_sets=dict(sorted(address_sets.items())),
+            service_sets=dict(sorted(service_sets.items())),
+            port_sets=self.port_sets,
+            egress_map=self.egress_map,
+            ingress_map=self.ingress_map,
+            policy_chains=self.policy_chains,
         )
 
 

@@ -1,15 +1,24 @@
-"""What the policy watchers know, as one snapshot value with a change signal.
+"""What the policy watchers know, with a change signal and a change journal.
 
 The cluster-wide watchers (NetworkPolicy, Namespace, Pod) write into one
-:class:`PolicyInputs`; the policy service reads :meth:`PolicyInputs.snapshot`
-and sleeps in :meth:`PolicyInputs.wait_changed`.  Writers never block and
-never see the readers: a burst of changes wakes the reader once.
+:class:`PolicyInputs`.  The policy service reads it two ways: once whole (the
+live tables, read without an await in between), then change by change
+through an :class:`InputJournal` — the keys written since its last drain,
+each with the value it had then — so a pod's change costs the service work
+for that pod, never a copy of the cluster.  Writers never block and never see
+the readers: a burst of changes wakes the reader once.
+
+:meth:`PolicyInputs.snapshot` (a copy of everything) stays for the few
+callers that want a whole view at one instant (tests, tools); the service's
+hot path never takes one.
 """
 
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
@@ -29,7 +38,7 @@ _EVERY_KIND = frozenset(Kind)
 
 @attrs.frozen
 class PolicySnapshot:
-    """Everything the watchers know at one instant.
+    """Everything the watchers know at one instant (a copy: for tests and tools, not per change).
 
     ``generation`` grows by one per change; ``synced`` lists the kinds whose
     first full list has arrived (the service applies only when all three are
@@ -47,19 +56,74 @@ class PolicySnapshot:
         return self.synced == _EVERY_KIND
 
 
+@attrs.frozen
+class InputChanges:
+    """What was written since a journal's previous drain: per kind, key → the value it had then (None: absent).
+
+    A key written and then written back is listed too, with a previous value
+    equal to the current one: readers compare.
+    """
+
+    policies: Mapping[str, NetworkPolicy | None] = attrs.field(factory=dict)
+    namespaces: Mapping[str, Namespace | None] = attrs.field(factory=dict)
+    pods: Mapping[str, PolicyPod | None] = attrs.field(factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.policies or self.namespaces or self.pods)
+
+
+@attrs.define(eq=False)
+class InputJournal:
+    """The keys written to one :class:`PolicyInputs` since the last :meth:`drain`, with their values then.
+
+    Made by :meth:`PolicyInputs.journal`; forgotten by the inputs once its
+    reader drops it.  It holds one entry per key written (not per write):
+    a reader that falls behind costs at most one entry per object.
+    """
+
+    _before: dict[Kind, dict[str, Any]] = attrs.field(init=False, factory=lambda: {k: {} for k in Kind})
+
+    def record(self, kind: Kind, key: str, before: object) -> None:
+        self._before[kind].setdefault(key, before)
+
+    def drain(self) -> InputChanges:
+        """What was written since the previous drain (or the journal's making); starts afresh."""
+        before = self._before
+        if not any(before.values()):
+            return InputChanges()
+        self._before = {k: {} for k in Kind}
+        return InputChanges(before[Kind.NETWORK_POLICY], before[Kind.NAMESPACE], before[Kind.POD])
+
+
 class PolicySource(Protocol):
     """What the policy service needs of the watchers."""
 
-    def snapshot(self) -> PolicySnapshot: ...
-
     @property
     def generation(self) -> int:
-        """The generation the next snapshot will have (no snapshot is built to read it)."""
+        """Grows by one per change."""
         ...
 
-    async def wait_changed(self, generation: int) -> PolicySnapshot:
-        """Return the first snapshot whose generation is greater than *generation*."""
+    @property
+    def complete(self) -> bool:
+        """Every kind has been listed once."""
         ...
+
+    @property
+    def policies(self) -> Mapping[str, NetworkPolicy]:
+        """The live table ("ns/name" →): read it without an await in between."""
+        ...
+
+    @property
+    def namespaces(self) -> Mapping[str, Namespace]: ...
+
+    @property
+    def pods(self) -> Mapping[str, PolicyPod]: ...
+
+    def journal(self) -> InputJournal:
+        """A journal of the writes from now on (take it together with a whole read of the tables)."""
+        ...
+
+    def snapshot(self) -> PolicySnapshot: ...
 
     async def wait_generation(self, generation: int) -> int:
         """The current generation once it is greater than *generation* (no snapshot is built)."""
@@ -70,9 +134,11 @@ class PolicySource(Protocol):
 class PolicyInputs:
     """The watchers' shared cache (implements :class:`PolicySource`).
 
-    Writers: ``set_*``/``delete_*`` per object, ``replace(kind, objects)`` after
+    Writers: ``set_*``/``delete`` per object, ``replace(kind, objects)`` after
     a (re)list, ``mark_synced(kind)``.  Each call that changes something bumps
-    the generation and wakes the readers; a call that changes nothing does not.
+    the generation, notes the keys in every open journal and wakes the
+    readers; a call that changes nothing does none of that.  Values are kept
+    as given (the watchers' objects, shared, never copied).
     """
 
     _policies: dict[str, NetworkPolicy] = attrs.field(init=False, factory=dict)
@@ -82,6 +148,7 @@ class PolicyInputs:
     _generation: int = attrs.field(init=False, default=0)
     _snapshot: PolicySnapshot | None = attrs.field(init=False, default=None)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _journals: weakref.WeakSet[InputJournal] = attrs.field(init=False, factory=weakref.WeakSet)
 
     def _bump(self) -> None:
         self._generation += 1
@@ -96,9 +163,15 @@ class PolicyInputs:
             return self._namespaces
         return self._pods
 
+    def _note(self, kind: Kind, key: str, before: object) -> None:
+        for journal in self._journals:
+            journal.record(kind, key, before)
+
     def _put(self, kind: Kind, key: str, value: object) -> None:
         table = self._table(kind)
-        if table.get(key) != value:
+        before = table.get(key)
+        if before is not value and before != value:
+            self._note(kind, key, before)
             table[key] = value
             self._bump()
 
@@ -113,15 +186,31 @@ class PolicyInputs:
 
     def delete(self, kind: Kind, key: str) -> None:
         """Forget the object *key* ("ns/name", or the name for a Namespace); absent is fine."""
-        if self._table(kind).pop(key, None) is not None:
+        before = self._table(kind).pop(key, None)
+        if before is not None:
+            self._note(kind, key, before)
             self._bump()
 
     def replace(self, kind: Kind, objects: Mapping[str, NetworkPolicy | Namespace | PolicyPod]) -> None:
-        """Replace everything of *kind* (after a list), keyed as above; marks *kind* synced."""
+        """Replace everything of *kind* (after a list), keyed as above; marks *kind* synced.
+
+        A value equal to the one held stays the one held (readers may know it by identity)."""
         table = self._table(kind)
-        changed = table != dict(objects) or kind not in self._synced
+        changed = kind not in self._synced
+        fresh: dict[str, Any] = {}
+        for key, after in objects.items():
+            before = table.get(key)
+            if before is not None and (before is after or before == after):
+                fresh[key] = before
+            else:
+                self._note(kind, key, before)
+                fresh[key] = after
+                changed = True
+        for key in table.keys() - objects.keys():
+            self._note(kind, key, table[key])
+            changed = True
         table.clear()
-        table.update(objects)
+        table.update(fresh)
         self._synced.add(kind)
         if changed:
             self._bump()
@@ -131,7 +220,29 @@ class PolicyInputs:
             self._synced.add(kind)
             self._bump()
 
+    def journal(self) -> InputJournal:
+        journal = InputJournal()
+        self._journals.add(journal)
+        return journal
+
+    @property
+    def policies(self) -> Mapping[str, NetworkPolicy]:
+        return MappingProxyType(self._policies)
+
+    @property
+    def namespaces(self) -> Mapping[str, Namespace]:
+        return MappingProxyType(self._namespaces)
+
+    @property
+    def pods(self) -> Mapping[str, PolicyPod]:
+        return MappingProxyType(self._pods)
+
+    @property
+    def complete(self) -> bool:
+        return self._synced == _EVERY_KIND
+
     def snapshot(self) -> PolicySnapshot:
+        """A copy of everything (O(cluster)): for tests and tools, never per change."""
         if self._snapshot is None:
             self._snapshot = PolicySnapshot(
                 self._generation,

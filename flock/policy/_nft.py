@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 from ._model import IPAddress, Protocol
-from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Match, PortSet, Rule, Ruleset, ServiceSet
+from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Match, PortSet, Rule, Ruleset, RulesetChange, ServiceSet
 
 TABLE = "flock"
 FAMILY = "inet"
@@ -176,15 +176,8 @@ def render_full(rs: Ruleset) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _element_changes(
-    t: str, name: str, s: AddressSet | ServiceSet, old: Iterable[object], new: Iterable[object]
-) -> tuple[list[str], list[str]]:
-    old_set, new_set = frozenset(old), frozenset(new)
-    removed = _sorted_elements(s, old_set - new_set)
-    added = _sorted_elements(s, new_set - old_set)
-    dels = [f"delete element {t} {name} {{ {', '.join(c)} }}" for c in _chunks(removed)]
-    adds = [f"add element {t} {name} {{ {', '.join(c)} }}" for c in _chunks(added)]
-    return dels, adds
+def _element_lines(t: str, verb: str, s: AddressSet | ServiceSet, elements: Iterable[object]) -> list[str]:
+    return [f"{verb} element {t} {s.name} {{ {', '.join(c)} }}" for c in _chunks(_sorted_elements(s, elements))]
 
 
 def _map_changes(t: str, name: str, old: Mapping[str, str], new: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -200,7 +193,21 @@ def _map_changes(t: str, name: str, old: Mapping[str, str], new: Mapping[str, st
 
 def render_update(old: Ruleset, new: Ruleset) -> str:
     """The transaction turning the applied *old* into *new*; "" when nothing changes."""
+    return render_change(old, RulesetChange.of(new, old, base=old))
+
+
+def render_change(old: Ruleset, change: RulesetChange) -> str:
+    """The transaction turning the applied *old* into ``change.structure``; "" when nothing changes.
+
+    Only the declarations of *old*'s sets are read: elements move as
+    *change* says (sets in both), or come whole with a new set."""
+    new = change.structure
     t = f"{FAMILY} {TABLE}"
+    if new is old:  # pod churn: elements only
+        sets = _all_sets(new)
+        out = [line for n, e in change.removed.items() for line in _element_lines(t, "delete", sets[n], e)]
+        out += [line for n, e in change.added.items() for line in _element_lines(t, "add", sets[n], e)]
+        return "\n".join(out) + "\n" if out else ""
     old_sets, new_sets = _all_sets(old), _all_sets(new)
     head: list[str] = []
     rules: list[str] = []
@@ -210,13 +217,17 @@ def render_update(old: Ruleset, new: Ruleset) -> str:
 
     for name, s in new_sets.items():
         prev = old_sets.get(name)
-        if prev is not None and prev.declaration != s.declaration:
-            raise RenderError(f"set {name} changed its type: set names must encode their type")
         if prev is None:
             head.append(f"add set {t} {_name(name)} {{ {_set_type(s)}; }}")
-        d, a = _element_changes(t, name, s, prev.elements if prev is not None else (), s.elements)
-        dels += d
-        adds += a
+            adds += _element_lines(t, "add", s, change.elements(name))
+            continue
+        if prev.declaration != s.declaration:
+            raise RenderError(f"set {name} changed its type: set names must encode their type")
+        gone, came = change.removed.get(name), change.added.get(name)
+        if gone:
+            dels += _element_lines(t, "delete", s, gone)
+        if came:
+            adds += _element_lines(t, "add", s, came)
     head += [_port_set(t, ps, f"add set {t}") for n, ps in new.port_sets.items() if n not in old.port_sets]
     for name, chain in new.chains.items():
         prev_chain = old.chains.get(name)
@@ -231,6 +242,8 @@ def render_update(old: Ruleset, new: Ruleset) -> str:
         (EGRESS_MAP, old.egress_map, new.egress_map),
         (INGRESS_MAP, old.ingress_map, new.ingress_map),
     ):
+        if o is n:
+            continue
         d, a = _map_changes(t, map_name, o, n)
         dels += d
         adds += a
@@ -243,24 +256,19 @@ def render_update(old: Ruleset, new: Ruleset) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def summarize(old: Ruleset | None, new: Ruleset) -> dict[str, int]:
-    """Counts for the one log line per applied change."""
+def summarize(old: Ruleset | None, change: RulesetChange) -> dict[str, int]:
+    """Counts for the one log line per applied change (*old*: the structure it replaced; None: a full apply)."""
+    new = change.structure
     if old is None:
         return {"chains": len(new.chains), "rules": new.rule_count, "sets": new.set_count}
     old_sets, new_sets = _all_sets(old), _all_sets(new)
     changed = sum(1 for n, c in new.chains.items() if old.chains.get(n) is not c and old.chains.get(n) != c)
-    elements_added = sum(
-        len(frozenset(s.elements) - frozenset(old_sets[n].elements if n in old_sets else ()))
-        for n, s in new_sets.items()
-    )
-    elements_removed = sum(
-        len(frozenset(s.elements) - frozenset(new_sets[n].elements if n in new_sets else ()))
-        for n, s in old_sets.items()
-    )
     return {
         "chains_changed": changed,
         "chains_removed": sum(1 for n in old.chains if n not in new.chains),
-        "elements_added": elements_added,
-        "elements_removed": elements_removed,
+        "elements_added": sum(
+            len(change.added.get(n, ())) if n in old_sets else len(change.elements(n)) for n in new_sets
+        ),
+        "elements_removed": sum(len(change.removed.get(n, ())) for n in old_sets),
         "pods_isolated": len(set(new.egress_map) | set(new.ingress_map)),
     }

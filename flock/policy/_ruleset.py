@@ -22,7 +22,7 @@ forward hook, so it is always allowed (kubelet probes).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -130,3 +130,66 @@ class Ruleset:
     @property
     def set_count(self) -> int:
         return len(self.address_sets) + len(self.service_sets) + len(self.port_sets) + 2
+
+    @property
+    def empty(self) -> bool:
+        """Nothing isolated: no table at all (a node without policies loads no nftables rules)."""
+        return not self.chains and not self.egress_map and not self.ingress_map
+
+
+def _elements(ruleset: Ruleset, name: str) -> frozenset[object]:
+    s = ruleset.address_sets.get(name) or ruleset.service_sets.get(name)
+    return s.elements if s is not None else frozenset()
+
+
+@attrs.frozen(eq=False)
+class RulesetChange:
+    """A ruleset as the policy service hands it to the applier: cheap to make per change.
+
+    ``structure`` is the new ruleset whole but for the elements of the sets
+    pods fill (their declarations are there, elements may be left out): it is
+    small (this node's chains, maps, set declarations, ipBlock and port sets)
+    and shared between changes that leave it alone.  ``added`` / ``removed``
+    say how the elements of sets present in both the previous and this
+    ruleset moved (set name → elements); for a set new here, ``added`` holds
+    the elements the structure leaves out.  They are relative to the change
+    whose ``token`` is ``base``: an applier that last applied that one may
+    apply them; any other (a fresh one, one whose last transaction nft
+    refused) replaces the table with :meth:`whole`.
+    """
+
+    structure: Ruleset
+    added: Mapping[str, frozenset[object]] = attrs.field(factory=dict)
+    removed: Mapping[str, frozenset[object]] = attrs.field(factory=dict)
+    base: object | None = None
+    token: object = attrs.Factory(object)
+    # The complete ruleset, elements included, built on demand (O(elements)): valid until the next change is made.
+    materialize: Callable[[], Ruleset] | None = None
+
+    def whole(self) -> Ruleset:
+        return self.materialize() if self.materialize is not None else self.structure
+
+    def elements(self, name: str) -> frozenset[object]:
+        """Every element of *name*, a set new in this change (its structure's and its added ones)."""
+        extra = self.added.get(name)
+        have = _elements(self.structure, name)
+        return have | extra if extra else have
+
+    @classmethod
+    def of(cls, ruleset: Ruleset, previous: Ruleset | None = None, base: object | None = None) -> RulesetChange:
+        """*ruleset* whole; with *previous* (applied as *base*), its elements as changes from that one's."""
+        if previous is None or base is None:
+            return cls(ruleset)
+        added: dict[str, frozenset[object]] = {}
+        removed: dict[str, frozenset[object]] = {}
+        for sets in (ruleset.address_sets, ruleset.service_sets):
+            for name, s in sets.items():
+                before = _elements(previous, name)
+                if s.elements is before:
+                    continue
+                plus, minus = s.elements - before, before - s.elements
+                if plus:
+                    added[name] = plus
+                if minus:
+                    removed[name] = minus
+        return cls(ruleset, added, removed, base)

@@ -1,5 +1,9 @@
-"""The policy service: watchers' snapshot + this node's attachments → compile → one nftables transaction.
+"""The policy service: the watchers' changes + this node's attachments → the ruleset's change → one nftables transaction.
 
+The service keeps a :class:`PolicyEngine` (built once from the inputs as
+they are, then fed the inputs' journal, change by change) and hands its
+changes to the applier: set elements that moved and the structure when it
+changed, so a remote pod's change costs work for the selectors it touches.
 Also the ADD gate: :meth:`PolicyService.ensure` returns once a ruleset that
 includes the new pod (its chains, its addresses in every set it belongs to)
 is in the kernel.
@@ -26,11 +30,11 @@ from flock.model import Allocation
 from flock.nursery import Backoff
 
 from ._backend import NftError
-from ._compile import Compiler
-from ._inputs import PolicySnapshot, PolicySource
+from ._engine import PolicyEngine
+from ._inputs import InputJournal, PolicySource
 from ._metrics import PolicyMetrics
 from ._model import PolicyPod
-from ._ruleset import Ruleset
+from ._ruleset import Ruleset, RulesetChange
 
 log = logging.getLogger("flock.policy")
 
@@ -73,7 +77,9 @@ class Watermark(Protocol):
 
 
 class RulesetApplier(Protocol):
-    async def apply(self, ruleset: Ruleset) -> object: ...
+    async def apply_change(self, change: RulesetChange) -> object:
+        """Make the kernel hold ``change.whole()`` (incrementally when *change* continues the last one applied)."""
+        ...
 
     async def counters(self) -> dict[str, tuple[int, int]]: ...
 
@@ -93,7 +99,7 @@ def _addresses(alloc: Allocation) -> tuple:
 @attrs.frozen
 class _Applied:
     generation: int
-    ruleset: Ruleset
+    ruleset: Ruleset  # its structure: the elements of the sets pods fill are the engine's
     covered: Mapping[str, tuple]  # container ID → addresses its chains and memberships were compiled with
     pods_by_veth: Mapping[str, tuple[str, str]]
 
@@ -119,7 +125,8 @@ class PolicyService:
     backoff: Backoff = APPLY_BACKOFF
     counters_every: float = COUNTERS_EVERY_S
     rand: Callable[[], float] = random.random
-    _compiler: Compiler = attrs.field(init=False, factory=Compiler)
+    _engine: PolicyEngine | None = attrs.field(init=False, default=None)  # built once the inputs are complete
+    _journal: InputJournal | None = attrs.field(init=False, default=None)  # the inputs' changes since the engine's
     _applied: _Applied | None = attrs.field(init=False, default=None)
     _applied_event: trio.Event = attrs.field(init=False, factory=trio.Event)
     _failures: int = attrs.field(init=False, default=0)
@@ -127,20 +134,23 @@ class PolicyService:
     _mark: int = attrs.field(init=False, default=0)
     # container ID → (allocation, the watchers' pod, the local PolicyPod, its addresses): see local_pods
     _local_cache: dict[str, tuple[Allocation, PolicyPod, PolicyPod, tuple]] = attrs.field(init=False, factory=dict)
-    # Set (and replaced) whenever the watchers' snapshot or this node's attachments change.
+    # Set (and replaced) whenever the watchers' inputs or this node's attachments change.
     _poked: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     @property
     def applied(self) -> Ruleset | None:
+        """What the kernel holds: chains, maps, set declarations (elements of the sets pods fill left out)."""
         return self._applied.ruleset if self._applied is not None else None
+
+    def ruleset(self) -> Ruleset | None:
+        """The whole ruleset the service last handed to the applier, elements included (O(elements): tools, tests)."""
+        return self._engine.ruleset() if self._engine is not None else None
 
     @property
     def last_error(self) -> str | None:
         return self._last_error
 
-    def local_pods(
-        self, snap: PolicySnapshot, allocations: Mapping[str, Allocation]
-    ) -> tuple[list[PolicyPod], dict[str, tuple]]:
+    def local_pods(self, allocations: Mapping[str, Allocation]) -> tuple[list[PolicyPod], dict[str, tuple]]:
         """This node's attachments whose pod the watchers know, as local PolicyPods.
 
         Each one is derived from its allocation and the watchers' pod value,
@@ -148,9 +158,9 @@ class PolicyService:
         one new value, not one per pod on the node."""
         pods: list[PolicyPod] = []
         covered: dict[str, tuple] = {}
-        cache, fresh = self._local_cache, {}
+        cache, fresh, known_pods = self._local_cache, {}, self.inputs.pods
         for cid, alloc in allocations.items():
-            known = snap.pods.get(f"{alloc.namespace}/{alloc.pod}")
+            known = known_pods.get(f"{alloc.namespace}/{alloc.pod}")
             if known is None:
                 continue  # labels unknown: left out; ensure() keeps its ADD waiting
             hit = cache.get(cid)
@@ -191,6 +201,13 @@ class PolicyService:
                 )
             await self._applied_event.wait()
 
+    async def wait_applied(self, generation: int) -> None:
+        """Return once the kernel holds a ruleset made from the inputs' *generation* or a later one.
+
+        The caller bounds the wait (a refused transaction is retried, not reported here)."""
+        while self._applied is None or self._applied.generation < generation:
+            await self._applied_event.wait()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Apply, then follow changes; started() at once (readiness says whether a ruleset is in)."""
         if self.readiness is not None:
@@ -206,23 +223,26 @@ class PolicyService:
 
     async def _apply_loop(self) -> None:
         attempt = 0
-        seen: tuple[int, Mapping[str, Allocation]] | None = None  # what the applied ruleset was compiled from
+        self._engine = self._journal = None  # a restarted service starts from the inputs as they are
+        seen: tuple[int, Mapping[str, Allocation]] | None = None  # what the applied ruleset was made from
         while True:
-            snap = self.inputs.snapshot()
+            generation = self.inputs.generation
             mark = self.watermark.watermark if self.watermark is not None else 0
             local_version = self.local.version
             allocations = dict(self.local.allocations)  # a copy: the owner's view may be live
             # The node's state changes for many reasons (readiness, NodeConfig): only the
-            # watchers' snapshot and this node's attachments matter here.
+            # watchers' inputs and this node's attachments matter here.
             # Before start-up has rebuilt this node's attachments the view is empty, not true: a table
             # compiled from it would drop every running pod's chains. The table in the kernel (a previous
             # agent's) stays until then; ADD cannot be served before it either.
-            if snap.complete and self.local.allocations_loaded and seen != (snap.generation, allocations):
+            if self.inputs.complete and self.local.allocations_loaded and seen != (generation, allocations):
                 try:
-                    await self._apply(snap, mark, allocations)
+                    await self._apply(generation, mark, allocations)
                     attempt = 0
-                    seen = (snap.generation, allocations)
+                    seen = (generation, allocations)
                 except NftError as exc:
+                    # The engine has moved on; the applier, knowing no more what the kernel holds,
+                    # replaces the table with the engine's whole ruleset on the next attempt.
                     self._failed(exc)
                     delay = self.backoff.delay(attempt, self.rand())
                     attempt += 1
@@ -233,27 +253,38 @@ class PolicyService:
                     )
                     await trio.sleep(delay)
                     continue
-            await self._wait_for_change(snap.generation, local_version)
+            await self._wait_for_change(generation, local_version)
 
-    async def _apply(self, snap: PolicySnapshot, mark: int, allocations: Mapping[str, Allocation]) -> None:
+    def _follow(self, local: list[PolicyPod]) -> RulesetChange:
+        """The engine's change for the inputs' writes since the last call, and *local* (no await in here)."""
+        if self._engine is None or self._journal is None:
+            self._journal = self.inputs.journal()  # with the whole read: nothing can come between them
+            self._engine = PolicyEngine(self.inputs)
+            self._engine.load(local)
+        else:
+            self._engine.update(self._journal.drain(), local)
+        return self._engine.change()
+
+    async def _apply(self, generation: int, mark: int, allocations: Mapping[str, Allocation]) -> None:
         started = time.perf_counter()
-        local, covered = self.local_pods(snap, allocations)
-        ruleset = self._compiler.compile(snap.policies.values(), snap.namespaces.values(), snap.pods.values(), local)
-        result = await self.applier.apply(ruleset)
+        local, covered = self.local_pods(allocations)
+        change = self._follow(local)
+        result = await self.applier.apply_change(change)
         seconds = time.perf_counter() - started
         mode = getattr(result, "mode", "full")
+        structure = change.structure
         pods_by_veth = {p.host_veth: (p.namespace, p.name) for p in local if p.host_veth is not None}
-        self._applied = _Applied(snap.generation, ruleset, covered, pods_by_veth)
+        self._applied = _Applied(generation, structure, covered, pods_by_veth)
         self._applied_event.set()
         self._applied_event = trio.Event()
         self._last_error = None
         if self.readiness is not None:
             self.readiness.open_gate(POLICY_GATE)
         if self.metrics is not None and mode != "unchanged":
-            self.metrics.applied(ruleset, mode, seconds)
+            self.metrics.applied(structure, mode, seconds)
         self._publish(mark)
-        if self.watermark is not None and self.inputs.snapshot().generation == snap.generation:
-            # Progress that arrived while the transaction ran (no change since the snapshot): it is in
+        if self.watermark is not None and self.inputs.generation == generation:
+            # Progress that arrived while the transaction ran (no change since this generation): it is in
             # too.  _follow_watermark skipped it then (generation not applied yet) and waits for more.
             self._publish(self.watermark.watermark)
         if mode != "unchanged":
@@ -263,9 +294,9 @@ class PolicyService:
                     "op": "policy",
                     "mode": mode,
                     "seconds": round(seconds, 4),
-                    "generation": snap.generation,
+                    "generation": generation,
                     "resource_version": mark,
-                    "policies": len(snap.policies),
+                    "policies": len(self.inputs.policies),
                     "local_pods": len(local),
                     **getattr(result, "summary", {}),
                 },
@@ -294,7 +325,7 @@ class PolicyService:
             self.readiness.close_gate(POLICY_GATE, f"nftables refused the ruleset: {first_line}")
 
     async def _wait_for_change(self, generation: int, local_version: int) -> None:
-        """Until the watchers' snapshot is newer than *generation* or this node's
+        """Until the watchers' inputs are newer than *generation* or this node's
         attachments than *local_version* (at once if already so).
 
         Two long-lived followers (:meth:`_follow_inputs`, :meth:`_follow_local`)
@@ -319,7 +350,7 @@ class PolicyService:
             self._poke()
 
     async def _follow_watermark(self) -> None:
-        """Between changes BOOKMARKs move the watermark on: publish it while the applied snapshot is the newest."""
+        """Between changes BOOKMARKs move the watermark on: publish it while the applied generation is the newest."""
         assert self.watermark is not None
         seen = 0
         while True:
@@ -327,7 +358,7 @@ class PolicyService:
             applied = self._applied
             if applied is None:
                 continue
-            if applied.generation == self.inputs.snapshot().generation:
+            if applied.generation == self.inputs.generation:
                 self._publish(self.watermark.watermark)  # read with the generation check, no await between
 
     async def _read_counters(self) -> None:

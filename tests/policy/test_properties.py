@@ -9,10 +9,13 @@ selectors, TCP/UDP/SCTP, numeric, named and endPort ports.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
+from collections.abc import Callable, Mapping
 
 import attrs
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,9 +23,13 @@ from flock.fnv import fnv1a_32
 from flock.policy import (
     Compiler,
     Endpoint,
+    Kind,
+    MemoryApplier,
     Namespace,
     NetworkPolicy,
     Packet,
+    PolicyEngine,
+    PolicyInputs,
     PolicyPod,
     Protocol,
     compile_ruleset,
@@ -67,7 +74,21 @@ def selectors(draw: st.DrawFn) -> dict:
 
 
 @st.composite
-def peers(draw: st.DrawFn) -> dict:
+def dense_selectors(draw: st.DrawFn) -> dict:
+    """Selectors that match often: empty, one label pair, or one expression."""
+    kind = draw(st.sampled_from(["empty", "empty", "pair", "pair", "pair", "expression", "namespace"]))
+    if kind == "empty":
+        return {}
+    if kind == "namespace":
+        return {"matchLabels": {"kubernetes.io/metadata.name": draw(st.sampled_from(["x", "y", "z"]))}}
+    if kind == "pair":
+        return {"matchLabels": {draw(st.sampled_from(KEYS)): draw(st.sampled_from(VALUES))}}
+    return draw(selectors())
+
+
+@st.composite
+def peers(draw: st.DrawFn, selector: st.SearchStrategy[dict] | None = None) -> dict:
+    selector = selectors() if selector is None else selector
     kind = draw(st.sampled_from(["pod", "ns", "both", "block"]))
     if kind == "block":
         cidr = draw(st.sampled_from(sorted(CIDRS)))
@@ -78,9 +99,9 @@ def peers(draw: st.DrawFn) -> dict:
         return {"ipBlock": block}
     peer: dict = {}
     if kind in ("pod", "both"):
-        peer["podSelector"] = draw(selectors())
+        peer["podSelector"] = draw(selector)
     if kind in ("ns", "both"):
-        peer["namespaceSelector"] = draw(selectors())
+        peer["namespaceSelector"] = draw(selector)
     return peer
 
 
@@ -102,22 +123,22 @@ def ports(draw: st.DrawFn) -> dict:
 
 
 @st.composite
-def rules(draw: st.DrawFn, peer_key: str) -> dict:
+def rules(draw: st.DrawFn, peer_key: str, selector: st.SearchStrategy[dict] | None = None) -> dict:
     r: dict = {}
     if draw(st.booleans()):
-        r[peer_key] = draw(st.lists(peers(), max_size=2))
+        r[peer_key] = draw(st.lists(peers(selector), max_size=2))
     if draw(st.booleans()):
         r["ports"] = draw(st.lists(ports(), max_size=2))
     return r
 
 
 @st.composite
-def policies(draw: st.DrawFn, index: int) -> dict:
-    spec: dict = {"podSelector": draw(selectors())}
+def policies(draw: st.DrawFn, index: int, selector: st.SearchStrategy[dict] | None = None) -> dict:
+    spec: dict = {"podSelector": draw(selectors() if selector is None else selector)}
     if draw(st.booleans()):
-        spec["ingress"] = draw(st.lists(rules("from"), max_size=2))
+        spec["ingress"] = draw(st.lists(rules("from", selector), max_size=2))
     if draw(st.booleans()):
-        spec["egress"] = draw(st.lists(rules("to"), max_size=2))
+        spec["egress"] = draw(st.lists(rules("to", selector), max_size=2))
     if draw(st.booleans()):
         spec["policyTypes"] = draw(
             st.lists(st.sampled_from(["Ingress", "Egress"]), min_size=1, max_size=2, unique=True)
@@ -127,7 +148,12 @@ def policies(draw: st.DrawFn, index: int) -> dict:
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> tuple[list[NetworkPolicy], list[Namespace], list[PolicyPod]]:
+def clusters(
+    draw: st.DrawFn,
+    names: tuple[str, ...] = ("a", "b", "c"),
+    max_policies: int = 4,
+    selector: st.SearchStrategy[dict] | None = None,
+) -> tuple[list[NetworkPolicy], list[Namespace], list[PolicyPod]]:
     namespaces = [
         Namespace.from_object({"metadata": {"name": name, "labels": draw(labels)}})
         for name in ("x", "y", "z")
@@ -136,7 +162,7 @@ def clusters(draw: st.DrawFn) -> tuple[list[NetworkPolicy], list[Namespace], lis
     pods = []
     counter = itertools.count(1)
     for ns in ("x", "y", "z"):
-        for name in draw(st.lists(st.sampled_from(["a", "b", "c"]), unique=True, max_size=3)):
+        for name in draw(st.lists(st.sampled_from(names), unique=True, max_size=len(names))):
             node = draw(st.sampled_from(sorted(NODES)))
             n = next(counter)
             sub = 1 if node == "n1" else 2
@@ -153,7 +179,7 @@ def clusters(draw: st.DrawFn) -> tuple[list[NetworkPolicy], list[Namespace], lis
                 "status": {"podIPs": ips, "phase": "Running"},
             }
             pods.append(PolicyPod.from_object(obj))
-    pols = [NetworkPolicy.from_object(draw(policies(i))) for i in range(draw(st.integers(0, 4)))]
+    pols = [NetworkPolicy.from_object(draw(policies(i, selector))) for i in range(draw(st.integers(0, max_policies)))]
     return pols, namespaces, pods
 
 
@@ -209,3 +235,90 @@ def test_a_reused_compiler_returns_what_a_fresh_one_does(one, two) -> None:
         for node in NODES:
             local = [_with_veth(p) for p in pods if p.node == node]
             assert compiler.compile(pols, namespaces, pods, local) == compile_ruleset(pols, namespaces, pods, local)
+
+
+# ---- the engine: change by change, the same ruleset --------------------------------------------
+
+LOCAL = "n1"
+BIGGER = ("a", "b", "c", "d", "e", "f")
+
+
+def _local_pods(pods: Mapping[str, PolicyPod]) -> list[PolicyPod]:
+    """This node's pods as the service makes them: selectable, with the allocation's addresses and a veth."""
+    out = []
+    for p in pods.values():
+        if p.node == LOCAL:
+            addresses = p.addresses or (ipaddress.ip_address(f"2001:db8:1::{fnv1a_32(p.key) % 0xFFFF:x}"),)
+            out.append(attrs.evolve(p, host_veth=_veth(p), selectable=True, addresses=addresses))
+    return out
+
+
+@st.composite
+def mutations(draw: st.DrawFn, pod: PolicyPod) -> PolicyPod:
+    """Another value of *pod*: relabelled, readdressed, moved, finished."""
+    change = draw(st.sampled_from(["labels", "addresses", "node", "unselectable", "no-address"]))
+    if change == "labels":
+        return attrs.evolve(pod, labels=draw(labels))
+    if change == "addresses":
+        n = draw(st.integers(1, 0xFF))
+        extra = (ipaddress.ip_address(f"192.0.2.{n}"),) if draw(st.booleans()) else ()
+        return attrs.evolve(pod, addresses=(ipaddress.ip_address(f"2001:db8:3::{n:x}"), *extra))
+    if change == "node":
+        return attrs.evolve(pod, node="n2" if pod.node == LOCAL else LOCAL)
+    if change == "unselectable":
+        return attrs.evolve(pod, selectable=False)
+    return attrs.evolve(pod, addresses=())
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(BIGGER, 6, dense_selectors()), clusters(BIGGER, 6, dense_selectors()), st.data())
+def test_an_engine_following_changes_ends_where_a_fresh_compile_does(one, two, data) -> None:
+    """From cluster *one* to *two* by single writes (some detours first), applied in batches of any size:
+    after each batch the engine's ruleset is a fresh compile's, and its changes, applied in
+    memory (strictly: no element deleted that is not there, none added that is), give that ruleset."""
+    inputs = PolicyInputs()
+    pols, namespaces, pods = one
+    inputs.replace(Kind.NETWORK_POLICY, {p.key: p for p in pols})
+    inputs.replace(Kind.NAMESPACE, {n.name: n for n in namespaces})
+    inputs.replace(Kind.POD, {p.key: p for p in pods})
+    journal = inputs.journal()
+    engine = PolicyEngine(inputs)
+    engine.load(_local_pods(inputs.pods))
+    applier = MemoryApplier()
+
+    def applied_and_checked() -> None:
+        trio.run(applier.apply_change, engine.change())
+        want = compile_ruleset(inputs.policies.values(), inputs.namespaces.values(), inputs.pods.values(), local)
+        assert engine.ruleset() == want
+        assert applier.applied == want
+
+    local = _local_pods(inputs.pods)
+    applied_and_checked()
+
+    writes: list[Callable[[], None]] = []
+    everyone = {p.key: p for p in [*pods, *two[2]]}
+    for key in data.draw(st.lists(st.sampled_from(sorted(everyone)), max_size=12)) if everyone else ():
+        writes.append(functools.partial(inputs.set_pod, data.draw(mutations(everyone[key]))))
+    for ns in data.draw(st.lists(st.sampled_from(["x", "y", "z"]), max_size=2)):
+        writes.append(functools.partial(inputs.set_namespace, Namespace(ns, data.draw(labels))))
+    final: list[Callable[[], None]] = []
+    for kind, before, after in (
+        (Kind.NETWORK_POLICY, {p.key: p for p in pols}, {p.key: p for p in two[0]}),
+        (Kind.NAMESPACE, {n.name: n for n in namespaces}, {n.name: n for n in two[1]}),
+        (Kind.POD, {p.key: p for p in pods}, {p.key: p for p in two[2]}),
+    ):
+        final += [functools.partial(inputs.delete, kind, key) for key in before.keys() - after.keys()]
+        setter = {
+            Kind.NETWORK_POLICY: inputs.set_policy,
+            Kind.NAMESPACE: inputs.set_namespace,
+            Kind.POD: inputs.set_pod,
+        }
+        final += [functools.partial(setter[kind], value) for value in after.values()]
+    writes += data.draw(st.permutations(final))
+    for i, write in enumerate(writes):
+        write()
+        if i == len(writes) - 1 or data.draw(st.booleans()):
+            local = _local_pods(inputs.pods)
+            engine.update(journal.drain(), local)
+            applied_and_checked()
+    assert engine.ruleset() == compile_ruleset(*two, _local_pods({p.key: p for p in two[2]}))

@@ -16,6 +16,7 @@ from flock.model import Allocation
 from flock.policy import (
     POLICY_GATE,
     Kind,
+    MemoryApplier,
     Namespace,
     NetworkPolicy,
     NftError,
@@ -24,6 +25,8 @@ from flock.policy import (
     PolicyPod,
     PolicyService,
     Ruleset,
+    RulesetChange,
+    compile_ruleset,
 )
 from flock.policy._service import WAITING_FOR_WATCHERS
 from flock.testing.policy import GateRecorder, MemoryLocalPods, MemoryWatermark
@@ -31,18 +34,20 @@ from flock.testing.policy import GateRecorder, MemoryLocalPods, MemoryWatermark
 
 @attrs.define(eq=False)
 class ScriptedApplier:
-    """Applies nothing; refuses the first *refuse* calls as nft would, records the rest (with the virtual time)."""
+    """Applies nothing; refuses the first *refuse* calls as nft would, records the rest (with the virtual time).
+
+    What it records is each change's structure: what the service calls ``applied``."""
 
     refuse: int = 0
     applied: list[tuple[float, Ruleset]] = attrs.field(factory=list)
     calls: int = 0
 
-    async def apply(self, ruleset: Ruleset) -> object:
+    async def apply_change(self, change: RulesetChange) -> object:
         self.calls += 1
         await trio.sleep(0.001)  # a transaction takes a moment
         if self.calls <= self.refuse:
             raise NftError(1, "Error: Could not process rule: No such file or directory\nmore")
-        self.applied.append((trio.current_time(), ruleset))
+        self.applied.append((trio.current_time(), change.structure))
         return None
 
     async def counters(self) -> dict[str, tuple[int, int]]:
@@ -268,9 +273,9 @@ async def test_bookmarks_during_an_apply_are_published_once_it_is_in(autojump_cl
 
     @attrs.define(eq=False)
     class BookmarkedApplier(ScriptedApplier):
-        async def apply(self, ruleset: Ruleset) -> object:
+        async def apply_change(self, change: RulesetChange) -> object:
             mark.move(mark.watermark + 5)  # the other kinds' bookmarks catch up meanwhile
-            return await super().apply(ruleset)
+            return await super().apply_change(change)
 
     metrics = PolicyMetrics(CollectorRegistry())
     svc = service(inputs, MemoryLocalPods(), BookmarkedApplier(), watermark=mark, metrics=metrics)
@@ -301,4 +306,45 @@ async def test_a_burst_of_changes_is_one_apply_after_the_current(autojump_clock:
                 inputs.set_pod(attrs.evolve(WEB, name=f"p{i}"))
             await trio.sleep(1)
             assert len(applier.applied) == 2
+            nursery.cancel_scope.cancel()
+
+
+async def test_remote_churn_reaches_the_table_as_element_changes(autojump_clock: trio.abc.Clock) -> None:
+    # The strict in-memory table: every change must fit what it holds; a refused one is followed
+    # by the whole table, and the service's view, the table and a fresh compile agree throughout.
+    allow = NetworkPolicy.from_object(
+        {
+            "metadata": {"namespace": "x", "name": "from-y"},
+            "spec": {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"t": "y"}}}]}]},
+        }
+    )
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), MemoryApplier()
+    svc = service(inputs, local, applier)
+    peers = [PolicyPod("y", f"p{i}", {"app": "a"}, (ipaddress.ip_address(f"2001:db8:2::{i + 1:x}"),)) for i in range(5)]
+    complete(inputs, [allow], [WEB, *peers])
+    inputs.set_namespace(Namespace("y", {"t": "y"}))
+    a = alloc("c1", "x/web", "2001:db8:1::1")
+
+    def agreed() -> None:
+        ours = attrs.evolve(WEB, addresses=(ipaddress.ip_address("2001:db8:1::1"),), host_veth=veth("c1"))
+        want = compile_ruleset([allow], inputs.namespaces.values(), inputs.pods.values(), [ours])
+        assert svc.ruleset() == applier.applied == want
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(a)
+            await svc.ensure(a)
+            agreed()
+            transactions = applier.transactions
+            inputs.set_pod(attrs.evolve(peers[0], addresses=(ipaddress.ip_address("2001:db8:2::ff"),)))
+            inputs.delete(Kind.POD, peers[1].key)
+            await svc.wait_applied(inputs.generation)
+            assert applier.transactions == transactions + 1  # one incremental transaction for both
+            agreed()
+            applier.refuse = 1
+            inputs.set_namespace(Namespace("y"))  # y's pods leave the set; the transaction is refused
+            await svc.wait_applied(inputs.generation)  # the retry (after backoff): the whole table
+            agreed()
+            assert not any(applier.applied.address_sets[n].elements for n in applier.applied.address_sets)
             nursery.cancel_scope.cancel()
