@@ -16,10 +16,10 @@ API resourceVersion (etcd's one revision counter) through which every change
 of all three kinds is in ``inputs``; BOOKMARK events move it on while nothing
 changes; a version moves only after every change up to it is in ``inputs``.
 The policy service (:class:`flock.policy.PolicyService`, whose ``watermark`` this
-is) reads ``inputs.snapshot()`` and the watermark together, without an await
-between, and once that snapshot is in the kernel publishes the watermark as the
-gauge ``flock_policy_applied_resource_version`` (following :meth:`wait_watermark`
-while the snapshot is still the newest).  ``flock-lab policy wait`` compares
+is) drains the inputs' change journal and reads the watermark together, without
+an await between, and once those changes are in the kernel publishes the
+watermark as the gauge ``flock_policy_applied_resource_version`` (following
+:meth:`wait_watermark` while nothing newer has been written).  ``flock-lab policy wait`` compares
 that gauge with the API server's resourceVersion.
 """
 
@@ -105,9 +105,11 @@ class _KindFeed:
     def on_listed(self) -> None:
         # The inputs may outlive this stream (a new API client, new watchers): what an
         # earlier stream put there and this list does not hold is gone from the cluster.
-        snap = self.inputs.snapshot()
-        held = {Kind.NETWORK_POLICY: snap.policies, Kind.NAMESPACE: snap.namespaces, Kind.POD: snap.pods}[self.kind]
-        for key in set(held) - self.keys:
+        inputs = self.inputs
+        held = {Kind.NETWORK_POLICY: inputs.policies, Kind.NAMESPACE: inputs.namespaces, Kind.POD: inputs.pods}[
+            self.kind
+        ]
+        for key in [key for key in held if key not in self.keys]:
             self.inputs.delete(self.kind, key)
         self.listed = True
         self.inputs.mark_synced(self.kind)
