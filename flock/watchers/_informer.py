@@ -22,7 +22,7 @@ import trio
 
 from flock.nursery import Backoff
 
-from ._errors import KubeApiError, ResourceExpired, TransientKubeError, error_for_status
+from ._errors import KubeApiError, ResourceExpired, ResourceVersionTooLarge, TransientKubeError, error_for_status
 
 log = logging.getLogger("flock.watchers")
 
@@ -133,6 +133,10 @@ class _WatchListRefused(Exception):
     """The server does not offer WatchList (it refused sendInitialEvents or ignored it)."""
 
 
+class _WatchListEndedEarly(Exception):
+    """A WatchList's stream ended cleanly before its initial events' bookmark."""
+
+
 def _rv(obj: Object) -> str:
     meta = obj.get("metadata")
     return str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
@@ -197,6 +201,8 @@ class Informer:
     _consistent: bool = attrs.field(init=False, default=False)  # the next list must not be served stale
     _must_read: bool = attrs.field(init=False, default=True)  # the next round reads the collection whole
     _read_at: float = attrs.field(init=False, default=-math.inf)
+    _started: trio.TaskStatus[None] | None = attrs.field(init=False, default=None)
+    _list_expired: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self._watch_list = self.settings.watch_list
@@ -234,6 +240,8 @@ class Informer:
         settings = self.settings
         failures = 0
         self._must_read = True
+        self._started = task_status  # each run reports started() once (a supervisor may rerun it)
+        ignored = 0  # WatchLists in a row that ended cleanly before their bookmark
         spread = False  # the next relist follows a 410 or a reset: spread it
         while True:
             progressed = False
@@ -246,23 +254,32 @@ class Informer:
                 if self._must_read and self._watch_list:
                     # One stream: the initial events, then the watch goes on.
                     try:
-                        progressed = await self._watch_list_round(task_status)
+                        progressed = await self._watch_list_round()
+                        ignored = 0
+                    except _WatchListEndedEarly as exc:
+                        # A server shutting down (or a proxy) may end a stream early; one that keeps
+                        # ending it before the bookmark ignores sendInitialEvents.
+                        ignored += 1
+                        if ignored < 3:
+                            raise TransientKubeError(str(exc)) from None
+                        self._refuse_watch_list(f"{exc} {ignored} times")
+                        continue
                     except _WatchListRefused as exc:
-                        self._watch_list = False
-                        log.info(
-                            "%s: %s; reading it with paged lists from now on",
-                            self.name,
-                            exc,
-                            extra={"informer": self.name, "error": str(exc)},
-                        )
+                        self._refuse_watch_list(str(exc))
                         continue
                 else:
                     if self._must_read:
                         await self._list()
-                        self._read(task_status)
+                        self._read()
                     progressed = await self._watch()
                 failures = 0
             except (HistoryReset, ResourceExpired) as exc:
+                # A watch's 410 relists at the version seen, from the watch cache; what says the
+                # cache itself cannot be trusted (a reset history, a version it has not reached, a
+                # list's expired continue token) relists with a consistent read.
+                if isinstance(exc, HistoryReset | ResourceVersionTooLarge) or self._list_expired:
+                    self._consistent = True
+                self._list_expired = False
                 if isinstance(exc, HistoryReset):
                     log.warning("%s: %s; relisting", self.name, exc, extra={"informer": self.name, "error": str(exc)})
                 else:
@@ -272,7 +289,7 @@ class Informer:
                         self._resource_version or "(none)",
                         extra={"informer": self.name, "error": str(exc)},
                     )
-                self._must_read, spread, self._consistent = True, True, True
+                self._must_read, spread = True, True
             except (TransientKubeError, trio.TooSlowError) as exc:
                 if progressed:
                     failures = 0
@@ -287,13 +304,24 @@ class Informer:
                 )
                 await trio.sleep(delay)
 
-    def _read(self, task_status: trio.TaskStatus[None]) -> None:
-        """The collection has been read whole: the watch resumes from here; the first time, ready."""
+    def _refuse_watch_list(self, why: str) -> None:
+        self._watch_list = False
+        log.info(
+            "%s: %s; reading it with paged lists from now on",
+            self.name,
+            why,
+            extra={"informer": self.name, "error": why},
+        )
+
+    def _read(self) -> None:
+        """The collection has been read whole: the watch resumes from here; the first time in
+        this run, started()."""
         self._must_read = False
         self._read_at = trio.current_time()
-        if not self._ready.is_set():
-            self._ready.set()
-            task_status.started()
+        self._ready.set()
+        if self._started is not None:
+            self._started.started()
+            self._started = None
 
     async def _list(self) -> None:
         """Read the whole collection with list requests (pages where the server pages)."""
@@ -319,7 +347,11 @@ class Informer:
                     scope.deadline = trio.current_time() + settings.request_seconds
                     self._swept(sweep, obj)
 
-                page = await self.source.list(options, item)
+                try:
+                    page = await self.source.list(options, item)
+                except ResourceExpired:
+                    self._list_expired = True  # the continue token's version was compacted
+                    raise
             if scope.cancelled_caught:
                 raise trio.TooSlowError
             list_rv = list_rv or page.resource_version
@@ -329,7 +361,7 @@ class Informer:
         self._consistent = False
         self._end_sweep(sweep, list_rv)
 
-    async def _watch_list_round(self, task_status: trio.TaskStatus[None]) -> bool:
+    async def _watch_list_round(self) -> bool:
         """A WatchList: its initial events swept into the cache up to the annotated
         BOOKMARK, then the watch as usual.  Returns whether any event arrived."""
         settings = self.settings
@@ -337,7 +369,7 @@ class Informer:
         sweep: _Sweep | None = _Sweep()
         progressed = False
         opened = trio.current_time()
-        with trio.fail_after(settings.watch_seconds + settings.request_seconds) as scope:
+        with trio.fail_after(settings.watch_seconds + settings.request_seconds):
             try:
                 async with self.source.watch(rv, settings.watch_seconds, send_initial_events=True) as events:
                     async for event in events:
@@ -353,23 +385,20 @@ class Informer:
                             self._consistent = False
                             self._end_sweep(sweep, _rv(obj))
                             sweep = None
-                            self._read(task_status)
+                            self._read()
                         elif kind in ("ADDED", "MODIFIED"):
                             self._swept(sweep, obj)
                         elif kind == "ERROR":
                             raise error_for_status(int(obj.get("code") or 500), obj)
                         else:
-                            raise TransientKubeError(f"{kind} event among the initial events")
+                            raise _WatchListRefused(f"the server ignored sendInitialEvents (a {kind} event came first)")
             except KubeApiError as exc:
                 if sweep is not None and exc.status in (400, 422):
                     raise _WatchListRefused(f"the server refused WatchList ({exc})") from None
                 raise
         if sweep is not None:
-            if scope.cancelled_caught:
-                raise trio.TooSlowError
-            # A server that offers WatchList ends its initial events with the bookmark, however few
-            # they are; one that ends the stream cleanly without it ignored sendInitialEvents.
-            raise _WatchListRefused("the server ignored sendInitialEvents (the watch ended without its bookmark)")
+            # A server that offers WatchList ends its initial events with the bookmark, however few.
+            raise _WatchListEndedEarly("the WatchList ended before its initial events' bookmark")
         if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
             raise TransientKubeError("watch ended at once without an event")
         return progressed
@@ -398,10 +427,10 @@ class Informer:
         gone = [key for key in self._objects if key not in sweep.seen]
         for key in gone:
             self._emit(Change(ChangeType.DELETED, key, self._objects.pop(key)))
-        # The version moves after the changes it covers were delivered (see ChangeListener.on_progress).
-        self._set_resource_version(resource_version)
         for listener in self.listeners:
             listener.on_listed()
+        # The version moves after the changes it covers were delivered (see ChangeListener.on_progress).
+        self._set_resource_version(resource_version)
 
     def _put(self, key: str, value: Any) -> None:
         before = self._objects.get(key)

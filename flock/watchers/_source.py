@@ -113,7 +113,9 @@ class _EventStream:
         return self
 
     async def __anext__(self) -> Mapping[str, Any]:
-        while (end := self._buffer.find(b"\n")) < 0:
+        searched = 0  # a long event in many chunks: each byte is searched once
+        while (end := self._buffer.find(b"\n", searched)) < 0:
+            searched = len(self._buffer)
             chunk = await self._next_chunk()
             if not chunk:
                 if self._buffer.strip():
@@ -158,15 +160,20 @@ class KubeSource:
             query["resource_version"] = options.resource_version
         if options.resource_version_match:
             query["resource_version_match"] = options.resource_version_match
-        decoder = ListDecoder(on_item, max_item_chars=MAX_EVENT_BYTES)
+        decoder = ListDecoder(max_item_chars=MAX_EVENT_BYTES)
         async with self._response(query) as chunks:
             while chunk := await chunks():
                 with translated_errors(self.what):
-                    decoder.feed(chunk)
+                    items = decoder.feed(chunk)
+                # Outside the translation: what the caller raises is its own (a bug propagates).
+                for item in items:
+                    on_item(item)
                 await trio.lowlevel.checkpoint()  # a long body must not starve the agent's other tasks
             with translated_errors(self.what):
-                fields = decoder.close()
-        meta = fields.get("metadata")
+                items = decoder.close()
+            for item in items:
+                on_item(item)
+        meta = decoder.fields.get("metadata")
         if not isinstance(meta, Mapping) or not meta.get("resourceVersion"):
             raise TransientKubeError(f"{self.what}: list answer without metadata.resourceVersion")
         remaining = meta.get("remainingItemCount")

@@ -36,15 +36,20 @@ log = logging.getLogger("flock.watchers")
 T = TypeVar("T", bound=Hashable)
 
 
+def _refcounts(table: dict[Any, Any]) -> list[tuple[Any, int]]:
+    """Each key of *table* with its reference count as seen from here (the one code path
+    both the baseline and :meth:`Shared.prune` read counts through)."""
+    return [(value, sys.getrefcount(value)) for value in list(table)]
+
+
 def _refcount_of_unshared() -> int:
-    """What sys.getrefcount reports, in :meth:`Shared.prune`'s loop, for an entry nothing else holds."""
+    """What :func:`_refcounts` reports for an entry nothing but its table holds."""
     table: dict[object, object] = {}
     probe = object()
     table[probe] = probe
     del probe
-    for value in list(table):
-        return sys.getrefcount(value)
-    raise AssertionError("unreachable")
+    ((_, count),) = _refcounts(table)
+    return count
 
 
 class Shared:
@@ -73,7 +78,7 @@ class Shared:
 
     def prune(self) -> int:
         """Drop the entries no one else holds; returns how many."""
-        dead = [value for value in list(self._table) if sys.getrefcount(value) <= self._UNSHARED]
+        dead = [value for value, count in _refcounts(self._table) if count <= self._UNSHARED]
         for value in dead:
             del self._table[value]
         self._prune_at = max(self._prune_from, 2 * len(self._table))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -19,8 +20,8 @@ import trio
 from flock.model import PodInfo
 from flock.nursery import Backoff
 from flock.policy import PolicyPod
-from flock.testing import PODS, ObjectStore, StoreSource, pod_object, serving
-from flock.watchers import InformerSettings, ListOptions, ListPage, PodWatcher
+from flock.testing import PODS, ApiServer, ObjectStore, StoreSource, pod_object, serving
+from flock.watchers import InformerSettings, ListOptions, ListPage, PodWatcher, open_kube_client
 from flock.watchers._values import PodRecord, PodTransform, Shared
 
 NODE = "host001"
@@ -35,18 +36,19 @@ def fill(store: ObjectStore, count: int, *, node_every: int = 10) -> None:
         store.create(PODS, pod_object(f"ns{i % 3}", f"web-{i:05d}", node, labels={"app": f"web{i % 5}"}))
 
 
-def want(store: ObjectStore) -> dict[str, PodInfo | None]:
-    """Every pod, with its PodInfo where it is bound to this node."""
-    out: dict[str, PodInfo | None] = {}
+def want(store: ObjectStore) -> dict[str, tuple[PolicyPod, PodInfo | None]]:
+    """Every pod as a policy value (no resourceVersion kept), with its PodInfo where it is bound to this node."""
+    out: dict[str, tuple[PolicyPod, PodInfo | None]] = {}
     for obj in store.list(PODS)[0]:
         meta = obj["metadata"]
         local = obj["spec"].get("nodeName") == NODE
-        out[f"{meta['namespace']}/{meta['name']}"] = PodInfo.from_object(obj) if local else None
+        policy = attrs.evolve(PolicyPod.from_object(obj), resource_version="")
+        out[f"{meta['namespace']}/{meta['name']}"] = (policy, PodInfo.from_object(obj) if local else None)
     return out
 
 
-def cached(watcher: PodWatcher) -> dict[str, PodInfo | None]:
-    return {key: record.local for key, record in watcher.informer.objects.items()}
+def cached(watcher: PodWatcher) -> dict[str, tuple[PolicyPod, PodInfo | None]]:
+    return {key: (record.policy, record.local) for key, record in watcher.informer.objects.items()}
 
 
 def cluster_watcher(source: StoreSource, settings: InformerSettings = SETTINGS) -> PodWatcher:
@@ -264,3 +266,45 @@ async def test_every_read_ends_equal_to_the_store_under_churn(autojump_clock: tr
                 await trio.sleep(0.5)
             await trio.sleep(30)
             assert cached(watcher) == want(store)
+
+
+async def test_a_watch_410_relists_from_the_watch_cache_at_the_version_seen(autojump_clock: trio.abc.Clock) -> None:
+    store = ObjectStore()
+    fill(store, 20)
+    source = StoreSource(store, PODS, watch_list=False)
+    watcher = cluster_watcher(source)
+    with trio.fail_after(100):
+        async with serving(watcher):
+            seen = watcher.informer.resource_version
+            store.compact(expire_watches=True)  # the open watch gets its 410
+            await trio.sleep(SETTINGS.relist_spread + 1)
+            # client-go's rule: only a list's own 410 (or a reset) needs a consistent read from etcd.
+            assert source.list_requests[1:] == [ListOptions(seen, "NotOlderThan")]
+            assert cached(watcher) == want(store)
+
+
+async def test_a_rerun_informer_reports_started_again(autojump_clock: trio.abc.Clock) -> None:
+    """A supervisor restarts a crashed child by calling run() on the same object."""
+    store = ObjectStore()
+    fill(store, 20)
+    for watch_list in (True, False):
+        watcher = cluster_watcher(StoreSource(store, PODS, watch_list=watch_list))
+        with trio.fail_after(60):
+            for _ in range(2):
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(watcher.run)
+                    nursery.cancel_scope.cancel()
+        assert cached(watcher) == want(store)
+
+
+async def test_a_bug_behind_a_list_item_propagates_instead_of_being_retried(tmp_path: Path) -> None:
+    """Only the body's decoding is the API server's fault; what the caller raises is its own."""
+    with trio.fail_after(30), ApiServer() as api:
+        api.create(PODS, pod_object("ns0", "web-0", NODE))
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kc")) as kube:
+
+            def broken(obj: object) -> None:
+                raise ValueError("a bug in a listener")
+
+            with pytest.raises(ValueError, match="a bug in a listener"):
+                await kube.all_pods().list(ListOptions("0", limit=500), broken)
