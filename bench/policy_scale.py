@@ -24,8 +24,12 @@ process, all threads, libnftables included; wall: write → applied):
   from write to enforced (then deleted again);
 - memory (tracemalloc, a pass of its own): what the policy engine keeps per
   pod (groups, indices), apart from the pod values the watchers own and the
-  inputs' table; and the transient peak of a whole table (built and
-  rendered: the first apply, or one after a refused transaction);
+  inputs' table; and the Python peak of a whole table (built and rendered:
+  the first apply, or one after a refused transaction);
+- with nft, the process's peak RSS over its steady RSS during a whole-table
+  apply (an incremental transaction refused, then the table replaced:
+  libnftables' parse included) and what stays after it; and one read of the
+  rule counters (the service's every 15 s);
 - the first apply (the engine built from the inputs, the whole table loaded).
 
     .venv/bin/python bench/policy_scale.py                          # N = 3,000, 30,000, 150,000; nft and memory
@@ -54,11 +58,12 @@ from flock.model import Allocation
 from flock.policy import (
     Kind,
     LibNftables,
-    MemoryApplier,
     NamedPort,
     Namespace,
     NetworkPolicy,
     NftApplier,
+    NftBackend,
+    NftError,
     PolicyEngine,
     PolicyInputs,
     PolicyPod,
@@ -67,7 +72,7 @@ from flock.policy import (
 )
 from flock.policy._model import labels_of
 from flock.policy._nft import render_full
-from flock.testing.policy import MemoryLocalPods
+from flock.testing.policy import MemoryApplier, MemoryLocalPods
 
 NODE = "bench"
 LOCAL_PODS = 30
@@ -205,6 +210,39 @@ def cpu() -> float:
     return time.process_time()  # every thread of this process: trio's and libnftables'
 
 
+def rss_mib() -> tuple[float, float]:
+    """This process's (resident, peak resident) MiB."""
+    fields = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak resident size (VmHWM) starts again from the resident size now
+
+
+@attrs.define
+class Refusing:
+    """A backend that refuses the next *refuse* transactions, as nft refuses one (the applier then replaces)."""
+
+    backend: NftBackend
+    refuse: int = 0
+
+    async def run(self, script: str | bytes) -> str:
+        if self.refuse > 0:
+            self.refuse -= 1
+            raise NftError(1, "Error: refused by the benchmark\n")
+        return await self.backend.run(script)
+
+    async def counters(self, table: str) -> dict[str, tuple[int, int]]:
+        return await self.backend.counters(table)
+
+
 @attrs.define
 class Figures:
     cpu_ms: list[float] = attrs.Factory(list)
@@ -260,7 +298,8 @@ async def measure(c: Cluster, rounds: int, policy_rounds: int, netns: str | None
     for p in c.local:
         local.put(allocation(p))
     backend = LibNftables(netns) if netns is not None else None
-    applier = NftApplier(backend) if backend is not None else MemoryApplier()
+    refusing = Refusing(backend) if backend is not None else None
+    applier = NftApplier(refusing) if refusing is not None else MemoryApplier()
     service = PolicyService(inputs, local, applier, NODE, veth)
     rnd = random.Random(2)
     remote = [p.key for p in c.pods if p.node != NODE]
@@ -321,6 +360,28 @@ async def measure(c: Cluster, rounds: int, policy_rounds: int, netns: str | None
                 await _timed(service, inputs, functools.partial(inputs.set_policy, pol), new_policy)
                 inputs.delete(Kind.NETWORK_POLICY, pol.key)
                 await service.wait_applied(inputs.generation)
+
+            if refusing is not None and isinstance(applier, NftApplier):
+                c0 = cpu()
+                await applier.counters()
+                out["counters_cpu_ms"] = round((cpu() - c0) * 1000, 1)
+                # a pod's change whose incremental transaction nft refuses: the table replaced whole
+                pod = inputs.pods[rnd.choice(remote)]
+                moved = attrs.evolve(pod, addresses=(ipaddress.IPv6Address(fresh + rounds),))
+                gc.collect()
+                steady, _ = rss_mib()
+                reset_peak_rss()
+                refusing.refuse, w0 = 1, time.perf_counter()
+                inputs.set_pod(moved)
+                await service.wait_applied(inputs.generation)
+                wall = time.perf_counter() - w0
+                after, peak = rss_mib()
+                out["whole_apply"] = {
+                    "steady_rss_mib": round(steady, 1),
+                    "peak_over_steady_mib": round(peak - steady, 1),
+                    "kept_after_mib": round(after - steady, 1),
+                    "wall_s": round(wall, 2),
+                }
             nursery.cancel_scope.cancel()
     finally:
         if backend is not None:
@@ -338,6 +399,9 @@ def _row(backend: str, r: dict, mem: dict) -> str:
     cells.append(f"{r['first_apply_s']:6.2f}")
     cells.append(f"{mem['engine_bytes_per_pod']:5d}")
     cells.append(f"{mem['whole_table_peak_mib']:6.1f}")
+    whole = r.get("whole_apply")
+    cells.append(f"{whole['peak_over_steady_mib']:6.1f} / {whole['kept_after_mib']:5.1f}" if whole else "")
+    cells.append(f"{r['counters_cpu_ms']:6.1f}" if "counters_cpu_ms" in r else "")
     return " | ".join(cells)
 
 
@@ -376,7 +440,8 @@ def main() -> None:
     args = ap.parse_args()
     print(
         "   pods | applier | CPU ms a change (median / p99): pod label | pod IP | ns label "
-        "| new policy → applied ms (median / p99) | first apply s | engine B/pod | whole table MiB"
+        "| new policy → applied ms (median / p99) | first apply s | engine B/pod | whole table MiB (Python) "
+        "| whole apply RSS MiB over steady (peak / kept) | counters read ms"
     )
     out = trio.run(run, args)
     print(json.dumps(out))

@@ -49,10 +49,10 @@ change touches, and hands :class:`RulesetChange` values (set elements that
 moved, the structure when it changed) to the applier.
 
 The rest: :class:`NftApplier` (full replace or incremental change, one
-transaction each) over :class:`LibNftables` or :class:`NftCommand`,
-:class:`MemoryApplier` (the same in memory, for tests and benchmarks), and
-:class:`PolicyService`, the supervised loop (inputs' changes + this node's
-allocations → engine → apply, retried with backoff, readiness gate
+transaction each) over :class:`LibNftables` or :class:`NftCommand`
+(``flock.testing.policy.MemoryApplier`` is the same in memory, for tests
+and benchmarks), and :class:`PolicyService`, the supervised loop (inputs'
+changes + this node's allocations → engine → apply, retried with backoff, readiness gate
 :data:`POLICY_GATE`, :class:`PolicyMetrics`) whose :meth:`PolicyService.ensure`
 is the ADD gate (:class:`PolicyGate`).
 """
@@ -62,7 +62,6 @@ from ._backend import LibNftables, NftBackend, NftCommand, NftError, default_bac
 from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
 from ._engine import PolicyEngine
 from ._inputs import InputChanges, InputJournal, Kind, PolicyInputs, PolicySnapshot, PolicySource
-from ._memory import MemoryApplier
 from ._metrics import PolicyMetrics
 from ._model import (
     NAMESPACE_NAME_LABEL,
@@ -116,7 +115,6 @@ __all__ = [
     "LibNftables",
     "LocalPods",
     "Match",
-    "MemoryApplier",
     "NamedPort",
     "Namespace",
     "NetworkPolicy",

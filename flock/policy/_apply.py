@@ -17,7 +17,6 @@ table but ``inet flock``.
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import time
@@ -113,7 +112,8 @@ class NftApplier:
                 self._structure, self._token = new, change.token
                 return ApplyResult("incremental", time.perf_counter() - start, summarize(old, change))
         self._structure = self._token = None
-        await self.backend.run(render_full(change.whole()))
+        # bytes, so that the text is not held twice while libnftables parses it (at 150,000 pods 12 MiB each)
+        await self.backend.run(render_full(change.whole()).encode())
         self._structure, self._token, self._present = new, change.token, True
         return ApplyResult("full", time.perf_counter() - start, summarize(None, change))
 
@@ -121,18 +121,7 @@ class NftApplier:
         """Packets and bytes per chain of ``inet flock`` (summed over the chain's counted rules)."""
         if self._structure is not None and not self._present:
             return {}
-        out = await self.backend.run(f"list table {FAMILY} {TABLE}", json_output=True)
-        totals: dict[str, tuple[int, int]] = {}
-        for item in json.loads(out).get("nftables", []):
-            rule = item.get("rule")
-            if not rule:
-                continue
-            for expr in rule.get("expr", []):
-                counter = expr.get("counter") if isinstance(expr, dict) else None
-                if isinstance(counter, dict):
-                    p, b = totals.get(rule["chain"], (0, 0))
-                    totals[rule["chain"]] = (p + int(counter.get("packets", 0)), b + int(counter.get("bytes", 0)))
-        return totals
+        return await self.backend.counters(TABLE)
 
     async def remove(self) -> None:
         """Delete the table (uninstall and tests); absent is fine."""

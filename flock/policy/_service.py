@@ -369,7 +369,7 @@ class PolicyService:
                 continue
             try:
                 per_chain = await self.applier.counters()
-            except (NftError, ValueError) as exc:
+            except (NftError, OSError, ValueError) as exc:  # OSError: the netlink rule dump
                 log.warning("could not read the policy counters", extra={"op": "policy", "error": str(exc)[:300]})
                 continue
             self.metrics.counters(applied.ruleset, per_chain, applied.pods_by_veth)

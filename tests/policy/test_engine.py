@@ -14,7 +14,6 @@ from flock.fnv import fnv1a_32
 from flock.policy import (
     InputChanges,
     Kind,
-    MemoryApplier,
     NamedPort,
     Namespace,
     NetworkPolicy,
@@ -25,9 +24,9 @@ from flock.policy import (
     RulesetChange,
     compile_ruleset,
 )
-from flock.policy._memory import InexactChange
 from flock.policy._nft import render_change
 from flock.policy._peers import Peers
+from flock.testing.policy import InexactChange, MemoryApplier
 
 NODE = "n1"
 

@@ -24,7 +24,6 @@ from flock.policy import (
     Compiler,
     Endpoint,
     Kind,
-    MemoryApplier,
     Namespace,
     NetworkPolicy,
     Packet,
@@ -36,6 +35,7 @@ from flock.policy import (
     evaluate,
     forward_verdict,
 )
+from flock.testing.policy import MemoryApplier
 
 NODES = {"n1": ("2001:db8:ffff::1", "198.51.100.1"), "n2": ("2001:db8:ffff::2", "198.51.100.2")}
 EXTERNAL = ("2001:db8:ff::5", "203.0.113.5", "2001:db8:1::ff")  # the last: inside n1's pod range, no pod

@@ -16,7 +16,6 @@ from flock.model import Allocation
 from flock.policy import (
     POLICY_GATE,
     Kind,
-    MemoryApplier,
     Namespace,
     NetworkPolicy,
     NftError,
@@ -29,7 +28,7 @@ from flock.policy import (
     compile_ruleset,
 )
 from flock.policy._service import WAITING_FOR_WATCHERS
-from flock.testing.policy import GateRecorder, MemoryLocalPods, MemoryWatermark
+from flock.testing.policy import GateRecorder, MemoryApplier, MemoryLocalPods, MemoryWatermark
 
 
 @attrs.define(eq=False)
