@@ -117,8 +117,9 @@ class ChangeListener(Protocol):
     def on_change(self, change: Change) -> None:
         """Every change, right after the informer's own *on_change*."""
 
-    def on_listed(self) -> None:
-        """A full list has been applied (every change it found was delivered before)."""
+    def on_listed(self, objects: Mapping[str, Any]) -> None:
+        """A full read has been applied (every change it found was delivered before);
+        *objects* is the informer's cache now: what the cluster holds."""
 
     def on_progress(self, resource_version: str) -> None:
         """The informer's resourceVersion moved (an event, a list or a BOOKMARK), after
@@ -428,7 +429,7 @@ class Informer:
         for key in gone:
             self._emit(Change(ChangeType.DELETED, key, self._objects.pop(key)))
         for listener in self.listeners:
-            listener.on_listed()
+            listener.on_listed(self._objects)
         # The version moves after the changes it covers were delivered (see ChangeListener.on_progress).
         self._set_resource_version(resource_version)
 

@@ -26,7 +26,7 @@ that gauge with the API server's resourceVersion.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -71,10 +71,8 @@ class _KindFeed:
     refused: dict[str, InvalidObject] = attrs.field(factory=dict)
     listed: bool = False
     resource_version: str = ""
-    keys: set[str] = attrs.field(factory=set)  # what this stream has put in ``inputs``
 
     def on_change(self, change: Change) -> None:
-        self.keys.discard(change.key)
         if change.type is ChangeType.DELETED:
             self.refused.pop(change.key, None)
             self.inputs.delete(self.kind, change.key)
@@ -94,7 +92,6 @@ class _KindFeed:
             )
             return
         self.refused.pop(change.key, None)
-        self.keys.add(change.key)
         if self.kind is Kind.NETWORK_POLICY:
             self.inputs.set_policy(value)
         elif self.kind is Kind.NAMESPACE:
@@ -102,14 +99,14 @@ class _KindFeed:
         else:
             self.inputs.set_pod(value)
 
-    def on_listed(self) -> None:
+    def on_listed(self, objects: Mapping[str, Any]) -> None:
         # The inputs may outlive this stream (a new API client, new watchers): what an
-        # earlier stream put there and this list does not hold is gone from the cluster.
+        # earlier stream put there and the informer's read does not hold is gone from the cluster.
         inputs = self.inputs
         held = {Kind.NETWORK_POLICY: inputs.policies, Kind.NAMESPACE: inputs.namespaces, Kind.POD: inputs.pods}[
             self.kind
         ]
-        for key in [key for key in held if key not in self.keys]:
+        for key in [key for key in held if key not in objects]:
             self.inputs.delete(self.kind, key)
         self.listed = True
         self.inputs.mark_synced(self.kind)

@@ -119,7 +119,7 @@ class Follower:
     def on_change(self, change) -> None:
         self.changes.append((change.type.value, change.key))
 
-    def on_listed(self) -> None:
+    def on_listed(self, objects: object) -> None:
         self.listed += 1
 
     def on_progress(self, resource_version: str) -> None:
