@@ -7,7 +7,8 @@ tier, pod-template-hash; named ports http and metrics; kube-dns in
 kube-system, prometheus in monitoring) is written into one PolicyInputs, as
 the watchers would.  The node measured has 30 pods in 10 namespaces; their
 policies use scoped pod selectors, team and env namespace selectors, the
-monitoring and kube-dns peers, named ports, and (ns0000 and every 50th
+monitoring and kube-dns peers, named ports (ingress; and every 5th policy
+egress to a team's api pods on "http"), and (ns0000 and every 50th
 namespace) ``namespaceSelector: {}``: a set of every pod in the cluster.
 The agent's PolicyService runs over it (in process, no API server), with
 libnftables in a fresh network namespace (root) or the in-memory applier.
@@ -21,7 +22,8 @@ process, all threads, libnftables included; wall: write → applied):
 - ``ns label``: a random namespace's team or env label flips (namespace
   selectors re-checked; its pods join or leave the team/env sets);
 - ``new policy``: a NetworkPolicy with new selectors selecting local pods,
-  from write to enforced (then deleted again);
+  on a port number and the named ports http and metrics, from write to
+  enforced (then deleted again);
 - memory (tracemalloc, a pass of its own): what the policy engine keeps per
   pod (groups, indices), apart from the pod values the watchers own and the
   inputs' table; and the Python peak of a whole table (built and rendered:
@@ -147,6 +149,15 @@ def _policy(ns: str, i: int, rnd: random.Random) -> NetworkPolicy:
                 "ports": [{"protocol": "UDP", "port": 53}],
             },
             {"to": [{"podSelector": {}}]},
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"team": f"t{i * 7 % 20}"}},
+                        "podSelector": {"matchLabels": {"tier": "api"}},
+                    }
+                ],
+                "ports": [{"port": "http"}],
+            },
         ]
     return NetworkPolicy.from_object({"metadata": {"namespace": ns, "name": "default"}, "spec": spec})
 
@@ -352,7 +363,7 @@ async def measure(c: Cluster, rounds: int, policy_rounds: int, netns: str | None
                                 },
                                 {"podSelector": {"matchLabels": {"app": f"app{r % 25}", "tier": TIERS[(r + 1) % 4]}}},
                             ],
-                            "ports": [{"port": 9000 + r}],
+                            "ports": [{"port": 9000 + r}, {"port": "http"}, {"port": "metrics"}],
                         }
                     ],
                 }

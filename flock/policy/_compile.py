@@ -2,8 +2,13 @@
 
 Sets are keyed by what selects their members, not by policy, so policies
 sharing a selector share a set, and pod churn changes set elements, never
-rules.  Named ports go into one (address, protocol, port) set per port name,
-protocol and family over every pod that declares the name: a rule's peer match
+rules.  Named ports go into (address, protocol, port) sets, one per port
+names, family and *scope*: the pods the destination can be.  A named port
+resolves on the destination pod, so an ingress rule's set holds only this
+node's pods (``"local"``: the chain's pod is the destination); an egress
+rule's, for a pod/namespace-selector peer, only the pods that selector picks
+(scope: the selector's key); for an ipBlock peer or a rule without peers,
+every pod of the cluster declaring the name (scope None).  A rule's peer match
 and that set together say "a peer, on the port it calls *name*".
 """
 
@@ -14,6 +19,7 @@ import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import TypeAlias
 
 import attrs
 
@@ -65,9 +71,29 @@ def selector_set(
     return f"p-{_id('pods', scope, ns_selector, pod_selector)}-{family}"
 
 
-def service_set(named: tuple[tuple[str, Protocol], ...], family: int) -> str:
-    """The set of (address, protocol, port) of every pod declaring one of the *named* ports."""
-    return f"n-{_id('named', tuple((n, p.value) for n, p in named))}-{family}"
+# Whose named ports a named-port set holds: every pod's (None), this node's ("local"), or those of the pods a
+# peer selector picks (its key: scope, namespace selector, pod selector).
+NamedScope: TypeAlias = str | tuple[str | None, LabelSelector | None, LabelSelector | None] | None
+LOCAL = "local"
+
+
+def service_set(named: tuple[tuple[str, Protocol], ...], family: int, scope: NamedScope = None) -> str:
+    """The set of (address, protocol, port) of the pods of *scope* declaring one of the *named* ports."""
+    ports = tuple((n, p.value) for n, p in named)
+    return f"n-{_id('named', ports) if scope is None else _id('named', ports, scope)}-{family}"
+
+
+NamedEntries = dict[tuple[str, Protocol], list[tuple[IPAddress, Protocol, int]]]
+
+
+def _named_ports(pods: Iterable[PolicyPod]) -> NamedEntries:
+    """(port name, protocol) → (address, protocol, port) of the selectable *pods* declaring it."""
+    out: NamedEntries = {}
+    for pod in pods:
+        if pod.selectable and pod.addresses:
+            for np in pod.named_ports:
+                out.setdefault((np.name, np.protocol), []).extend((a, np.protocol, np.port) for a in pod.addresses)
+    return out
 
 
 @attrs.frozen
@@ -78,6 +104,8 @@ class _Group:
     labels: Labels
     addresses: tuple[IPAddress, ...]
     label_map: Mapping[str, str] = attrs.field(hash=False, eq=False)
+    # (port name, protocol) → (address, protocol, port) of the group's pods declaring it
+    named: NamedEntries = attrs.field(hash=False, eq=False)
 
 
 class _Peers:
@@ -85,18 +113,26 @@ class _Peers:
 
     def __init__(self, pods: Iterable[PolicyPod], namespaces: Mapping[str, Namespace]) -> None:
         grouped: dict[tuple[str, Labels], list[IPAddress]] = defaultdict(list)
-        self.named: dict[tuple[str, Protocol], list[tuple[IPAddress, Protocol, int]]] = defaultdict(list)
+        declaring: dict[tuple[str, Labels], list[PolicyPod]] = defaultdict(list)
         for pod in pods:
             if not pod.selectable or not pod.addresses:
                 continue
             grouped[(pod.namespace, pod.labels)].extend(pod.addresses)
-            for np in pod.named_ports:
-                self.named[(np.name, np.protocol)].extend((a, np.protocol, np.port) for a in pod.addresses)
+            if pod.named_ports:
+                declaring[(pod.namespace, pod.labels)].append(pod)
+        named_in = {key: _named_ports(members) for key, members in declaring.items()}
+        self.named: NamedEntries = {}  # the whole cluster's
+        for entries in named_in.values():
+            for port, es in entries.items():
+                self.named.setdefault(port, []).extend(es)
         # Families some pod has an address of: rules for a family no pod has would match nothing
         # (IPv6-only clusters, flock's default, get half the rules); the first IPv4 pod adds them.
         versions = {a.version for addrs in grouped.values() for a in addrs}
         self.families = tuple(f for f in FAMILIES if f in versions)
-        self.groups = [_Group(ns, labels, tuple(addrs), dict(labels)) for (ns, labels), addrs in grouped.items()]
+        self.groups = [
+            _Group(ns, labels, tuple(addrs), dict(labels), named_in.get((ns, labels), {}))
+            for (ns, labels), addrs in grouped.items()
+        ]
         self.by_namespace: dict[str, list[_Group]] = defaultdict(list)
         self.by_label: dict[tuple[str, str], list[_Group]] = defaultdict(list)
         for g in self.groups:
@@ -121,8 +157,8 @@ class _Peers:
 
     def select(
         self, namespace: str | None, ns_selector: LabelSelector | None, pod_selector: LabelSelector | None
-    ) -> list[IPAddress]:
-        """Addresses of pods in *namespace* (or in namespaces *ns_selector* picks) matching *pod_selector*."""
+    ) -> list[_Group]:
+        """The groups of pods in *namespace* (or in namespaces *ns_selector* picks) matching *pod_selector*."""
         allowed = self._namespaces_matching(ns_selector) if ns_selector is not None else None
         candidates: list[_Group]
         if pod_selector is not None and pod_selector.match_labels:
@@ -133,7 +169,7 @@ class _Peers:
             candidates = [g for n in allowed for g in self.by_namespace[n]]
         else:
             candidates = self.groups
-        out: list[IPAddress] = []
+        out: list[_Group] = []
         for g in candidates:
             if namespace is not None and g.namespace != namespace:
                 continue
@@ -141,7 +177,7 @@ class _Peers:
                 continue
             if pod_selector is not None and not pod_selector.matches(g.label_map):
                 continue
-            out.extend(g.addresses)
+            out.append(g)
         return out
 
 
@@ -210,7 +246,7 @@ def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], .
 
 
 # What a set's elements are computed from: ("pods", scope, namespace selector, pod selector, family)
-# or ("named", ((port name, protocol), ...), family).  Blocks and port sets are static.
+# or ("named", ((port name, protocol), ...), family, NamedScope).  Blocks and port sets are static.
 SetSpec = tuple
 
 
@@ -229,21 +265,24 @@ class _RuleBuilder:
     specs: dict[str, SetSpec] = attrs.field(factory=dict)
     static: dict[str, AddressSet | PortSet] = attrs.field(factory=dict)
 
-    def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str]]:
+    def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str, NamedScope]]:
         scope = policy.namespace if peer.namespace_selector is None else None
-        names = [(f, selector_set(scope, peer.namespace_selector, peer.pod_selector, f)) for f in self.families]
-        for family, name in names:
+        key: NamedScope = (scope, peer.namespace_selector, peer.pod_selector)
+        names: list[tuple[int, str, NamedScope]] = [
+            (f, selector_set(scope, peer.namespace_selector, peer.pod_selector, f), key) for f in self.families
+        ]
+        for family, name, _ in names:
             self.specs[name] = ("pods", scope, peer.namespace_selector, peer.pod_selector, family)
         return names
 
-    def block_set(self, block: IPBlock) -> tuple[int, str]:
+    def block_set(self, block: IPBlock) -> tuple[int, str, NamedScope]:
         aset = _block_set(block)
         self.static[aset.name] = aset
-        return (block.cidr.version, aset.name)
+        return (block.cidr.version, aset.name, None)
 
-    def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int) -> str:
-        name = service_set(named, family)
-        self.specs[name] = ("named", named, family)
+    def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int, scope: NamedScope) -> str:
+        name = service_set(named, family, scope)
+        self.specs[name] = ("named", named, family, scope)
         return name
 
     def port_match(self, plan: _PortPlan) -> Match:
@@ -255,9 +294,10 @@ class _RuleBuilder:
         return Match(portset=name)
 
     def rules(self, policy: NetworkPolicy, rule: PolicyRule, direction: Direction) -> list[Rule]:
-        peers: list[tuple[int | None, str | None]]
+        # (family, address set, whose named ports the destination's may be: the peer's pods if it selects pods)
+        peers: list[tuple[int | None, str | None, NamedScope]]
         if not rule.peers:
-            peers = [(None, None)]
+            peers = [(None, None, None)]
         else:
             peers = []
             for peer in rule.peers:
@@ -268,15 +308,18 @@ class _RuleBuilder:
         plan = _port_plan(rule.ports)
         numeric = self.port_match(plan) if plan.numeric else None
         out: list[Rule] = []
-        for family, addr_set in peers:
+        for family, addr_set, scope in peers:
             saddr, daddr = (addr_set, None) if direction is Direction.INGRESS else (None, addr_set)
+            if direction is Direction.INGRESS:
+                scope = LOCAL  # the destination: the local pod whose chain this is
             if plan.anything:
                 out.append(Rule(Match(family, saddr, daddr), "accept"))
             if numeric is not None:
                 out.append(Rule(attrs.evolve(numeric, family=family, saddr=saddr, daddr=daddr), "accept"))
             if plan.named:
                 for fam in (family,) if family is not None else self.families:
-                    out.append(Rule(Match(fam, saddr, daddr, service=self.service_set(plan.named, fam)), "accept"))
+                    service = self.service_set(plan.named, fam, scope)
+                    out.append(Rule(Match(fam, saddr, daddr, service=service), "accept"))
         return out
 
 
@@ -387,20 +430,31 @@ class Compiler:
         layout = self.layout(locals_, peers.families)
         service_sets: dict[str, ServiceSet] = {}
         address_sets = dict(layout.address_sets)
-        selected: dict[tuple[object, ...], list[IPAddress]] = {}
+        selected: dict[tuple[object, ...], list[_Group]] = {}
+
+        def select(key: tuple[str | None, LabelSelector | None, LabelSelector | None]) -> list[_Group]:
+            members = selected.get(key)
+            if members is None:
+                members = selected[key] = peers.select(*key)
+            return members
+
+        local_named = _named_ports(locals_)
         for name, spec in layout.specs.items():
             if spec[0] == "pods":
                 _, scope, ns_sel, pod_sel, family = spec
-                members = selected.get((scope, ns_sel, pod_sel))
-                if members is None:
-                    members = selected[(scope, ns_sel, pod_sel)] = peers.select(scope, ns_sel, pod_sel)
-                address_sets[name] = AddressSet(
-                    name, family, False, frozenset(a for a in members if a.version == family)
-                )
+                addresses = (a for g in select((scope, ns_sel, pod_sel)) for a in g.addresses if a.version == family)
+                address_sets[name] = AddressSet(name, family, False, frozenset(addresses))
+                continue
+            _, named, family, where = spec
+            entries: Iterable[Iterable[tuple[IPAddress, Protocol, int]]]
+            if where is None:
+                entries = (peers.named.get(key, ()) for key in named)
+            elif where == LOCAL:
+                entries = (local_named.get(key, ()) for key in named)
             else:
-                _, named, family = spec
-                elements = (m for key in named for m in peers.named.get(key, ()) if m[0].version == family)
-                service_sets[name] = ServiceSet(name, family, frozenset(elements))
+                entries = (g.named.get(key, ()) for g in select(where) for key in named)
+            elements = frozenset(m for es in entries for m in es if m[0].version == family)
+            service_sets[name] = ServiceSet(name, family, elements)
         return layout.ruleset(address_sets, service_sets)
 
     def layout(self, locals_: list[PolicyPod], families: tuple[int, ...]) -> Layout:

@@ -10,17 +10,23 @@ proportion to what a change touches:
   namespace, label pair and address.  What a set holds is not kept twice:
   the kernel has it; the indices derive it.
 - **What is maintained**: the sets this node's chains use — the peer
-  selectors of the policies that select a local pod, and the named-port sets
-  of their rules — each indexed by the namespace and the label pair a pod
-  must have to match it, so a pod is checked against few.
+  selectors of the policies that select a local pod, each indexed by the
+  namespace and the label pair a pod must have to match it, so a pod is
+  checked against few; and the named-port sets of their rules, by port
+  name: an ingress rule's holds this node's pods only, an egress rule's
+  with a selector peer the pods of that selector (it follows the selector),
+  one with an ipBlock peer or no peer every pod declaring the name.
 - **A remote pod's change** re-indexes that pod, checks the selectors its
-  old and new value could match, and notes the elements that enter or leave
-  a set (an element leaves only when no other pod still puts it there).  **A
-  namespace's** relabelling re-checks the namespace selectors, and for those
-  whose verdict flips, the pods of that namespace.  **A policy's change or a
-  local pod's** recomputes this node's chains (few: per local pod and
-  direction, and the policies selecting local pods, each cached by value);
-  a set newly used is listed once, from the indices.
+  old and new value could match (and their named-port sets), and the
+  cluster-wide named-port sets of the names it declares, and notes the
+  elements that enter or leave a set (an element leaves only when no other
+  pod still puts it there).  **A namespace's** relabelling re-checks the
+  namespace selectors, and for those whose verdict flips, the pods of that
+  namespace.  **A policy's change or a local pod's** recomputes this node's
+  chains (few: per local pod and direction, and the policies selecting
+  local pods, each cached by value); a set newly used is listed once, from
+  the indices; a local pod's change also moves its elements in the local
+  named-port sets.
 - **Out**: :meth:`PolicyEngine.change` hands over a :class:`RulesetChange`:
   the structure (the same object while unchanged) and the elements that
   moved since the previous change; :meth:`PolicyEngine.ruleset` builds the
@@ -37,7 +43,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._compile import FAMILIES, Compiler, Layout, check_local, selector_set, service_set
+from ._compile import FAMILIES, LOCAL, Compiler, Layout, NamedScope, check_local, selector_set, service_set
 from ._inputs import InputChanges, PolicySource
 from ._model import LabelSelector, PolicyPod, Protocol
 from ._peers import Element, Filled, NamedPorts, Pair, Peers, Selector, family
@@ -56,6 +62,7 @@ def _same_to_selectors(before: PolicyPod, after: PolicyPod) -> bool:
         and (before.labels is after.labels or before.labels == after.labels)
         and before.addresses == after.addresses
         and (before.named_ports is after.named_ports or before.named_ports == after.named_ports)
+        and (before.host_veth is None) == (after.host_veth is None)  # local or not: the ingress named-port sets
     )
 
 
@@ -77,8 +84,12 @@ class PolicyEngine:
     # used then), and where a pod finds the selectors it may match: namespace or None → pair or None →
     _selectors: dict[tuple[object, ...], Selector] = attrs.field(init=False, factory=dict)
     _selector_index: dict[str | None, dict[Pair | None, list[Selector]]] = attrs.field(init=False, factory=dict)
-    _named: dict[tuple[tuple[str, Protocol], ...], NamedPorts] = attrs.field(init=False, factory=dict)
+    # named-port sets by (ports, scope); the cluster-wide and the local ones by port (a selector keeps its own)
+    _named: dict[tuple[tuple[tuple[str, Protocol], ...], NamedScope], NamedPorts] = attrs.field(
+        init=False, factory=dict
+    )
     _named_index: dict[tuple[str, Protocol], list[NamedPorts]] = attrs.field(init=False, factory=dict)
+    _local_named_index: dict[tuple[str, Protocol], list[NamedPorts]] = attrs.field(init=False, factory=dict)
     # the ruleset: its structure, and which maintained set fills each of its pod sets
     _structure: Ruleset = attrs.field(init=False, factory=Ruleset)
     _families: tuple[int, ...] = attrs.field(init=False, default=())
@@ -216,8 +227,10 @@ class PolicyEngine:
         for pod in (before, after):
             if pod is not None:
                 self._candidates(pod, candidates)
-                for np in pod.named_ports if self._named_index else ():
-                    named.update(dict.fromkeys(self._named_index.get((np.name, np.protocol), ())))
+                local = pod.host_veth is not None
+                for index in (self._named_index, self._local_named_index) if local else (self._named_index,):
+                    for np in pod.named_ports if index else ():
+                        named.update(dict.fromkeys(index.get((np.name, np.protocol), ())))
         if before is not None:
             peers.remove(key, before)
         if after is not None:
@@ -228,12 +241,13 @@ class PolicyEngine:
             was = before is not None and peers.selects(selector, before.namespace, before_labels)
             now = after is not None and peers.selects(selector, after.namespace, after_labels)
             if was or now:
-                self._moved(
-                    selector,
-                    selector.elements(before) if was and before is not None else set(),
-                    selector.elements(after) if now and after is not None else set(),
-                    after,
-                )
+                for source in (selector, *selector.named):
+                    self._moved(
+                        source,
+                        source.elements(before) if was and before is not None else set(),
+                        source.elements(after) if now and after is not None else set(),
+                        after,
+                    )
         for ports in named:
             self._moved(
                 ports,
@@ -273,19 +287,21 @@ class PolicyEngine:
         for selector in self._selectors.values():
             if selector.ns_sel is None or selector.ns_sel.matches(before) == selector.ns_sel.matches(after):
                 continue
-            seen: set[Element] = set()
-            for group in peers.groups_in(name):
-                if selector.pod_sel is not None and not selector.pod_sel.matches(dict(group.labels)):
-                    continue
-                for pod in group.pods():
-                    for element in pod.addresses:
-                        if element in seen:
-                            continue
-                        seen.add(element)
-                        held = peers.held(selector, element, None)
-                        if held != peers.held(selector, element, None, namespace=(name, before)):
-                            into, undo = (self._added, self._removed) if held else (self._removed, self._added)
-                            self._note(selector.names[family(element)], element, into, undo)
+            groups = [
+                g for g in peers.groups_in(name) if selector.pod_sel is None or selector.pod_sel.matches(dict(g.labels))
+            ]
+            for source in (selector, *selector.named):
+                seen: set[Element] = set()
+                for group in groups:
+                    for pod in group.pods():
+                        for element in source.elements(pod):
+                            if element in seen:
+                                continue
+                            seen.add(element)
+                            held = peers.held(source, element, None)
+                            if held != peers.held(source, element, None, namespace=(name, before)):
+                                into, undo = (self._added, self._removed) if held else (self._removed, self._added)
+                                self._note(source.names[family(element)], element, into, undo)
 
     # -- structure ---------------------------------------------------------------------------------
 
@@ -297,18 +313,20 @@ class PolicyEngine:
         the applier's copy of it stands."""
         families = self._peers.families
         layout = self._compiler.layout(locals_, families) if self._compiler.policies else None
-        for spec in layout.specs.values() if layout is not None else ():
-            if spec[0] == "pods":
-                if spec[1:4] not in self._selectors:
-                    self._add_selector(spec[1:4])
-            elif spec[1] not in self._named:
-                self._add_named(spec[1])
+        specs = layout.specs.values() if layout is not None else ()
+        for spec in specs:
+            if spec[0] == "pods" and spec[1:4] not in self._selectors:
+                self._add_selector(spec[1:4])
+        for spec in specs:
+            if spec[0] == "named" and (spec[1], spec[3]) not in self._named:
+                self._add_named(spec[1], spec[3])  # (after the selectors: a restricted one joins its selector)
         self._locals, self._families = locals_, families
         self._structure, self._filled = self._build(layout)
 
     def _retire(self) -> None:
         """Stop maintaining the sets the ruleset handed over does not use."""
         used = {id(source) for source, _ in self._filled.values()}
+        used.update(id(source.selector) for source, _ in self._filled.values() if isinstance(source, NamedPorts))
         for key in [k for k, v in self._selectors.items() if id(v) not in used]:
             self._drop_selector(key)
         for named in [k for k, v in self._named.items() if id(v) not in used]:
@@ -327,7 +345,7 @@ class PolicyEngine:
                 address_sets[name] = AddressSet(name, family_)
             else:
                 family_ = spec[2]
-                filled[name] = (self._named[spec[1]], family_)
+                filled[name] = (self._named[(spec[1], spec[3])], family_)
                 service_sets[name] = ServiceSet(name, family_)
         return layout.ruleset(address_sets, service_sets), filled
 
@@ -352,16 +370,30 @@ class PolicyEngine:
             if not by_pair:
                 del self._selector_index[selector.namespace]
 
-    def _add_named(self, named: tuple[tuple[str, Protocol], ...]) -> None:
-        ports = NamedPorts({f: service_set(named, f) for f in FAMILIES}, ports=frozenset(named))
-        self._named[named] = ports
+    def _add_named(self, named: tuple[tuple[str, Protocol], ...], scope: NamedScope) -> None:
+        selector = self._selectors[scope] if isinstance(scope, tuple) else None
+        ports = NamedPorts(
+            {f: service_set(named, f, scope) for f in FAMILIES},
+            ports=frozenset(named),
+            local=scope == LOCAL,
+            selector=selector,
+        )
+        self._named[(named, scope)] = ports
+        if selector is not None:
+            selector.named.append(ports)  # it moves with the selector's members
+            return
+        index = self._local_named_index if ports.local else self._named_index
         for port in named:
-            self._named_index.setdefault(port, []).append(ports)
+            index.setdefault(port, []).append(ports)
 
-    def _drop_named(self, named: tuple[tuple[str, Protocol], ...]) -> None:
-        ports = self._named.pop(named)
-        for port in named:
-            same = self._named_index[port]
+    def _drop_named(self, key: tuple[tuple[tuple[str, Protocol], ...], NamedScope]) -> None:
+        ports = self._named.pop(key)
+        if ports.selector is not None:
+            ports.selector.named.remove(ports)
+            return
+        index = self._local_named_index if ports.local else self._named_index
+        for port in key[0]:
+            same = index[port]
             same.remove(ports)
             if not same:
-                del self._named_index[port]
+                del index[port]

@@ -8,6 +8,8 @@ address points back to the pod(s) holding it.  What a set holds is not stored: t
 it, and it is derived from these indices — whole when a set is new
 (:meth:`Peers.selected`, :meth:`Peers.declaring`), or for one element when a
 pod lets go of it (:meth:`Peers.held`: does another pod still put it there?).
+This node's pods (the values with a ``host_veth``) are also kept by key: the
+named-port sets of ingress rules hold only theirs.
 
 An index bucket holds one item as itself, a few in a list, more in a set:
 most label pairs (pod-template-hash) and addresses have one; a group's
@@ -106,6 +108,10 @@ class Filled:
 
     names: dict[int, str]  # family → set name
 
+    def elements(self, pod: PolicyPod) -> set[Element]:
+        """What *pod* puts in these sets (if it is one of their pods)."""
+        raise NotImplementedError
+
 
 @attrs.define(eq=False)
 class Selector(Filled):
@@ -114,6 +120,7 @@ class Selector(Filled):
     scope: str | None = None
     ns_sel: LabelSelector | None = None
     pod_sel: LabelSelector | None = None
+    named: list[NamedPorts] = attrs.field(factory=list)  # the named-port sets restricted to its pods
 
     @property
     def namespace(self) -> str | None:
@@ -139,11 +146,18 @@ class Selector(Filled):
 
 @attrs.define(eq=False)
 class NamedPorts(Filled):
-    """Every pod declaring one of *ports* (name, protocol): its (address, protocol, port) for each."""
+    """The pods of a scope declaring one of *ports* (name, protocol): their (address, protocol, port) for each.
+
+    The scope: every pod of the cluster; this node's pods (*local*); or the pods *selector* picks."""
 
     ports: frozenset[tuple[str, Protocol]] = frozenset()
+    local: bool = False
+    selector: Selector | None = None
 
     def elements(self, pod: PolicyPod) -> set[Element]:
+        """*pod*'s elements here (it is the caller who checks that *selector* picks it)."""
+        if self.local and pod.host_veth is None:
+            return set()
         return {
             (a, np.protocol, np.port)
             for np in pod.named_ports
@@ -174,6 +188,7 @@ class Peers:
     _holders: dict[IPAddress, PolicyPod | list[PolicyPod]] = attrs.field(init=False, factory=dict)
     _addresses: dict[int, int] = attrs.field(init=False, factory=lambda: dict.fromkeys(FAMILIES, 0))  # per family
     _ns_labels: dict[str, Mapping[str, str]] = attrs.field(init=False, factory=dict)
+    _local: dict[str, PolicyPod] = attrs.field(init=False, factory=dict)  # this node's pods, by key
 
     @property
     def families(self) -> tuple[int, ...]:
@@ -193,6 +208,8 @@ class Peers:
                 if pair[0] in self._pair_keys:
                     _put(self._by_pair, pair, group)
         group.add(key, pod)
+        if pod.host_veth is not None:
+            self._local[key] = pod
         for a in pod.addresses:
             self._addresses[a.version] += 1
             _put(self._holders, a, pod)
@@ -201,6 +218,8 @@ class Peers:
         groups = self._groups[pod.namespace]
         group = groups[pod.labels]
         group.remove(key, pod)
+        if pod.host_veth is not None:
+            del self._local[key]
         if not group:
             del groups[pod.labels]
             if not groups:
@@ -264,14 +283,17 @@ class Peers:
         """Does a pod other than *besides* put *element* in *source*'s set?
 
         *namespace*: (name, labels) to read that namespace's labels as (a relabelling in progress)."""
+        selector = (
+            source if isinstance(source, Selector) else source.selector if isinstance(source, NamedPorts) else None
+        )
         for holder in _bucket(self._holders, _address(element)):
             if holder is besides:
                 continue
-            if isinstance(source, Selector):
+            if selector is not None:
                 ns_labels = namespace[1] if namespace is not None and holder.namespace == namespace[0] else None
-                if self.selects(source, holder.namespace, dict(holder.labels), ns_labels):
-                    return True
-            elif isinstance(source, NamedPorts) and element in source.elements(holder):
+                if not self.selects(selector, holder.namespace, dict(holder.labels), ns_labels):
+                    continue
+            if selector is source or element in source.elements(holder):
                 return True
         return False
 
@@ -300,14 +322,20 @@ class Peers:
                 yield from group.pods()
 
     def declaring(self, ports: NamedPorts) -> Iterator[PolicyPod]:
-        """Every pod declaring one of *ports* (a scan of the groups: a named-port set is cluster-wide)."""
-        for by_labels in self._groups.values():
-            for group in by_labels.values():
-                for pod in group.pods():
-                    if pod.named_ports and ports.declared_by(pod):
-                        yield pod
+        """Every pod of *ports*' scope declaring one of them: this node's, those its selector picks, or
+        (a scan of the groups) the whole cluster's."""
+        pods: Iterable[PolicyPod]
+        if ports.local:
+            pods = self._local.values()
+        elif ports.selector is not None:
+            pods = self.selected(ports.selector)
+        else:
+            pods = (pod for by_labels in self._groups.values() for group in by_labels.values() for pod in group.pods())
+        for pod in pods:
+            if pod.named_ports and ports.declared_by(pod):
+                yield pod
 
     def elements(self, source: Filled, family_: int) -> set[Element]:
         """What *source*'s set of *family_* holds now."""
         pods = self.selected(source) if isinstance(source, Selector) else self.declaring(source)  # type: ignore[arg-type]
-        return {e for pod in pods for e in source.elements(pod) if family(e) == family_}  # type: ignore[attr-defined]
+        return {e for pod in pods for e in source.elements(pod) if family(e) == family_}

@@ -159,6 +159,82 @@ def test_a_new_policy_adds_its_sets_whole_and_a_deleted_one_takes_them_away() ->
     assert node.step().structure.empty
 
 
+HTTP = (NamedPort("http", Protocol.TCP, 8080),)
+WEB_OUT = policy(
+    "x",
+    "web-out",
+    {
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "policyTypes": ["Egress"],
+        "egress": [
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"team": "a"}},
+                        "podSelector": {"matchLabels": {"app": "api"}},
+                    }
+                ],
+                "ports": [{"port": "http"}],
+            },
+            {"to": [{"ipBlock": {"cidr": "2001:db8::/32"}}], "ports": [{"port": "http"}]},
+        ],
+    },
+)
+
+
+def test_an_ingress_named_port_set_holds_this_nodes_pods_only() -> None:
+    """A named port resolves on the destination: for an ingress rule, a pod of this node."""
+    client = attrs.evolve(CLIENT, named_ports=HTTP)  # declares http too, but is no destination here
+    node = Node(cluster(WEB, client, attrs.evolve(OTHER, named_ports=HTTP)))
+    assert [s.elements for s in node.engine.ruleset().service_sets.values()] == [
+        {(ip("2001:db8:1::1"), Protocol.TCP, 80)}
+    ]
+    # so a remote pod declaring it moves only the peer sets it is in (here the cluster-wide one)
+    node.inputs.set_pod(attrs.evolve(client, addresses=(ip("2001:db8:2::2"),)))
+    change = node.step()
+    assert change.added and set(change.added) <= set(change.structure.address_sets)
+    assert set(change.removed) == set(change.added)
+    # a pod moving here (the same value to selectors but for its veth) joins it
+    web2 = attrs.evolve(WEB, name="web2", addresses=(ip("2001:db8:2::9"),), node="n2")
+    node.inputs.set_pod(web2)
+    node.step()
+    node.inputs.set_pod(attrs.evolve(web2, node=NODE))
+    change = node.step()
+    assert {e for n, es in change.added.items() if n in change.structure.service_sets for e in es} == {
+        (ip("2001:db8:2::9"), Protocol.TCP, 80)
+    }
+
+
+def test_an_egress_named_port_set_follows_its_selectors_pods() -> None:
+    """For an egress rule with a selector peer, the named-port set holds the pods that selector picks; with an
+    ipBlock peer, every pod declaring the name."""
+    api_y = PolicyPod("y", "api", {"app": "api"}, (ip("2001:db8:2::1"),), HTTP, node="n2")
+    api_z = PolicyPod("z", "api", {"app": "api"}, (ip("2001:db8:3::1"),), HTTP, node="n3")
+    node = Node(cluster(WEB, api_y, api_z, policies=(FROM_CLIENTS, WEB_OUT)))
+    restricted = next(
+        r.match.service
+        for r in node.engine.structure.chains[
+            next(c for c in node.engine.structure.chains if c.startswith("pe-"))
+        ].rules
+        if r.match.daddr is not None and r.match.daddr.startswith("p-")
+    )
+    whole = node.engine.ruleset().service_sets
+    assert whole[restricted].elements == {(ip("2001:db8:2::1"), Protocol.TCP, 8080)}
+    everyone = {
+        (ip("2001:db8:1::1"), Protocol.TCP, 80),
+        *((a, Protocol.TCP, 8080) for a in (api_y.addresses[0], api_z.addresses[0])),
+    }
+    assert any(s.elements == everyone for s in whole.values())  # the ipBlock rule's
+    node.inputs.set_namespace(Namespace("z", {"team": "a"}))  # z's api joins the selector: its port too
+    assert node.step().added[restricted] == {(ip("2001:db8:3::1"), Protocol.TCP, 8080)}
+    node.inputs.set_pod(attrs.evolve(api_y, labels={"app": "other"}))  # y's leaves
+    assert node.step().removed[restricted] == {(ip("2001:db8:2::1"), Protocol.TCP, 8080)}
+    node.inputs.set_pod(attrs.evolve(api_z, named_ports=()))  # z's declares it no more
+    change = node.step()
+    assert change.removed[restricted] == {(ip("2001:db8:3::1"), Protocol.TCP, 8080)}
+    assert node.engine.ruleset().service_sets[restricted].elements == frozenset()
+
+
 def test_the_memory_applier_refuses_an_inexact_change() -> None:
     node = Node(cluster(WEB, CLIENT, OTHER))
     name = next(iter(node.engine.structure.address_sets))
@@ -234,6 +310,19 @@ WALK_POLICIES = [
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "b"}}}]}],
             "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "dns", "protocol": "UDP"}]}],
+        },
+    ),
+    policy(
+        "x",
+        "out",
+        {
+            "podSelector": {"matchLabels": {"tier": "web"}},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"namespaceSelector": {"matchLabels": {"team": "t1"}}}], "ports": [{"port": "http"}]},
+                {"to": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": "dns", "protocol": "UDP"}]},
+                {"to": [{"ipBlock": {"cidr": "2001:db8:1::/64"}}], "ports": [{"port": "http"}]},
+            ],
         },
     ),
     policy(
