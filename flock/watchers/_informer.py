@@ -148,14 +148,6 @@ def identity(obj: Object) -> Any:
 
 
 @attrs.define(eq=False)
-class _Sweep:
-    """One full read of the collection (a paged list or a WatchList's initial events),
-    applied to the cache as it arrives: what it did not see is deleted at its end."""
-
-    seen: set[str] = attrs.field(factory=set)
-
-
-@attrs.define(eq=False)
 class Informer:
     """Keeps :attr:`objects` equal to the server's matching objects, as values.
 
@@ -171,15 +163,18 @@ class Informer:
     server's watch cache and streamed; a server that refuses it (or ignores it)
     is read with lists from then on: the first list at ``resourceVersion=0``
     (the watch cache), paged by ``settings.page_size`` where the server pages;
-    a relist at the last version seen (the cache again); a relist after a 410
-    or a reset at ``""`` (a consistent read, paged).  Pages and list bodies are
+    a relist at the last version seen (the cache again); a relist after a
+    list's own 410 or a reset at ``""`` (a consistent read, paged).  Each full
+    read is applied to the cache as it arrives; what it did not see is deleted
+    at its end.  Pages and list bodies are
     decoded item by item (:class:`flock.watchers.ListDecoder`), never whole.
 
     Error handling: 410 Gone (at watch start, as an ERROR event, or on a page's
-    expired continue token) and "too large resource version" (the API server
-    came back with a history that starts over) → relist from the start after a
-    random [0, ``relist_spread``) s; so does an event older than the cache's
-    resourceVersion.  TransientKubeError (connection trouble, 5xx, 429) and a
+    expired continue token), "too large resource version" (the API server came
+    back with a history that starts over) and an event older than the cache's
+    resourceVersion → read the collection again after a random [0,
+    ``relist_spread``) s: after a watch's 410 at the version seen (the watch
+    cache), after the others with a consistent read.  TransientKubeError (connection trouble, 5xx, 429) and a
     stalled request (no progress within ``request_seconds``) → retry after
     exponential backoff with jitter (at most 24 s); a watch resumes from the
     last resourceVersion seen.  Anything else (401, 403, 404 of the collection,
@@ -203,7 +198,6 @@ class Informer:
     _must_read: bool = attrs.field(init=False, default=True)  # the next round reads the collection whole
     _read_at: float = attrs.field(init=False, default=-math.inf)
     _started: trio.TaskStatus[None] | None = attrs.field(init=False, default=None)
-    _list_expired: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self._watch_list = self.settings.watch_list
@@ -255,7 +249,7 @@ class Informer:
                 if self._must_read and self._watch_list:
                     # One stream: the initial events, then the watch goes on.
                     try:
-                        progressed = await self._watch_list_round()
+                        progressed = await self._watch(initial_events=True)
                         ignored = 0
                     except _WatchListEndedEarly as exc:
                         # A server shutting down (or a proxy) may end a stream early; one that keeps
@@ -272,15 +266,14 @@ class Informer:
                     if self._must_read:
                         await self._list()
                         self._read()
-                    progressed = await self._watch()
+                    progressed = await self._watch(initial_events=False)
                 failures = 0
             except (HistoryReset, ResourceExpired) as exc:
                 # A watch's 410 relists at the version seen, from the watch cache; what says the
-                # cache itself cannot be trusted (a reset history, a version it has not reached, a
-                # list's expired continue token) relists with a consistent read.
-                if isinstance(exc, HistoryReset | ResourceVersionTooLarge) or self._list_expired:
+                # cache itself cannot be trusted (a reset history, a version it has not reached)
+                # relists with a consistent read, as does a list's expired continue token (_list).
+                if isinstance(exc, HistoryReset | ResourceVersionTooLarge):
                     self._consistent = True
-                self._list_expired = False
                 if isinstance(exc, HistoryReset):
                     log.warning("%s: %s; relisting", self.name, exc, extra={"informer": self.name, "error": str(exc)})
                 else:
@@ -336,7 +329,7 @@ class Informer:
             first = ListOptions(self._resource_version, "NotOlderThan")
         else:
             first = ListOptions("0", limit=settings.page_size)  # the watch cache, whatever its age
-        sweep = _Sweep()
+        seen: set[str] = set()
         options = first
         list_rv = ""
         while True:
@@ -346,12 +339,12 @@ class Informer:
 
                 def item(obj: Object, scope: trio.CancelScope = scope) -> None:
                     scope.deadline = trio.current_time() + settings.request_seconds
-                    self._swept(sweep, obj)
+                    self._swept(seen, obj)
 
                 try:
                     page = await self.source.list(options, item)
                 except ResourceExpired:
-                    self._list_expired = True  # the continue token's version was compacted
+                    self._consistent = True  # the continue token's version was compacted
                     raise
             if scope.cancelled_caught:
                 raise trio.TooSlowError
@@ -360,22 +353,25 @@ class Informer:
                 break
             options = ListOptions(limit=settings.page_size, continue_=page.continue_)
         self._consistent = False
-        self._end_sweep(sweep, list_rv)
+        self._end_sweep(seen, list_rv)
 
-    async def _watch_list_round(self) -> bool:
-        """A WatchList: its initial events swept into the cache up to the annotated
-        BOOKMARK, then the watch as usual.  Returns whether any event arrived."""
+    async def _watch(self, *, initial_events: bool) -> bool:
+        """One watch from the version seen; returns whether any event arrived.
+
+        *initial_events*: a WatchList: the initial events are swept into the cache
+        up to the annotated BOOKMARK (the collection read whole), then the watch goes on.
+        """
         settings = self.settings
-        rv = "" if self._consistent else self._resource_version
-        sweep: _Sweep | None = _Sweep()
+        seen: set[str] | None = set() if initial_events else None  # None once the initial events are in
+        rv = "" if initial_events and self._consistent else self._resource_version
         progressed = False
         opened = trio.current_time()
         with trio.fail_after(settings.watch_seconds + settings.request_seconds):
             try:
-                async with self.source.watch(rv, settings.watch_seconds, send_initial_events=True) as events:
+                async with self.source.watch(rv, settings.watch_seconds, send_initial_events=initial_events) as events:
                     async for event in events:
                         progressed = True
-                        if sweep is None:
+                        if seen is None:
                             self._apply(event)
                             continue
                         kind, obj = event.get("type"), event.get("object") or {}
@@ -384,48 +380,36 @@ class Informer:
                             if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
                                 raise _WatchListRefused("the server ignored sendInitialEvents (a bookmark came first)")
                             self._consistent = False
-                            self._end_sweep(sweep, _rv(obj))
-                            sweep = None
+                            self._end_sweep(seen, _rv(obj))
+                            seen = None
                             self._read()
                         elif kind in ("ADDED", "MODIFIED"):
-                            self._swept(sweep, obj)
+                            self._swept(seen, obj)
                         elif kind == "ERROR":
                             raise error_for_status(int(obj.get("code") or 500), obj)
                         else:
                             raise _WatchListRefused(f"the server ignored sendInitialEvents (a {kind} event came first)")
             except KubeApiError as exc:
-                if sweep is not None and exc.status in (400, 422):
+                if seen is not None and exc.status in (400, 422):
                     raise _WatchListRefused(f"the server refused WatchList ({exc})") from None
                 raise
-        if sweep is not None:
+        if seen is not None:
             # A server that offers WatchList ends its initial events with the bookmark, however few.
             raise _WatchListEndedEarly("the WatchList ended before its initial events' bookmark")
-        if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
-            raise TransientKubeError("watch ended at once without an event")
-        return progressed
-
-    async def _watch(self) -> bool:
-        settings = self.settings
-        progressed = False
-        opened = trio.current_time()
-        with trio.fail_after(settings.watch_seconds + settings.request_seconds):
-            async with self.source.watch(self._resource_version, settings.watch_seconds) as events:
-                async for event in events:
-                    progressed = True
-                    self._apply(event)
         if not progressed and trio.current_time() - opened < settings.watch_seconds / 2:
             # A server or proxy that ends watches at once must not make us spin.
             raise TransientKubeError("watch ended at once without an event")
         return progressed
 
-    def _swept(self, sweep: _Sweep, obj: Object) -> None:
+    def _swept(self, seen: set[str], obj: Object) -> None:
         """One object of a full read: into the cache, the difference delivered."""
         key = self.key(obj)
-        sweep.seen.add(key)
+        seen.add(key)
         self._put(key, self.transform(obj))
 
-    def _end_sweep(self, sweep: _Sweep, resource_version: str) -> None:
-        gone = [key for key in self._objects if key not in sweep.seen]
+    def _end_sweep(self, seen: set[str], resource_version: str) -> None:
+        """A full read has ended: what it did not see is gone."""
+        gone = [key for key in self._objects if key not in seen]
         for key in gone:
             self._emit(Change(ChangeType.DELETED, key, self._objects.pop(key)))
         for listener in self.listeners:

@@ -48,7 +48,6 @@ class ListDecoder:
         self._state = "start"
         self._key = ""
         self.fields: dict[str, Any] = {}
-        self.items = 0
 
     def feed(self, chunk: bytes) -> list[Any]:
         """The items this chunk completed."""
@@ -173,7 +172,6 @@ class ListDecoder:
                 done, item = self._value(final)
                 if not done:
                     return
-                self.items += 1
                 self._state = "item_sep"
                 self._out.append(item)
             else:  # "end"

@@ -86,21 +86,12 @@ class Shared:
 
 
 def _share_strings(meta: Mapping[str, Any], spec: Any) -> None:
-    """Intern the repeated strings of a raw pod in place, before it is read."""
-    if isinstance(meta, dict):
-        ns = meta.get("namespace")
-        if isinstance(ns, str):
-            meta["namespace"] = sys.intern(ns)
-        labels = meta.get("labels")
-        if isinstance(labels, dict):
-            meta["labels"] = {
-                sys.intern(k) if isinstance(k, str) else k: sys.intern(v) if isinstance(v, str) else v
-                for k, v in labels.items()
-            }
-    if isinstance(spec, dict):
-        node = spec.get("nodeName")
-        if isinstance(node, str):
-            spec["nodeName"] = sys.intern(node)
+    """Intern a raw pod's namespace and node name in place, before it is read (its label
+    strings need not be: the whole label set is shared after it)."""
+    if isinstance(meta, dict) and isinstance(ns := meta.get("namespace"), str):
+        meta["namespace"] = sys.intern(ns)
+    if isinstance(spec, dict) and isinstance(node := spec.get("nodeName"), str):
+        spec["nodeName"] = sys.intern(node)
 
 
 @attrs.frozen(slots=True)
