@@ -275,6 +275,7 @@ def inputs_of(c: Cluster) -> PolicyInputs:
     inputs = PolicyInputs()
     inputs.replace(Kind.NETWORK_POLICY, {p.key: p for p in c.policies})
     inputs.replace(Kind.NAMESPACE, {n.name: n for n in c.namespaces})
+    inputs.replace(Kind.CLUSTER_POLICY, {})
     inputs.replace(Kind.POD, {p.key: p for p in c.pods})
     return inputs
 

@@ -16,7 +16,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
     │   ├── pod-watcher         every pod, watched once: this node's → pod lookups for ADD, all → PolicyInputs
-    │   ├── policy-watchers     NetworkPolicy, Namespace (cluster-wide) → PolicyInputs
+    │   ├── policy-watchers     NetworkPolicy, Namespace, ClusterNetworkPolicy, Node while needed (cluster-wide) → PolicyInputs
     │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
@@ -151,6 +151,7 @@ def compose(
             pending_deletes=pending_deletes,
             bird_socket=settings.bird_socket if settings.bird else None,
             policy=policy,
+            policy_watch=policy_link,
         ),
     )
     services = [

@@ -1,7 +1,8 @@
 """NetworkPolicy in the agent: the cluster-wide watchers on each API client, and the policy service.
 
 One :class:`flock.policy.PolicyInputs` outlives API reconnects; each new
-client gets new watchers (NetworkPolicy, Namespace) that fill it, and the
+client gets new watchers (NetworkPolicy, Namespace, ClusterNetworkPolicy, and
+Node while a ClusterNetworkPolicy has a nodes peer) that fill it, and the
 pods come from the API link's one pod informer, which then watches every pod
 (:class:`flock.agent.ApiLink`'s ``cluster_pods``).  :class:`PolicyLink` is also the service's :class:`flock.policy.Watermark`:
 it follows whichever watcher is current.
@@ -9,11 +10,13 @@ it follows whichever watcher is current.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 import trio
 
 from flock.nursery import ChildSpec
-from flock.policy import POLICY_GATE, WAITING_FOR_WATCHERS, PolicyInputs
+from flock.policy import POLICY_GATE, WAITING_FOR_WATCHERS, ClusterNetworkPolicy, PolicyInputs
 from flock.state import Gate
 from flock.watchers import KubeClient, PolicyWatcher
 
@@ -24,7 +27,8 @@ POLICY_READY_GATE = Gate(POLICY_GATE, WAITING_FOR_WATCHERS, label="NetworkPolicy
 
 @attrs.define(eq=False)
 class PolicyLink:
-    """Builds the policy watchers for an API client (an ``ApiLink`` ``cluster_pods`` factory)."""
+    """Builds the policy watchers for an API client (an ``ApiLink`` ``cluster_pods`` factory);
+    the policy service's watermark and flockctl's :class:`flock.ctl.PolicyWatch`, following the current watchers."""
 
     inputs: PolicyInputs
     _current: PolicyWatcher | None = attrs.field(init=False, default=None)
@@ -32,7 +36,13 @@ class PolicyLink:
 
     def cluster_pods(self, client: KubeClient) -> ClusterPods:
         # pods=None: the link's pod informer feeds watcher.pod_listener.
-        watcher = PolicyWatcher(client.network_policies(), client.namespaces(), self.inputs)
+        watcher = PolicyWatcher(
+            client.network_policies(),
+            client.namespaces(),
+            self.inputs,
+            cluster_policies=client.cluster_network_policies(),
+            nodes=client.nodes(),
+        )
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             self._set(watcher)
@@ -52,6 +62,16 @@ class PolicyLink:
     @property
     def watermark(self) -> int:
         return self._current.watermark if self._current is not None else 0
+
+    # flock.ctl.PolicyWatch: what flockctl status shows.
+
+    @property
+    def cluster_policies(self) -> Mapping[str, ClusterNetworkPolicy]:
+        return self.inputs.cluster_policies
+
+    @property
+    def refused(self) -> Mapping[str, str]:
+        return self._current.refused if self._current is not None else {}
 
     async def wait_watermark(self, resource_version: int) -> int:
         while True:

@@ -5,7 +5,7 @@ composition root; the command line is :func:`flock.ctl._cli.main`
 (console script ``flockctl``).
 """
 
-from flock.ctl._ops import AdminOps, OpRefused, Peer
+from flock.ctl._ops import AdminOps, OpRefused, Peer, PolicyWatch
 from flock.ctl._protocol import ADMIN_PROTOCOL_VERSION, DEFAULT_ADMIN_SOCKET, AdminRefused, AdminUnreachable, ask
 from flock.ctl._server import AdminServer
 
@@ -18,5 +18,6 @@ __all__ = [
     "AdminUnreachable",
     "OpRefused",
     "Peer",
+    "PolicyWatch",
     "ask",
 ]

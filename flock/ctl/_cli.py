@@ -103,15 +103,7 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         )
     pol = st.get("policy")
     if pol is not None:
-        if pol["error"]:
-            lines.append(f"policy      NOT APPLIED: {pol['error']}")
-        elif not pol["applied"]:
-            lines.append("policy      nothing applied yet")
-        else:
-            lines.append(
-                f"policy      applied (resourceVersion {pol['applied_resource_version']}): "
-                f"{pol['isolated_pods']} isolated pods, {pol['chains']} chains, {pol['sets']} sets"
-            )
+        lines.extend(policy_lines(pol))
     ag = st["agent"]
     lines.append("")
     lines.append(
@@ -119,6 +111,42 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         f"CNI wire v{','.join(map(str, ag['cni_wire_versions']))}  admin v{ag['admin_protocol_version']}"
     )
     return st, "\n".join(lines), EXIT_OK if st["ready"] else EXIT_PROBLEMS
+
+
+def policy_lines(pol: dict[str, Any]) -> list[str]:
+    """``status``'s policy part: the table in force, ClusterNetworkPolicies, refused objects, fail-closed rules."""
+    lines = []
+    if pol["error"]:
+        lines.append(f"policy      NOT APPLIED: {pol['error']}")
+    elif not pol["applied"]:
+        lines.append("policy      nothing applied yet")
+    else:
+        lines.append(
+            f"policy      applied (resourceVersion {pol['applied_resource_version']}): "
+            f"{pol['isolated_pods']} isolated pods, {pol['chains']} chains, {pol['sets']} sets"
+        )
+    tiers = pol.get("cluster_policies")
+    if tiers is not None:
+        counts = ", ".join(f"{n} {tier}" for tier, n in tiers.items())
+        lines.append(f"cluster     {sum(tiers.values())} ClusterNetworkPolicies ({counts})")
+
+    def listed(title: str, entries: list[str], total: int) -> None:
+        for i, entry in enumerate(entries):
+            lines.append(f"{title if i == 0 else '':<12}{entry}")
+        if total > len(entries):
+            lines.append(f"{'':<12}… and {total - len(entries)} more")
+
+    listed(
+        "refused",
+        [f"{r['object']}: {r['why']}" for r in pol.get("refused", [])],
+        pol.get("refused_total", 0),
+    )
+    listed(
+        "fail-closed",
+        [f"ClusterNetworkPolicy {r['policy']} {r['rule']}" for r in pol.get("fail_closed", [])],
+        pol.get("fail_closed_total", 0),
+    )
+    return lines
 
 
 def cmd_pods(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:

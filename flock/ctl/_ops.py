@@ -15,8 +15,9 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -25,7 +26,7 @@ import flock
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import NetlinkWorker, host_ifname, is_host_ifname
 from flock.pods import PodHandler
-from flock.policy import PolicyService
+from flock.policy import ClusterNetworkPolicy, PolicyService, Tier
 from flock.rpc.wire import SPOKEN_VERSIONS
 from flock.state import NodeState
 
@@ -39,6 +40,45 @@ BIRDC_DEADLINE_S = 5.0
 STUCK_PENDING_S = 120.0
 # CHECK of every committed pod at once: bounded, so a wedged kernel read cannot hang the op.
 KERNEL_CHECK_DEADLINE_S = 20.0
+
+
+# Refused objects and fail-closed rules listed by ``status`` at most (then "and N more").
+STATUS_LIST_MAX = 10
+
+
+class PolicyWatch(Protocol):
+    """What the policy watchers know that ``status`` shows (the agent's :class:`flock.agent.PolicyLink`)."""
+
+    @property
+    def cluster_policies(self) -> Mapping[str, ClusterNetworkPolicy]: ...
+
+    @property
+    def refused(self) -> Mapping[str, str]:
+        """Objects left out because the policy model refused them: "Kind key" → why."""
+        ...
+
+
+def policy_watch_view(watch: PolicyWatch, limit: int = STATUS_LIST_MAX) -> dict[str, Any]:
+    """ClusterNetworkPolicies per tier, refused objects and the rules that fail closed, each list
+    at most *limit* long with its full count beside it."""
+    policies = watch.cluster_policies
+    tiers = {tier.value: 0 for tier in Tier}
+    fail_closed: list[dict[str, str]] = []
+    fail_closed_total = 0
+    for name in sorted(policies):
+        policy = policies[name]
+        tiers[policy.tier.value] += 1
+        rules = policy.unreadable_rules()
+        fail_closed_total += len(rules)
+        fail_closed.extend({"policy": name, "rule": rule} for rule in rules[: max(0, limit - len(fail_closed))])
+    refused = watch.refused
+    return {
+        "cluster_policies": tiers,
+        "refused": [{"object": key, "why": refused[key]} for key in sorted(refused)[:limit]],
+        "refused_total": len(refused),
+        "fail_closed": fail_closed,
+        "fail_closed_total": fail_closed_total,
+    }
 
 
 class OpRefused(Exception):
@@ -119,15 +159,19 @@ class AdminOps:
     pending_deletes: Path
     bird_socket: Path | None = None  # None: no BIRD on this node
     policy: PolicyService | None = None
+    policy_watch: PolicyWatch | None = None
     started: float = attrs.field(factory=time.time)
     clock: Any = time.time
 
     def policy_status(self) -> dict[str, Any] | None:
-        """What ``table inet flock`` holds now and whether the last apply failed."""
+        """What ``table inet flock`` holds now and whether the last apply failed; with the
+        watchers, also the ClusterNetworkPolicies, refused objects and fail-closed rules."""
         if self.policy is None:
             return None
         applied = self.policy.applied
+        watched = policy_watch_view(self.policy_watch) if self.policy_watch is not None else {}
         return {
+            **watched,
             "applied": applied is not None,
             "error": self.policy.last_error,
             "applied_resource_version": self.policy.applied_resource_version,

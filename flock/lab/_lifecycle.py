@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from flock.lab._api import ApiClient
+from flock.lab._api import ApiClient, ApiError
 from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
 from flock.lab._image import (
     ImageSettings,
@@ -42,15 +42,17 @@ from flock.lab._plan import (
     FABRIC_PREFIX4,
     FABRIC_PREFIX6,
     HEALTH_ADDRESS,
+    NODE_PORTS,
     UPLINK,
     LabPlan,
     NodePlan,
     lab_id,
 )
+from flock.lab._ports import PortSpec
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
 from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_procs, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
-from flock.testing import NODECONFIGS, SECRETS, write_kubeconfig
+from flock.testing import NODECONFIGS, NODES, SECRETS, write_kubeconfig
 
 READY_DEADLINE_S = 60.0
 # BOOKMARKs move every agent's watches on while nothing changes: `policy wait` needs no more than this.
@@ -140,8 +142,18 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
     ]
 
 
+def node_server_argv(node: NodePlan) -> list[str]:
+    """The port server of *node* itself (``NODE_PORTS`` on its own addresses, run in its namespace)."""
+    argv = ["ip", "netns", "exec", node.netns, sys.executable, "-m", "flock.lab._serve", "--name", node.name]
+    for text in NODE_PORTS:
+        port = PortSpec.parse(text, named=False)
+        argv += [f"--{port.protocol.lower()}", str(port.port)]
+    return argv
+
+
 def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str] | None = None) -> list[ProcessSpec]:
-    """The API server, the route server and (*nodes*) every node's bird and flock-agent
+    """The API server, the route server, every node's port server (``serve-<node>``, what a
+    probe to a node reaches) and (*nodes*) every node's bird and flock-agent
     (*agent_program*: see :func:`agent_argv`)."""
     env, fab = _env(), plan.fabric_netns
     specs = [
@@ -183,6 +195,8 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
             env,
         ),
     ]
+    for node in plan.nodes:
+        specs.append(ProcessSpec(f"serve-{node.name}", tuple(node_server_argv(node)), node.dir / "serve.log", env))
     for node in plan.nodes if nodes else ():
         specs.append(
             ProcessSpec(
@@ -270,6 +284,24 @@ def start_keeper(plan: LabPlan, specs: list[ProcessSpec]) -> ProcRef:
 
 def api_client(plan: LabPlan) -> ApiClient:
     return ApiClient(plan.fabric_netns, str(FABRIC6), APISERVER_PORT)
+
+
+async def ensure_node(api: ApiClient, node: NodePlan) -> dict[str, Any]:
+    """Create *node*'s Node object, or give the one of that name the node's labels
+    (others stay) and addresses: what ``up`` does, as often as it is done."""
+    wanted = node.node_object()
+    try:
+        try:
+            obj = await api.create(NODES, wanted)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            obj = await api.patch(NODES, node.name, {"metadata": {"labels": node.node_labels()}})
+        if (obj.get("status") or {}).get("addresses") != wanted["status"]["addresses"]:
+            obj = await api.patch(NODES, node.name, {"status": wanted["status"]}, subresource="status")
+    except ApiError as exc:
+        raise LabError(f"the Node object of {node.name}: {exc}") from None
+    return obj
 
 
 async def agent_ready(node: NodePlan) -> bool:
@@ -373,7 +405,8 @@ async def up(
         await api.create(SECRETS, plan.bgp_secret())
         for node in plan.nodes:
             await api.create(NODECONFIGS, node.nodeconfig())
-        report("NodeConfigs created; waiting for agents (/readyz) and BGP sessions (Established)")
+            await ensure_node(api, node)
+        report("NodeConfigs and Nodes created; waiting for agents (/readyz) and BGP sessions (Established)")
         while True:
             ready = await readiness(plan)
             if not _not_ready(ready):

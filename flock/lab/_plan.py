@@ -12,6 +12,11 @@ Fabric segment (a bridge in the fabric namespace, every node's uplink a port)::
 
 Node i's pod blocks: ``2001:db8:0:i::/64`` and a /26 of 198.51.100.0/24
 (nodes 1-4) or 203.0.113.0/24 (nodes 5-8).
+
+Each node is also a v1 Node object in the lab's API server (labels
+``kubernetes.io/hostname`` and ``kubernetes.io/os``; its InternalIPs are its
+fabric addresses, the ones every pod reaches it at), and serves
+``NODE_PORTS`` on them (:mod:`flock.lab._serve`) for probes to a node.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ DEFAULT_DIR = Path("/run/flock-lab")
 AGENT_NAMESPACE = "kube-system"
 BGP_SECRET = "flock-bgp-passwords"
 BFD_INTERVAL_MS, BFD_MULTIPLIER = 100, 3
+# What a node serves on its own addresses (TCP and UDP, IPv6 and IPv4), as the model's pods do.
+NODE_PORTS = ("80/TCP", "81/TCP", "80/UDP", "81/UDP")
+NODE_LABELS = ("kubernetes.io/hostname", "kubernetes.io/os")
 
 
 def lab_id(directory: Path) -> str:
@@ -112,6 +120,30 @@ class NodePlan:
     def bgp_password(self) -> str:
         """The lab's TCP MD5 password of this node's session (documentation only: not secret)."""
         return f"flock-lab-{self.name}"
+
+    def node_labels(self) -> dict[str, str]:
+        """The labels a kubelet gives its Node (``NODE_LABELS``)."""
+        return {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux"}
+
+    def node_addresses(self) -> list[dict[str, str]]:
+        """The Node's ``status.addresses``: the fabric addresses, at which pods of
+        every node reach this one (the node's only addresses beyond the pods'
+        link-local gateway), and its name."""
+        return [
+            {"type": "InternalIP", "address": str(self.addr6)},
+            {"type": "InternalIP", "address": str(self.addr4)},
+            {"type": "Hostname", "address": self.name},
+        ]
+
+    def node_object(self) -> dict[str, Any]:
+        """This node's v1 Node, as its kubelet would register it."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.name, "labels": self.node_labels()},
+            "spec": {},
+            "status": {"addresses": self.node_addresses()},
+        }
 
     def nodeconfig(self) -> dict[str, Any]:
         """This node's NodeConfig object: its blocks, IPv6 by default, BGP to the fabric

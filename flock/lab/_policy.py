@@ -1,13 +1,15 @@
-"""The lab's NetworkPolicy commands: namespaces and their labels, ``apply``,
-``delete networkpolicy``, and ``policy wait``.
+"""The lab's policy commands: namespaces and nodes and their labels, ``apply``
+(NetworkPolicy, ClusterNetworkPolicy, Namespace), ``delete``, and ``policy wait``.
 
 ``policy wait`` asks the API server for its newest resourceVersion R (one
 revision counter for every kind, as etcd's), then every agent's ``/metrics``
 until its gauge ``flock_policy_applied_resource_version`` — the version
 through which the agent's kernel ruleset reflects every NetworkPolicy,
-Namespace and Pod (see :mod:`flock.watchers._policy`) — is at least R.  The
-lab's API server sends BOOKMARKs every 0.2 s, so an agent whose watches saw
-no change still moves past R within that.
+ClusterNetworkPolicy, Namespace, Node and Pod (see :mod:`flock.watchers._policy`)
+— is at least R.  The lab's API server sends BOOKMARKs every 0.2 s, so an
+agent whose watches saw no change still moves past R within that.  R counts
+every kind's writes (a node's labels too), so nothing else is needed for
+ClusterNetworkPolicies and Nodes: the agents' gauge covers their feeds.
 """
 
 from __future__ import annotations
@@ -26,19 +28,24 @@ from flock.lab._lifecycle import api_client
 from flock.lab._nsio import http_in
 from flock.lab._plan import HEALTH_ADDRESS, LabPlan, NodePlan
 from flock.lab._state import LabError
-from flock.testing import NAMESPACES, NETWORKPOLICIES, Resource, namespace_object
+from flock.testing import CLUSTERNETWORKPOLICIES, NAMESPACES, NETWORKPOLICIES, NODES, Resource, namespace_object
 
 APPLIED_METRIC = "flock_policy_applied_resource_version"
 POLICY_WAIT_S = 30.0
 POLL_S = 0.02
 _KINDS: dict[tuple[str, str], Resource] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): NETWORKPOLICIES,
+    ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy"): CLUSTERNETWORKPOLICIES,
     ("v1", "Namespace"): NAMESPACES,
 }
+APPLIES = "networking.k8s.io/v1 NetworkPolicy, policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy and v1 Namespace"
 _DELETABLE = {
     "networkpolicy": NETWORKPOLICIES,
     "networkpolicies": NETWORKPOLICIES,
     "netpol": NETWORKPOLICIES,
+    "clusternetworkpolicy": CLUSTERNETWORKPOLICIES,
+    "clusternetworkpolicies": CLUSTERNETWORKPOLICIES,
+    "cnp": CLUSTERNETWORKPOLICIES,
     "namespace": NAMESPACES,
     "namespaces": NAMESPACES,
     "ns": NAMESPACES,
@@ -89,6 +96,19 @@ async def ns_label(plan: LabPlan, name: str, labels: Mapping[str, str], remove: 
         raise _api_failure(exc, f"ns label {name}") from None
 
 
+async def node_label(plan: LabPlan, name: str, labels: Mapping[str, str], remove: Sequence[str]) -> dict[str, Any]:
+    """Set and remove labels of a lab node's Node object."""
+    if not labels and not remove:
+        raise LabError(f"node label {name}: nothing to change (give KEY=VALUE pairs or --remove KEY)")
+    if name not in {n.name for n in plan.nodes}:
+        raise LabError(f"node label {name}: no such node (nodes: {', '.join(n.name for n in plan.nodes)})")
+    patch: dict[str, Any] = {**{k: None for k in remove}, **dict(labels)}
+    try:
+        return await api_client(plan).patch(NODES, name, {"metadata": {"labels": patch}})
+    except ApiError as exc:
+        raise _api_failure(exc, f"node label {name}") from None
+
+
 def read_documents(path: str) -> list[dict[str, Any]]:
     """The objects of a YAML file ('-': standard input): one or more documents, a ``List`` unrolled."""
     try:
@@ -119,9 +139,7 @@ def _resource_of(obj: Any, where: str) -> Resource:
         raise LabError(f"apply: {where} is not an object")
     kind = (str(obj.get("apiVersion")), str(obj.get("kind")))
     if kind not in _KINDS:
-        raise LabError(
-            f"apply: {where} is {kind[0]} {kind[1]}: the lab applies networking.k8s.io/v1 NetworkPolicy and v1 Namespace"
-        )
+        raise LabError(f"apply: {where} is {kind[0]} {kind[1]}: the lab applies {APPLIES}")
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise LabError(f"apply: {where} has no metadata.name")
@@ -144,7 +162,8 @@ async def apply_objects(plan: LabPlan, objects: Sequence[dict[str, Any]]) -> lis
     """Create each object, or replace the one of that name (as ``kubectl apply`` ends up).
 
     Every object is checked before anything is written.  Returns
-    ``[{"object": "networkpolicy.networking.k8s.io/x/deny", "action": "created"}, …]``.
+    ``[{"object": "networkpolicy.networking.k8s.io/x/deny", "action": "created"}, …]``
+    (a ClusterNetworkPolicy: ``clusternetworkpolicy.policy.networking.k8s.io/NAME``).
     """
     resources = [_resource_of(obj, f"document {i + 1}") for i, obj in enumerate(objects)]
     api = api_client(plan)
@@ -179,13 +198,17 @@ async def apply_objects(plan: LabPlan, objects: Sequence[dict[str, Any]]) -> lis
 async def delete(plan: LabPlan, kind: str, key: str) -> str:
     res = _DELETABLE.get(kind.lower())
     if res is None:
-        raise LabError(f"delete {kind}: the lab deletes networkpolicy NS/NAME (or namespace NAME)")
+        raise LabError(
+            f"delete {kind}: the lab deletes networkpolicy NS/NAME, clusternetworkpolicy NAME (or namespace NAME)"
+        )
     if res.namespaced:
         namespace, sep, name = key.partition("/")
         if not sep or not namespace or not name:
             raise LabError(f"delete {kind} {key!r}: expected NS/NAME")
     else:
         namespace, name = "", key
+        if not name or "/" in name:
+            raise LabError(f"delete {kind} {key!r}: expected NAME (it is cluster-scoped)")
     try:
         gone = await api_client(plan).delete(res, name, namespace or None)
     except ApiError as exc:

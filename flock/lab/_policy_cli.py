@@ -1,8 +1,8 @@
-"""The NetworkPolicy commands of ``flock-lab`` (their arguments and what they print).
+"""The policy commands of ``flock-lab`` (their arguments and what they print).
 
-``ns add|label``, ``pod label``, ``apply``, ``delete``, ``probe``, ``matrix``
-and ``policy wait``; :mod:`flock.lab.cli` adds them to its parser and hands
-them their arguments.  Exit codes: 0 done (probe: connected), 1 refused or
+``ns add|label``, ``pod label``, ``node label``, ``apply``, ``delete``,
+``probe``, ``matrix`` and ``policy wait``; :mod:`flock.lab.cli` adds them to
+its parser and hands them their arguments.  Exit codes: 0 done (probe: connected), 1 refused or
 not as wanted (probe: blocked; policy wait: timed out), 2 the command could
 not do its job (probe, matrix and policy wait only; other commands exit 1).
 """
@@ -17,11 +17,20 @@ from typing import Any
 import trio
 
 from flock.lab._pods import parse_labels, pod_label
-from flock.lab._policy import POLICY_WAIT_S, apply, delete, ns_add, ns_label, server_version, wait_applied
+from flock.lab._policy import (
+    POLICY_WAIT_S,
+    apply,
+    delete,
+    node_label,
+    ns_add,
+    ns_label,
+    server_version,
+    wait_applied,
+)
 from flock.lab._probe import matrix, probe, truth_tables
 from flock.lab._state import LabError, require_state
 
-COMMANDS = ("ns", "apply", "delete", "probe", "matrix", "policy")
+COMMANDS = ("ns", "node", "apply", "delete", "probe", "matrix", "policy")
 EXIT_ERROR = 2
 
 
@@ -62,11 +71,27 @@ def add_commands(
     s.add_argument("labels", nargs="*", metavar="KEY=VALUE")
     s.add_argument("--remove", action="append", default=[], metavar="KEY")
 
-    s = sub.add_parser("apply", parents=[common], help="create or replace NetworkPolicies and Namespaces from YAML")
+    node = sub.add_parser("node", help="the labels of the lab's Node objects").add_subparsers(
+        dest="node_command", required=True
+    )
+    s = node.add_parser("label", parents=[common], help="set or remove labels of a Node")
+    s.add_argument("node")
+    s.add_argument("labels", nargs="*", metavar="KEY=VALUE")
+    s.add_argument("--remove", action="append", default=[], metavar="KEY")
+
+    s = sub.add_parser(
+        "apply",
+        parents=[common],
+        help="create or replace NetworkPolicies, ClusterNetworkPolicies and Namespaces from YAML",
+    )
     s.add_argument("file", metavar="FILE", help="YAML, one or more documents ('-': standard input)")
-    s = sub.add_parser("delete", parents=[common], help="delete networkpolicy NS/NAME (or namespace NAME)")
-    s.add_argument("kind", metavar="networkpolicy")
-    s.add_argument("name", metavar="NS/NAME")
+    s = sub.add_parser(
+        "delete",
+        parents=[common],
+        help="delete networkpolicy NS/NAME, clusternetworkpolicy (cnp) NAME or namespace NAME",
+    )
+    s.add_argument("kind", metavar="KIND", help="networkpolicy (netpol), clusternetworkpolicy (cnp) or namespace (ns)")
+    s.add_argument("name", metavar="NAME", help="NS/NAME of a NetworkPolicy, NAME otherwise")
 
     s = sub.add_parser(
         "probe", parents=[common], help="one TCP connect or UDP echo; exit 0 connected, 1 blocked, 2 error"
@@ -80,8 +105,15 @@ def add_commands(
         "--port", action="append", default=[], metavar="PORT/PROTO", help="default: every TCP/UDP port pods declare"
     )
     s.add_argument("--family", type=_family, default=6, help="6 (default) or 4")
+    s.add_argument(
+        "--to",
+        action="append",
+        default=[],
+        metavar="TARGET",
+        help="probe these (NS/POD, a node name or an address) from every pod, instead of every pod",
+    )
 
-    policy = sub.add_parser("policy", help="NetworkPolicy enforcement").add_subparsers(
+    policy = sub.add_parser("policy", help="NetworkPolicy and ClusterNetworkPolicy enforcement").add_subparsers(
         dest="policy_command", required=True
     )
     s = policy.add_parser(
@@ -130,6 +162,11 @@ async def run_command(args: argparse.Namespace) -> int | None:
             f"namespace/{args.namespace} {what}: {_labels(labels)}",
         )
         return 0
+    if args.command == "node":
+        obj = await node_label(plan, args.node, parse_labels(args.labels, "label"), args.remove)
+        labels = obj["metadata"].get("labels") or {}
+        _out(args, {"node": args.node, "labels": labels}, f"node/{args.node} labeled: {_labels(labels)}")
+        return 0
     if args.command == "apply":
         done = await apply(plan, args.file)
         _out(args, {"applied": done}, "\n".join(f"{d['object']} {d['action']}" for d in done))
@@ -150,12 +187,13 @@ async def _measure(args: argparse.Namespace) -> int:
         _out(args, doc, f"{r.source} → {r.target} [{r.address}] {r.port} IPv{r.family}: {verdict}")
         return 0 if r.connected else 1
     if args.command == "matrix":
-        pods, ports, results = await matrix(plan, args.port, args.family)
+        pods, ports, results = await matrix(plan, args.port, args.family, args.to)
         if not pods:
             return _error(args, "matrix: the lab has no pods (flock-lab pod add …)")
         if not ports:
             return _error(args, "matrix: no TCP or UDP port to probe (give --port PORT/PROTO)")
-        _out(args, {"results": [r.to_json() for r in results]}, truth_tables(pods, ports, results, args.family))
+        text = truth_tables(pods, ports, results, args.family, args.to or None)
+        _out(args, {"results": [r.to_json() for r in results]}, text)
         errors = [r for r in results if r.error]
         for r in errors[:5]:
             print(f"flock-lab: {r.source} → {r.target} {r.port}: {r.reason}", file=sys.stderr)

@@ -179,29 +179,38 @@ def matrix_ports(pods: Sequence[LabPod], given: Sequence[str]) -> list[PortSpec]
 
 
 async def matrix(
-    plan: LabPlan, port_texts: Sequence[str], family: int
+    plan: LabPlan, port_texts: Sequence[str], family: int, targets: Sequence[str] = ()
 ) -> tuple[list[LabPod], list[PortSpec], list[ProbeResult]]:
-    """Every pod to every pod (itself included, as upstream) on every port."""
+    """Every pod to every pod (itself included, as upstream) on every port; with
+    *targets* (NS/POD, node names, addresses), every pod to each of those instead."""
     pods = sorted(load_pods(plan), key=lambda p: (p.namespace, p.name))
     ports = matrix_ports(pods, port_texts)
     ends = [Endpoint(p.key, p.netns, tuple(p.addresses(6) + p.addresses(4))) for p in pods]
-    wanted = [(src, dst, port, family) for port in ports for src in ends for dst in ends]
+    dests = [endpoint_for(plan, t, pods, source=False) for t in targets] if targets else ends
+    wanted = [(src, dst, port, family) for port in ports for src in ends for dst in dests]
     return pods, ports, await probe_all(wanted)
 
 
-def truth_tables(pods: Sequence[LabPod], ports: Sequence[PortSpec], results: Sequence[ProbeResult], family: int) -> str:
-    """One table per port, rows probing columns, as the upstream e2e prints them:
-    ``.`` connected, ``X`` blocked, ``?`` could not probe."""
+def truth_tables(
+    pods: Sequence[LabPod],
+    ports: Sequence[PortSpec],
+    results: Sequence[ProbeResult],
+    family: int,
+    targets: Sequence[str] | None = None,
+) -> str:
+    """One table per port, rows probing columns (the pods, or *targets*), as the upstream
+    e2e prints them: ``.`` connected, ``X`` blocked, ``?`` could not probe."""
     by_key = {(r.source, r.target, r.port): r for r in results}
     keys = [p.key for p in pods]
-    width = max([len(k) for k in keys] + [4])
+    columns = list(targets) if targets is not None else keys
+    width = max([len(k) for k in keys + columns] + [4])
     lines: list[str] = []
     for port in ports:
         lines.append(f"reachability on {port.label}, IPv{family} (row → column; . connected, X blocked, ? error)")
-        lines.append("-" + " " * width + "".join(f"{k:>{width + 1}}" for k in keys))
+        lines.append("-" + " " * width + "".join(f"{k:>{width + 1}}" for k in columns))
         for src in keys:
             cells = []
-            for dst in keys:
+            for dst in columns:
                 r = by_key.get((src, dst, port.label))
                 cells.append("?" if r is None or r.error else "." if r.connected else "X")
             lines.append(f"{src:<{width + 1}}" + "".join(f"{c:>{width + 1}}" for c in cells))

@@ -16,9 +16,15 @@ that takes the Kubernetes object in its JSON (camelCase) form and raises
   set by the agent only for pods attached on this node; ``selectable`` False
   for hostNetwork and Succeeded/Failed pods).
 
+- :class:`ClusterNetworkPolicy` (``policy.networking.k8s.io/v1alpha2``: tier,
+  priority, subject, rules whose unreadable parts fail closed, see
+  ``flock.policy._cluster``) and :class:`PolicyNode` (a Node's labels and
+  addresses, for ``nodes`` peers).
+
 The cluster-wide watchers (policy-lab: NetworkPolicy, Namespace, Pod in every
-namespace) write into ONE :class:`PolicyInputs` built by the composition root
-and passed to them and to the policy service::
+namespace; ClusterNetworkPolicy; Node while ``inputs.nodes_needed``) write into
+ONE :class:`PolicyInputs` built by the composition root and passed to them and
+to the policy service::
 
     inputs = PolicyInputs()
     # watcher, after each (re)list:  inputs.replace(Kind.POD, {p.key: p for p in pods})   (also marks synced)
@@ -28,16 +34,18 @@ and passed to them and to the policy service::
     # policy service:                journal = inputs.journal(); read inputs.pods/namespaces/policies once;
     #                                then per wake-up (inputs.wait_generation): journal.drain() → changed keys
 
-Keys: ``"ns/name"`` for policies and pods, the name for namespaces.  Setting an
-equal value is a no-op (no wake-up).  Values are kept as given (shared with the
-watchers, never copied); ``inputs.snapshot()`` copies everything and is for
-tools and tests, not per change.  The service applies nothing until all three
-kinds are synced (``inputs.complete``), so after a restart the old kernel table
-stays until a ruleset from a complete view replaces it.
+Keys: ``"ns/name"`` for policies and pods, the name for namespaces,
+ClusterNetworkPolicies and Nodes.  Setting an equal value is a no-op (no
+wake-up).  Values are kept as given (shared with the watchers, never copied);
+``inputs.snapshot()`` copies everything and is for tools and tests, not per
+change.  The service applies nothing until every kind it needs is synced
+(``inputs.complete``: NetworkPolicy, Namespace, Pod, ClusterNetworkPolicy, and
+Node while some ClusterNetworkPolicy has a ``nodes`` peer), so after a restart
+the old kernel table stays until a ruleset from a complete view replaces it.
 
 The compiler is a pure function::
 
-    compile_ruleset(policies, namespaces, pods, local_pods) -> Ruleset
+    compile_ruleset(policies, namespaces, pods, local_pods, cluster_policies=(), nodes=()) -> Ruleset
 
 ``pods`` are all pods known cluster-wide; ``local_pods`` are this node's
 attached pods (``host_veth`` set, addresses from the allocation); a local pod
@@ -59,9 +67,18 @@ is the ADD gate (:class:`PolicyGate`).
 
 from ._apply import ApplyResult, NftApplier
 from ._backend import LibNftables, NftBackend, NftCommand, NftError, default_backend
+from ._cluster import (
+    Action,
+    ClusterNetworkPolicy,
+    ClusterPeer,
+    ClusterPort,
+    ClusterRule,
+    PolicyNode,
+    Tier,
+)
 from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
 from ._engine import PolicyEngine
-from ._inputs import InputChanges, InputJournal, Kind, PolicyInputs, PolicySnapshot, PolicySource
+from ._inputs import InputChanges, InputJournal, Kind, PolicyInputs, PolicySnapshot, PolicySource, nodes_needed
 from ._metrics import PolicyMetrics
 from ._model import (
     NAMESPACE_NAME_LABEL,
@@ -91,7 +108,7 @@ from ._service import (
     RulesetApplier,
     Watermark,
 )
-from ._simulate import Packet, forward_verdict
+from ._simulate import Packet, forward_verdict, input_verdict
 
 __all__ = [
     "EGRESS_MAP",
@@ -100,9 +117,14 @@ __all__ = [
     "NAMESPACE_NAME_LABEL",
     "POLICY_GATE",
     "WAITING_FOR_WATCHERS",
+    "Action",
     "AddressSet",
     "ApplyResult",
     "Chain",
+    "ClusterNetworkPolicy",
+    "ClusterPeer",
+    "ClusterPort",
+    "ClusterRule",
     "Compiler",
     "Direction",
     "Endpoint",
@@ -129,6 +151,7 @@ __all__ = [
     "PolicyGate",
     "PolicyInputs",
     "PolicyMetrics",
+    "PolicyNode",
     "PolicyPod",
     "PolicyPort",
     "PolicyRule",
@@ -143,12 +166,15 @@ __all__ = [
     "RulesetApplier",
     "RulesetChange",
     "ServiceSet",
+    "Tier",
     "Watermark",
     "block_prefixes",
     "compile_ruleset",
     "default_backend",
     "evaluate",
     "forward_verdict",
+    "input_verdict",
+    "nodes_needed",
     "pod_chain",
     "policy_chain",
 ]

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 import trio
 
-from ._counters import rule_counters
+from ._counters import add_counter, finish, rule_counters
 
 log = logging.getLogger("flock.policy")
 
@@ -91,12 +91,12 @@ class NftCommand:
             rule = item.get("rule")
             if not rule:
                 continue
-            for expr in rule.get("expr", []):
-                counter = expr.get("counter") if isinstance(expr, dict) else None
-                if isinstance(counter, dict):
-                    p, b = totals.get(rule["chain"], (0, 0))
-                    totals[rule["chain"]] = (p + int(counter.get("packets", 0)), b + int(counter.get("bytes", 0)))
-        return totals
+            counters = [e["counter"] for e in rule.get("expr", []) if isinstance(e, dict) and "counter" in e]
+            if counters:
+                packets = sum(int(c.get("packets", 0)) for c in counters if isinstance(c, dict))
+                nbytes = sum(int(c.get("bytes", 0)) for c in counters if isinstance(c, dict))
+                add_counter(totals, rule["chain"], packets, nbytes)
+        return finish(totals)
 
     async def _nft(self, args: list[str], stdin: bytes) -> str:
         argv = [*self.command, *args]

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeAlias
 
 import attrs
 
+from ._cluster import Action, ClusterNetworkPolicy, ClusterRule, PolicyNode, Tier
 from ._model import (
     NAMESPACE_NAME_LABEL,
     Direction,
@@ -58,6 +60,17 @@ def _id(*parts: object) -> str:
 
 def policy_chain(policy_key: str, direction: Direction) -> str:
     return ("pi-" if direction is Direction.INGRESS else "pe-") + _id("policy", policy_key)
+
+
+def tier_chain(tier: Tier, direction: Direction, keys: tuple[str, ...]) -> str:
+    """The chain of the ClusterNetworkPolicies *keys* (in precedence order) of *tier* in *direction*."""
+    prefix = ("ta-" if tier is Tier.ADMIN else "tb-") + ("i-" if direction is Direction.INGRESS else "e-")
+    return prefix + _id("tier", tier.value, direction.value, keys)
+
+
+def node_set(selector: LabelSelector, family: int) -> str:
+    """The set of the addresses of the nodes *selector* picks."""
+    return f"h-{_id('nodes', selector)}-{family}"
 
 
 def pod_chain(veth: str, direction: Direction) -> str:
@@ -213,6 +226,13 @@ def _block_set(block: IPBlock) -> AddressSet:
     return AddressSet(name, block.cidr.version, True, frozenset(block_prefixes(block)))
 
 
+@functools.lru_cache(maxsize=4096)
+def _networks_set(family: int, networks: tuple[IPNetwork, ...]) -> AddressSet:
+    """An interval set of *networks* (one family; overlapping ones merged, as an interval set needs)."""
+    collapsed = tuple(ipaddress.collapse_addresses(networks))  # type: ignore[type-var]
+    return AddressSet(f"b-{_id('networks', family, collapsed)}", family, True, frozenset(collapsed))
+
+
 def _port_plan(ports: tuple[PolicyPort, ...]) -> _PortPlan:
     if not ports:
         return _PortPlan(anything=True)
@@ -322,6 +342,87 @@ class _RuleBuilder:
                     out.append(Rule(Match(fam, saddr, daddr, service=service), "accept"))
         return out
 
+    def cluster_rules(self, rule: ClusterRule, direction: Direction) -> list[Rule]:
+        """The nft rules of one ClusterNetworkPolicy rule, each ending in the rule's action."""
+        verdict = _VERDICT[rule.action]
+        if rule.unreadable:
+            # Fails closed (the CRD's words): an Accept rule matches nothing, a Deny or Pass rule denies all.
+            return [] if rule.action is Action.ACCEPT else [Rule(Match(), "drop")]
+        # (family, address set, whose named ports a destination's may be: _NO_PODS for nodes)
+        targets: list[tuple[int, str, NamedScope | object]] = []
+        for peer in rule.peers:
+            selector = peer.selector
+            if selector is not None:
+                ns_sel, pod_sel = selector
+                for f in self.families:
+                    name = selector_set(None, ns_sel, pod_sel, f)
+                    self.specs[name] = ("pods", None, ns_sel, pod_sel, f)
+                    targets.append((f, name, (None, ns_sel, pod_sel)))
+            elif peer.nodes is not None:
+                for f in FAMILIES:
+                    name = node_set(peer.nodes, f)
+                    self.specs[name] = ("nodes", peer.nodes, f)
+                    targets.append((f, name, _NO_PODS))
+            else:
+                for f in FAMILIES:
+                    nets = tuple(n for n in peer.networks if n.version == f)
+                    if nets:
+                        aset = _networks_set(f, nets)
+                        self.static[aset.name] = aset
+                        targets.append((f, aset.name, None))
+        numeric: dict[Protocol, list[tuple[int, int]]] = {}
+        names: set[str] = set()
+        for cp in rule.protocols:
+            if cp.named is not None:
+                names.add(cp.named)
+            else:
+                assert cp.protocol is not None
+                numeric.setdefault(cp.protocol, []).append((cp.first, cp.last))
+        flat = tuple((proto, lo, hi) for proto in Protocol for lo, hi in _merge_ranges(numeric.get(proto, ())))
+        port_match = self.port_match(_PortPlan(flat)) if flat else None
+        # a named port, whatever protocol the destination declares it with
+        named = tuple((n, proto) for n in sorted(names) for proto in Protocol)
+        out: list[Rule] = []
+        for family, addr_set, scope in targets:
+            saddr, daddr = (addr_set, None) if direction is Direction.INGRESS else (None, addr_set)
+            if not rule.protocols:
+                out.append(Rule(Match(family, saddr, daddr), verdict))
+            if port_match is not None:
+                out.append(Rule(attrs.evolve(port_match, family=family, saddr=saddr, daddr=daddr), verdict))
+            if named and scope is not _NO_PODS:
+                where: NamedScope = LOCAL if direction is Direction.INGRESS else scope  # type: ignore[assignment]
+                out.append(Rule(Match(family, saddr, daddr, service=self.service_set(named, family, where)), verdict))
+        return out
+
+
+_VERDICT = {Action.ACCEPT: "accept", Action.DENY: "drop", Action.PASS: "return"}
+_NO_PODS = object()  # a nodes peer: no pod there declares a named port
+
+
+@attrs.define(eq=False)
+class _TierChain:
+    """The inlined rules of a sequence of ClusterNetworkPolicies of one tier and direction."""
+
+    chain: Chain | None  # None: no rule
+    specs: dict[str, SetSpec]
+    static: dict[str, AddressSet | PortSet]
+    owners: tuple[tuple[str, str], ...]  # per rule: (policy, rule name or "egress[1]")
+
+
+def _tier_chain(
+    policies: tuple[ClusterNetworkPolicy, ...], tier: Tier, direction: Direction, families: tuple[int, ...]
+) -> _TierChain:
+    builder = _RuleBuilder(families)
+    body: list[Rule] = []
+    owners: list[tuple[str, str]] = []
+    for cnp in policies:
+        for i, rule in enumerate(cnp.ingress if direction is Direction.INGRESS else cnp.egress):
+            rules = builder.cluster_rules(rule, direction)
+            body += rules
+            owners += [(cnp.name, rule.name or f"{direction.value.lower()}[{i}]")] * len(rules)
+    name = tier_chain(tier, direction, tuple(c.key for c in policies))
+    return _TierChain(Chain(name, tuple(body)) if body else None, builder.specs, builder.static, tuple(owners))
+
 
 def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...], name: str) -> _PolicyChains:
     builder = _RuleBuilder(families)
@@ -356,7 +457,7 @@ class Compiler:
     _chains: dict[tuple[str, Direction], tuple[NetworkPolicy, tuple[int, ...], _PolicyChains]] = attrs.field(
         init=False, factory=dict
     )
-    _pod_chains: dict[tuple[str, tuple[str, ...]], Chain] = attrs.field(init=False, factory=dict)
+    _pod_chains: dict[tuple[str, tuple[str, ...], bool], Chain] = attrs.field(init=False, factory=dict)
     _policies: tuple[NetworkPolicy, ...] = attrs.field(init=False, default=())
     # (namespace, direction) → (policies whose pod selector has no matchLabels, {label pair: policies indexed by
     # their selector's first matchLabels pair}): a pod need only try the policies one of its labels can satisfy
@@ -364,11 +465,80 @@ class Compiler:
         attrs.field(init=False, factory=dict)
     )
     _selection: dict[tuple[str, Labels, Direction], tuple[NetworkPolicy, ...]] = attrs.field(init=False, factory=dict)
+    # ClusterNetworkPolicies by tier, in precedence order; which select a pod (by namespace and labels: cleared
+    # when they or a namespace's labels change); tier chains by (tier, direction, keys) → (policies, families, it)
+    _cluster: dict[Tier, tuple[ClusterNetworkPolicy, ...]] = attrs.field(
+        init=False, factory=lambda: {t: () for t in Tier}
+    )
+    # (namespace, direction, tier) → the policies with rules in *direction* whose namespace selector picks it
+    _tier_selection: dict[tuple[str, Direction, Tier], tuple[ClusterNetworkPolicy, ...]] = attrs.field(
+        init=False, factory=dict
+    )
+    _tier_chains: dict[
+        tuple[Tier, Direction, tuple[str, ...]],
+        tuple[tuple[ClusterNetworkPolicy, ...], tuple[int, ...], _TierChain],
+    ] = attrs.field(init=False, factory=dict)
 
     @property
     def policies(self) -> tuple[NetworkPolicy, ...]:
         """The policies last given, by key."""
         return self._policies
+
+    @property
+    def active(self) -> bool:
+        """Is there any policy (NetworkPolicy or ClusterNetworkPolicy) at all?"""
+        return bool(self._policies or self._cluster[Tier.ADMIN] or self._cluster[Tier.BASELINE])
+
+    def set_cluster_policies(self, policies: Iterable[ClusterNetworkPolicy]) -> None:
+        """Compile for these ClusterNetworkPolicies from now on."""
+        by_tier = {t: tuple(sorted((p for p in policies if p.tier is t), key=lambda p: p.order)) for t in Tier}
+        if by_tier == self._cluster:
+            return
+        self._cluster = by_tier
+        self._tier_selection.clear()
+        used = {(t, p.key) for t, ps in by_tier.items() for p in ps}
+        self._tier_chains = {k: v for k, v in self._tier_chains.items() if all((k[0], key) in used for key in k[2])}
+
+    def namespaces_changed(self) -> None:
+        """A namespace's labels changed: which ClusterNetworkPolicies select a pod is read anew."""
+        self._tier_selection.clear()
+
+    def _tier_selecting(
+        self, pod: PolicyPod, direction: Direction, tier: Tier, ns_labels: Callable[[str], Mapping[str, str]]
+    ) -> tuple[ClusterNetworkPolicy, ...]:
+        candidates = self._cluster[tier]
+        if not candidates:
+            return ()
+        # Pods rarely share their label set (pod-template-hash, a StatefulSet's pod name): the namespace's
+        # verdicts are what is worth keeping; a pod selector, if any, is checked per pod.
+        key = (pod.namespace, direction, tier)
+        in_namespace = self._tier_selection.get(key)
+        if in_namespace is None:
+            labels = ns_labels(pod.namespace)
+            in_namespace = self._tier_selection[key] = tuple(
+                p
+                for p in candidates
+                if (p.ingress if direction is Direction.INGRESS else p.egress) and p.subject_namespaces.matches(labels)
+            )
+        if not in_namespace or not pod.selectable:
+            return ()
+        pod_labels = pod.label_map
+        return tuple(p for p in in_namespace if p.subject_pods is None or p.subject_pods.matches(pod_labels))
+
+    def _tier_chain(
+        self, policies: tuple[ClusterNetworkPolicy, ...], tier: Tier, direction: Direction, families: tuple[int, ...]
+    ) -> _TierChain:
+        key = (tier, direction, tuple(p.key for p in policies))
+        hit = self._tier_chains.get(key)
+        if (
+            hit is not None
+            and hit[1] == families
+            and all(a is b or a == b for a, b in zip(hit[0], policies, strict=True))
+        ):
+            return hit[2]
+        tc = _tier_chain(policies, tier, direction, families)
+        self._tier_chains[key] = (policies, families, tc)
+        return tc
 
     def set_policies(self, policies: Iterable[NetworkPolicy]) -> None:
         """Compile for *policies* from now on (what :meth:`compile` does first)."""
@@ -416,10 +586,14 @@ class Compiler:
         namespaces: Iterable[Namespace],
         pods: Iterable[PolicyPod],
         local_pods: Iterable[PolicyPod],
+        cluster_policies: Iterable[ClusterNetworkPolicy] = (),
+        nodes: Iterable[PolicyNode] = (),
     ) -> Ruleset:
         locals_ = check_local(local_pods)
         self._set_policies(policies)
-        if not self._policies:
+        self.set_cluster_policies(cluster_policies)
+        self.namespaces_changed()  # a pure function of its arguments: nothing of the last call's namespaces
+        if not self.active:
             # Nothing selects any pod: no chains, no sets (what the full pass below finds, without
             # indexing every pod of the cluster as a peer — a node of a cluster without
             # NetworkPolicies does no work per pod change).
@@ -427,7 +601,8 @@ class Compiler:
         everyone = {p.key: p for p in pods}
         everyone.update((p.key, p) for p in locals_)
         peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})
-        layout = self.layout(locals_, peers.families)
+        layout = self.layout(locals_, peers.families, peers.namespace_labels)
+        node_list = list(nodes)
         service_sets: dict[str, ServiceSet] = {}
         address_sets = dict(layout.address_sets)
         selected: dict[tuple[object, ...], list[_Group]] = {}
@@ -445,6 +620,13 @@ class Compiler:
                 addresses = (a for g in select((scope, ns_sel, pod_sel)) for a in g.addresses if a.version == family)
                 address_sets[name] = AddressSet(name, family, False, frozenset(addresses))
                 continue
+            if spec[0] == "nodes":
+                _, selector, family = spec
+                found = (
+                    a for n in node_list if selector.matches(n.label_map) for a in n.addresses if a.version == family
+                )
+                address_sets[name] = AddressSet(name, family, False, frozenset(found))
+                continue
             _, named, family, where = spec
             entries: Iterable[Iterable[tuple[IPAddress, Protocol, int]]]
             if where is None:
@@ -457,24 +639,56 @@ class Compiler:
             service_sets[name] = ServiceSet(name, family, elements)
         return layout.ruleset(address_sets, service_sets)
 
-    def layout(self, locals_: list[PolicyPod], families: tuple[int, ...]) -> Layout:
+    def layout(
+        self,
+        locals_: list[PolicyPod],
+        families: tuple[int, ...],
+        namespace_labels: Callable[[str], Mapping[str, str]] | None = None,
+    ) -> Layout:
         """This node's chains, maps and sets for *locals_* (checked, by key) under the policies last set.
 
-        Sets filled by pods are left as specs: the caller fills them."""
+        *namespace_labels* reads a namespace's labels (for ClusterNetworkPolicy subjects).  Sets filled
+        by pods and nodes are left as specs: the caller fills them."""
+        ns_labels = namespace_labels if namespace_labels is not None else _bare_namespace
         chains: dict[str, Chain] = {}
         policy_chains: dict[str, str] = {}
+        tier_rules: dict[str, tuple[tuple[str, str], ...]] = {}
         egress_map: dict[str, str] = {}
         ingress_map: dict[str, str] = {}
+        node_map: dict[str, str] = {}
         specs: dict[str, SetSpec] = {}
         static: dict[str, AddressSet | PortSet] = {}
-        used: dict[tuple[str, tuple[str, ...]], Chain] = {}
+        used: dict[tuple[str, tuple[str, ...], bool], Chain] = {}
+
+        def tier(policies: tuple[ClusterNetworkPolicy, ...], which: Tier, direction: Direction) -> str | None:
+            if not policies:
+                return None
+            tc = self._tier_chain(policies, which, direction, families)
+            if tc.chain is None:
+                return None
+            name = tc.chain.name
+            if name not in chains:
+                chains[name] = tc.chain
+                tier_rules[name] = tc.owners
+                specs.update(tc.specs)
+                static.update(tc.static)
+            return name
+
         for pod in locals_:
             assert pod.host_veth is not None
             for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
+                admin = tier(self._tier_selecting(pod, direction, Tier.ADMIN, ns_labels), Tier.ADMIN, direction)
                 selecting = self._selecting(pod, direction)
-                if not selecting:
-                    continue  # not isolated in this direction
-                targets: list[str] = []
+                baseline = None
+                if not selecting:  # NetworkPolicy decides for the pods it isolates: Baseline for the others
+                    baseline = tier(
+                        self._tier_selecting(pod, direction, Tier.BASELINE, ns_labels), Tier.BASELINE, direction
+                    )
+                if admin is not None and direction is Direction.EGRESS:
+                    node_map[pod.host_veth] = admin
+                if not selecting and admin is None and baseline is None:
+                    continue  # no policy of any tier for this pod and direction
+                targets: list[str] = [admin] if admin is not None else []
                 for pol in selecting:
                     pc = self._policy_chains(pol, direction, families)
                     if pc.chain is None:
@@ -486,12 +700,15 @@ class Compiler:
                         policy_chains[name] = pol.key
                         specs.update(pc.specs)
                         static.update(pc.static)
+                if baseline is not None:
+                    targets.append(baseline)
                 chain = pod_chain(pod.host_veth, direction)
-                jump_key = (chain, tuple(targets))
+                jump_key = (chain, tuple(targets), bool(selecting))
                 cached = self._pod_chains.get(jump_key)
                 if cached is None:
                     jumps = [Rule(Match(), f"jump {t}", counter=False) for t in targets]
-                    cached = Chain(chain, (*jumps, Rule(Match(), "drop")))
+                    # isolated by a NetworkPolicy: what none of them allowed is dropped
+                    cached = Chain(chain, (*jumps, Rule(Match(), "drop")) if selecting else tuple(jumps))
                 used[jump_key] = chains[chain] = cached
                 vmap[pod.host_veth] = chain
         self._pod_chains = used  # the chains of pods gone from this node go too
@@ -503,7 +720,13 @@ class Compiler:
             egress_map=egress_map,
             ingress_map=ingress_map,
             policy_chains=policy_chains,
+            node_map=node_map,
+            tier_rules=dict(sorted(tier_rules.items())),
         )
+
+
+def _bare_namespace(name: str) -> Mapping[str, str]:
+    return {NAMESPACE_NAME_LABEL: name}
 
 
 @attrs.frozen
@@ -517,6 +740,8 @@ class Layout:
     egress_map: dict[str, str]
     ingress_map: dict[str, str]
     policy_chains: dict[str, str]
+    node_map: dict[str, str] = attrs.field(factory=dict)
+    tier_rules: dict[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
 
     def ruleset(self, address_sets: Mapping[str, AddressSet], service_sets: Mapping[str, ServiceSet]) -> Ruleset:
         """The ruleset with *address_sets* (static and filled) and *service_sets*."""
@@ -527,7 +752,9 @@ class Layout:
             port_sets=self.port_sets,
             egress_map=self.egress_map,
             ingress_map=self.ingress_map,
+            node_map=self.node_map,
             policy_chains=self.policy_chains,
+            tier_rules=self.tier_rules,
         )
 
 
@@ -536,6 +763,8 @@ def compile_ruleset(
     namespaces: Iterable[Namespace],
     pods: Iterable[PolicyPod],
     local_pods: Iterable[PolicyPod],
+    cluster_policies: Iterable[ClusterNetworkPolicy] = (),
+    nodes: Iterable[PolicyNode] = (),
 ) -> Ruleset:
     """The ruleset enforcing *policies* for *local_pods* (each with ``host_veth``).
 
@@ -544,4 +773,4 @@ def compile_ruleset(
     ``host_veth`` is not a flock veth name.  (:class:`Compiler` computes the
     same, reusing what did not change since its last call.)
     """
-    return Compiler().compile(policies, namespaces, pods, local_pods)
+    return Compiler().compile(policies, namespaces, pods, local_pods, cluster_policies, nodes)

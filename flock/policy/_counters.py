@@ -6,6 +6,10 @@ and hundreds of MiB for figures that live in the rules alone.  The kernel's
 rule dump (``NFT_MSG_GETRULE``, filtered to the table) carries each rule's
 expressions, counters included, and names sets without their elements.
 
+Chains of ClusterNetworkPolicy tiers (``ta-``, ``tb-``) inline the rules of
+several policies: their counters are also given rule by rule, as
+``"<chain>#<i>"`` for the chain's *i*-th counted rule.
+
 Call :func:`rule_counters` on a thread inside the network namespace whose
 table it reads (the socket belongs to the namespace it is opened in).
 """
@@ -31,6 +35,21 @@ _NFTA_COUNTER_BYTES, _NFTA_COUNTER_PACKETS = 1, 2
 _NLA_TYPE_MASK = 0x3FFF
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _ATTEMPTS = 3  # a dump interrupted by a concurrent change of the ruleset is read again
+PER_RULE = ("ta-", "tb-")  # chains whose counters are also given per rule
+
+
+def add_counter(totals: dict[str, tuple[int, int]], chain: str, packets: int, nbytes: int) -> None:
+    """Count one rule's counter into *totals*: its chain's sum, and the rule alone for :data:`PER_RULE` chains."""
+    p0, b0 = totals.get(chain, (0, 0))
+    totals[chain] = (p0 + packets, b0 + nbytes)
+    if chain.startswith(PER_RULE):
+        index = totals.get(chain + "#", (0, 0))[0]
+        totals[chain + "#"] = (index + 1, 0)  # the next rule's index, removed at the end
+        totals[f"{chain}#{index}"] = (packets, nbytes)
+
+
+def finish(totals: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    return {k: v for k, v in totals.items() if not k.endswith("#")}
 
 
 class DumpError(OSError):
@@ -94,7 +113,7 @@ def _dump(sock: socket.socket, table: str, seq: int) -> tuple[dict[str, tuple[in
             if msg_seq != seq:
                 continue
             if kind == _NLMSG_DONE:
-                return totals, interrupted
+                return finish(totals), interrupted
             if kind == _NLMSG_ERROR:
                 code = -struct.unpack_from("=i", payload)[0]
                 if code:
@@ -106,12 +125,12 @@ def _dump(sock: socket.socket, table: str, seq: int) -> tuple[dict[str, tuple[in
             rule = _rule(payload)
             if rule is not None and rule[3]:
                 chain, p, b, _ = rule
-                p0, b0 = totals.get(chain, (0, 0))
-                totals[chain] = (p0 + p, b0 + b)
+                add_counter(totals, chain, p, b)
 
 
 def rule_counters(table: str) -> dict[str, tuple[int, int]]:
-    """Packets and bytes per chain of ``inet <table>``, summed over the chain's counted rules ({}: no table).
+    """Packets and bytes per chain of ``inet <table>``, summed over the chain's counted rules ({}: no table),
+    and per rule for the tier chains (``"<chain>#<i>"``).
 
     Blocking: run it on a thread in the table's network namespace."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER) as sock:

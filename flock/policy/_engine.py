@@ -43,7 +43,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._compile import FAMILIES, LOCAL, Compiler, Layout, NamedScope, check_local, selector_set, service_set
+from ._cluster import PolicyNode
+from ._compile import FAMILIES, LOCAL, Compiler, Layout, NamedScope, check_local, node_set, selector_set, service_set
 from ._inputs import InputChanges, PolicySource
 from ._model import LabelSelector, PolicyPod, Protocol
 from ._peers import Element, Filled, NamedPorts, Pair, Peers, Selector, family
@@ -53,6 +54,16 @@ from ._ruleset import AddressSet, Ruleset, RulesetChange, ServiceSet
 def _peer(pod: PolicyPod | None) -> PolicyPod | None:
     """*pod* if a selector can pick it (selectable, with an address)."""
     return pod if pod is not None and pod.selectable and pod.addresses else None
+
+
+@attrs.define(eq=False)
+class NodeSelector(Filled):
+    """A ``nodes`` peer: the addresses of the nodes *selector* picks."""
+
+    selector: LabelSelector = attrs.field(factory=LabelSelector)
+
+    def elements(self, node: PolicyNode) -> set[Element]:  # type: ignore[override]
+        return set(node.addresses) if self.selector.matches(node.label_map) else set()
 
 
 def _same_to_selectors(before: PolicyPod, after: PolicyPod) -> bool:
@@ -97,6 +108,9 @@ class PolicyEngine:
     # what moved since the last change handed over (set name → elements), and that change
     _added: dict[str, set[Element]] = attrs.field(init=False, factory=dict)
     _removed: dict[str, set[Element]] = attrs.field(init=False, factory=dict)
+    # nodes peers, and the nodes (a copy of the inputs' table: what is handed over reads the engine's own state)
+    _node_selectors: dict[LabelSelector, NodeSelector] = attrs.field(init=False, factory=dict)
+    _nodes: dict[str, PolicyNode] = attrs.field(init=False, factory=dict)
     _handed: Ruleset | None = attrs.field(init=False, default=None)
     _handed_sets: frozenset[str] = attrs.field(init=False, default=frozenset())  # its sets pods fill
     _token: object | None = attrs.field(init=False, default=None)
@@ -109,6 +123,7 @@ class PolicyEngine:
         self._overrides = overrides = {p.key: p for p in locals_}
         for name, ns in self.inputs.namespaces.items():
             self._peers.set_namespace(name, ns.label_map)
+        self._nodes = dict(self.inputs.nodes)
         pods = self.inputs.pods
         for key, pod in pods.items():
             peer = _peer(overrides.get(key, pod))
@@ -139,11 +154,24 @@ class PolicyEngine:
                 after = pods.get(key)
             self._pod_changed(key, _peer(before), _peer(after))
         self._overrides = overrides
+        relabelled = False
         for name in changes.namespaces:
-            self._namespace_changed(name)
-        if changes.policies:
+            relabelled |= self._namespace_changed(name)
+        for name in changes.nodes:
+            self._node_changed(name, changes.nodes[name], self.inputs.nodes.get(name))
+        if changes.policies or changes.cluster_policies:
             self._set_policies()
-        if changes.policies or locals_ != self._locals or self._peers.families != self._families:
+        # A namespace relabelled can change which ClusterNetworkPolicies select this node's pods.
+        subjects_moved = relabelled and self._compiler.active and bool(self.inputs.cluster_policies)
+        if subjects_moved:
+            self._compiler.namespaces_changed()
+        if (
+            changes.policies
+            or changes.cluster_policies
+            or subjects_moved
+            or locals_ != self._locals
+            or self._peers.families != self._families
+        ):
             self._restructure(locals_)
 
     def change(self) -> RulesetChange:
@@ -154,7 +182,7 @@ class PolicyEngine:
         if previous is not None:
             for name in self._filled if new is not previous else ():
                 if name not in self._handed_sets:  # a set new since: whole
-                    elements = self._peers.elements(*self._filled[name])
+                    elements = self._elements(*self._filled[name])
                     if elements:
                         added[name] = frozenset(elements)
             for moved, out in ((self._added, added), (self._removed, removed)):
@@ -176,8 +204,8 @@ class PolicyEngine:
         address_sets = dict(self._structure.address_sets)
         service_sets = dict(self._structure.service_sets)
         for name, (source, family_) in self._filled.items():
-            elements = frozenset(self._peers.elements(source, family_))
-            if isinstance(source, Selector):
+            elements = frozenset(self._elements(source, family_))
+            if isinstance(source, Selector | NodeSelector):
                 address_sets[name] = AddressSet(name, family_, False, elements)  # type: ignore[arg-type]
             else:
                 service_sets[name] = ServiceSet(name, family_, elements)  # type: ignore[arg-type]
@@ -188,19 +216,53 @@ class PolicyEngine:
         """The ruleset now, with the elements of the sets pods fill left out."""
         return self._structure
 
+    def _elements(self, source: Filled, family_: int) -> set[Element]:
+        """What *source*'s set of *family_* holds now."""
+        if isinstance(source, NodeSelector):
+            return {a for node in self._nodes.values() for a in source.elements(node) if family(a) == family_}
+        return self._peers.elements(source, family_)
+
     def _set_policies(self) -> None:
         policies = self.inputs.policies.values()
+        cluster = self.inputs.cluster_policies.values()
         self._compiler.set_policies(policies)
-        self._peers.index_label_keys(
-            frozenset(
-                key
-                for policy in policies
-                for rule in (*policy.ingress, *policy.egress)
-                for peer in rule.peers
-                if peer.pod_selector is not None
-                for key, _ in peer.pod_selector.match_labels
-            )
+        self._compiler.set_cluster_policies(cluster)
+        keys = {
+            key
+            for policy in policies
+            for rule in (*policy.ingress, *policy.egress)
+            for peer in rule.peers
+            if peer.pod_selector is not None
+            for key, _ in peer.pod_selector.match_labels
+        }
+        keys.update(
+            key
+            for cnp in cluster
+            for crule in (*cnp.ingress, *cnp.egress)
+            for cpeer in crule.peers
+            if cpeer.pods is not None
+            for key, _ in cpeer.pods[1].match_labels
         )
+        self._peers.index_label_keys(frozenset(keys))
+
+    def _node_changed(self, name: str, before: PolicyNode | None, after: PolicyNode | None) -> None:
+        """Node *name* went from *before* to *after*: note what enters or leaves the nodes peers' sets."""
+        if after is None:
+            self._nodes.pop(name, None)
+        else:
+            self._nodes[name] = after
+        for source in self._node_selectors.values():
+            was = source.elements(before) if before is not None else set()
+            now = source.elements(after) if after is not None else set()
+            for element in was ^ now:
+                held = any(
+                    element in other.addresses and source.selector.matches(other.label_map)
+                    for other_name, other in self._nodes.items()
+                    if other_name != name
+                )
+                if not held:
+                    into, undo = (self._added, self._removed) if element in now else (self._removed, self._added)
+                    self._note(source.names[family(element)], element, into, undo)
 
     # -- peers -------------------------------------------------------------------------------------
 
@@ -277,13 +339,14 @@ class PolicyEngine:
         else:
             moved.add(element)
 
-    def _namespace_changed(self, name: str) -> None:
+    def _namespace_changed(self, name: str) -> bool:
+        """Follow namespace *name*'s labels; were they changed?"""
         namespace = self.inputs.namespaces.get(name)
         peers = self._peers
         before = peers.set_namespace(name, namespace.label_map if namespace is not None else None)
         after = peers.namespace_labels(name)
         if before == after:
-            return
+            return False
         for selector in self._selectors.values():
             if selector.ns_sel is None or selector.ns_sel.matches(before) == selector.ns_sel.matches(after):
                 continue
@@ -302,6 +365,7 @@ class PolicyEngine:
                             if held != peers.held(source, element, None, namespace=(name, before)):
                                 into, undo = (self._added, self._removed) if held else (self._removed, self._added)
                                 self._note(source.names[family(element)], element, into, undo)
+        return True
 
     # -- structure ---------------------------------------------------------------------------------
 
@@ -312,11 +376,16 @@ class PolicyEngine:
         over (:meth:`_retire`): one used again before that continues where
         the applier's copy of it stands."""
         families = self._peers.families
-        layout = self._compiler.layout(locals_, families) if self._compiler.policies else None
+        layout = (
+            self._compiler.layout(locals_, families, self._peers.namespace_labels) if self._compiler.active else None
+        )
         specs = layout.specs.values() if layout is not None else ()
         for spec in specs:
             if spec[0] == "pods" and spec[1:4] not in self._selectors:
                 self._add_selector(spec[1:4])
+            elif spec[0] == "nodes" and spec[1] not in self._node_selectors:
+                selector = spec[1]
+                self._node_selectors[selector] = NodeSelector({f: node_set(selector, f) for f in FAMILIES}, selector)
         for spec in specs:
             if spec[0] == "named" and (spec[1], spec[3]) not in self._named:
                 self._add_named(spec[1], spec[3])  # (after the selectors: a restricted one joins its selector)
@@ -331,6 +400,8 @@ class PolicyEngine:
             self._drop_selector(key)
         for named in [k for k, v in self._named.items() if id(v) not in used]:
             self._drop_named(named)
+        for selector in [k for k, v in self._node_selectors.items() if id(v) not in used]:
+            del self._node_selectors[selector]
 
     def _build(self, layout: Layout | None) -> tuple[Ruleset, dict[str, tuple[Filled, int]]]:
         if layout is None:
@@ -342,6 +413,10 @@ class PolicyEngine:
             if spec[0] == "pods":
                 family_ = spec[4]
                 filled[name] = (self._selectors[spec[1:4]], family_)
+                address_sets[name] = AddressSet(name, family_)
+            elif spec[0] == "nodes":
+                family_ = spec[2]
+                filled[name] = (self._node_selectors[spec[1]], family_)
                 address_sets[name] = AddressSet(name, family_)
             else:
                 family_ = spec[2]

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from ._cluster import ClusterNetworkPolicy, PolicyNode
 from ._model import Namespace, NetworkPolicy, PolicyPod
 
 
@@ -31,9 +32,12 @@ class Kind(enum.Enum):
     NETWORK_POLICY = "NetworkPolicy"
     NAMESPACE = "Namespace"
     POD = "Pod"
+    CLUSTER_POLICY = "ClusterNetworkPolicy"
+    NODE = "Node"
 
 
-_EVERY_KIND = frozenset(Kind)
+# What must be listed before a ruleset is applied: Nodes only while a ClusterNetworkPolicy has a nodes peer.
+_REQUIRED = frozenset({Kind.NETWORK_POLICY, Kind.NAMESPACE, Kind.POD, Kind.CLUSTER_POLICY})
 
 
 @attrs.frozen
@@ -50,10 +54,23 @@ class PolicySnapshot:
     namespaces: Mapping[str, Namespace] = attrs.field(factory=dict, hash=False)  # name →
     pods: Mapping[str, PolicyPod] = attrs.field(factory=dict, hash=False)  # "ns/name" →
     synced: frozenset[Kind] = frozenset()
+    cluster_policies: Mapping[str, ClusterNetworkPolicy] = attrs.field(factory=dict, hash=False)  # name →
+    nodes: Mapping[str, PolicyNode] = attrs.field(factory=dict, hash=False)  # name →
 
     @property
     def complete(self) -> bool:
-        return self.synced == _EVERY_KIND
+        return _complete(self.synced, self.cluster_policies)
+
+
+def nodes_needed(cluster_policies: Mapping[str, ClusterNetworkPolicy]) -> bool:
+    """Does some ClusterNetworkPolicy have a ``nodes`` peer (so Nodes must be watched)?"""
+    return any(p.uses_nodes for p in cluster_policies.values())
+
+
+def _complete(synced: frozenset[Kind] | set[Kind], cluster_policies: Mapping[str, ClusterNetworkPolicy]) -> bool:
+    if not synced >= _REQUIRED:
+        return False
+    return Kind.NODE in synced or not nodes_needed(cluster_policies)
 
 
 @attrs.frozen
@@ -67,9 +84,11 @@ class InputChanges:
     policies: Mapping[str, NetworkPolicy | None] = attrs.field(factory=dict)
     namespaces: Mapping[str, Namespace | None] = attrs.field(factory=dict)
     pods: Mapping[str, PolicyPod | None] = attrs.field(factory=dict)
+    cluster_policies: Mapping[str, ClusterNetworkPolicy | None] = attrs.field(factory=dict)
+    nodes: Mapping[str, PolicyNode | None] = attrs.field(factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.policies or self.namespaces or self.pods)
+        return bool(self.policies or self.namespaces or self.pods or self.cluster_policies or self.nodes)
 
 
 @attrs.define(eq=False)
@@ -92,7 +111,13 @@ class InputJournal:
         if not any(before.values()):
             return InputChanges()
         self._before = {k: {} for k in Kind}
-        return InputChanges(before[Kind.NETWORK_POLICY], before[Kind.NAMESPACE], before[Kind.POD])
+        return InputChanges(
+            before[Kind.NETWORK_POLICY],
+            before[Kind.NAMESPACE],
+            before[Kind.POD],
+            before[Kind.CLUSTER_POLICY],
+            before[Kind.NODE],
+        )
 
 
 class PolicySource(Protocol):
@@ -119,6 +144,12 @@ class PolicySource(Protocol):
     @property
     def pods(self) -> Mapping[str, PolicyPod]: ...
 
+    @property
+    def cluster_policies(self) -> Mapping[str, ClusterNetworkPolicy]: ...
+
+    @property
+    def nodes(self) -> Mapping[str, PolicyNode]: ...
+
     def journal(self) -> InputJournal:
         """A journal of the writes from now on (take it together with a whole read of the tables)."""
         ...
@@ -144,6 +175,8 @@ class PolicyInputs:
     _policies: dict[str, NetworkPolicy] = attrs.field(init=False, factory=dict)
     _namespaces: dict[str, Namespace] = attrs.field(init=False, factory=dict)
     _pods: dict[str, PolicyPod] = attrs.field(init=False, factory=dict)
+    _cluster_policies: dict[str, ClusterNetworkPolicy] = attrs.field(init=False, factory=dict)
+    _nodes: dict[str, PolicyNode] = attrs.field(init=False, factory=dict)
     _synced: set[Kind] = attrs.field(init=False, factory=set)
     _generation: int = attrs.field(init=False, default=0)
     _snapshot: PolicySnapshot | None = attrs.field(init=False, default=None)
@@ -161,6 +194,10 @@ class PolicyInputs:
             return self._policies
         if kind is Kind.NAMESPACE:
             return self._namespaces
+        if kind is Kind.CLUSTER_POLICY:
+            return self._cluster_policies
+        if kind is Kind.NODE:
+            return self._nodes
         return self._pods
 
     def _note(self, kind: Kind, key: str, before: object) -> None:
@@ -184,6 +221,16 @@ class PolicyInputs:
     def set_pod(self, pod: PolicyPod) -> None:
         self._put(Kind.POD, pod.key, pod)
 
+    def set_cluster_policy(self, policy: ClusterNetworkPolicy) -> None:
+        self._put(Kind.CLUSTER_POLICY, policy.key, policy)
+
+    def set_node(self, node: PolicyNode) -> None:
+        self._put(Kind.NODE, node.name, node)
+
+    def set(self, kind: Kind, key: str, value: object) -> None:
+        """Set the object *key* of *kind* (the watchers' generic path)."""
+        self._put(kind, key, value)
+
     def delete(self, kind: Kind, key: str) -> None:
         """Forget the object *key* ("ns/name", or the name for a Namespace); absent is fine."""
         before = self._table(kind).pop(key, None)
@@ -191,7 +238,7 @@ class PolicyInputs:
             self._note(kind, key, before)
             self._bump()
 
-    def replace(self, kind: Kind, objects: Mapping[str, NetworkPolicy | Namespace | PolicyPod]) -> None:
+    def replace(self, kind: Kind, objects: Mapping[str, Any]) -> None:
         """Replace everything of *kind* (after a list), keyed as above; marks *kind* synced.
 
         A value equal to the one held stays the one held (readers may know it by identity)."""
@@ -220,6 +267,17 @@ class PolicyInputs:
             self._synced.add(kind)
             self._bump()
 
+    def mark_unsynced(self, kind: Kind) -> None:
+        """*kind* is no longer watched (Nodes, once no ClusterNetworkPolicy needs them): forget its objects."""
+        table = self._table(kind)
+        for key, before in table.items():
+            self._note(kind, key, before)
+        changed = bool(table) or kind in self._synced
+        table.clear()
+        self._synced.discard(kind)
+        if changed:
+            self._bump()
+
     def journal(self) -> InputJournal:
         journal = InputJournal()
         self._journals.add(journal)
@@ -238,8 +296,24 @@ class PolicyInputs:
         return MappingProxyType(self._pods)
 
     @property
+    def cluster_policies(self) -> Mapping[str, ClusterNetworkPolicy]:
+        return MappingProxyType(self._cluster_policies)
+
+    @property
+    def nodes(self) -> Mapping[str, PolicyNode]:
+        return MappingProxyType(self._nodes)
+
+    @property
+    def nodes_needed(self) -> bool:
+        return nodes_needed(self._cluster_policies)
+
+    @property
+    def synced(self) -> frozenset[Kind]:
+        return frozenset(self._synced)
+
+    @property
     def complete(self) -> bool:
-        return self._synced == _EVERY_KIND
+        return _complete(self._synced, self._cluster_policies)
 
     def snapshot(self) -> PolicySnapshot:
         """A copy of everything (O(cluster)): for tests and tools, never per change."""
@@ -250,6 +324,8 @@ class PolicyInputs:
                 dict(self._namespaces),
                 dict(self._pods),
                 frozenset(self._synced),
+                dict(self._cluster_policies),
+                dict(self._nodes),
             )
         return self._snapshot
 

@@ -20,6 +20,8 @@ class _KernelCounters(Collector):
     # (namespace, policy, direction) → (packets, bytes); (namespace, pod, direction) → dropped (packets, bytes)
     policies: dict[tuple[str, str, str], tuple[int, int]] = attrs.field(factory=dict)
     drops: dict[tuple[str, str, str], tuple[int, int]] = attrs.field(factory=dict)
+    # (ClusterNetworkPolicy, rule, tier, direction) → (packets, bytes) its rule matched (whatever its action)
+    cluster_rules: dict[tuple[str, str, str, str], tuple[int, int]] = attrs.field(factory=dict)
 
     def collect(self) -> Iterator[Metric]:
         labels = ["namespace", "policy", "direction"]
@@ -39,9 +41,23 @@ class _KernelCounters(Collector):
         )
         for (ns, pod, direction), (p, _) in sorted(self.drops.items()):
             dropped.add_metric([ns, pod, direction], p)
+        tier_labels = ["policy", "rule", "tier", "direction"]
+        rule_packets = CounterMetricFamily(
+            "flock_policy_cluster_rule_packets",
+            "Packets of new connections a ClusterNetworkPolicy rule matched on this node (and acted on).",
+            labels=tier_labels,
+        )
+        rule_bytes = CounterMetricFamily(
+            "flock_policy_cluster_rule_bytes", "Bytes of those packets.", labels=tier_labels
+        )
+        for key, (p, b) in sorted(self.cluster_rules.items()):
+            rule_packets.add_metric(list(key), p)
+            rule_bytes.add_metric(list(key), b)
         yield packets
         yield octets
         yield dropped
+        yield rule_packets
+        yield rule_bytes
 
 
 @attrs.define(eq=False)
@@ -55,6 +71,9 @@ class PolicyMetrics:
     applies: Counter = attrs.field(init=False)
     failures: Counter = attrs.field(init=False)
     applied_resource_version: Gauge = attrs.field(init=False)
+    cluster_policies: Gauge = attrs.field(init=False)
+    failing_closed: Gauge = attrs.field(init=False)
+    priority_ties: Gauge = attrs.field(init=False)
     kernel: _KernelCounters = attrs.field(init=False, factory=_KernelCounters)
 
     def __attrs_post_init__(self) -> None:
@@ -77,6 +96,22 @@ class PolicyMetrics:
         self.applied_resource_version = Gauge(
             "flock_policy_applied_resource_version",
             "The API resourceVersion through which every NetworkPolicy, Namespace and Pod is in this node's kernel.",
+            registry=r,
+        )
+        self.cluster_policies = Gauge(
+            "flock_policy_cluster_policies",
+            "ClusterNetworkPolicies the agent compiles with, by tier (refused ones are the watchers' count).",
+            ["tier"],
+            registry=r,
+        )
+        self.failing_closed = Gauge(
+            "flock_policy_cluster_rules_failing_closed",
+            "ClusterNetworkPolicy rules flock cannot read: Accept ones match nothing, Deny and Pass ones deny all.",
+            registry=r,
+        )
+        self.priority_ties = Gauge(
+            "flock_policy_cluster_priority_ties",
+            "ClusterNetworkPolicies sharing their tier and priority with another (ordered by name).",
             registry=r,
         )
         r.register(self.kernel)
@@ -108,5 +143,14 @@ class PolicyMetrics:
             for veth, chain in vmap.items():
                 ns, name = pods_by_veth.get(veth, ("", veth))
                 drops[(ns, name, direction)] = per_chain.get(chain, (0, 0))
+        cluster: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+        for chain, owners in ruleset.tier_rules.items():
+            tier = "Admin" if chain.startswith("ta-") else "Baseline"
+            direction = Direction.INGRESS.value if chain[3:5] == "i-" else Direction.EGRESS.value
+            for i, (owner, rule) in enumerate(owners):
+                p, b = per_chain.get(f"{chain}#{i}", (0, 0))
+                p0, b0 = cluster.get((owner, rule, tier, direction), (0, 0))
+                cluster[(owner, rule, tier, direction)] = (p0 + p, b0 + b)
         self.kernel.policies = policies
         self.kernel.drops = drops
+        self.kernel.cluster_rules = cluster

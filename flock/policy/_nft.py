@@ -25,13 +25,32 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 from ._model import IPAddress, Protocol
-from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Match, PortSet, Rule, Ruleset, RulesetChange, ServiceSet
+from ._ruleset import (
+    EGRESS_MAP,
+    INGRESS_MAP,
+    NODE_MAP,
+    AddressSet,
+    Match,
+    PortSet,
+    Rule,
+    Ruleset,
+    RulesetChange,
+    ServiceSet,
+)
 
 TABLE = "flock"
 FAMILY = "inet"
 NAME = re.compile(r"[a-z][a-z0-9-]{0,62}\Z")
 EGRESS_CHAIN = "egress"
 INGRESS_CHAIN = "ingress"
+INPUT_CHAIN = "input"
+# Before a pod's Admin egress chain in the input hook: what a pod must always reach on its node (neighbour
+# discovery, the fe80::1 / 169.254.1.1 gateway, multicast and broadcast) is never policy's.
+_INPUT_ALWAYS = (
+    "meta pkttype != host accept",
+    "ip6 daddr fe80::/10 accept",
+    "ip daddr 169.254.0.0/16 accept",
+)
 _BASE = (
     (EGRESS_CHAIN, 0, "iifname", EGRESS_MAP),
     (INGRESS_CHAIN, 1, "oifname", INGRESS_MAP),
@@ -92,7 +111,7 @@ def render_rule(rule: Rule) -> str:
     parts = render_match(rule.match)
     if rule.counter:
         parts.append("counter")
-    if rule.verdict in ("accept", "drop"):
+    if rule.verdict in ("accept", "drop", "return"):
         parts.append(rule.verdict)
     elif rule.verdict.startswith("jump "):
         parts.append("jump " + _name(rule.verdict[5:]))
@@ -148,7 +167,7 @@ def render_full(rs: Ruleset) -> str:
     """The whole table, replacing whatever ``inet flock`` held, in one transaction."""
     t = f"{FAMILY} {TABLE}"
     lines = [f"add table {t}", f"delete table {t}", f"table {t} {{"]
-    for map_name in (EGRESS_MAP, INGRESS_MAP):
+    for map_name in (EGRESS_MAP, INGRESS_MAP, NODE_MAP):
         lines.append(f"\tmap {map_name} {{ type ifname : verdict; }}")
     for s in _all_sets(rs).values():
         lines.append(f"\tset {_name(s.name)} {{ {_set_type(s)}; }}")
@@ -160,6 +179,12 @@ def render_full(rs: Ruleset) -> str:
         lines.append("\t\tct state established,related accept")
         lines.append(f"\t\t{key} vmap @{map_name}")
         lines.append("\t}")
+    lines.append(f"\tchain {INPUT_CHAIN} {{")
+    lines.append("\t\ttype filter hook input priority 0; policy accept;")
+    lines.append("\t\tct state established,related accept")
+    lines.extend(f"\t\t{line}" for line in _INPUT_ALWAYS)
+    lines.append(f"\t\tiifname vmap @{NODE_MAP}")
+    lines.append("\t}")
     for chain in rs.chains.values():
         lines.append(f"\tchain {_name(chain.name)} {{")
         lines.extend(f"\t\t{render_rule(r)}" for r in chain.rules)
@@ -169,7 +194,7 @@ def render_full(rs: Ruleset) -> str:
     for s in _all_sets(rs).values():
         for chunk in _chunks(_sorted_elements(s, s.elements)):
             lines.append(f"add element {t} {s.name} {{ {', '.join(chunk)} }}")
-    for map_name, vmap in ((EGRESS_MAP, rs.egress_map), (INGRESS_MAP, rs.ingress_map)):
+    for map_name, vmap in ((EGRESS_MAP, rs.egress_map), (INGRESS_MAP, rs.ingress_map), (NODE_MAP, rs.node_map)):
         items = [_map_element(v, c) for v, c in sorted(vmap.items())]
         for chunk in _chunks(items):
             lines.append(f"add element {t} {map_name} {{ {', '.join(chunk)} }}")
@@ -241,6 +266,7 @@ def render_change(old: Ruleset, change: RulesetChange) -> str:
     for map_name, o, n in (
         (EGRESS_MAP, old.egress_map, new.egress_map),
         (INGRESS_MAP, old.ingress_map, new.ingress_map),
+        (NODE_MAP, old.node_map, new.node_map),
     ):
         if o is n:
             continue

@@ -17,6 +17,21 @@ Choices where the documentation is not precise (also in the README):
 - A named port matches only a destination that is a known pod declaring a
   containerPort of that name and protocol, on that port number.
 - hostNetwork pods and pods in phase Succeeded/Failed are never selected as peers.
+
+ClusterNetworkPolicy (policy.networking.k8s.io/v1alpha2, the CRD's documentation),
+per direction: the Admin tier's policies by ascending priority, each one's
+rules in written order — the first rule that matches decides: Accept allows,
+Deny denies, Pass skips the rest of the tier; then NetworkPolicy, which decides
+whenever it isolates the pod; then the Baseline tier the same way; then allow.
+flock's choices where the CRD leaves room (also in the README):
+- Equal priorities within a tier: by name.
+- A rule flock cannot read fails closed: Accept matches nothing, Deny and Pass deny everything.
+- A node reaching its own pods is always allowed (kubelet probes, as for
+  NetworkPolicy); a pod reaching its own node meets the Admin tier only (the
+  NetworkPolicy tier allows node <-> own pods, so the Baseline tier is never reached).
+- A ``nodes`` peer matches the addresses of the selected nodes' status.addresses;
+  ``destinationNamedPort`` matches a destination pod declaring that container
+  port name, for the protocol it declares it with.
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from ._cluster import Action, ClusterNetworkPolicy, ClusterPeer, ClusterPort, ClusterRule, PolicyNode, Tier
 from ._model import (
     NAMESPACE_NAME_LABEL,
     Direction,
@@ -76,7 +92,7 @@ def _port_matches(policy_port: PolicyPort, dst: Endpoint, port: int, protocol: P
     return policy_port.port <= port <= (policy_port.end_port or policy_port.port)
 
 
-def _direction_allows(
+def _network_policies_allow(
     policies: Iterable[NetworkPolicy],
     namespaces: Mapping[str, Namespace],
     subject: PolicyPod,
@@ -85,7 +101,8 @@ def _direction_allows(
     port: int,
     protocol: Protocol,
     direction: Direction,
-) -> bool:
+) -> bool | None:
+    """The NetworkPolicy tier's verdict; None when no policy isolates *subject* in *direction*."""
     selecting = [
         p
         for p in policies
@@ -94,7 +111,7 @@ def _direction_allows(
         and p.pod_selector.matches(subject.label_map)
     ]
     if not selecting:
-        return True
+        return None
     for policy in selecting:
         for rule in policy.ingress if direction is Direction.INGRESS else policy.egress:
             peer_ok = not rule.peers or any(_peer_matches(pr, policy, other, namespaces) for pr in rule.peers)
@@ -104,6 +121,91 @@ def _direction_allows(
     return False
 
 
+def _cluster_peer_matches(
+    peer: ClusterPeer, other: Endpoint, namespaces: Mapping[str, Namespace], nodes: Iterable[PolicyNode]
+) -> bool:
+    if peer.networks:
+        return any(other.address in net for net in peer.networks if net.version == other.address.version)
+    if peer.nodes is not None:
+        selector = peer.nodes
+        return any(other.address in n.addresses for n in nodes if selector.matches(n.label_map))
+    assert peer.selector is not None
+    ns_sel, pod_sel = peer.selector
+    pod = other.pod
+    if pod is None or not pod.selectable:
+        return False
+    return ns_sel.matches(_ns_labels(namespaces, pod.namespace)) and (pod_sel is None or pod_sel.matches(pod.label_map))
+
+
+def _cluster_port_matches(cp: ClusterPort, dst: Endpoint, port: int, protocol: Protocol) -> bool:
+    if cp.named is not None:
+        return dst.pod is not None and dst.pod.resolve(cp.named, protocol) == port
+    return cp.protocol is protocol and cp.first <= port <= cp.last
+
+
+def _rule_matches(
+    rule: ClusterRule,
+    other: Endpoint,
+    dst: Endpoint,
+    port: int,
+    protocol: Protocol,
+    namespaces: Mapping[str, Namespace],
+    nodes: Iterable[PolicyNode],
+) -> bool:
+    if rule.unreadable:
+        return rule.action is not Action.ACCEPT  # fails closed: Accept matches nothing, Deny/Pass everything
+    if not any(_cluster_peer_matches(p, other, namespaces, nodes) for p in rule.peers):
+        return False
+    return not rule.protocols or any(_cluster_port_matches(cp, dst, port, protocol) for cp in rule.protocols)
+
+
+def tier_action(
+    cluster_policies: Iterable[ClusterNetworkPolicy],
+    tier: Tier,
+    namespaces: Mapping[str, Namespace],
+    nodes: Iterable[PolicyNode],
+    subject: PolicyPod,
+    other: Endpoint,
+    dst: Endpoint,
+    port: int,
+    protocol: Protocol,
+    direction: Direction,
+) -> Action | None:
+    """The action of the first rule of *tier* that matches (None: no rule does)."""
+    nodes = list(nodes)
+    ns_labels = _ns_labels(namespaces, subject.namespace)
+    for cnp in sorted((c for c in cluster_policies if c.tier is tier), key=lambda c: c.order):
+        if not cnp.selects(subject, ns_labels):
+            continue
+        for rule in cnp.ingress if direction is Direction.INGRESS else cnp.egress:
+            if _rule_matches(rule, other, dst, port, protocol, namespaces, nodes):
+                return Action.DENY if rule.unreadable else rule.action  # failing closed, a Pass denies too
+    return None
+
+
+def _direction_allows(
+    policies: Iterable[NetworkPolicy],
+    cluster_policies: Iterable[ClusterNetworkPolicy],
+    namespaces: Mapping[str, Namespace],
+    nodes: Iterable[PolicyNode],
+    subject: PolicyPod,
+    other: Endpoint,
+    dst: Endpoint,
+    port: int,
+    protocol: Protocol,
+    direction: Direction,
+) -> bool:
+    """Admin tier, then NetworkPolicy, then Baseline tier, then allow."""
+    args = (namespaces, nodes, subject, other, dst, port, protocol, direction)
+    admin = tier_action(cluster_policies, Tier.ADMIN, *args)
+    if admin is Action.ACCEPT or admin is Action.DENY:
+        return admin is Action.ACCEPT
+    verdict = _network_policies_allow(policies, namespaces, subject, other, dst, port, protocol, direction)
+    if verdict is not None:
+        return verdict
+    return tier_action(cluster_policies, Tier.BASELINE, *args) is not Action.DENY
+
+
 def evaluate(
     policies: Iterable[NetworkPolicy],
     namespaces: Iterable[Namespace],
@@ -111,9 +213,13 @@ def evaluate(
     dst: Endpoint,
     port: int,
     protocol: Protocol,
+    cluster_policies: Iterable[ClusterNetworkPolicy] = (),
+    nodes: Iterable[PolicyNode] = (),
 ) -> bool:
     """May *src* open a connection to *dst* on *port*/*protocol*?"""
     policies = list(policies)
+    cluster_policies = list(cluster_policies)
+    nodes = list(nodes)
     ns = {n.name: n for n in namespaces}
     # hostNetwork and finished pods are no pods to policy: their addresses are just addresses
     if src.pod is not None and not src.pod.selectable:
@@ -121,9 +227,17 @@ def evaluate(
     if dst.pod is not None and not dst.pod.selectable:
         dst = attrs.evolve(dst, pod=None)
     if src.node is not None and dst.pod is not None and dst.pod.node == src.node:
-        return True
+        return True  # the node reaching its own pod (kubelet probes)
     if dst.node is not None and src.pod is not None and src.pod.node == dst.node:
-        return True
-    if src.pod is not None and not _direction_allows(policies, ns, src.pod, dst, dst, port, protocol, Direction.EGRESS):
+        # a pod reaching its own node: the Admin tier alone (NetworkPolicy allows it, so Baseline is never reached)
+        action = tier_action(
+            cluster_policies, Tier.ADMIN, ns, nodes, src.pod, dst, dst, port, protocol, Direction.EGRESS
+        )
+        return action is not Action.DENY
+    if src.pod is not None and not _direction_allows(
+        policies, cluster_policies, ns, nodes, src.pod, dst, dst, port, protocol, Direction.EGRESS
+    ):
         return False
-    return dst.pod is None or _direction_allows(policies, ns, dst.pod, src, dst, port, protocol, Direction.INGRESS)
+    return dst.pod is None or _direction_allows(
+        policies, cluster_policies, ns, nodes, dst.pod, src, dst, port, protocol, Direction.INGRESS
+    )

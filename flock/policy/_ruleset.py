@@ -10,13 +10,23 @@ Layout in the kernel (``table inet flock``)::
 
     chain egress   hook forward priority filter      ct established,related accept; iifname vmap @egress-pods
     chain ingress  hook forward priority filter + 1  ct established,related accept; oifname vmap @ingress-pods
-    chain eg-<veth> / in-<veth>    one per isolated local pod: jump to each selecting policy's chain, then drop
+    chain input    hook input priority filter    ct established,related accept; link-local, multicast and
+                                                 broadcast accept; iifname vmap @node-pods
+    chain eg-<veth> / in-<veth>    one per local pod some policy selects, the tiers in order:
+                                   jump ta-<id> (Admin), then either jump pe-/pi-<id> per selecting
+                                   NetworkPolicy and drop, or (no NetworkPolicy selects it) jump tb-<id> (Baseline)
+    chain ta-<id> / tb-<id>        one per sequence of ClusterNetworkPolicies (Admin / Baseline tier) selecting
+                                   a local pod in a direction: their rules inlined in precedence order,
+                                   Accept: accept, Deny: drop, Pass: return (on to the next tier)
     chain pe-<id> / pi-<id>        one per policy and direction: "<peer> <ports> counter accept" rules
 
 An ``accept`` ends the current base chain only: a packet accepted by the
 egress chain of its source pod still meets the ingress chain of its
 destination pod.  Traffic between the node and its own pods never passes the
-forward hook, so it is always allowed (kubelet probes).
+forward hook: the node reaching its pods is always allowed (kubelet probes);
+a pod reaching its own node meets the Admin tier alone, in the input hook
+(``node-pods`` maps a pod's veth to its Admin egress chain): NetworkPolicy
+allows node <-> own pods, so nothing after the Admin tier can deny it.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from ._model import IPAddress, Protocol
 
 EGRESS_MAP = "egress-pods"
 INGRESS_MAP = "ingress-pods"
+NODE_MAP = "node-pods"
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -91,7 +102,7 @@ class Match:
 @attrs.frozen
 class Rule:
     match: Match
-    verdict: str  # "accept", "drop", or "jump <chain>"
+    verdict: str  # "accept", "drop", "return", or "jump <chain>"
     counter: bool = True
 
 
@@ -111,8 +122,11 @@ class Ruleset:
     port_sets: Mapping[str, PortSet] = attrs.field(factory=dict)
     egress_map: Mapping[str, str] = attrs.field(factory=dict)  # host veth → chain
     ingress_map: Mapping[str, str] = attrs.field(factory=dict)
+    node_map: Mapping[str, str] = attrs.field(factory=dict)  # host veth → its Admin egress chain (input hook)
     # for counters and logs only, never rendered: policy chain → "ns/name"
     policy_chains: Mapping[str, str] = attrs.field(factory=dict)
+    # tier chain → per rule, the (ClusterNetworkPolicy, rule) it comes from (the rule's name, or "ingress[2]")
+    tier_rules: Mapping[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
 
     def structure(self) -> tuple[object, ...]:
         """What a set-element update cannot change: chains and set declarations."""
@@ -129,12 +143,12 @@ class Ruleset:
 
     @property
     def set_count(self) -> int:
-        return len(self.address_sets) + len(self.service_sets) + len(self.port_sets) + 2
+        return len(self.address_sets) + len(self.service_sets) + len(self.port_sets) + 3
 
     @property
     def empty(self) -> bool:
         """Nothing isolated: no table at all (a node without policies loads no nftables rules)."""
-        return not self.chains and not self.egress_map and not self.ingress_map
+        return not self.chains and not self.egress_map and not self.ingress_map and not self.node_map
 
 
 def _elements(ruleset: Ruleset, name: str) -> frozenset[object]:

@@ -30,6 +30,7 @@ from flock.model import Allocation
 from flock.nursery import Backoff
 
 from ._backend import NftError
+from ._cluster import ClusterNetworkPolicy, Tier
 from ._engine import PolicyEngine
 from ._inputs import InputJournal, PolicySource
 from ._metrics import PolicyMetrics
@@ -136,6 +137,9 @@ class PolicyService:
     _local_cache: dict[str, tuple[Allocation, PolicyPod, PolicyPod, tuple]] = attrs.field(init=False, factory=dict)
     # Set (and replaced) whenever the watchers' inputs or this node's attachments change.
     _poked: trio.Event = attrs.field(init=False, factory=trio.Event)
+    # The ClusterNetworkPolicies last reported on (log lines for rules failing closed, priority ties)
+    _cluster_seen: frozenset[ClusterNetworkPolicy] = attrs.field(init=False, factory=frozenset)
+    _ties_seen: frozenset[tuple[str, int, tuple[str, ...]]] = attrs.field(init=False, factory=frozenset)
 
     @property
     def applied(self) -> Ruleset | None:
@@ -282,6 +286,7 @@ class PolicyService:
             self.readiness.open_gate(POLICY_GATE)
         if self.metrics is not None and mode != "unchanged":
             self.metrics.applied(structure, mode, seconds)
+        self._report_cluster()
         self._publish(mark)
         if self.watermark is not None and self.inputs.generation == generation:
             # Progress that arrived while the transaction ran (no change since this generation): it is in
@@ -297,10 +302,44 @@ class PolicyService:
                     "generation": generation,
                     "resource_version": mark,
                     "policies": len(self.inputs.policies),
+                    "cluster_policies": len(self.inputs.cluster_policies),
                     "local_pods": len(local),
                     **getattr(result, "summary", {}),
                 },
             )
+
+    def _report_cluster(self) -> None:
+        """Log what is new among the ClusterNetworkPolicies compiled with: rules that fail closed, and
+        policies sharing tier and priority (ordered by name, which the CRD leaves to the implementation)."""
+        current = frozenset(self.inputs.cluster_policies.values())
+        if current == self._cluster_seen:
+            return
+        for cnp in sorted(current - self._cluster_seen, key=lambda p: p.name):
+            rules = cnp.unreadable_rules()
+            if rules:
+                log.warning(
+                    "ClusterNetworkPolicy %s: %d rule(s) fail closed (Accept: match nothing; Deny, Pass: deny all)",
+                    cnp.name,
+                    len(rules),
+                    extra={"op": "policy", "policy": cnp.name, "rules": rules[:25]},
+                )
+        groups: dict[tuple[str, int], list[str]] = {}
+        for cnp in current:
+            groups.setdefault((cnp.tier.value, cnp.priority), []).append(cnp.name)
+        ties = frozenset((t, p, tuple(sorted(names))) for (t, p), names in groups.items() if len(names) > 1)
+        for tier, priority, names in sorted(ties - self._ties_seen):
+            log.warning(
+                "ClusterNetworkPolicies share tier %s and priority %d: flock orders them by name",
+                tier,
+                priority,
+                extra={"op": "policy", "tier": tier, "priority": priority, "policies": list(names[:25])},
+            )
+        self._cluster_seen, self._ties_seen = current, ties
+        if self.metrics is not None:
+            for level in Tier:
+                self.metrics.cluster_policies.labels(tier=level.value).set(sum(1 for c in current if c.tier is level))
+            self.metrics.failing_closed.set(sum(len(c.unreadable_rules()) for c in current))
+            self.metrics.priority_ties.set(sum(len(names) for _, _, names in ties))
 
     @property
     def applied_resource_version(self) -> int:

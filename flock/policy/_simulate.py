@@ -66,8 +66,18 @@ def _run_chain(rs: Ruleset, chain: str, pkt: Packet, depth: int = 0) -> str | No
             if verdict is not None:
                 return verdict
             continue
+        if rule.verdict == "return":
+            return None
         return rule.verdict
     return None
+
+
+def input_verdict(rs: Ruleset, pkt: Packet) -> bool:
+    """Does the input hook let a packet from a local pod (``iif``) to this node's own address through?"""
+    if pkt.daddr.is_link_local or pkt.daddr.is_multicast:
+        return True
+    chain = rs.node_map.get(pkt.iif) if pkt.iif else None
+    return chain is None or _run_chain(rs, chain, pkt) != "drop"
 
 
 def forward_verdict(rs: Ruleset, pkt: Packet) -> bool:

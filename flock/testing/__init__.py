@@ -3,8 +3,26 @@ namespaces), shipped like ``trio.testing``: the fake API server here, network
 namespace helpers in ``flock.testing.netns``."""
 
 from ._admission import NAME_LABEL
-from ._objects import namespace_object, network_policy_object, nodeconfig_object, pod_object, secret_object
-from ._resources import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, RESOURCES, SECRETS, Resource
+from ._objects import (
+    cluster_network_policy_object,
+    namespace_object,
+    network_policy_object,
+    node_object,
+    nodeconfig_object,
+    pod_object,
+    secret_object,
+)
+from ._resources import (
+    CLUSTERNETWORKPOLICIES,
+    NAMESPACES,
+    NETWORKPOLICIES,
+    NODECONFIGS,
+    NODES,
+    PODS,
+    RESOURCES,
+    SECRETS,
+    Resource,
+)
 from ._server import ApiServer, kubeconfig, write_kubeconfig
 from ._service import serving
 from ._source import StoreSource
@@ -12,10 +30,12 @@ from ._status import StatusError
 from ._store import ObjectStore
 
 __all__ = [
+    "CLUSTERNETWORKPOLICIES",
     "NAMESPACES",
     "NAME_LABEL",
     "NETWORKPOLICIES",
     "NODECONFIGS",
+    "NODES",
     "PODS",
     "RESOURCES",
     "SECRETS",
@@ -24,9 +44,11 @@ __all__ = [
     "Resource",
     "StatusError",
     "StoreSource",
+    "cluster_network_policy_object",
     "kubeconfig",
     "namespace_object",
     "network_policy_object",
+    "node_object",
     "nodeconfig_object",
     "pod_object",
     "secret_object",

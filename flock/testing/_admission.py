@@ -2,8 +2,10 @@
 
 Validation follows ``pkg/apis/core/validation`` and ``pkg/apis/networking/validation``
 for the fields flock reads (labels, label selectors, NetworkPolicy peers and
-ports); defaulting follows the v1 defaulters (a NetworkPolicy's ``policyTypes``
-and port protocols, a Namespace's finalizer and phase).  The API server also
+ports, a Node's status.addresses); defaulting follows the v1 defaulters (a
+NetworkPolicy's ``policyTypes`` and port protocols, a Namespace's finalizer and
+phase).  A ClusterNetworkPolicy, a custom resource, is pruned and checked
+against its CRD's schema and CEL rules instead (:mod:`._cnp`).  The API server also
 labels every Namespace with ``kubernetes.io/metadata.name: <name>``, overriding
 whatever the client sent, so ``namespaceSelector`` can select by name.
 
@@ -17,8 +19,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ._resources import NAMESPACES, NETWORKPOLICIES, PODS, Resource
-from ._status import StatusError
+from ._cnp import admit_cluster_network_policy
+from ._resources import CLUSTERNETWORKPOLICIES, NAMESPACES, NETWORKPOLICIES, NODES, PODS, Resource
+from ._status import Invalid, StatusError
 
 NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -29,14 +32,6 @@ _PORT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?\Z")
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _PROTOCOLS = ("TCP", "UDP", "SCTP")
 _POLICY_TYPES = ("Ingress", "Egress")
-
-
-class Invalid(Exception):
-    """One field is wrong: *field* is its path, *why* what is expected."""
-
-    def __init__(self, field: str, value: Any, why: str) -> None:
-        super().__init__(f"{field}: {why}")
-        self.field, self.value, self.why = field, value, why
 
 
 def invalid(resource: Resource, name: str, field: str, value: Any, why: str) -> StatusError:
@@ -63,6 +58,10 @@ def admit(resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
             _namespace(obj)
         elif resource == NETWORKPOLICIES:
             _network_policy(obj)
+        elif resource == CLUSTERNETWORKPOLICIES:
+            admit_cluster_network_policy(obj)  # a custom resource: pruned, then its CRD's schema and rules
+        elif resource == NODES:
+            _node(obj)
         else:
             if not isinstance(obj.get("spec"), dict):
                 raise Invalid("spec", obj.get("spec"), "Required value")
@@ -84,6 +83,29 @@ def _namespace(obj: dict[str, Any]) -> None:
     obj["status"] = {"phase": "Active"}
     labels = obj["metadata"].get("labels") or {}
     obj["metadata"]["labels"] = {**labels, NAME_LABEL: obj["metadata"]["name"]}
+
+
+def _node(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        raise Invalid("spec", spec, "must be an object")
+    status = obj.get("status")
+    if status is None:
+        return
+    if not isinstance(status, dict):
+        raise Invalid("status", status, "must be an object")
+    addresses = status.get("addresses")
+    if addresses is None:
+        return
+    if not isinstance(addresses, list):
+        raise Invalid("status.addresses", addresses, "must be a list")
+    for i, entry in enumerate(addresses):
+        where = f"status.addresses[{i}]"
+        if not isinstance(entry, dict):
+            raise Invalid(where, entry, "must be an object")
+        for key in ("type", "address"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise Invalid(f"{where}.{key}", entry.get(key), "Required value")
 
 
 def _pod(spec: dict[str, Any]) -> None:

@@ -64,6 +64,29 @@ def network_policy_object(namespace: str, name: str, spec: Mapping[str, Any]) ->
     }
 
 
+def cluster_network_policy_object(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy with *spec* as it is."""
+    return {
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": name},
+        "spec": dict(spec),
+    }
+
+
+def node_object(
+    name: str, labels: Mapping[str, str] | None = None, addresses: Sequence[tuple[str, str]] = ()
+) -> dict[str, Any]:
+    """A Node with *labels* and ``status.addresses`` (``("InternalIP", "2001:db8::1")`` …)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {},
+        "status": {"addresses": [{"type": kind, "address": address} for kind, address in addresses]},
+    }
+
+
 def secret_object(namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
     """An Opaque Secret with *data* given as plain strings (``stringData``, as kubectl sends it)."""
     return {

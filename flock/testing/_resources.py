@@ -36,4 +36,13 @@ NETWORKPOLICIES = Resource(
     group="networking.k8s.io", version="v1", plural="networkpolicies", kind="NetworkPolicy", namespaced=True
 )
 SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
-RESOURCES = (PODS, NODECONFIGS, SECRETS, NAMESPACES, NETWORKPOLICIES)
+# kubernetes-sigs/network-policy-api v0.2.0's CRD (deploy/crd-clusternetworkpolicy.yaml).
+CLUSTERNETWORKPOLICIES = Resource(
+    group="policy.networking.k8s.io",
+    version="v1alpha2",
+    plural="clusternetworkpolicies",
+    kind="ClusterNetworkPolicy",
+    namespaced=False,
+)
+NODES = Resource(group="", version="v1", plural="nodes", kind="Node", namespaced=False)
+RESOURCES = (PODS, NODECONFIGS, SECRETS, NAMESPACES, NETWORKPOLICIES, CLUSTERNETWORKPOLICIES, NODES)

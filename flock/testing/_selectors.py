@@ -29,6 +29,8 @@ SUPPORTED_FIELDS = {
     "Namespace": ("metadata.name", "metadata.namespace", "status.phase"),
     "NetworkPolicy": ("metadata.name", "metadata.namespace"),
     "Secret": ("metadata.name", "metadata.namespace", "type"),
+    "ClusterNetworkPolicy": ("metadata.name", "metadata.namespace"),  # a custom resource's two
+    "Node": ("metadata.name",),  # (and spec.unschedulable, which nothing here selects by)
 }
 
 EXACT, NOT_OLDER_THAN = "Exact", "NotOlderThan"

@@ -185,6 +185,14 @@ class ApiServer:
         items, _ = self.store.list(resource, None, FieldSelector.parse(field_selector, resource.kind))
         return items
 
+    def uninstall(self, resource: Resource) -> int:
+        """Delete *resource*'s CRD: its objects go, requests for it answer 404 (see :meth:`ObjectStore.uninstall`)."""
+        return self.store.uninstall(resource)
+
+    def install(self, resource: Resource) -> None:
+        """Create *resource*'s CRD again: served, empty."""
+        self.store.install(resource)
+
     # ---- faults ---------------------------------------------------------------
 
     def compact(self, *, expire_watches: bool = False) -> int:

@@ -235,8 +235,14 @@ class _Events:
                             self.done = event.get("type") == "ERROR"
                             return event
                         # Writes on this thread deliver synchronously, so nothing older than
-                        # the store's version is still on its way (writers on other threads: no bookmarks).
-                        return self.bookmark()
+                        # the store's version is still on its way (writers on other threads: no bookmarks)
+                        # but an event written at the instant the wait timed out: it goes first.
+                        try:
+                            event = self.receive.receive_nowait()
+                        except trio.WouldBlock:
+                            return self.bookmark()
+                        self.done = event.get("type") == "ERROR"
+                        return event
                 except trio.EndOfChannel:
                     raise TransientKubeError("connection reset: the API server restarted") from None
                 self.done = event.get("type") == "ERROR"

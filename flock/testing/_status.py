@@ -117,6 +117,14 @@ def too_large(resource_version: int, current: int, retry_after_seconds: int = 0)
     )
 
 
+class Invalid(Exception):
+    """One field of an object is wrong (admission): *field* is its path, *why* what is expected."""
+
+    def __init__(self, field: str, value: Any, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field, self.value, self.why = field, value, why
+
+
 @attrs.frozen
 class FieldError:
     """One ``field.Error`` of a request's validation: Forbidden (with *detail*) or NotSupported

@@ -273,6 +273,7 @@ class ObjectStore:
     _history: collections.deque[_Change] = attrs.field(init=False, factory=collections.deque)
     _oldest: int = attrs.field(init=False, default=1)  # versions below this are compacted
     _subscriptions: set[Subscription] = attrs.field(init=False, factory=set)
+    _unserved: set[Resource] = attrs.field(init=False, factory=set)  # CRDs not installed
 
     @property
     def resource_version(self) -> int:
@@ -440,6 +441,32 @@ class ObjectStore:
                 self._subscriptions.clear()
             return self._rv
 
+    # ---- custom resources -------------------------------------------------------
+
+    def uninstall(self, resource: Resource) -> int:
+        """*resource*'s CRD is deleted (or was never installed): its objects are deleted (watches
+        get the DELETED events; open ones then see nothing more) and every request for it answers
+        404 until :meth:`install`.  Returns how many objects went."""
+        with self._lock:
+            if resource in self._unserved:
+                return 0
+            coll = self._collection(resource)
+            keys = list(coll.keys)
+            for key in keys:
+                old = coll.objects[key]
+                self._commit(resource, key, "DELETED", old, old.decode())
+            self._unserved.add(resource)
+        return len(keys)
+
+    def install(self, resource: Resource) -> None:
+        """*resource*'s CRD is created: it is served (empty) from now on."""
+        with self._lock:
+            self._unserved.discard(resource)
+
+    def served(self, resource: Resource) -> bool:
+        with self._lock:
+            return resource not in self._unserved
+
     # ---- watches -------------------------------------------------------------
 
     def watch(
@@ -461,6 +488,7 @@ class ObjectStore:
         """
         sub = Subscription(self, resource, namespace, selector, deliver)
         with self._lock:
+            self._collection(resource)  # 404 for a resource not served
             if since is not None:
                 if since < self._oldest:
                     raise expired(since, self._oldest)
@@ -507,6 +535,8 @@ class ObjectStore:
     # ---- internals -------------------------------------------------------------
 
     def _collection(self, resource: Resource) -> _Collection:
+        if resource in self._unserved:
+            raise _not_served()
         found = self._collections.get(resource)
         if found is None:
             fields = SUPPORTED_FIELDS.get(resource.kind, ())
@@ -754,6 +784,11 @@ def _now() -> str:
 def _not_found(resource: Resource, name: str) -> StatusError:
     group = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
     return StatusError(404, f'{group} "{name}" not found', details={"name": name, "kind": resource.plural})
+
+
+def _not_served() -> StatusError:
+    """What kube-apiserver answers for a resource it does not serve (a CRD not installed)."""
+    return StatusError(404, "the server could not find the requested resource")
 
 
 def _already_exists(resource: Resource, name: str) -> StatusError:

@@ -131,16 +131,23 @@ class PolicyNode:
         ns.ip("route", "add", "169.254.1.1", "dev", "eth0", "scope", "link")
         ns.ip("route", "add", "default", "via", "169.254.1.1", "dev", "eth0")
         if serve:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", ns.name, sys.executable, "-c", SERVER, *serve],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            self._servers.append(proc)
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"server in {ns.name} did not start")
+            self._start(ns, serve)
         return Pod(ns, key, veth, ip6, ip4)
+
+    def serve(self, serve: tuple[str, ...]) -> None:
+        """Serve *serve* ("80/tcp" …) on the node's own addresses (what a pod reaching its node meets)."""
+        self._start(self.node, serve)
+
+    def _start(self, ns: Netns, serve: tuple[str, ...]) -> None:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns.name, sys.executable, "-c", SERVER, *serve],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._servers.append(proc)
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"server in {ns.name} did not start")
 
     def close(self) -> None:
         for proc in self._servers:

@@ -1,5 +1,5 @@
-"""This node's NodeConfig and pods, and the cluster's NetworkPolicies, Namespaces
-and Pods, from the API server (list+watch informers).
+"""This node's NodeConfig and pods, and the cluster's NetworkPolicies, Namespaces,
+Pods, ClusterNetworkPolicies and Nodes, from the API server (list+watch informers).
 
 The only package (with flock.testing) that imports asyncio or kubernetes-asyncio.
 The agent opens one client and hands the watchers to its supervisor::
@@ -15,7 +15,8 @@ The agent opens one client and hands the watchers to its supervisor::
 
 With NetworkPolicy (see :mod:`flock.watchers._policy`), one informer watches every pod::
 
-        policy = PolicyWatcher(kube.network_policies(), kube.namespaces(), inputs)
+        policy = PolicyWatcher(kube.network_policies(), kube.namespaces(), inputs,
+                               cluster_policies=kube.cluster_network_policies(), nodes=kube.nodes())
         pods = PodWatcher(kube.all_pods(), node, listeners=(policy.pod_listener,))
 """
 
@@ -43,11 +44,12 @@ from ._informer import (
 )
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
-from ._policy import PolicyWatcher
+from ._policy import CRD_RETRY_SECONDS, PolicyWatcher
 from ._secrets import SecretWatcher, decode_secret
 from ._source import KubeSource
 
 __all__ = [
+    "CRD_RETRY_SECONDS",
     "INITIAL_EVENTS_END",
     "POD_CACHE_WAIT_SECONDS",
     "AsyncioBridge",

@@ -17,6 +17,8 @@ from ._informer import ListOptions
 from ._source import CLOSE_SECONDS, KubeSource
 
 NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL = "flock.fritzlab.net", "v1alpha1", "nodeconfigs"
+# kubernetes-sigs/network-policy-api's ClusterNetworkPolicy (deploy/crd-clusternetworkpolicy.yaml).
+CNP_GROUP, CNP_VERSION, CNP_PLURAL = "policy.networking.k8s.io", "v1alpha2", "clusternetworkpolicies"
 
 
 async def _new_api_client(conf: Configuration) -> ApiClient:
@@ -71,6 +73,27 @@ class KubeClient:
             return await core.read_namespace(name, **kw)
 
         return KubeSource(self.bridge, "namespaces", core.list_namespace, get_namespace)
+
+    def cluster_network_policies(self) -> KubeSource:
+        """Every ClusterNetworkPolicy (cluster-scoped custom objects; 404 while the CRD is not installed)."""
+        custom = CustomObjectsApi(self.api_client)
+
+        async def list_policies(**kw: Any) -> Any:
+            return await custom.list_cluster_custom_object(CNP_GROUP, CNP_VERSION, CNP_PLURAL, **kw)
+
+        async def get_policy(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await custom.get_cluster_custom_object(CNP_GROUP, CNP_VERSION, CNP_PLURAL, name, **kw)
+
+        return KubeSource(self.bridge, "clusternetworkpolicies", list_policies, get_policy)
+
+    def nodes(self) -> KubeSource:
+        """Every Node (their labels and addresses: ClusterNetworkPolicy ``nodes`` peers)."""
+        core = CoreV1Api(self.api_client)
+
+        async def get_node(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await core.read_node(name, **kw)
+
+        return KubeSource(self.bridge, "nodes", core.list_node, get_node)
 
     async def list_plain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Every Pod and every NodeConfig in the cluster, once, as plain dicts (flockctl's ipam check).

@@ -11,9 +11,11 @@ reads the moment it is decoded (its *transform*) and drops the rest:
 - a pod bound to this node: also its :class:`flock.model.PodInfo`
   (annotations, owners, first image, readiness: what ADD, anycast health and
   flockctl read);
-- NetworkPolicies and Namespaces: their policy values.
+- NetworkPolicies, Namespaces and ClusterNetworkPolicies: their policy values;
+- Nodes (watched only while a ClusterNetworkPolicy has a ``nodes`` peer): a
+  :class:`flock.policy.PolicyNode` (labels, addresses).
 
-Strings and tuples that repeat across pods (namespaces, node names, label sets,
+Strings and tuples that repeat across pods and nodes (namespaces, node names, label sets,
 named-port sets) are shared: one object for every pod that has an equal one
 (:class:`Shared`).  An object the model refuses becomes its
 :class:`flock.model.InvalidObject`, so the watcher can say why it left it out.
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 import attrs
 
 from flock.model import InvalidObject, PodInfo
-from flock.policy import Namespace, NetworkPolicy, PolicyPod
+from flock.policy import ClusterNetworkPolicy, Namespace, NetworkPolicy, PolicyNode, PolicyPod
 
 log = logging.getLogger("flock.watchers")
 
@@ -159,3 +161,22 @@ def refusal_or(read: Callable[[Mapping[str, Any]], T]) -> Callable[[Mapping[str,
 
 network_policy_value = refusal_or(NetworkPolicy.from_object)
 namespace_value = refusal_or(Namespace.from_object)
+cluster_policy_value = refusal_or(ClusterNetworkPolicy.from_object)
+
+
+@attrs.define(eq=False)
+class NodeTransform:
+    """Raw Node → :class:`flock.policy.PolicyNode` (or why it was refused), its label set shared."""
+
+    shared: Shared = attrs.field(factory=Shared)
+
+    def __call__(self, obj: Mapping[str, Any]) -> PolicyNode | InvalidObject:
+        try:
+            node = PolicyNode.from_object(obj)
+        except InvalidObject as exc:
+            exc.__traceback__ = None
+            return exc
+        labels = self.shared(node.labels)
+        if labels is not node.labels:
+            object.__setattr__(node, "labels", labels)
+        return node

@@ -10,7 +10,14 @@ import subprocess
 
 import pytest
 
-from flock.testing import NODECONFIGS, PODS, nodeconfig_object, pod_object
+from flock.testing import (
+    CLUSTERNETWORKPOLICIES,
+    NODECONFIGS,
+    PODS,
+    cluster_network_policy_object,
+    nodeconfig_object,
+    pod_object,
+)
 from flock.testing.agentlab import BIN, CIDR4, CIDR6, NODE, open_lab, wait_for
 
 # The keys of every --json output: scripts rely on them (add keys deliberately, never rename).
@@ -30,7 +37,10 @@ CHECK_KEYS = {"checked", "node", "problems", "unreached"}
 PROBLEM_KEYS = {"detail", "kind", "remedy", "subject"}
 RELEASE_KEYS = {"details", "refused", "released", "removed_interfaces", "removed_routes"}
 BGP_KEYS = {"error", "exported", "learned", "reachable", "sessions"}
-POLICY_KEYS = {"applied", "applied_resource_version", "chains", "error", "isolated_pods", "sets"}
+POLICY_KEYS = {
+    "applied", "applied_resource_version", "chains", "cluster_policies", "error", "fail_closed", "fail_closed_total",
+    "isolated_pods", "refused", "refused_total", "sets",
+}  # fmt: skip
 SESSION_KEYS = {
     "bgp_state", "exported", "imported", "info", "last_error", "name", "neighbor", "neighbor_as", "since", "state",
 }  # fmt: skip
@@ -93,6 +103,31 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     six = next(p for p in st["pools"] if p["family"] == "ipv6")
     assert (six["cidr"], six["used"]) == (CIDR6, 2)
     assert "READY" in text and CIDR6 in text and "tor1" in text
+    assert st["policy"]["cluster_policies"] == {"Admin": 0, "Baseline": 0} and st["policy"]["refused"] == []
+
+    # A ClusterNetworkPolicy with a rule flock cannot read (domain names): counted, and the rule named.
+    lab.api.create(
+        CLUSTERNETWORKPOLICIES,
+        cluster_network_policy_object(
+            "dns",
+            {
+                "tier": "Admin",
+                "priority": 3,
+                "subject": {"namespaces": {"matchLabels": {"selects": "nothing"}}},
+                "egress": [{"name": "to-dns", "action": "Accept", "to": [{"domainNames": ["example.com"]}]}],
+            },
+        ),
+    )
+    wait_for(
+        "the ClusterNetworkPolicy in flockctl status",
+        lambda: flockctl(lab, "status")[2]["policy"]["cluster_policies"]["Admin"] == 1,
+    )
+    code, text, st = flockctl(lab, "status")
+    assert st["policy"]["fail_closed_total"] == 1
+    (rule,) = st["policy"]["fail_closed"]
+    assert rule["policy"] == "dns" and rule["rule"].startswith("spec.egress[0] (to-dns): ")
+    assert "cluster     1 ClusterNetworkPolicies (1 Admin, 0 Baseline)" in text
+    assert "fail-closed ClusterNetworkPolicy dns spec.egress[0] (to-dns): " in text
 
     code, text, pods = flockctl(lab, "pods")
     assert code == 0 and set(pods) == {"pods", "kernel_read"}

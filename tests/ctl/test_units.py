@@ -7,19 +7,23 @@ import ipaddress
 import json
 import os
 import stat
+from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from flock.ctl import ADMIN_PROTOCOL_VERSION, AdminOps, AdminServer
 from flock.ctl._apicheck import cross_check
-from flock.ctl._ops import parse_bgp_sessions, parse_prefixes
+from flock.ctl._cli import policy_lines
+from flock.ctl._ops import parse_bgp_sessions, parse_prefixes, policy_watch_view
 from flock.ctl._pools import free_ranges, pool_report
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import NetlinkWorker
 from flock.pods import PodHandler
+from flock.policy import ClusterNetworkPolicy
 from flock.state import NodeState
-from flock.testing import nodeconfig_object, pod_object
+from flock.testing import cluster_network_policy_object, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel
 
 NODE = "host001"
@@ -181,3 +185,52 @@ async def test_admin_socket_answers_bad_input_with_errors_and_keeps_serving(ops,
         assert reply["result"]["agent"]["pid"] == os.getpid()
         nursery.cancel_scope.cancel()
     assert not path.exists()
+
+
+# -- status: ClusterNetworkPolicies, refused objects, fail-closed rules -----------------------
+
+
+@attrs.frozen
+class Watched:
+    """What the policy watchers know (a flock.ctl.PolicyWatch), as values."""
+
+    cluster_policies: dict[str, ClusterNetworkPolicy]
+    refused: dict[str, str]
+
+
+def cnp(name: str, tier: str, *egress: dict[str, Any]) -> ClusterNetworkPolicy:
+    spec = {"tier": tier, "priority": 1, "subject": {"namespaces": {}}, "egress": list(egress)}
+    return ClusterNetworkPolicy.from_object(cluster_network_policy_object(name, spec))
+
+
+TO_DOMAIN = {"name": "dns", "action": "Accept", "to": [{"domainNames": ["example.com"]}]}
+TO_NET = {"action": "Deny", "to": [{"networks": ["192.0.2.0/24"]}]}
+
+
+def test_status_counts_cluster_policies_per_tier_and_bounds_what_it_lists():
+    policies = {f"p{i:02}": cnp(f"p{i:02}", "Admin", TO_NET, TO_DOMAIN) for i in range(12)}
+    policies["base"] = cnp("base", "Baseline", TO_NET)
+    refused = {f"NetworkPolicy x/bad{i}": "spec.policyTypes[0]: expected Ingress or Egress" for i in range(3)}
+    refused["ClusterNetworkPolicy odd"] = "spec.tier: expected Admin or Baseline"
+    view = policy_watch_view(Watched(policies, refused), limit=5)
+    assert view["cluster_policies"] == {"Admin": 12, "Baseline": 1}
+    assert view["refused_total"] == 4 and len(view["refused"]) == 4
+    assert view["refused"][0] == {"object": "ClusterNetworkPolicy odd", "why": "spec.tier: expected Admin or Baseline"}
+    assert view["fail_closed_total"] == 12 and len(view["fail_closed"]) == 5
+    first = view["fail_closed"][0]
+    assert first["policy"] == "p00" and first["rule"].startswith("spec.egress[1] (dns): ")
+    assert "domain name" in first["rule"]
+    json.dumps(view)  # what the admin socket sends
+
+    pol = {"error": None, "applied": True, "applied_resource_version": 7, "isolated_pods": 2, "chains": 3, "sets": 4}
+    lines = policy_lines({**pol, **view})
+    assert lines[1] == "cluster     13 ClusterNetworkPolicies (12 Admin, 1 Baseline)"
+    assert lines[2] == "refused     ClusterNetworkPolicy odd: spec.tier: expected Admin or Baseline"
+    fail_closed = [line for line in lines if line.startswith("fail-closed")]
+    assert fail_closed == [f"fail-closed ClusterNetworkPolicy p00 {first['rule']}"]
+    assert lines[-1] == "            … and 7 more"
+    assert len(lines) == 1 + 1 + 4 + 5 + 1
+    # An agent of before (no watcher view in its answer) still renders.
+    assert policy_lines(pol) == lines[:1]
+    empty = policy_lines({**pol, **policy_watch_view(Watched({}, {}))})
+    assert empty[1:] == ["cluster     0 ClusterNetworkPolicies (0 Admin, 0 Baseline)"]

@@ -10,6 +10,7 @@ with flock.model.NodeConfig on what is valid.
 from __future__ import annotations
 
 import copy
+import hashlib
 import ipaddress
 import json
 import os
@@ -33,7 +34,15 @@ from flock.model import InvalidObject, NodeConfig
 from flock.testing import k8s_schema
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-MANIFESTS = ("crd-nodeconfig.yaml", "rbac.yaml", "bird-bootstrap.yaml", "daemonset.yaml")
+MANIFESTS = (
+    "crd-nodeconfig.yaml",
+    "crd-clusternetworkpolicy.yaml",
+    "rbac.yaml",
+    "bird-bootstrap.yaml",
+    "daemonset.yaml",
+)
+# kubernetes-sigs/network-policy-api v0.2.0, config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml
+CNP_CRD_SHA256 = "995a7463dffb48b26ffb816bfec860ae1bc533bca364fda15b9f74f8c10b9882"
 # The oldest Kubernetes whose CRD validation has the IP/CIDR CEL library the CRD uses.
 MIN_KUBERNETES = "1.31"
 HEALTH_PORT = 9464
@@ -53,8 +62,12 @@ def one(kind: str, objects: list[dict[str, Any]] | None = None) -> dict[str, Any
     return found[0]
 
 
+def nodeconfig_crd() -> dict[str, Any]:
+    return one("CustomResourceDefinition", load("crd-nodeconfig.yaml"))
+
+
 def crd_schema() -> dict[str, Any]:
-    (version,) = one("CustomResourceDefinition")["spec"]["versions"]
+    (version,) = nodeconfig_crd()["spec"]["versions"]
     return version["schema"]["openAPIV3Schema"]
 
 
@@ -122,7 +135,7 @@ def test_kustomization_lists_every_manifest():
 
 
 def test_crd_identity():
-    crd = one("CustomResourceDefinition")
+    crd = nodeconfig_crd()
     spec = crd["spec"]
     assert crd["metadata"]["name"] == "nodeconfigs.flock.fritzlab.net"
     assert (spec["group"], spec["scope"], spec["names"]["kind"], spec["names"]["plural"]) == (
@@ -134,6 +147,33 @@ def test_crd_identity():
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
     assert crd_schema()["properties"]["spec"]["required"] == ["cidr6"]
+
+
+def test_clusternetworkpolicy_crd_is_upstreams_experimental_v0_2_0_unmodified():
+    # Unmodified: byte for byte what upstream ships (a new version is a new file and a new digest).
+    assert hashlib.sha256((DEPLOY / "crd-clusternetworkpolicy.yaml").read_bytes()).hexdigest() == CNP_CRD_SHA256
+    crd = one("CustomResourceDefinition", load("crd-clusternetworkpolicy.yaml"))
+    annotations = crd["metadata"]["annotations"]
+    assert annotations["policy.networking.k8s.io/bundle-version"] == "v0.2.0"
+    assert annotations["policy.networking.k8s.io/channel"] == "experimental"
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"], spec["names"]["kind"], spec["names"]["plural"]) == (
+        "policy.networking.k8s.io",
+        "Cluster",
+        "ClusterNetworkPolicy",
+        "clusternetworkpolicies",
+    )
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha2", True, True)
+    # The experimental channel's egress peers, nodes among them (why flock ships this channel).
+    peer = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["egress"]["items"]
+    assert set(peer["properties"]["to"]["items"]["properties"]) == {
+        "namespaces",
+        "pods",
+        "nodes",
+        "networks",
+        "domainNames",
+    }
 
 
 def _schema_nodes(schema: dict[str, Any], path: str = "$"):
@@ -455,7 +495,7 @@ def test_patterns_accept_only_what_ipaddress_parses(patterns, text):
 # --- RBAC -------------------------------------------------------------------
 
 
-def test_rbac_grants_only_read_on_pods_namespaces_networkpolicies_and_nodeconfigs():
+def test_rbac_grants_only_read_on_what_the_agent_watches():
     objects = all_objects()
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     grants = set()
@@ -471,10 +511,11 @@ def test_rbac_grants_only_read_on_pods_namespaces_networkpolicies_and_nodeconfig
             ("", "pods"),
             ("", "namespaces"),
             ("networking.k8s.io", "networkpolicies"),
+            ("policy.networking.k8s.io", "clusternetworkpolicies"),
             ("flock.fritzlab.net", "nodeconfigs"),
         )
         for verb in ("get", "list", "watch")
-    }
+    } | {("", "nodes", "list"), ("", "nodes", "watch")}
     (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
     sa = one("ServiceAccount")
     assert binding["roleRef"] == {

@@ -6,7 +6,9 @@ IPv6 and IPv4.  Each case applies policies with ``flock-lab apply``, waits with
 ``flock-lab policy wait``, measures with ``flock-lab matrix --json`` and
 compares with a truth table written by hand (flock.testing.netpol), as the
 upstream tests do.  Everything goes through the lab's command line, in this
-process (``flock.lab.cli.main``) or as ``flock-lab`` itself for exit codes.
+process (``flock.lab.cli.main``) or as ``flock-lab`` itself for exit codes
+(:class:`flock.testing.netpol.Lab`; the lab is the netpol stage's one, shared
+with test_cnp_e2e.py: tests/lab/conftest.py).
 
 Slow (one lab, nine pods, ~30 matrices): marked ``netpol``, run by .ci/run
 after the main suite.
@@ -14,106 +16,15 @@ after the main suite.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
-import shutil
 import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from flock.lab import LabPlan, load_pods
-from flock.lab.cli import main
-from flock.testing.netpol import MODEL, Peer, Reachability
+from flock.testing.netpol import MODEL, NS_LABEL, Lab, Peer, Reachability
 
 pytestmark = pytest.mark.netpol
-
-NODE_OF = {"a": "node1", "b": "node2", "c": "node1"}
-NS_LABEL = "kubernetes.io/metadata.name"
-
-
-class Lab:
-    """flock-lab's command line, in this process, on one lab directory."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.applied: set[tuple[str, str]] = set()  # NetworkPolicies to delete after a case
-        self.plan = LabPlan.make(directory, 2)
-
-    def run(self, *args: str) -> tuple[int, str]:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = main([*args, "--dir", str(self.dir)])
-        return code, out.getvalue()
-
-    def ok(self, *args: str) -> str:
-        code, out = self.run(*args)
-        assert code == 0, f"flock-lab {' '.join(args)}: exit {code}: {out}"
-        return out
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``flock-lab`` as its own process (exit codes as a user sees them)."""
-        exe = Path(sys.executable).parent / "flock-lab"
-        return subprocess.run(
-            [str(exe), *args, "--dir", str(self.dir)], capture_output=True, text=True, timeout=60, check=False
-        )
-
-    def apply(self, *docs: dict[str, Any], wait: bool = True) -> None:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump_all(docs, f)
-        try:
-            self.ok("apply", f.name)
-        finally:
-            os.unlink(f.name)
-        for doc in docs:
-            if doc["kind"] == "NetworkPolicy":
-                self.applied.add((doc["metadata"]["namespace"], doc["metadata"]["name"]))
-        if wait:
-            self.wait()
-
-    def delete(self, namespace: str, name: str, wait: bool = True) -> None:
-        self.ok("delete", "networkpolicy", f"{namespace}/{name}")
-        self.applied.discard((namespace, name))
-        if wait:
-            self.wait()
-
-    def wait(self) -> None:
-        out = self.ok("policy", "wait", "--timeout", "30", "--json")
-        assert json.loads(out)["ok"], out
-
-    def matrix(self, ports: Sequence[str], family: int = 6) -> list[dict[str, Any]]:
-        args = ["matrix", "--json", "--family", str(family)]
-        for p in ports:
-            args += ["--port", p]
-        return json.loads(self.ok(*args))["results"]
-
-    def check(self, want: Reachability, ports: Sequence[str] = ("80/TCP",), family: int = 6) -> None:
-        results = self.matrix(ports, family)
-        problems = [m for p in ports for m in want.mismatches(results, p, family)]
-        tables = "\n\n".join(want.table(results, p, family) for p in ports)
-        assert not problems, f"{len(problems)} probes differ:\n" + "\n".join(problems[:20]) + "\n\n" + tables
-
-    def address(self, pod: str, family: int) -> str:
-        (found,) = [p for p in load_pods(self.plan) if p.key == pod]
-        return found.addresses(family)[0]
-
-    def reset(self) -> None:
-        """Back to the model: no policies, the model's labels."""
-        for namespace, name in sorted(self.applied):
-            self.ok("delete", "networkpolicy", f"{namespace}/{name}")
-        self.applied.clear()
-        for ns in MODEL.namespaces:
-            self.ok("ns", "label", ns, f"ns={ns}", "--remove", "team")
-            for p in MODEL.pod_names:
-                self.ok("pod", "label", f"{ns}/{p}", f"pod={p}", "--remove", "role")
-        self.wait()
 
 
 def policy(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -127,36 +38,6 @@ def policy(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def pods_labelled(pod: str) -> dict[str, Any]:
     return {"matchLabels": {"pod": pod}}
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    if os.geteuid() != 0:
-        pytest.fail("the NetworkPolicy e2e tests need root (network namespaces, nftables); CI runs as root")
-    for tool in ("bird", "birdc", "nft"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found: scripts/bootstrap installs bird2 and nftables")
-    # Unix socket paths hold at most 108 bytes: a short directory of our own.
-    lab = Lab(Path(tempfile.mkdtemp(prefix="flnp-", dir="/run")))
-    try:
-        lab.ok("up", "--nodes", "2")
-        for ns in MODEL.namespaces:
-            lab.ok("ns", "add", ns, "--label", f"ns={ns}")
-            for p in MODEL.pod_names:
-                ports = [arg for port in MODEL.port_args() for arg in ("--port", port)]
-                lab.ok("pod", "add", NODE_OF[p], f"{ns}/{p}", "--label", f"pod={p}", *ports)
-        lab.wait()
-        yield lab
-    finally:
-        code, out = lab.run("down")
-        assert code == 0, out
-        shutil.rmtree(lab.dir, ignore_errors=True)
-
-
-@pytest.fixture
-def model(lab: Lab) -> Iterator[Lab]:
-    yield lab
-    lab.reset()
 
 
 def everything(connected: bool = True) -> Reachability:

@@ -63,7 +63,9 @@ items:
     assert [d["kind"] for d in docs] == ["NetworkPolicy", "Namespace"]
     assert [_resource_of(d, "doc") for d in docs] == [NETWORKPOLICIES, NAMESPACES]
     with pytest.raises(
-        LabError, match=r"v1 Pod: the lab applies networking\.k8s\.io/v1 NetworkPolicy and v1 Namespace"
+        LabError,
+        match=r"v1 Pod: the lab applies networking\.k8s\.io/v1 NetworkPolicy, "
+        r"policy\.networking\.k8s\.io/v1alpha2 ClusterNetworkPolicy and v1 Namespace",
     ):
         _resource_of({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}, "document 1")
     with pytest.raises(LabError, match=r"no metadata\.name"):

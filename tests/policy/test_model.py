@@ -219,3 +219,116 @@ async def test_inputs_wake_readers_once_per_burst_and_skip_no_ops() -> None:
     inputs.delete(Kind.POD, "x/a")
     inputs.delete(Kind.POD, "x/a")
     assert inputs.snapshot().pods == {}
+
+
+# ---- ClusterNetworkPolicy ------------------------------------------------------------------------
+
+
+def _cnp_doc(**spec: object) -> dict:
+    base: dict = {"tier": "Admin", "priority": 10, "subject": {"namespaces": {}}}
+    return {"metadata": {"name": "c", "resourceVersion": "7"}, "spec": {**base, **spec}}
+
+
+def test_a_cluster_network_policy_is_read_with_every_peer_and_protocol() -> None:
+    from flock.policy import Action, ClusterNetworkPolicy, ClusterPort, Tier
+
+    cnp = ClusterNetworkPolicy.from_object(
+        _cnp_doc(
+            tier="Baseline",
+            subject={"pods": {"namespaceSelector": {"matchLabels": {"t": "x"}}, "podSelector": {}}},
+            ingress=[{"name": "in", "action": "Pass", "from": [{"namespaces": {}}, {"pods": {"podSelector": {}}}]}],
+            egress=[
+                {
+                    "action": "Deny",
+                    "to": [{"networks": ["2001:db8::1/32", "192.0.2.0/24", "2001:db8::/32"]}, {"nodes": {}}],
+                    "protocols": [
+                        {"tcp": {"destinationPort": {"number": 80}}},
+                        {"udp": {"destinationPort": {"range": {"start": 53, "end": 54}}}},
+                        {"destinationNamedPort": "http"},
+                    ],
+                }
+            ],
+        )
+    )
+    assert cnp.tier is Tier.BASELINE and cnp.priority == 10 and cnp.resource_version == "7"
+    assert cnp.subject_pods is not None and cnp.uses_nodes and cnp.unreadable_rules() == []
+    assert [str(n) for n in cnp.egress[0].peers[0].networks] == ["192.0.2.0/24", "2001:db8::/32"]  # masked, once
+    assert cnp.egress[0].protocols == (
+        ClusterPort(Protocol.TCP, 80, 80),
+        ClusterPort(Protocol.UDP, 53, 54),
+        ClusterPort(named="http"),
+    )
+    assert cnp.ingress[0].action is Action.PASS and cnp.ingress[0].name == "in"
+
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"tier": "Tenant"}, "spec.tier"),
+        ({"tier": "x" * 100_000}, "spec.tier"),
+        ({"priority": 1001}, "spec.priority"),
+        ({"priority": True}, "spec.priority"),
+        ({"priority": "5"}, "spec.priority"),
+        ({"subject": {"namespaces": {}, "pods": {"podSelector": {}}}}, "spec.subject"),
+        ({"subject": {"services": {}}}, "spec.subject"),
+        ({"subject": {"namespaces": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}}, "spec.subject"),
+        ({"ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}] * 26}, "spec.ingress"),
+    ],
+)
+def test_a_cluster_network_policy_flock_cannot_place_is_refused_naming_the_field(spec, field) -> None:
+    from flock.policy import ClusterNetworkPolicy
+
+    with pytest.raises(InvalidObject) as err:
+        ClusterNetworkPolicy.from_object(_cnp_doc(**spec))
+    assert err.value.field.startswith(field) and len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize(
+    "rule, why",
+    [
+        ({"action": "Deny", "to": [{"services": {"name": "x"}}]}, "'services' is no egress peer"),
+        ({"action": "Deny", "to": [{"networks": ["::/0"], "nodes": {}}]}, "exactly one field expected"),
+        ({"action": "Accept", "to": [{"domainNames": ["example.org"]}]}, "does not implement domain name"),
+        ({"action": "Pass", "to": [{"nodes": {}}], "protocols": [{"tcp": {}}]}, "expected destinationPort"),
+        ({"action": "Deny", "to": [{"nodes": {}}], "protocols": [{"icmp": {"type": 8}}]}, "no protocol match"),
+        (
+            {"action": "Deny", "to": [{"nodes": {}}], "protocols": [{"tcp": {"destinationPort": {"range": {"start": 9, "end": 9}}}}]},
+            "start < end",
+        ),
+        ({"action": "Deny", "to": [{"networks": ["2001:db8::/129"]}]}, "is not a CIDR"),
+        ({"action": "Deny", "to": [{"networks": ["x" * 5000]}]}, "is not a CIDR"),
+        ({"action": "Log", "to": [{"nodes": {}}]}, "action 'Log' unknown"),
+        ({"action": "Deny", "to": []}, "1-25 peers"),
+    ],
+)  # fmt: skip
+def test_a_rule_flock_cannot_read_fails_closed_and_says_why(rule, why) -> None:
+    from flock.policy import Action, ClusterNetworkPolicy
+
+    cnp = ClusterNetworkPolicy.from_object(_cnp_doc(egress=[rule, {"action": "Accept", "to": [{"nodes": {}}]}]))
+    first, second = cnp.egress
+    assert why in first.unreadable and len(first.unreadable) < 300
+    assert first.action is (Action.DENY if rule["action"] == "Log" else Action(rule["action"]))
+    assert not second.unreadable  # the rest of the policy is read and applied
+    assert cnp.unreadable_rules() == [f"spec.egress[0]: {first.unreadable}"]
+
+
+def test_a_node_keeps_its_labels_and_ip_addresses_only() -> None:
+    from flock.policy import PolicyNode
+
+    node = PolicyNode.from_object(
+        {
+            "metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "status": {
+                "addresses": [
+                    {"type": "Hostname", "address": "n1"},
+                    {"type": "InternalIP", "address": "2001:db8::10"},
+                    {"type": "ExternalIP", "address": "192.0.2.1"},
+                    {"type": "InternalIP", "address": "2001:db8::10"},
+                    "junk",
+                ],
+                "conditions": [{"type": "Ready"}],
+            },
+        }
+    )
+    assert node.label_map == {"zone": "a"}
+    assert [str(a) for a in node.addresses] == ["192.0.2.1", "2001:db8::10"]

@@ -18,6 +18,7 @@ import trio
 
 from flock.model import Allocation
 from flock.policy import (
+    ClusterNetworkPolicy,
     Endpoint,
     Kind,
     Namespace,
@@ -29,6 +30,7 @@ from flock.policy import (
     compile_ruleset,
     evaluate,
 )
+from flock.policy import PolicyNode as ClusterNode
 from flock.policy._apply import NftApplier, nft_available
 from flock.policy._backend import LibNftables, NftCommand, NftError
 from flock.testing.netns import NetnsPool
@@ -118,9 +120,30 @@ B_EGRESS_UDP_TO_C = {
 }
 
 
-def _matrix(w: World, policies: list[NetworkPolicy]) -> list[tuple[str, str, str, int, str, bool, bool]]:
-    """(src, dst, family, port, proto, expected, observed) for every pod pair, port and family."""
+def _matrix(
+    w: World,
+    policies: list[NetworkPolicy],
+    cnps: list[ClusterNetworkPolicy] | None = None,
+    nodes: list[ClusterNode] | None = None,
+) -> list[tuple[str, str, str, int, str, bool, bool]]:
+    """(src, dst, family, port, proto, expected, observed) for every pod pair, port and family
+    (with *cnps*, every pod to the node's own addresses too: dst "node")."""
     cases = []
+    if cnps is not None:
+        node_ep = {6: w.node.node_ip6, 4: w.node.node_ip4}
+        for (sk, src), fam, (port, proto) in itertools.product(w.pods.items(), (6, 4), PORTS):
+            saddr = src.ip6 if fam == 6 else src.ip4
+            want = evaluate(
+                policies,
+                w.namespaces,
+                Endpoint(ipaddress.ip_address(saddr), w.policy_pods[sk]),
+                Endpoint(ipaddress.ip_address(node_ep[fam]), node="n1"),
+                port,
+                Protocol(proto.upper()),
+                cnps,
+                nodes or (),
+            )
+            cases.append((sk, "node", fam, port, proto, want, src, node_ep[fam]))
     for (sk, src), (dk, dst) in itertools.permutations(w.pods.items(), 2):
         for fam, (port, proto) in itertools.product((6, 4), PORTS):
             daddr = dst.ip6 if fam == 6 else dst.ip4
@@ -132,6 +155,8 @@ def _matrix(w: World, policies: list[NetworkPolicy]) -> list[tuple[str, str, str
                 Endpoint(ipaddress.ip_address(daddr), w.policy_pods[dk]),
                 port,
                 Protocol(proto.upper()),
+                cnps or (),
+                nodes or (),
             )
             cases.append((sk, dk, fam, port, proto, want, src, daddr))
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -177,6 +202,77 @@ async def test_kernel_enforces_what_the_reference_says(world: World) -> None:
         # libnftables' backend reads them with a netlink rule dump: the same figures as nft's own listing
         listed = await NftCommand(("ip", "netns", "exec", w.node.node.name, "nft")).counters("flock")
         assert counters == listed and any(b for _, b in counters.values())
+
+
+def _cnp(name: str, tier: str, priority: int, subject: dict, **rules: list[dict]) -> ClusterNetworkPolicy:
+    spec = {"tier": tier, "priority": priority, "subject": subject, **rules}
+    return ClusterNetworkPolicy.from_object({"metadata": {"name": name}, "spec": spec})
+
+
+TCP81 = [{"tcp": {"destinationPort": {"number": 81}}}]
+TIERS = [
+    # Admin: nothing from y reaches x on 81/tcp, whatever a NetworkPolicy says
+    _cnp("deny-y-81", "Admin", 10, {"namespaces": {"matchLabels": {"team": "x"}}},
+         ingress=[{"name": "no-81", "action": "Deny", "from": [{"namespaces": {"matchLabels": {"team": "y"}}}],
+                   "protocols": TCP81}]),
+    # Admin: x/a's ingress from anyone passes on to its NetworkPolicies (the Baseline below never sees it)
+    _cnp("pass-a", "Admin", 20, {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}},
+         ingress=[{"action": "Pass", "from": [{"namespaces": {}}]}]),
+    # Admin: y's pods reach no node on 80/tcp (their own included: the input hook) and not 192.0.2.10 on UDP
+    _cnp("y-out", "Admin", 5, {"namespaces": {"matchLabels": {"team": "y"}}},
+         egress=[{"name": "no-kubelet", "action": "Deny", "to": [{"nodes": {"matchLabels": {"zone": "a"}}}],
+                  "protocols": [{"tcp": {"destinationPort": {"range": {"start": 79, "end": 80}}}}]},
+                 {"action": "Deny", "to": [{"networks": ["192.0.2.10/32", "2001:db8:1::a/128"]}],
+                  "protocols": [{"udp": {"destinationPort": {"number": 80}}}]},
+                 {"action": "Accept", "to": [{"networks": ["::/0", "0.0.0.0/0"]}]}]),
+    # Baseline: nothing reaches a pod labelled app=b from app=c — unless a NetworkPolicy isolates it
+    _cnp("baseline-b", "Baseline", 1, {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "b"}}}},
+         ingress=[{"action": "Deny", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "c"}}}}]}]),
+]  # fmt: skip
+NODE_N1 = ClusterNode.from_object(
+    {
+        "metadata": {"name": "n1", "labels": {"zone": "a"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": a} for a in ("2001:db8:ffff::1", "198.51.100.1")]},
+    }
+)
+
+
+async def test_kernel_enforces_the_tiers_as_the_reference_says(world: World) -> None:
+    """Admin Deny over a NetworkPolicy allow, Admin Pass to NetworkPolicy, Baseline where no NetworkPolicy
+    isolates, nodes and networks peers (a pod reaching its own node: the input hook), ranges; and the
+    per-rule counters name the ClusterNetworkPolicy and its rule."""
+    w = world
+    w.node.serve(SERVE)
+    policies = _policies(ALLOW_Y_TO_A_80, {**DENY_X, "metadata": {"namespace": "x", "name": "deny"}})
+    policies = [p for p in policies if p.name == "y-to-a"]  # x/a isolated (ingress), x/b not: Baseline's
+    with trio.fail_after(120):
+        pods = w.policy_pods
+        rs = compile_ruleset(policies, w.namespaces, pods.values(), pods.values(), TIERS, [NODE_N1])
+        assert (await w.applier.apply(rs)).mode == "full"
+        rows = await trio.to_thread.run_sync(_matrix, w, policies, TIERS, [NODE_N1])
+        wrong = [r for r in rows if r[5] != r[6]]
+        assert not wrong, wrong
+        assert ("y/c", "x/a", "6", 80, "tcp", True, True) in rows  # Pass → the NetworkPolicy allows it
+        assert ("y/c", "x/a", "6", 81, "tcp", False, False) in rows  # Admin Deny
+        assert ("x/b", "x/a", "4", 80, "tcp", False, False) in rows  # Pass → the NetworkPolicy denies it
+        assert ("y/c", "x/b", "6", 80, "tcp", False, False) in rows  # Baseline deny (x/b not isolated)
+        assert ("x/a", "x/b", "6", 80, "tcp", True, True) in rows
+        assert ("y/c", "node", "6", 80, "tcp", False, False) in rows  # its own node, in the input hook
+        assert ("y/c", "node", "4", 81, "tcp", True, True) in rows
+        assert ("x/a", "node", "6", 80, "tcp", True, True) in rows
+        assert ("y/c", "x/a", "4", 80, "udp", False, False) in rows  # networks, IPv4
+        assert ("y/c", "x/a", "6", 80, "udp", False, False) in rows  # networks, IPv6
+        # the node still reaches every pod (kubelet probes), and NDP/ARP to the gateway still work
+        for pod in w.pods.values():
+            assert await trio.to_thread.run_sync(probe, w.node.node, pod.ip6, 80, "tcp")
+        counters = await w.applier.counters()
+        per_rule: dict[tuple[str, str], int] = {}
+        for chain, owners in rs.tier_rules.items():
+            for i, owner in enumerate(owners):
+                per_rule[owner] = per_rule.get(owner, 0) + counters.get(f"{chain}#{i}", (0, 0))[0]
+        assert per_rule[("deny-y-81", "no-81")] > 0 and per_rule[("y-out", "no-kubelet")] > 0
+        listed = await NftCommand(("ip", "netns", "exec", w.node.node.name, "nft")).counters("flock")
+        assert counters == listed
 
 
 async def test_sctp_rules_are_loaded(world: World) -> None:
@@ -263,6 +359,7 @@ async def test_service_gate_returns_with_the_pods_rules_in_the_kernel(world: Wor
     policies = _policies(DENY_X, ALLOW_Y_TO_A_80)
     inputs.replace(Kind.NETWORK_POLICY, {p.key: p for p in policies})
     inputs.replace(Kind.NAMESPACE, {n.name: n for n in w.namespaces})
+    inputs.replace(Kind.CLUSTER_POLICY, {})
     inputs.replace(Kind.POD, {k: attrs.evolve(p, host_veth=None) for k, p in w.policy_pods.items()})
     veths = {f"cid-{k}": w.pods[k].veth for k in w.pods}
     svc = PolicyService(inputs, local, w.applier, "n1", veths.__getitem__)

@@ -15,6 +15,7 @@ from flock.fnv import fnv1a_32
 from flock.model import Allocation
 from flock.policy import (
     POLICY_GATE,
+    ClusterNetworkPolicy,
     Kind,
     Namespace,
     NetworkPolicy,
@@ -70,6 +71,7 @@ def complete(inputs: PolicyInputs, policies=(), pods=()) -> None:
     inputs.replace(Kind.NETWORK_POLICY, {p.key: p for p in policies})
     inputs.replace(Kind.NAMESPACE, {"x": Namespace("x")})
     inputs.replace(Kind.POD, {p.key: p for p in pods})
+    inputs.replace(Kind.CLUSTER_POLICY, {})
 
 
 def service(inputs, local, applier, **kw) -> PolicyService:
@@ -84,6 +86,7 @@ async def test_nothing_applied_before_every_kind_is_listed(autojump_clock: trio.
             await nursery.start(svc.run)
             inputs.replace(Kind.NETWORK_POLICY, {DENY.key: DENY})
             inputs.replace(Kind.NAMESPACE, {})
+            inputs.replace(Kind.CLUSTER_POLICY, {})
             await trio.sleep(5)
             assert applier.applied == [] and gates.gates[POLICY_GATE] == WAITING_FOR_WATCHERS
             inputs.replace(Kind.POD, {})
@@ -347,3 +350,70 @@ async def test_remote_churn_reaches_the_table_as_element_changes(autojump_clock:
             agreed()
             assert not any(applier.applied.address_sets[n].elements for n in applier.applied.address_sets)
             nursery.cancel_scope.cancel()
+
+
+def _cnp(name: str, tier: str, priority: int, **rules: list) -> ClusterNetworkPolicy:
+    spec = {"tier": tier, "priority": priority, "subject": {"namespaces": {}}, **rules}
+    return ClusterNetworkPolicy.from_object({"metadata": {"name": name}, "spec": spec})
+
+
+FROM_ALL = [{"namespaces": {}}]
+
+
+async def test_cluster_policies_alone_isolate_and_report_ties_and_rules_failing_closed(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No NetworkPolicy at all: an Admin tier policy alone gives the pod its chains (ADD waits for them);
+    two policies sharing tier and priority, and a rule flock cannot read, are logged once and counted."""
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    metrics = PolicyMetrics(CollectorRegistry())
+    svc = service(inputs, local, applier, metrics=metrics)
+    complete(inputs, [], [WEB])
+    deny = _cnp("a-deny", "Admin", 5, ingress=[{"action": "Deny", "from": FROM_ALL}])
+    twin = _cnp("b-twin", "Admin", 5, egress=[{"action": "Pass", "to": [{"domainNames": ["example.org"]}]}])
+    base = _cnp("base", "Baseline", 5, ingress=[{"name": "open", "action": "Accept", "from": FROM_ALL}])
+    a = alloc("c1", "x/web", "2001:db8:1::1")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(a)
+            await svc.ensure(a)
+            assert applier.applied[-1][1].ingress_map == {}  # nothing selects the pod yet
+            for cnp in (deny, twin, base):
+                inputs.set_cluster_policy(cnp)
+            await trio.sleep(1)
+            rs = applier.applied[-1][1]
+            v = veth("c1")
+            assert set(rs.ingress_map) == set(rs.egress_map) == set(rs.node_map) == {v}
+            ingress = [r.verdict for r in rs.chains[rs.ingress_map[v]].rules]
+            assert [t[:5] for t in ingress] == ["jump "] * 2 and [t[5:10] for t in ingress] == ["ta-i-", "tb-i-"]
+            egress = [r.verdict for r in rs.chains[rs.egress_map[v]].rules]
+            assert egress == [f"jump {rs.node_map[v]}"] and rs.node_map[v].startswith("ta-e-")  # no drop: no NP
+            assert set(rs.tier_rules) == {rs.node_map[v], *(t[5:] for t in ingress)}
+            registry = metrics.registry
+            assert registry.get_sample_value("flock_policy_cluster_policies", {"tier": "Admin"}) == 2
+            assert registry.get_sample_value("flock_policy_cluster_policies", {"tier": "Baseline"}) == 1
+            assert registry.get_sample_value("flock_policy_cluster_priority_ties") == 2
+            assert registry.get_sample_value("flock_policy_cluster_rules_failing_closed") == 1
+            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert sum("share tier Admin and priority 5" in w for w in warnings) == 1
+            assert sum("b-twin: 1 rule(s) fail closed" in w for w in warnings) == 1
+            inputs.set_pod(attrs.evolve(WEB, labels={"app": "web", "v": "2"}))  # another change: no new lines
+            await trio.sleep(1)
+            assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == warnings
+            nursery.cancel_scope.cancel()
+
+
+def test_per_rule_counters_are_summed_by_policy_and_rule_over_the_chains_that_inline_them() -> None:
+    metrics = PolicyMetrics(CollectorRegistry())
+    owners = (("deny", "no-81"), ("deny", "no-81"), ("deny", "ingress[1]"))
+    rs = Ruleset(tier_rules={"ta-i-0001": owners, "ta-i-0002": owners[:1], "tb-e-0003": (("base", "open"),)})
+    per_chain = {"ta-i-0001#0": (3, 300), "ta-i-0001#1": (1, 100), "ta-i-0001#2": (7, 0), "ta-i-0002#0": (2, 20)}
+    metrics.counters(rs, {**per_chain, "tb-e-0003#0": (5, 50)}, {})
+    get = metrics.registry.get_sample_value
+    labels = {"policy": "deny", "rule": "no-81", "tier": "Admin", "direction": "Ingress"}
+    assert get("flock_policy_cluster_rule_packets_total", labels) == 6
+    assert get("flock_policy_cluster_rule_bytes_total", labels) == 420
+    assert get("flock_policy_cluster_rule_packets_total", {**labels, "rule": "ingress[1]"}) == 7
+    base = {"policy": "base", "rule": "open", "tier": "Baseline", "direction": "Egress"}
+    assert get("flock_policy_cluster_rule_packets_total", base) == 5
