@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -140,6 +140,11 @@ class ClusterNetworkPolicy:
             return False
         return self.subject_pods is None or self.subject_pods.matches(pod.label_map)
 
+    @classmethod
+    def read(cls, obj: Mapping[str, Any]) -> ClusterNetworkPolicy:
+        """:meth:`from_object`, with anything malformed an :class:`InvalidObject` (never another exception)."""
+        return _guarded(KIND, cls.from_object, obj)
+
     def unreadable_rules(self) -> list[str]:
         """``spec.ingress[0] (name): why`` for every rule that fails closed."""
         out = []
@@ -201,8 +206,7 @@ def _subject(name: str, raw: Any) -> tuple[LabelSelector, LabelSelector | None]:
         raise InvalidObject(KIND, name, "spec.subject", _brief(raw), "namespaces or pods")
     known = [k for k in ("namespaces", "pods") if raw.get(k) is not None]
     if len(known) != 1:
-        fields = ", ".join(sorted(str(k)[:40] for k in raw)) or "none"
-        raise InvalidObject(KIND, name, "spec.subject", fields, "exactly one of namespaces, pods")
+        raise InvalidObject(KIND, name, "spec.subject", _fields(raw), "exactly one of namespaces, pods")
     if known[0] == "namespaces":
         return _selector(name, "spec.subject.namespaces", raw["namespaces"]), None
     pods = raw["pods"]
@@ -230,6 +234,8 @@ def _rule(raw: Any, direction: str, peers_key: str) -> ClusterRule:
         # Not Accept, whatever it is: failing closed, it denies.
         return ClusterRule(Action.DENY, name=name, unreadable=f"action {_brief(raw.get('action'))!r} unknown")
     try:
+        if rule_name is not None and not isinstance(rule_name, str):
+            raise _Unreadable(f"name {_brief(rule_name)!r} is not a string")
         if isinstance(rule_name, str) and len(rule_name) > MAX_RULE_NAME:
             raise _Unreadable(f"name longer than {MAX_RULE_NAME} characters")
         peers = _peers(raw.get(peers_key), direction, peers_key)
@@ -245,10 +251,19 @@ def _one_field(raw: Any, where: str, what: str) -> tuple[str, Any]:
     """The one field set in *raw* (the CRD's MinProperties=MaxProperties=1) and its value."""
     if not isinstance(raw, Mapping):
         raise _Unreadable(f"{where}: not {what}")
-    set_fields = [str(k)[:40] for k, v in raw.items() if v is not None]
+    set_fields = [(k, v) for k, v in raw.items() if v is not None]
     if len(set_fields) != 1:
-        raise _Unreadable(f"{where}: exactly one field expected, found {', '.join(sorted(set_fields)) or 'none'}")
-    return set_fields[0], raw[set_fields[0]]
+        raise _Unreadable(f"{where}: exactly one field expected, found {_fields(k for k, _ in set_fields)}")
+    key, value = set_fields[0]
+    return str(key)[:40] if not isinstance(key, str) or len(key) > 40 else key, value
+
+
+def _fields(keys: Iterable[Any]) -> str:
+    """Field names for a message: a few, each cut short."""
+    names = sorted(str(k)[:40] for k in keys)
+    if not names:
+        return "none"
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 _PEER_FIELDS = {"ingress": ("namespaces", "pods"), "egress": ("namespaces", "pods", "nodes", "networks")}
@@ -290,7 +305,8 @@ def _networks(raw: Any, where: str) -> tuple[IPNetwork, ...]:
         raise _Unreadable(f"{where}: expected a list of 1-{MAX_RULES} CIDRs")
     nets: list[IPNetwork] = []
     for i, cidr in enumerate(raw):
-        if not isinstance(cidr, str) or "/" not in cidr or "%" in cidr or len(cidr) > 43:
+        # the CRD's isCIDR: an address and a prefix length (no netmask, no zone)
+        if not isinstance(cidr, str) or "%" in cidr or len(cidr) > 43 or not cidr.partition("/")[2].isdigit():
             raise _Unreadable(f"{where}[{i}]: {_brief(cidr)!r} is not a CIDR")
         try:
             net = ipaddress.ip_network(cidr, strict=False)
@@ -329,13 +345,13 @@ def _protocols(raw: Any) -> tuple[ClusterPort, ...]:
 def _port(protocol: Protocol, raw: Any, where: str) -> ClusterPort:
     if not isinstance(raw, Mapping):
         raise _Unreadable(f"{where}: expected destinationPort")
-    unknown = [str(k)[:40] for k, v in raw.items() if v is not None and k != "destinationPort"]
+    unknown = [k for k, v in raw.items() if v is not None and k != "destinationPort"]
     if unknown:
-        raise _Unreadable(f"{where}: {', '.join(sorted(unknown))} unknown to flock")
+        raise _Unreadable(f"{where}: {_fields(unknown)} unknown to flock")
     dport = raw.get("destinationPort")
     if not isinstance(dport, Mapping):
         raise _Unreadable(f"{where}: expected destinationPort")
-    set_fields = [str(k)[:40] for k, v in dport.items() if v is not None]
+    set_fields = [k for k, v in dport.items() if v is not None]
     if set_fields == ["number"]:
         number = dport["number"]
         if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= 65535:
@@ -349,9 +365,7 @@ def _port(protocol: Protocol, raw: Any, where: str) -> ClusterPort:
         if not ok or not start < end:  # type: ignore[operator]
             raise _Unreadable(f"{where}.destinationPort.range: expected 1 <= start < end <= 65535")
         return ClusterPort(protocol, start, end)  # type: ignore[arg-type]
-    raise _Unreadable(
-        f"{where}.destinationPort: exactly one of number, range expected, found {', '.join(sorted(set_fields)) or 'none'}"
-    )
+    raise _Unreadable(f"{where}.destinationPort: exactly one of number, range expected, found {_fields(set_fields)}")
 
 
 @attrs.frozen(cache_hash=True)
@@ -377,3 +391,20 @@ class PolicyNode:
         # Hostname and DNS entries are names, not addresses: _addresses keeps what parses as an IP.
         ips = [e.get("address") for e in entries if isinstance(e, Mapping)]
         return cls(name, labels, tuple(sorted(_addresses(ips), key=lambda a: (a.version, a))))
+
+    @classmethod
+    def read(cls, obj: Mapping[str, Any]) -> PolicyNode:
+        """:meth:`from_object`, with anything malformed an :class:`InvalidObject` (never another exception)."""
+        return _guarded("Node", cls.from_object, obj)
+
+
+def _guarded(kind: str, read: Any, obj: Any) -> Any:
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("metadata") or {}, Mapping):
+        raise InvalidObject(kind, "", "metadata", _brief(obj), "an object with metadata")
+    try:
+        return read(obj)
+    except InvalidObject:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a shape no API server sends
+        name = str((obj.get("metadata") or {}).get("name", ""))[:253]
+        raise InvalidObject(kind, name, "(object)", _brief(exc), "an object the CRD's schema allows") from None

@@ -282,6 +282,7 @@ class _PolicyChains:
 @attrs.define(eq=False)
 class _RuleBuilder:
     families: tuple[int, ...]
+    nodes_known: bool = True  # Nodes listed: else a nodes peer fails closed
     specs: dict[str, SetSpec] = attrs.field(factory=dict)
     static: dict[str, AddressSet | PortSet] = attrs.field(factory=dict)
 
@@ -348,8 +349,9 @@ class _RuleBuilder:
         if rule.unreadable:
             # Fails closed (the CRD's words): an Accept rule matches nothing, a Deny or Pass rule denies all.
             return [] if rule.action is Action.ACCEPT else [Rule(Match(), "drop")]
-        # (family, address set, whose named ports a destination's may be: _NO_PODS for nodes)
-        targets: list[tuple[int, str, NamedScope | object]] = []
+        # (family (None: both), address set (None: any address), whose named ports a destination's may be
+        # (_NO_PODS for nodes), the verdict)
+        targets: list[tuple[int | None, str | None, NamedScope | object, str]] = []
         for peer in rule.peers:
             selector = peer.selector
             if selector is not None:
@@ -357,19 +359,24 @@ class _RuleBuilder:
                 for f in self.families:
                     name = selector_set(None, ns_sel, pod_sel, f)
                     self.specs[name] = ("pods", None, ns_sel, pod_sel, f)
-                    targets.append((f, name, (None, ns_sel, pod_sel)))
+                    targets.append((f, name, (None, ns_sel, pod_sel), verdict))
+            elif peer.nodes is not None and not self.nodes_known:
+                # Nodes not listed (yet, or not allowed): any address may be a selected node's. Failing
+                # closed, an Accept matches nothing here and a Deny or Pass denies every address.
+                if rule.action is not Action.ACCEPT:
+                    targets.append((None, None, _NO_PODS, "drop"))
             elif peer.nodes is not None:
                 for f in FAMILIES:
                     name = node_set(peer.nodes, f)
                     self.specs[name] = ("nodes", peer.nodes, f)
-                    targets.append((f, name, _NO_PODS))
+                    targets.append((f, name, _NO_PODS, verdict))
             else:
                 for f in FAMILIES:
                     nets = tuple(n for n in peer.networks if n.version == f)
                     if nets:
                         aset = _networks_set(f, nets)
                         self.static[aset.name] = aset
-                        targets.append((f, aset.name, None))
+                        targets.append((f, aset.name, None, verdict))
         numeric: dict[Protocol, list[tuple[int, int]]] = {}
         names: set[str] = set()
         for cp in rule.protocols:
@@ -383,15 +390,16 @@ class _RuleBuilder:
         # a named port, whatever protocol the destination declares it with
         named = tuple((n, proto) for n in sorted(names) for proto in Protocol)
         out: list[Rule] = []
-        for family, addr_set, scope in targets:
+        for family, addr_set, scope, action in targets:
             saddr, daddr = (addr_set, None) if direction is Direction.INGRESS else (None, addr_set)
             if not rule.protocols:
-                out.append(Rule(Match(family, saddr, daddr), verdict))
+                out.append(Rule(Match(family, saddr, daddr), action))
             if port_match is not None:
-                out.append(Rule(attrs.evolve(port_match, family=family, saddr=saddr, daddr=daddr), verdict))
+                out.append(Rule(attrs.evolve(port_match, family=family, saddr=saddr, daddr=daddr), action))
             if named and scope is not _NO_PODS:
+                assert family is not None
                 where: NamedScope = LOCAL if direction is Direction.INGRESS else scope  # type: ignore[assignment]
-                out.append(Rule(Match(family, saddr, daddr, service=self.service_set(named, family, where)), verdict))
+                out.append(Rule(Match(family, saddr, daddr, service=self.service_set(named, family, where)), action))
         return out
 
 
@@ -410,16 +418,26 @@ class _TierChain:
 
 
 def _tier_chain(
-    policies: tuple[ClusterNetworkPolicy, ...], tier: Tier, direction: Direction, families: tuple[int, ...]
+    policies: tuple[ClusterNetworkPolicy, ...],
+    tier: Tier,
+    direction: Direction,
+    families: tuple[int, ...],
+    nodes_known: bool = True,
 ) -> _TierChain:
-    builder = _RuleBuilder(families)
+    builder = _RuleBuilder(families, nodes_known)
     body: list[Rule] = []
     owners: list[tuple[str, str]] = []
     for cnp in policies:
-        for i, rule in enumerate(cnp.ingress if direction is Direction.INGRESS else cnp.egress):
+        rules_ = cnp.ingress if direction is Direction.INGRESS else cnp.egress
+        names = [r.name for r in rules_ if r.name]
+        for i, rule in enumerate(rules_):
+            # a rule's name labels its counters; unnamed, or a name the policy gives twice: its place too
+            label = f"{direction.value.lower()}[{i}]"
+            if rule.name:
+                label = rule.name if names.count(rule.name) == 1 else f"{rule.name} ({label})"
             rules = builder.cluster_rules(rule, direction)
             body += rules
-            owners += [(cnp.name, rule.name or f"{direction.value.lower()}[{i}]")] * len(rules)
+            owners += [(cnp.name, label)] * len(rules)
     name = tier_chain(tier, direction, tuple(c.key for c in policies))
     return _TierChain(Chain(name, tuple(body)) if body else None, builder.specs, builder.static, tuple(owners))
 
@@ -479,6 +497,8 @@ class Compiler:
         tuple[tuple[ClusterNetworkPolicy, ...], tuple[int, ...], _TierChain],
     ] = attrs.field(init=False, factory=dict)
 
+    _nodes_known: bool = attrs.field(init=False, default=True)
+
     @property
     def policies(self) -> tuple[NetworkPolicy, ...]:
         """The policies last given, by key."""
@@ -489,9 +509,13 @@ class Compiler:
         """Is there any policy (NetworkPolicy or ClusterNetworkPolicy) at all?"""
         return bool(self._policies or self._cluster[Tier.ADMIN] or self._cluster[Tier.BASELINE])
 
-    def set_cluster_policies(self, policies: Iterable[ClusterNetworkPolicy]) -> None:
-        """Compile for these ClusterNetworkPolicies from now on."""
+    def set_cluster_policies(self, policies: Iterable[ClusterNetworkPolicy], nodes_known: bool = True) -> None:
+        """Compile for these ClusterNetworkPolicies from now on (*nodes_known*: Nodes are listed; else the
+        policies' nodes peers fail closed)."""
         by_tier = {t: tuple(sorted((p for p in policies if p.tier is t), key=lambda p: p.order)) for t in Tier}
+        if nodes_known != self._nodes_known:
+            self._nodes_known = nodes_known
+            self._tier_chains = {}
         if by_tier == self._cluster:
             return
         self._cluster = by_tier
@@ -536,7 +560,7 @@ class Compiler:
             and all(a is b or a == b for a, b in zip(hit[0], policies, strict=True))
         ):
             return hit[2]
-        tc = _tier_chain(policies, tier, direction, families)
+        tc = _tier_chain(policies, tier, direction, families, self._nodes_known)
         self._tier_chains[key] = (policies, families, tc)
         return tc
 
@@ -588,10 +612,11 @@ class Compiler:
         local_pods: Iterable[PolicyPod],
         cluster_policies: Iterable[ClusterNetworkPolicy] = (),
         nodes: Iterable[PolicyNode] = (),
+        nodes_known: bool = True,
     ) -> Ruleset:
         locals_ = check_local(local_pods)
         self._set_policies(policies)
-        self.set_cluster_policies(cluster_policies)
+        self.set_cluster_policies(cluster_policies, nodes_known)
         self.namespaces_changed()  # a pure function of its arguments: nothing of the last call's namespaces
         if not self.active:
             # Nothing selects any pod: no chains, no sets (what the full pass below finds, without
@@ -765,6 +790,7 @@ def compile_ruleset(
     local_pods: Iterable[PolicyPod],
     cluster_policies: Iterable[ClusterNetworkPolicy] = (),
     nodes: Iterable[PolicyNode] = (),
+    nodes_known: bool = True,
 ) -> Ruleset:
     """The ruleset enforcing *policies* for *local_pods* (each with ``host_veth``).
 
@@ -773,4 +799,4 @@ def compile_ruleset(
     ``host_veth`` is not a flock veth name.  (:class:`Compiler` computes the
     same, reusing what did not change since its last call.)
     """
-    return Compiler().compile(policies, namespaces, pods, local_pods, cluster_policies, nodes)
+    return Compiler().compile(policies, namespaces, pods, local_pods, cluster_policies, nodes, nodes_known)

@@ -111,6 +111,7 @@ class PolicyEngine:
     # nodes peers, and the nodes (a copy of the inputs' table: what is handed over reads the engine's own state)
     _node_selectors: dict[LabelSelector, NodeSelector] = attrs.field(init=False, factory=dict)
     _nodes: dict[str, PolicyNode] = attrs.field(init=False, factory=dict)
+    _nodes_known: bool = attrs.field(init=False, default=True)
     _handed: Ruleset | None = attrs.field(init=False, default=None)
     _handed_sets: frozenset[str] = attrs.field(init=False, default=frozenset())  # its sets pods fill
     _token: object | None = attrs.field(init=False, default=None)
@@ -159,7 +160,8 @@ class PolicyEngine:
             relabelled |= self._namespace_changed(name)
         for name in changes.nodes:
             self._node_changed(name, changes.nodes[name], self.inputs.nodes.get(name))
-        if changes.policies or changes.cluster_policies:
+        nodes_listed = self.inputs.nodes_known != self._nodes_known  # nodes peers fail closed until then
+        if changes.policies or changes.cluster_policies or nodes_listed:
             self._set_policies()
         # A namespace relabelled can change which ClusterNetworkPolicies select this node's pods.
         subjects_moved = relabelled and self._compiler.active and bool(self.inputs.cluster_policies)
@@ -168,6 +170,7 @@ class PolicyEngine:
         if (
             changes.policies
             or changes.cluster_policies
+            or nodes_listed
             or subjects_moved
             or locals_ != self._locals
             or self._peers.families != self._families
@@ -226,7 +229,8 @@ class PolicyEngine:
         policies = self.inputs.policies.values()
         cluster = self.inputs.cluster_policies.values()
         self._compiler.set_policies(policies)
-        self._compiler.set_cluster_policies(cluster)
+        self._nodes_known = self.inputs.nodes_known
+        self._compiler.set_cluster_policies(cluster, self._nodes_known)
         keys = {
             key
             for policy in policies

@@ -36,7 +36,9 @@ class Kind(enum.Enum):
     NODE = "Node"
 
 
-# What must be listed before a ruleset is applied: Nodes only while a ClusterNetworkPolicy has a nodes peer.
+# What must be listed before a ruleset is applied.  Not Nodes: until they are listed (or when they cannot be),
+# a ClusterNetworkPolicy's nodes peers fail closed (see flock.policy._compile), rather than every policy of the
+# node and every ADD waiting on one list.
 _REQUIRED = frozenset({Kind.NETWORK_POLICY, Kind.NAMESPACE, Kind.POD, Kind.CLUSTER_POLICY})
 
 
@@ -59,18 +61,16 @@ class PolicySnapshot:
 
     @property
     def complete(self) -> bool:
-        return _complete(self.synced, self.cluster_policies)
+        return self.synced >= _REQUIRED
+
+    @property
+    def nodes_known(self) -> bool:
+        return Kind.NODE in self.synced
 
 
 def nodes_needed(cluster_policies: Mapping[str, ClusterNetworkPolicy]) -> bool:
     """Does some ClusterNetworkPolicy have a ``nodes`` peer (so Nodes must be watched)?"""
     return any(p.uses_nodes for p in cluster_policies.values())
-
-
-def _complete(synced: frozenset[Kind] | set[Kind], cluster_policies: Mapping[str, ClusterNetworkPolicy]) -> bool:
-    if not synced >= _REQUIRED:
-        return False
-    return Kind.NODE in synced or not nodes_needed(cluster_policies)
 
 
 @attrs.frozen
@@ -150,6 +150,11 @@ class PolicySource(Protocol):
     @property
     def nodes(self) -> Mapping[str, PolicyNode]: ...
 
+    @property
+    def nodes_known(self) -> bool:
+        """Nodes are listed (until then a ClusterNetworkPolicy's nodes peers fail closed)."""
+        ...
+
     def journal(self) -> InputJournal:
         """A journal of the writes from now on (take it together with a whole read of the tables)."""
         ...
@@ -182,6 +187,7 @@ class PolicyInputs:
     _snapshot: PolicySnapshot | None = attrs.field(init=False, default=None)
     _changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _journals: weakref.WeakSet[InputJournal] = attrs.field(init=False, factory=weakref.WeakSet)
+    _nodes_needed: tuple[int, bool] = attrs.field(init=False, default=(-1, False))
 
     def _bump(self) -> None:
         self._generation += 1
@@ -305,7 +311,14 @@ class PolicyInputs:
 
     @property
     def nodes_needed(self) -> bool:
-        return nodes_needed(self._cluster_policies)
+        # read on every watermark check: computed once per generation
+        if self._nodes_needed[0] != self._generation:
+            self._nodes_needed = (self._generation, nodes_needed(self._cluster_policies))
+        return self._nodes_needed[1]
+
+    @property
+    def nodes_known(self) -> bool:
+        return Kind.NODE in self._synced
 
     @property
     def synced(self) -> frozenset[Kind]:
@@ -313,7 +326,7 @@ class PolicyInputs:
 
     @property
     def complete(self) -> bool:
-        return _complete(self._synced, self._cluster_policies)
+        return self._synced >= _REQUIRED
 
     def snapshot(self) -> PolicySnapshot:
         """A copy of everything (O(cluster)): for tests and tools, never per change."""

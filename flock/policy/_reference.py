@@ -143,27 +143,40 @@ def _cluster_port_matches(cp: ClusterPort, dst: Endpoint, port: int, protocol: P
     return cp.protocol is protocol and cp.first <= port <= cp.last
 
 
-def _rule_matches(
+def _rule_action(
     rule: ClusterRule,
     other: Endpoint,
     dst: Endpoint,
     port: int,
     protocol: Protocol,
     namespaces: Mapping[str, Namespace],
-    nodes: Iterable[PolicyNode],
-) -> bool:
-    if rule.unreadable:
-        return rule.action is not Action.ACCEPT  # fails closed: Accept matches nothing, Deny/Pass everything
-    if not any(_cluster_peer_matches(p, other, namespaces, nodes) for p in rule.peers):
-        return False
-    return not rule.protocols or any(_cluster_port_matches(cp, dst, port, protocol) for cp in rule.protocols)
+    nodes: Iterable[PolicyNode] | None,
+) -> Action | None:
+    """What *rule* does with the connection (None: it does not match).  *nodes* None: not listed."""
+    if rule.unreadable:  # fails closed: Accept matches nothing, Deny and Pass deny everything
+        return None if rule.action is Action.ACCEPT else Action.DENY
+    for peer in rule.peers:  # in written order: the first peer that matches decides
+        if peer.nodes is not None and nodes is None:
+            # Nodes not listed: any address may be a selected node's (fail closed, as for what flock cannot
+            # read): an Accept matches nothing here, a Deny or Pass denies; named ports never name a node
+            if rule.action is not Action.ACCEPT and (
+                not rule.protocols
+                or any(cp.named is None and _cluster_port_matches(cp, dst, port, protocol) for cp in rule.protocols)
+            ):
+                return Action.DENY
+            continue
+        if _cluster_peer_matches(peer, other, namespaces, nodes or ()) and (
+            not rule.protocols or any(_cluster_port_matches(cp, dst, port, protocol) for cp in rule.protocols)
+        ):
+            return rule.action
+    return None
 
 
 def tier_action(
     cluster_policies: Iterable[ClusterNetworkPolicy],
     tier: Tier,
     namespaces: Mapping[str, Namespace],
-    nodes: Iterable[PolicyNode],
+    nodes: Iterable[PolicyNode] | None,
     subject: PolicyPod,
     other: Endpoint,
     dst: Endpoint,
@@ -171,15 +184,16 @@ def tier_action(
     protocol: Protocol,
     direction: Direction,
 ) -> Action | None:
-    """The action of the first rule of *tier* that matches (None: no rule does)."""
-    nodes = list(nodes)
+    """The action of the first rule of *tier* that matches (None: no rule does; *nodes* None: not listed)."""
+    nodes = list(nodes) if nodes is not None else None
     ns_labels = _ns_labels(namespaces, subject.namespace)
     for cnp in sorted((c for c in cluster_policies if c.tier is tier), key=lambda c: c.order):
         if not cnp.selects(subject, ns_labels):
             continue
         for rule in cnp.ingress if direction is Direction.INGRESS else cnp.egress:
-            if _rule_matches(rule, other, dst, port, protocol, namespaces, nodes):
-                return Action.DENY if rule.unreadable else rule.action  # failing closed, a Pass denies too
+            action = _rule_action(rule, other, dst, port, protocol, namespaces, nodes)
+            if action is not None:
+                return action
     return None
 
 
@@ -187,7 +201,7 @@ def _direction_allows(
     policies: Iterable[NetworkPolicy],
     cluster_policies: Iterable[ClusterNetworkPolicy],
     namespaces: Mapping[str, Namespace],
-    nodes: Iterable[PolicyNode],
+    nodes: Iterable[PolicyNode] | None,
     subject: PolicyPod,
     other: Endpoint,
     dst: Endpoint,
@@ -214,12 +228,12 @@ def evaluate(
     port: int,
     protocol: Protocol,
     cluster_policies: Iterable[ClusterNetworkPolicy] = (),
-    nodes: Iterable[PolicyNode] = (),
+    nodes: Iterable[PolicyNode] | None = (),
 ) -> bool:
-    """May *src* open a connection to *dst* on *port*/*protocol*?"""
+    """May *src* open a connection to *dst* on *port*/*protocol*?  (*nodes* None: Nodes not listed.)"""
     policies = list(policies)
     cluster_policies = list(cluster_policies)
-    nodes = list(nodes)
+    nodes = list(nodes) if nodes is not None else None
     ns = {n.name: n for n in namespaces}
     # hostNetwork and finished pods are no pods to policy: their addresses are just addresses
     if src.pod is not None and not src.pod.selectable:

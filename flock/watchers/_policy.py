@@ -35,6 +35,7 @@ that gauge with the API server's resourceVersion.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ import attrs
 import trio
 
 from flock.model import InvalidObject
+from flock.nursery import Backoff
 from flock.policy import Kind, PolicyInputs
 
 from ._errors import KubeApiError
@@ -52,6 +54,9 @@ log = logging.getLogger("flock.watchers")
 
 # How often the ClusterNetworkPolicy list is tried again while its CRD is not installed.
 CRD_RETRY_SECONDS = 60.0
+# Once listed, refusals (404, 403) are taken as passing for this long: retried with backoff, the policies kept.
+CRD_GONE_SECONDS = 300.0
+CRD_REFUSED_BACKOFF = Backoff(initial=1.0, factor=2.0, cap=30.0, jitter=0.2)
 
 
 def namespaced_key(obj: Object) -> str:
@@ -94,6 +99,10 @@ class _KindFeed:
     absent: bool = False  # the kind is not served (a CRD not installed): listed, empty, no version
 
     def on_change(self, change: Change) -> None:
+        if self.absent:
+            # The first list after the kind was not served: written whole by on_listed, never a part of
+            # the set (a low-priority Accept in force before the Deny above it has arrived).
+            return
         self._apply(change)
         self.changed()
 
@@ -126,6 +135,13 @@ class _KindFeed:
         for key in [key for key in held if key not in objects]:
             self.inputs.delete(self.kind, key)
         if self.absent:
+            fresh = {}
+            for key, value in objects.items():
+                if isinstance(value, InvalidObject):
+                    self._apply(Change(ChangeType.ADDED, key, value))  # refused: logged and counted
+                else:
+                    fresh[key] = value
+            self.inputs.replace(self.kind, fresh)
             log.warning("%s CRD installed: listed, enforcing", self.kind.value, extra={"kind": self.kind.value})
         self.listed, self.absent = True, False
         self.inputs.mark_synced(self.kind)
@@ -190,6 +206,8 @@ class PolicyWatcher:
     nodes: ListWatchSource | None = None
     shared: Shared = attrs.Factory(Shared)  # label sets shared across the pods and nodes this watcher decodes
     crd_retry_seconds: float = CRD_RETRY_SECONDS
+    crd_gone_seconds: float = CRD_GONE_SECONDS
+    _rand: Callable[[], float] = random.random
     _feeds: dict[Kind, _KindFeed] = attrs.field(init=False)
     _informers: dict[Kind, Informer] = attrs.field(init=False, factory=dict)
     _progress: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -298,25 +316,72 @@ class PolicyWatcher:
             task_status.started()
             return
         started = False
+        served = False  # listed once in this process: a refusal after that is taken as passing
+        refused_since: float | None = None
+        attempt = 0
         while True:
             informer = self._informer(Kind.CLUSTER_POLICY, self.cluster_policies)  # a fresh cache each time
             try:
                 await informer.run(task_status=trio.TASK_STATUS_IGNORED if started else task_status)
+                continue  # (an informer runs until cancelled or refused)
             except KubeApiError as exc:
-                if exc.status != 404:
+                if exc.status not in (403, 404):
                     raise
+                refusal = exc
             started = started or informer.ready
-            if not feed.absent:
+            now = trio.current_time()
+            if informer.ready:
+                served, refused_since, attempt = True, None, 0
+            if refused_since is None:
+                refused_since = now
+            if served and now - refused_since < self.crd_gone_seconds:
+                # API servers answer 404 for a served custom resource while they start, after an etcd
+                # restart; 403 while RBAC rolls out. A CRD really deleted first deleted every policy (the
+                # watch saw them go): keep what is known, and ask again soon.
+                delay = CRD_REFUSED_BACKOFF.delay(attempt, self._rand())
+                attempt += 1
                 log.warning(
-                    "ClusterNetworkPolicy CRD not installed: the admin tiers are off",
-                    extra={"kind": Kind.CLUSTER_POLICY.value, "retry_in": self.crd_retry_seconds},
+                    "ClusterNetworkPolicies refused (%s): keeping the %d known, retrying in %.1f s",
+                    refusal.status,
+                    len(self.inputs.cluster_policies),
+                    delay,
+                    extra={"kind": Kind.CLUSTER_POLICY.value, "error": str(refusal)[:300]},
                 )
-            feed.not_served()
+            else:
+                if not feed.absent:
+                    why = "CRD not installed" if refusal.status == 404 else "not allowed to list them (RBAC)"
+                    log.warning(
+                        "ClusterNetworkPolicy %s: the admin tiers are off",
+                        why,
+                        extra={"kind": Kind.CLUSTER_POLICY.value, "retry_in": self.crd_retry_seconds},
+                    )
+                feed.not_served()
+                served = False
+                delay = self.crd_retry_seconds
             if not started:
                 task_status.started()
                 started = True
-            await trio.sleep(self.crd_retry_seconds)
+            await trio.sleep(delay)
             # The next list that succeeds starts enforcement (the feed's on_listed says so).
+
+    async def _run_nodes(self, source: ListWatchSource) -> None:
+        """The Node informer, again after a refusal (403 from RBAC without nodes, …): until Nodes are listed
+        the nodes peers fail closed (flock.policy), and nothing else of the policies waits for them."""
+        attempt = 0
+        while True:
+            informer = self._informer(Kind.NODE, source)
+            try:
+                await informer.run()
+            except KubeApiError as exc:
+                delay = CRD_REFUSED_BACKOFF.delay(attempt, self._rand())
+                attempt = 0 if informer.ready else attempt + 1
+                log.error(
+                    "cannot list Nodes (%s): ClusterNetworkPolicy nodes peers fail closed; retrying in %.1f s",
+                    exc.status,
+                    delay,
+                    extra={"kind": Kind.NODE.value, "error": str(exc)[:300]},
+                )
+                await trio.sleep(delay)
 
     async def _follow_nodes(self) -> None:
         """Run the Node informer while ``inputs.nodes_needed``; forget the Nodes when it stops."""
@@ -336,11 +401,10 @@ class PolicyWatcher:
                     await self._cluster_changed.wait()
                 continue
             log.info("watching Nodes: a ClusterNetworkPolicy has a nodes peer", extra={"kind": Kind.NODE.value})
-            informer = self._informer(Kind.NODE, self.nodes)
             async with trio.open_nursery() as nursery:
                 self._watching_nodes = True
                 try:
-                    nursery.start_soon(informer.run)
+                    nursery.start_soon(self._run_nodes, self.nodes)
                     while self.inputs.nodes_needed:
                         await self._cluster_changed.wait()
                     nursery.cancel_scope.cancel()

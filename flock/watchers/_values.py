@@ -161,7 +161,7 @@ def refusal_or(read: Callable[[Mapping[str, Any]], T]) -> Callable[[Mapping[str,
 
 network_policy_value = refusal_or(NetworkPolicy.from_object)
 namespace_value = refusal_or(Namespace.from_object)
-cluster_policy_value = refusal_or(ClusterNetworkPolicy.from_object)
+cluster_policy_value = refusal_or(ClusterNetworkPolicy.read)
 
 
 @attrs.define(eq=False)
@@ -172,7 +172,7 @@ class NodeTransform:
 
     def __call__(self, obj: Mapping[str, Any]) -> PolicyNode | InvalidObject:
         try:
-            node = PolicyNode.from_object(obj)
+            node = PolicyNode.read(obj)
         except InvalidObject as exc:
             exc.__traceback__ = None
             return exc

@@ -290,11 +290,12 @@ def test_the_clusters_have_named_ports_in_both_directions_with_every_kind_of_pee
 
 
 def _agree_with_the_reference(cluster, cnps=(), nodes=()) -> None:
+    """(*nodes* None: Nodes not listed, the nodes peers failing closed.)"""
     pols, namespaces, pods = cluster
     rulesets = {}
     for node in NODES:
         local = [_with_veth(p) for p in pods if p.node == node]
-        rulesets[node] = compile_ruleset(pols, namespaces, pods, local, cnps, nodes)
+        rulesets[node] = compile_ruleset(pols, namespaces, pods, local, cnps, nodes or (), nodes is not None)
     endpoints = [Endpoint(a, pod=p) for p in pods for a in p.addresses]
     endpoints += [Endpoint(ipaddress.ip_address(a), node=n) for n, addrs in NODES.items() for a in addrs]
     endpoints += [Endpoint(ipaddress.ip_address(a)) for a in EXTERNAL]
@@ -399,6 +400,7 @@ def _follow(one, two, data, tiers=((), ()), nodes=((), ())) -> None:
             local,
             inputs.cluster_policies.values(),
             inputs.nodes.values(),
+            inputs.nodes_known,
         )
         assert engine.ruleset() == want
         assert applier.applied == want
@@ -415,6 +417,9 @@ def _follow(one, two, data, tiers=((), ()), nodes=((), ())) -> None:
     if nodes[0] or nodes[1]:
         for name in data.draw(st.lists(st.sampled_from(sorted(NODES)), max_size=2)):
             writes.append(functools.partial(inputs.set_node, data.draw(policy_nodes(name))))
+        if data.draw(st.booleans()):  # Nodes no longer listed (their nodes peers fail closed), then listed again
+            writes.append(functools.partial(inputs.mark_unsynced, Kind.NODE))
+            writes.append(functools.partial(inputs.replace, Kind.NODE, {n.name: n for n in nodes[0]}))
     final: list[Callable[[], None]] = []
     for kind, before, after in (
         (Kind.CLUSTER_POLICY, {p.key: p for p in tiers[0]}, {p.key: p for p in tiers[1]}),
@@ -536,8 +541,15 @@ def tiered(draw: st.DrawFn, names: tuple[str, ...] = ("a", "b", "c"), max_cnps: 
     return cluster, cnps, nodes
 
 
+@st.composite
+def tiered_maybe_unlisted(draw: st.DrawFn):
+    """:func:`tiered`, and now and then its Nodes not listed (None): the nodes peers fail closed."""
+    cluster, cnps, nodes = draw(tiered())
+    return cluster, cnps, None if draw(st.integers(0, 3)) == 0 else nodes
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tiered())
+@given(tiered_maybe_unlisted())
 def test_tiers_agree_with_the_reference(drawn) -> None:
     """Admin → NetworkPolicy → Baseline → allow, Accept/Deny/Pass, priorities and rule order, every peer
     kind (nodes and networks too), ports, ranges and named ports, rules that fail closed: packet by packet

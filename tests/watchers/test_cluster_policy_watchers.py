@@ -186,10 +186,10 @@ async def test_nodes_are_watched_only_while_a_cluster_policy_has_a_nodes_peer(au
             generation = inputs.generation
             store.create(CLUSTERNETWORKPOLICIES, cluster_network_policy_object("infra", TO_INFRA_NODES))
             await inputs.wait_generation(generation)
-            # The policy is in, the Nodes not yet: nothing is applied from half a view.
-            assert inputs.nodes_needed and not inputs.complete
+            # The policy is in, the Nodes not yet: the rest is applied (its nodes peers fail closed meanwhile).
+            assert inputs.nodes_needed and inputs.complete and not inputs.nodes_known
             await cluster.caught_up()
-            assert watcher.watching_nodes and inputs.complete
+            assert watcher.watching_nodes and inputs.complete and inputs.nodes_known
             assert inputs.nodes["n1"] == PolicyNode("n1", (("role", "infra"),), (ipaddress.ip_address("2001:db8::1"),))
             assert sorted(inputs.nodes) == ["n1", "n2"]
             # Equal label sets are one object (shared through the watcher's interner).
