@@ -57,6 +57,8 @@ REQUIRED_ENV = {
 PROTOCOL_VERSION = 2
 MAX_REQUEST_BYTES = 8 << 20
 MAX_JSON_DEPTH = 64
+MAX_CONTAINER_ID_CHARS = 200
+MAX_CNI_ARG_CHARS = 4096
 
 # Defined here (the fast path needs them) and imported by flock.cni_shim.
 DEFAULT_SOCKET = "/run/flock/flock.sock"
@@ -209,8 +211,12 @@ def _prepare(
         if not env.get(name):
             return None
     container_id, netns, if_name = env.get("CNI_CONTAINERID", ""), env.get("CNI_NETNS", ""), env.get("CNI_IFNAME", "")
-    if container_id and not (container_id[0] in _ALNUM and _ID_CHARS.issuperset(container_id)):
+    if container_id and not (
+        len(container_id) <= MAX_CONTAINER_ID_CHARS and container_id[0] in _ALNUM and _ID_CHARS.issuperset(container_id)
+    ):
         return None
+    if len(env.get("CNI_ARGS", "")) > MAX_CNI_ARG_CHARS and command != "DEL":
+        return None  # perhaps a key or value over the limit: the full shim decides
     if if_name and not (len(if_name) <= 15 and if_name not in _RESERVED_IF_NAMES and _ID_CHARS.issuperset(if_name)):
         return None
     if netns and not (netns.startswith("/") and "\0" not in netns):

@@ -52,9 +52,11 @@ from flock.errors import (
     INVALID_CONFIG,
     INVALID_ENV,
     IO_ERROR,
+    MAX_ERROR_BYTES,
     NOT_AVAILABLE,
     TRY_AGAIN_LATER,
     CniError,
+    bounded,
     quote,
 )
 from flock.rpc.cniresult import (
@@ -67,6 +69,7 @@ from flock.rpc.cniresult import (
 from flock.rpc.wire import (
     FD_OPS,
     FD_OPTIONAL_OPS,
+    MAX_ERROR_CODE,
     MAX_REQUEST_BYTES,
     OPS,
     PENDING_DELETES,
@@ -93,6 +96,8 @@ _MAX_SOCKET_PATH_BYTES = MAX_SOCKET_PATH_BYTES
 
 # The variable behind each request field the wire requires per op.
 _ENV_OF_FIELD = MappingProxyType({"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"})
+# The variables checked before dialling (the agent checks the same request fields again).
+_CHECKED_ENV = MappingProxyType({**_ENV_OF_FIELD, "args": "CNI_ARGS"})
 
 
 def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO, call: Callable[..., bytes] | None = None) -> int:
@@ -132,16 +137,10 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO, call: Callable[...
     except Exception as exc:  # a bug here must still reach the runtime as a CNI error
         err = exc if isinstance(exc, CniError) else CniError(INTERNAL, "flock shim failed", repr(exc))
         requested = config.get("cniVersion")
-        _print(
-            stdout,
-            {
-                # Only a version flock knows is echoed: a 100 KB one is not.
-                "cniVersion": requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION,
-                "code": err.code,
-                "msg": err.msg,
-                "details": err.details,
-            },
-        )
+        # Only a version flock knows is echoed: a 100 KB one is not.
+        version = requested if isinstance(requested, str) and requested in SUPPORTED_VERSIONS else LATEST_VERSION
+        stdout.write(error_document(version, err.code, err.msg, err.details))
+        stdout.flush()
         return 1
 
 
@@ -171,7 +170,8 @@ def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any])
         name = _ENV_OF_FIELD[field]
         if not env.get(name):
             raise CniError(INVALID_ENV, "missing environment variable", f"{name} is required for {command}")
-    for field, name in _ENV_OF_FIELD.items():
+    checked = _ENV_OF_FIELD if command == "DEL" else _CHECKED_ENV  # a DEL needs no CNI_ARGS: never refused for it
+    for field, name in checked.items():
         invalid = field_error(field, env.get(name, ""))
         if invalid is not None:
             msg, expected = invalid
@@ -324,6 +324,23 @@ def _record_pending_delete(request: Request, directory: str) -> None:
         raise CniError(
             IO_ERROR, "flock-agent is not reachable and the DEL could not be recorded", f"{final}: {exc}"
         ) from None
+
+
+def error_document(cni_version: str, code: int, msg: str, details: str) -> str:
+    """The CNI error object as printed, newline included: one JSON document
+    under :data:`MAX_ERROR_BYTES` whatever it is given.  CniError bounds
+    its fields where the error is built; this is the last line of defence
+    (it shortens ``details``, then ``msg``, and never emits an invalid document)."""
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= MAX_ERROR_CODE:
+        details = f"code {quote(code, 32)}: {details}"
+        code = INTERNAL
+    obj = {"cniVersion": cni_version, "code": code, "msg": str(msg), "details": str(details)}  # type: dict[str, Any]
+    for field, share in (("details", 2048), ("details", 512), ("msg", 128), ("details", 0), ("msg", 0)):
+        text = json.dumps(obj) + "\n"
+        if len(text) < MAX_ERROR_BYTES:
+            return text
+        obj[field] = bounded(str(obj[field]), share)
+    return json.dumps({"cniVersion": LATEST_VERSION, "code": INTERNAL, "msg": "error too large"}) + "\n"
 
 
 def _print(stdout: TextIO, obj: dict[str, Any]) -> None:

@@ -20,21 +20,72 @@ LIMITED_CONNECTIVITY = 51
 INTERNAL = 100
 INCOMPATIBLE_PROTOCOL = 202
 
-# Longest ``details`` kept.  Details quote the offending value; a value near
-# the 1 MiB request limit would otherwise make an error reply over that limit,
-# which the shim refuses ("message too long") instead of showing the error.
-MAX_DETAILS_CHARS = 4096
+# Every error flock prints stays under 4 KiB whatever the input (issue 25): the
+# shim's CNI error object, and the agent's reply line it comes from.  Bounds
+# are in bytes of the JSON text (``ensure_ascii``, as both ends encode it: a
+# control character or a non-ASCII one costs 6 bytes, an astral one 12), so
+# no escaping can push a bounded field past its share.
+MAX_ERROR_BYTES = 4096
+# Longest ``details`` kept: its head (the field and the start of its value)
+# and its tail (what was expected); the middle is the value's bulk.
+MAX_DETAILS_BYTES = 2048
 # Longest ``msg`` kept (messages are short fixed sentences; this is a backstop).
-MAX_MSG_CHARS = 256
+MAX_MSG_BYTES = 256
 # How much of one input value an error quotes (see :func:`quote`).
 QUOTE_CHARS = 128
+
+_CUT = " …({} characters cut)… "
+
+
+def json_size(text: str) -> int:
+    """Bytes *text* takes as a JSON string with ``ensure_ascii`` (quotes excluded)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return len(text)
+    return sum(_char_size(c) for c in text)
+
+
+def _char_size(c: str) -> int:
+    o = ord(c)
+    if 0x20 <= o < 0x7F:
+        return 2 if c in '"\\' else 1
+    if c in "\n\r\t\b\f":
+        return 2
+    return 12 if o > 0xFFFF else 6
+
+
+def _fit(text: str, budget: int) -> int:
+    """How many leading characters of *text* fit in *budget* JSON bytes."""
+    used = 0
+    for i, c in enumerate(text):
+        used += _char_size(c)
+        if used > budget:
+            return i
+    return len(text)
+
+
+def bounded(text: str, limit: int) -> str:
+    """*text* whose JSON string form takes at most *limit* bytes: kept whole
+    when it fits, else its head and tail around a note of what was cut.  Lone
+    surrogates (undecodable bytes from the environment) become ``\\udcXX``
+    text, so the result always encodes as UTF-8."""
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) * 12 <= limit or (len(text) <= limit and json_size(text) <= limit):
+        return text
+    # A character costs at least one byte: nothing past *limit* characters from either end is kept.
+    room = max(limit - json_size(_CUT.format(len(text))), 0)
+    keep_head = _fit(text[:limit], room * 2 // 3)
+    keep_tail = _fit(text[-limit:][::-1], room - json_size(text[:keep_head]))
+    tail = text[len(text) - keep_tail :] if keep_tail else ""
+    return text[:keep_head] + _CUT.format(len(text) - keep_head - keep_tail) + tail
 
 
 def quote(value: object, limit: int = QUOTE_CHARS) -> str:
     """``repr`` of an input value for an error message, at most about *limit*
     characters: a 100 KB string or a deep object is named by its head and
     its size, never echoed whole (and never fully repr'd: that alone could
-    take seconds)."""
+    take seconds).  ``repr`` shows control characters, undecodable bytes (lone
+    surrogates) and other unprintable characters as escapes."""
     if isinstance(value, str):
         if len(value) <= limit:
             return repr(value)
@@ -62,13 +113,10 @@ class CniError(Exception):
     """
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:
-        if len(details) > MAX_DETAILS_CHARS:
-            # Keep the head (the field and the start of its value) and the tail
-            # (what was expected); the middle is the value's bulk.
-            half = MAX_DETAILS_CHARS // 2
-            details = f"{details[:half]} …({len(details) - 2 * half} characters cut)… {details[-half:]}"
-        if len(msg) > MAX_MSG_CHARS:
-            msg = msg[:MAX_MSG_CHARS] + "…"
+        # Bounded here, where every error is built (the agent's domain errors
+        # become CniErrors at the CNI boundary; the wire and the shim build their own).
+        msg = bounded(str(msg), MAX_MSG_BYTES)
+        details = bounded(str(details), MAX_DETAILS_BYTES)
         super().__init__(code, msg, details)
         self.code = int(code)
         self.msg = msg

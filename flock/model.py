@@ -23,6 +23,13 @@ IPv6Network = ipaddress.IPv6Network
 IPv4Network = ipaddress.IPv4Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+# spec.mtu bounds (the CRD says the same): IPv6 needs links of at least 1280
+# bytes (RFC 8200); 9216 is the largest jumbo frame switches commonly carry.
+MTU_MIN = 1280
+MTU_MAX = 9216
+# A pod's MTU when nothing better is known: no spec.mtu and no default route.
+MTU_DEFAULT = 1500
+
 # BGP peer names become BIRD protocol symbols: the renderer's rule (flock.bird.render),
 # checked here so a bad name fails the NodeConfig, naming the field, not every render.
 _PEER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,59}\Z")
@@ -33,7 +40,10 @@ class InvalidObject(ValueError):
 
     def __init__(self, kind: str, name: str, field: str, value: Any, expected: str) -> None:
         self.kind, self.name, self.field, self.value, self.expected = kind, name, field, value, expected
-        super().__init__(f"{kind} {name!r}: {field}={value!r}: expected {expected}")
+        shown = repr(value)  # a bounded prefix: the value may be anything an API object holds
+        if len(shown) > 96:
+            shown = shown[:93] + "..."
+        super().__init__(f"{kind} {str(name)[:253]!r}: {str(field)[:200]}={shown}: expected {str(expected)[:200]}")
 
 
 def _get(obj: Mapping[str, Any], path: str, default: Any = None) -> Any:
@@ -340,6 +350,8 @@ class NodeConfig:
     resource_version: str = ""
     # spec.announceRanges: where pods' anycast/addresses may come from besides the node blocks.
     announce_ranges: tuple[IPv6Network | IPv4Network, ...] = ()
+    # spec.mtu: both veth ends of new pods (None: the uplink's, see flock.state.PodMtu).
+    mtu: int | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeConfig:
@@ -378,6 +390,9 @@ class NodeConfig:
 
         announce_ranges = _announce_ranges(kind, name, spec.get("announceRanges"))
 
+        raw_mtu = spec.get("mtu")
+        mtu = None if raw_mtu is None else _int_field(kind, name, "spec.mtu", raw_mtu, MTU_MIN, MTU_MAX)
+
         annotations = _get(obj, "metadata.annotations") or {}
         if not isinstance(annotations, Mapping):
             raise InvalidObject(kind, name, "metadata.annotations", annotations, "an object of strings")
@@ -393,7 +408,28 @@ class NodeConfig:
             ip_algo=ip_algo,
             resource_version=str(_get(obj, "metadata.resourceVersion", "")),
             announce_ranges=announce_ranges,
+            mtu=mtu,
         )
+
+
+@attrs.frozen
+class UplinkMtu:
+    """What the node's uplink carries: the MTU of the interface(s) holding
+    the node's default route (IPv6 first, else IPv4), as flock.netlink reads it.
+
+    ``interface`` is "" when the node has no default route (then ``mtu`` is
+    :data:`MTU_DEFAULT`); several names (comma-separated) for a multipath
+    default route, whose smallest MTU counts.  ``family`` is 6 or 4 (0: no route)."""
+
+    mtu: int = MTU_DEFAULT
+    interface: str = ""
+    family: int = 0
+
+    def describe(self) -> str:
+        """Where the value came from, for flockctl and logs."""
+        if not self.interface:
+            return "default (the node has no default route)"
+        return f"detected from {self.interface}'s IPv{self.family} default route"
 
 
 @attrs.frozen

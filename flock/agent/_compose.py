@@ -127,6 +127,7 @@ def compose(
         state=state,
         pending_deletes=pending_deletes,
         prepare=functools.partial(netlink.prepare_node, settings.uplink),
+        uplink_mtu=netlink.uplink_mtu,
     )
     rpc = RpcServer(settings.socket, handler=handler)
     host, port = settings.health_address

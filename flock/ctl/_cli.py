@@ -59,6 +59,8 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
             f"AS {nc['asn'] or '-'}  router-id {nc['router_id'] or '-'}  peers {len(nc['peers'])}  "
             f"rv {nc['resource_version'] or '-'}"
         )
+    if st.get("mtu"):
+        lines.append(f"mtu         {st['mtu']['value']}  ({st['mtu']['source']}; new pods, existing ones keep theirs)")
     a = st["allocations"]
     lines.append(f"pods        {a.get('committed', 0)} committed, {a.get('pending', 0)} pending")
     lines.append(
@@ -365,7 +367,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-api", action="store_true", help="check the local parts only")
     s.set_defaults(run=cmd_ipam_check)
     s = ipam.add_parser("release", parents=[common], help="release a leaked allocation through the agent")
-    s.add_argument("target", metavar="ADDRESS|CONTAINER|VETH")
+    s.add_argument(
+        "target",
+        metavar="ADDRESS|CONTAINER|VETH",
+        help="an address, a container ID or a unique prefix of one (at least 4 characters: what `pods` shows), "
+        "or a flock veth",
+    )
     s.add_argument("--force", action="store_true", help="even when its network namespace is still there")
     s.set_defaults(run=cmd_ipam_release)
     s = sub.add_parser("bgp", parents=[common], help="BGP sessions, announced and learned routes (from BIRD)")

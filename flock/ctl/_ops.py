@@ -44,6 +44,11 @@ KERNEL_CHECK_DEADLINE_S = 20.0
 
 # Refused objects and fail-closed rules listed by ``status`` at most (then "and N more").
 STATUS_LIST_MAX = 10
+# Shortest container ID prefix taken where flockctl takes a container ID
+# (``flockctl pods`` shows 16 characters; a full ID is always taken).
+MIN_CONTAINER_PREFIX = 4
+# Most candidates an ambiguous prefix's refusal names.
+AMBIGUOUS_LIST_MAX = 10
 
 
 class PolicyWatch(Protocol):
@@ -145,6 +150,37 @@ def _who(a: Allocation) -> str:
     return f"pod {a.namespace}/{a.pod}" if a.namespace else f"no pod {a.pod}".rstrip()
 
 
+def container_by_prefix(rows: list[Allocation], prefix: str) -> Allocation | None:
+    """The allocation whose container ID is *prefix* or starts with it (as
+    crictl and docker take IDs); None when none does.  :class:`OpRefused`
+    for a prefix under :data:`MIN_CONTAINER_PREFIX` characters that is no
+    full ID, and for one several IDs start with (naming at most
+    :data:`AMBIGUOUS_LIST_MAX` of them)."""
+    exact = next((a for a in rows if a.container_id == prefix), None)
+    if exact is not None:
+        return exact
+    if len(prefix) < MIN_CONTAINER_PREFIX:
+        raise OpRefused(
+            "container ID prefix too short",
+            f"{prefix[:64]!r}: give at least {MIN_CONTAINER_PREFIX} characters of the container ID "
+            "(flockctl pods shows 16), an address or a flock veth",
+        )
+    matches = sorted((a for a in rows if a.container_id.startswith(prefix)), key=lambda a: a.container_id)
+    if len(matches) > 1:
+        raise OpRefused(
+            "ambiguous container ID prefix",
+            f"{prefix[:64]!r} matches {len(matches)} containers: "
+            f"{_listed([f'{a.container_id} ({_who(a)})' for a in matches])}; give more of the ID",
+        )
+    return matches[0] if matches else None
+
+
+def _listed(names: list[str], limit: int = AMBIGUOUS_LIST_MAX) -> str:
+    """*names* joined, at most *limit* of them and how many more."""
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
 def problem(kind: str, subject: str, detail: str, remedy: str) -> dict[str, str]:
     return {"kind": kind, "subject": subject, "detail": detail, "remedy": remedy}
 
@@ -195,7 +231,9 @@ class AdminOps:
             target = request.get("target")
             if not isinstance(target, str) or not target or len(target) > 256:
                 raise OpRefused(
-                    "invalid target", f"target={str(target)[:64]!r}: expected an address, container ID or veth"
+                    "invalid target",
+                    f"target={str(target)[:64]!r}: expected an address, a container ID "
+                    f"(or at least {MIN_CONTAINER_PREFIX} characters of one) or a flock veth",
                 )
             return await self.ipam_release(target, force=request.get("force") is True, peer=peer)
         if op == "bgp":
@@ -220,6 +258,8 @@ class AdminOps:
             "nodeconfig": nodeconfig_view(state.nodeconfig),
             "nodeconfig_deleted": state.nodeconfig_deleted,
             "nodeconfig_refused": state.nodeconfig_refused,
+            # What new pods get (existing pods keep what they were set up with).
+            "mtu": {"value": state.pod_mtu.value, "source": state.pod_mtu.source},
             "allocations": {s.value: counts.get(s, 0) for s in AllocationState},
             "pools": pools["blocks"],
             "exhausted": [str(b) for b in state.exhausted],
@@ -441,8 +481,10 @@ class AdminOps:
     # -- ipam release ----------------------------------------------------------
 
     async def ipam_release(self, target: str, *, force: bool, peer: Peer) -> dict[str, Any]:
-        """Release one allocation (by container ID or address) or remove
-        orphan kernel objects (by veth name) through the pod handler."""
+        """Release one allocation (by container ID, a unique prefix of one, or
+        address) or remove orphan kernel objects (by veth name) through the
+        pod handler.  A full ID wins over a prefix, an address or veth name
+        over a prefix."""
         who = {"peer_uid": peer.uid, "peer_pid": peer.pid, "target": target[:128], "force": force}
         rows = await self.handler.store.list()
         alloc = next((a for a in rows if a.container_id == target), None)
@@ -456,7 +498,7 @@ class AdminOps:
                 if len(holders) > 1:
                     raise OpRefused(
                         "address held by several allocations",
-                        f"{addr}: {', '.join(a.container_id for a in holders)}; release one by container ID",
+                        f"{addr}: {_listed([a.container_id for a in holders])}; release one by container ID",
                     )
                 alloc = holders[0] if holders else None
                 if alloc is None:
@@ -481,8 +523,11 @@ class AdminOps:
                     "removed_interfaces": list(report.interfaces),
                     "removed_routes": list(report.routes),
                 }
+            alloc = container_by_prefix(rows, target)
+        if alloc is None:
             raise OpRefused(
-                "unknown target", f"{target[:64]!r}: not a container ID, address or flock veth on this node"
+                "unknown target",
+                f"{target[:64]!r}: not a container ID (or a prefix of one), address or flock veth on this node",
             )
         if netns_alive(alloc.netns) and not force:
             log.warning("release refused: the attachment is live", extra={**who, "container_id": alloc.container_id})

@@ -60,6 +60,9 @@ APISERVER_BOOKMARK_S = 0.2
 KILL_WAIT_S = 5.0
 SPEC_FILE = "spec.json"
 KEEPER_LOG = "keeper.log"
+# The API server writes it once it serves (again after a restart: its loopback port is any free one).
+HOST_KUBECONFIG = "kubeconfig"
+HOST_APISERVER_ADDRESS = "127.0.0.1"
 # What the lab writes at the top of its directory; down removes exactly these.
 LAB_FILES = (
     PROCS_FILE,
@@ -67,8 +70,8 @@ LAB_FILES = (
     SPEC_FILE,
     KEEPER_LOG,
     "apiserver.log",
-    "kubeconfig",
-    "kubeconfig.tmp",
+    HOST_KUBECONFIG,
+    HOST_KUBECONFIG + ".tmp",
     "lab.json.tmp",
     "lab.json",
 )
@@ -159,18 +162,22 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
     specs = [
         ProcessSpec(
             "apiserver",
+            # In the host's namespace, serving the fabric's address (bound in the fabric namespace,
+            # what nodes reach) and the host's loopback (what `flock-lab kubeconfig` points kubectl at).
             (
-                "ip",
-                "netns",
-                "exec",
-                fab,
                 sys.executable,
                 "-m",
                 "flock.testing.apiserver",
+                "--netns",
+                fab,
                 "--host",
                 str(FABRIC6),
                 "--port",
                 str(APISERVER_PORT),
+                "--also-listen",
+                f"{HOST_APISERVER_ADDRESS}:0",
+                "--kubeconfig-out",
+                str(plan.dir / HOST_KUBECONFIG),
                 "--bookmark-interval",
                 str(APISERVER_BOOKMARK_S),
             ),
@@ -235,7 +242,6 @@ def write_files(plan: LabPlan, install_cni: bool = True) -> None:
     plan.fabric_dir.mkdir(parents=True, exist_ok=True)
     plan.pods_dir.mkdir(parents=True, exist_ok=True)
     (plan.fabric_dir / "bird.conf").write_text(fabric_config(plan))
-    write_kubeconfig(plan.dir / "kubeconfig", plan.apiserver_url)
     for node in plan.nodes:
         for d in (node.dir, node.socket.parent, node.state_dir):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -422,6 +428,15 @@ async def up(
     state = LabState(plan, dir_created, keeper, "up", image=image_json)
     state.save()
     return state
+
+
+def host_kubeconfig(state: LabState) -> Path:
+    """The kubeconfig that reaches the lab's API server from the host's network namespace
+    (its loopback); raises :class:`LabError` while the API server has not written it."""
+    path = state.plan.dir / HOST_KUBECONFIG
+    if not path.exists():
+        raise LabError(f"no {path}: the lab's API server has not started; see {state.plan.dir / 'apiserver.log'}")
+    return path
 
 
 def lab_namespaces(ident: str) -> list[str]:

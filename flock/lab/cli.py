@@ -14,7 +14,7 @@ import trio
 
 from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._image import add_image_arguments, image_settings
-from flock.lab._lifecycle import down, up
+from flock.lab._lifecycle import down, host_kubeconfig, up
 from flock.lab._plan import DEFAULT_DIR, LabPlan
 from flock.lab._pods import LabPod, load_pods, parse_annotations, parse_labels, pod_add, pod_check, pod_del
 from flock.lab._policy_cli import add_commands as add_policy_commands
@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         "down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)"
     )
     sub.add_parser("status", parents=[common], help="nodes, agents, BGP sessions, pods")
+    sub.add_parser(
+        "kubeconfig",
+        parents=[common],
+        help="print the path of a kubeconfig for kubectl on this host (the API server on 127.0.0.1)",
+    )
     sub.add_parser("check", parents=[common], help="all-pairs reachability between pods and anycast from every node")
     s = sub.add_parser("demo", parents=[common], help="up with 2 nodes, a handful of pods, status, check, then down")
     s.add_argument("--keep", action="store_true", help="leave the lab running afterwards")
@@ -187,6 +192,11 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "check":
         return await _check(args, plan)
+    if args.command == "kubeconfig":
+        path = host_kubeconfig(state)
+        server = json.loads(path.read_text())["clusters"][0]["cluster"]["server"]
+        _out(args, {"kubeconfig": str(path), "server": server}, str(path))
+        return 0
     if args.pod_command == "add":
         pod = await pod_add(
             plan,

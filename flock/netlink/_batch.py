@@ -16,6 +16,7 @@ import errno
 import functools
 import os
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ NETLINK_GET_STRICT_CHK = 12
 _DUMP_ATTEMPTS = 5
 RECV_SIZE = 1 << 16
 _GETS = frozenset({RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE})
+NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence number, port id
 
 # How to call a function in a namespace: _nsenter.run_in_netns or NetnsThread.run.
 Enter = Callable[[str | int | None, Callable[[], Any]], Any]
@@ -230,6 +232,47 @@ class RtnlSocket:
                         done = True
                     else:
                         out.append(msg)
+            if not interrupted:
+                return out
+        raise OSError(errno.EINTR, f"netlink dump interrupted {_DUMP_ATTEMPTS} times in a row")
+
+    def dump_raw(self, msg_type: int, body: bytes) -> list[tuple[int, memoryview]]:
+        """Every message of one dump as (type, bytes after the netlink header),
+        undecoded: for reads that look at a few fields of many messages (the
+        default route among every route).  *body* is the request after its
+        netlink header.  Read again when interrupted; OSError for the kernel's error."""
+        for _ in range(_DUMP_ATTEMPTS):
+            self._seq += 1
+            seq = self._seq
+            self._sock.send(
+                NLMSGHDR.pack(NLMSGHDR.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+            )
+            out: list[tuple[int, memoryview]] = []
+            interrupted = False
+            done = False
+            while not done:
+                data, _, flags, _ = self._sock.recvmsg(RECV_SIZE)
+                if flags & socket.MSG_TRUNC:
+                    raise OSError(errno.EMSGSIZE, "netlink dump message larger than the receive buffer")
+                view = memoryview(data)
+                offset = 0
+                while offset + NLMSGHDR.size <= len(data):
+                    length, kind, msg_flags, msg_seq, _pid = NLMSGHDR.unpack_from(data, offset)
+                    if length < NLMSGHDR.size:
+                        break
+                    payload = view[offset + NLMSGHDR.size : offset + length]
+                    offset += (length + 3) & ~3
+                    if msg_seq != seq:
+                        continue  # an earlier, abandoned dump's late answer
+                    interrupted |= bool(msg_flags & NLM_F_DUMP_INTR)
+                    if kind in (NLMSG_ERROR, NLMSG_DONE):
+                        # Both carry an error code (0, or minus the errno) first.
+                        code = struct.unpack_from("=i", payload)[0] if len(payload) >= 4 else 0
+                        if code < 0:
+                            raise OSError(-code, os.strerror(-code))
+                        done = True
+                    else:
+                        out.append((kind, payload))
             if not interrupted:
                 return out
         raise OSError(errno.EINTR, f"netlink dump interrupted {_DUMP_ATTEMPTS} times in a row")

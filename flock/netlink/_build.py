@@ -65,6 +65,17 @@ def get_link(name: str) -> Request:
     return Request(RTM_GETLINK, 0, f"read link {name}", _get_link_msg, (name,))
 
 
+def get_link_index(index: int) -> Request:
+    return Request(RTM_GETLINK, 0, f"read link #{index}", _get_link_index_msg, (index,))
+
+
+def _get_link_index_msg(index: int) -> Any:
+    msg = ifinfmsg()
+    msg["index"] = index
+    msg["attrs"] = [("IFLA_EXT_MASK", 1 << 3)]  # RTEXT_FILTER_SKIP_STATS: no IPv6 statistics
+    return msg
+
+
 def del_link(index: int, name: str) -> Request:
     """Delete the link *index* (its veth peer goes with it); *name* is for the error text."""
     return Request(RTM_DELLINK, 0, f"delete link {name} (#{index})", _del_link_msg, (index,))

@@ -20,6 +20,10 @@ def _is_up(msg: Any) -> bool:
     return bool(msg["flags"] & 1)
 
 
+def _mtu(msg: Any) -> int:
+    return int(msg.get_attr("IFLA_MTU") or 0)
+
+
 def _addrgenmode(msg: Any) -> int | None:
     spec = msg.get("IFLA_AF_SPEC")
     inet6 = spec.get("AF_INET6") if spec is not None else None
@@ -72,6 +76,8 @@ async def check_pod(plan: PodPlan, *, pod_netns: int, host_netns: str | None, se
                 hl = f"host {h_name}"
                 if not _is_up(h):
                     diffs.append(f"{hl}: interface down")
+                if plan.mtu and _mtu(h) != plan.mtu:
+                    diffs.append(f"{hl}: MTU is {_mtu(h)}, ADD set {plan.mtu}")
                 if _addrgenmode(h) != _conn.ADDRGENMODE_NONE:
                     diffs.append(f"{hl}: addrgenmode is {_addrgenmode(h)}, expected none")
                 diffs += _compare_addresses(hl, await _conn.addresses(host, h["index"]), plan.addresses_on(Side.HOST))
@@ -101,6 +107,11 @@ async def check_pod(plan: PodPlan, *, pod_netns: int, host_netns: str | None, se
                     diffs.append(f"{pl}: not the peer of host {h_name}")
                 if not _is_up(p):
                     diffs.append(f"{pl}: interface down")
+                if plan.mtu and _mtu(p) != plan.mtu:
+                    diffs.append(f"{pl}: MTU is {_mtu(p)}, ADD set {plan.mtu}")
+                elif h is not None and _mtu(p) != _mtu(h):
+                    # ADD gives both ends one MTU: the host end (only the node's root changes it) says which.
+                    diffs.append(f"{pl}: MTU is {_mtu(p)}, host {h_name} has {_mtu(h)} (ADD sets both ends alike)")
                 diffs += _compare_addresses(pl, await _conn.addresses(pod, p["index"]), plan.addresses_on(Side.POD))
                 diffs += _compare_routes(
                     pl, [lr.route for lr in await _conn.routes(pod, Side.POD)], plan.routes_on(Side.POD)

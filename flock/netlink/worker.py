@@ -36,8 +36,8 @@ import attrs
 import trio
 
 from flock import errors, faults
-from flock.model import Allocation
-from flock.netlink import _apply, _conn, _inspect, _nsenter, _scan
+from flock.model import Allocation, UplinkMtu
+from flock.netlink import _apply, _conn, _inspect, _nsenter, _scan, _uplink
 from flock.netlink.desired import AppliedPlan, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
@@ -121,14 +121,17 @@ class NetlinkWorker:
         """The host-side veth name of a container's pod."""
         return host_ifname(container_id, self.settings.host_prefix)
 
-    def plan(self, alloc: Allocation) -> PodPlan:
-        return pod_plan(alloc, self.settings)
+    def plan(self, alloc: Allocation, mtu: int | None = None) -> PodPlan:
+        """The pod's kernel state; *mtu* for both veth ends (None: ``settings.mtu``)."""
+        settings = self.settings if mtu is None else attrs.evolve(self.settings, mtu=mtu)
+        return pod_plan(alloc, settings)
 
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> AppliedPlan:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None, *, mtu: int | None = None) -> AppliedPlan:
         """Create or converge the pod's veth, addresses, sysctls and routes,
         and add it to the multipath route of each of its anycast addresses.
-        *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`)."""
-        plan = self.plan(alloc)
+        *netns_fd*: the pod's namespace as the shim sent it (see :meth:`pod_netns`);
+        *mtu*: both veth ends' (None: ``settings.mtu``, else the kernel's 1500)."""
+        plan = self.plan(alloc, mtu)
         with self.pod_netns(alloc, netns_fd) as fd:
             applied = await self._run_sync(
                 _apply.setup_pod,
@@ -180,10 +183,13 @@ class NetlinkWorker:
             **what,
         )
 
-    async def check(self, alloc: Allocation, netns_fd: int | None = None) -> list[str]:
+    async def check(self, alloc: Allocation, netns_fd: int | None = None, *, mtu: int | None = None) -> list[str]:
         """Differences between the allocation's desired state and the kernel,
-        one precise sentence each; empty when in sync."""
-        plan = self.plan(alloc)
+        one precise sentence each; empty when in sync.  The veth ends' MTU
+        must be equal (ADD sets both) and, when *mtu* is given (what ADD
+        reported), be it; the MTU in force now is not compared: existing pods
+        keep theirs."""
+        plan = self.plan(alloc, mtu)
         try:
             with self.pod_netns(alloc, netns_fd) as fd:
                 return await self._run(
@@ -236,6 +242,15 @@ class NetlinkWorker:
                     return await _apply.ensure_anycast(host, plans, self.settings)
 
         return await self._run(apply)
+
+    async def uplink_mtu(self) -> UplinkMtu:
+        """The MTU of the interface holding the node's default route (IPv6
+        first, else IPv4; 1500 without one): :class:`~flock.faults.KernelRefused`
+        when the kernel cannot be read."""
+        try:
+            return await trio.to_thread.run_sync(_uplink.read_uplink_mtu, self.host_netns, limiter=self._limiter)
+        except OSError as exc:
+            raise faults.KernelRefused("netlink default route read failed", str(exc)) from exc
 
     async def node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         """The node's own interface addresses (no pod may claim one)."""

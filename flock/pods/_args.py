@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from flock.errors import quote
 from flock.model import ANNOTATION_PREFIX
 from flock.rpc import parse_cni_args
 
@@ -52,7 +53,7 @@ class PodRef:
 
 
 def _bad(key: str, value: str, expected: str) -> InvalidCniArgs:
-    return InvalidCniArgs("invalid CNI_ARGS", f"{key}={value!r}: expected {expected}")
+    return InvalidCniArgs("invalid CNI_ARGS", f"{key}={quote(value, 64)}: expected {expected}")
 
 
 def pod_ref(args: str) -> PodRef:
@@ -64,13 +65,13 @@ def pod_ref(args: str) -> PodRef:
             raise InvalidCniArgs("invalid CNI_ARGS", f"{NAMESPACE} and {NAME} are required with {UID}")
         label = parsed.get(NAME, "")
         if label and not _CONTAINER_NAME.fullmatch(label):
-            raise _bad(NAME, label[:64], "a container name (letters, digits, '_', '.', '-'; at most 253 characters)")
+            raise _bad(NAME, label, "a container name (letters, digits, '_', '.', '-'; at most 253 characters)")
         return PodRef("", label)
     out = {}
     for key, limit in ((NAMESPACE, 63), (NAME, 253)):
         value = parsed.get(key, "")
         if not value:
-            raise InvalidCniArgs("invalid CNI_ARGS", f"{key} is required (CNI_ARGS={args!r})")
+            raise InvalidCniArgs("invalid CNI_ARGS", f"{key} is required (CNI_ARGS={quote(args)})")
         if len(value) > limit or not _NAME_CHARS.issuperset(value) or not value[0].isalnum() or not value[-1].isalnum():
             raise _bad(
                 key, value, f"a Kubernetes name (lower-case letters, digits, '-', '.'; at most {limit} characters)"
@@ -93,7 +94,7 @@ def netconf_annotations(config: Mapping[str, Any]) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise InvalidNetworkConfig("invalid args", f"args={str(raw)[:64]!r}: expected an object")
+        raise InvalidNetworkConfig("invalid args", f"args={quote(raw, 64)}: expected an object")
     out = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
@@ -101,6 +102,9 @@ def netconf_annotations(config: Mapping[str, Any]) -> dict[str, str]:
         if isinstance(value, bool):
             value = "true" if value else "false"
         if not isinstance(value, str) or len(value) > _MAX_ARG_VALUE:
-            raise InvalidNetworkConfig("invalid args", f"args[{key[:80]!r}]={str(value)[:64]!r}: expected a string")
+            raise InvalidNetworkConfig(
+                "invalid args",
+                f"args[{quote(key, 80)}]={quote(value, 64)}: expected a string of at most {_MAX_ARG_VALUE}",
+            )
         out[key] = value
     return out

@@ -26,9 +26,9 @@ import trio
 
 from flock import errors, logs
 from flock.faults import Fault, NodeUnprepared
-from flock.model import AllocationState, NodeConfig
+from flock.model import AllocationState, NodeConfig, UplinkMtu
 from flock.rpc import Request
-from flock.state import NodeState
+from flock.state import NodeState, PodMtu, pod_mtu
 
 from ._errors import InvalidCniArgs
 from ._handler import ADD_GATE, PodHandler
@@ -45,6 +45,9 @@ PENDING_DELETES_POLL_S = 2.0
 PENDING_DELETES_MAX_S = 60.0
 # How often the node's own addresses (which no pod may claim) are read again.
 NODE_ADDRESSES_REFRESH_S = 30.0
+# How often the default route's interface MTU is read again (new pods get a
+# change within this; one filtered route dump per family, read undecoded).
+UPLINK_MTU_REFRESH_S = 10.0
 # A record is one small request line; anything bigger is not flock's.
 _MAX_RECORD_BYTES = 64 * 1024
 
@@ -59,13 +62,16 @@ class NodeBringUp:
     gate, and the API link is to list while start-up works).  While running
     it closes that gate again while the NodeConfig is deleted (existing pods
     keep working), replays DELs the shim journals, and re-reads the node's
-    own addresses (no pod may claim one).  Error handling: a pending-delete
+    own addresses (no pod may claim one) and the MTU of the interface holding
+    the default route (the MTU new pods get without ``spec.mtu``; read before
+    ADD is served, then every :data:`UPLINK_MTU_REFRESH_S`).  Error handling: a pending-delete
     file that cannot be read is logged and removed; one whose DEL fails is
     logged and kept for a retry (the poll backs off while it keeps failing).
     Failures of the store or the kernel during start-up propagate to the
     supervisor, which restarts this service (the sequence is idempotent).  A
     node without a route for the pod gateway (``prepare``) is logged and does
-    not stop start-up.
+    not stop start-up; nor does an MTU read that fails (logged; the last
+    reading, or 1500, stays in force).
     """
 
     handler: PodHandler
@@ -73,6 +79,8 @@ class NodeBringUp:
     state: NodeState
     pending_deletes: Path
     prepare: Callable[[], Awaitable[None]] | None = None
+    # Reads what the uplink carries (None: never read; new pods get 1500 or spec.mtu).
+    uplink_mtu: Callable[[], Awaitable[UplinkMtu]] | None = None
     nodeconfig_wait: float = NODECONFIG_WAIT_S
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -89,12 +97,25 @@ class NodeBringUp:
                 self.state.close_gate(add, "rebuilding allocations")
             await self._rebuild(node)
             await self._refresh_node_addresses()
+            await self.refresh_uplink_mtu()
             await self.replay_pending_deletes()
             self.state.open_gate(add)
-            log.info("serving ADD", extra={"node": node.name, "cidr6": str(node.cidr6), "cidr4": str(node.cidr4)})
+            mtu = self.state.pod_mtu
+            log.info(
+                "serving ADD",
+                extra={
+                    "node": node.name,
+                    "cidr6": str(node.cidr6),
+                    "cidr4": str(node.cidr4),
+                    "mtu": mtu.value,
+                    "mtu_source": mtu.source,
+                },
+            )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.drain_pending_deletes)
                 nursery.start_soon(self._follow_node_addresses)
+                if self.uplink_mtu is not None:
+                    nursery.start_soon(self._follow_uplink_mtu)
                 await self._follow(node)
         finally:
             self.state.close_gate(add, "the node's services are restarting")
@@ -154,6 +175,27 @@ class NodeBringUp:
         while True:
             await trio.sleep(NODE_ADDRESSES_REFRESH_S)
             await self._refresh_node_addresses()
+
+    async def refresh_uplink_mtu(self) -> None:
+        """Read the default route's interface MTU into the node state (what
+        new pods get without ``spec.mtu``); a change is logged, existing pods
+        keep theirs.  A failed read is logged and the last reading stays."""
+        if self.uplink_mtu is None:
+            return
+        try:
+            uplink = await self.uplink_mtu()
+        except Fault as exc:
+            log.error("cannot read the default route's MTU; keeping the last one", extra={"error": str(exc)})
+            return
+        first, before = self.state.uplink_mtu is None, self.state.pod_mtu
+        self.state.uplink_mtu_observed(uplink)
+        if not first:  # the first reading is logged with "serving ADD"
+            _log_mtu_change(before, self.state.pod_mtu)
+
+    async def _follow_uplink_mtu(self) -> None:
+        while True:
+            await trio.sleep(UPLINK_MTU_REFRESH_S)
+            await self.refresh_uplink_mtu()
 
     async def drain_pending_deletes(self) -> None:
         """Replay DELs the shim journals while this agent runs (a shim that
@@ -227,6 +269,8 @@ class NodeBringUp:
             node = self.state.nodeconfig
             if node is None or node == applied:
                 continue
+            if node.mtu != applied.mtu:
+                _log_mtu_change(pod_mtu(applied, self.state.uplink_mtu), self.state.pod_mtu)
             self.handler.apply_nodeconfig(node)
             await self.dataplane.ensure_blackholes((node.cidr6, node.cidr4))
             log.info(
@@ -238,3 +282,11 @@ class NodeBringUp:
                 },
             )
             applied = node
+
+
+def _log_mtu_change(before: PodMtu, now: PodMtu) -> None:
+    if now.value != before.value:
+        log.info(
+            "pod MTU changed: new pods get it, existing pods keep theirs until they are recreated",
+            extra={"mtu": now.value, "source": now.source, "was": before.value},
+        )

@@ -288,7 +288,7 @@ class PodHandler:
                     log.info("ADD repeated: returning the committed allocation")
                     return alloc, macs
                 log.warning("ADD repeated but the pod's veth is missing: setting it up again")
-                macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
+                macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd, mtu=self.state.pod_mtu.value))
                 await self.policy.ensure(alloc)  # the new veth's chains are in before the pod runs again
                 return alloc, macs
             log.info(
@@ -301,7 +301,9 @@ class PodHandler:
             alloc = await self._reserve(request, ref, lap)
             self.checkpoint.reached("after-pending")
         try:
-            macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd))
+            # The MTU in force now (NodeConfig spec.mtu, else the uplink's): a
+            # later change reaches new pods only, this one keeps what it got.
+            macs = _macs_of(await self.dataplane.setup(alloc, request.netns_fd, mtu=self.state.pod_mtu.value))
             lap("netlink")
             # NetworkPolicy before the pod runs: its rules and set memberships are in the kernel first.
             await self.policy.ensure(alloc)
@@ -627,7 +629,7 @@ def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
         # namespace does not have; the runtime must DEL the old attachment first.
         raise ContainerInUse(
             "container ID already in use",
-            f"netns={request.netns!r}: container {request.container_id} is attached in {alloc.netns!r}",
+            f"netns={errors.quote(request.netns)}: container {request.container_id} is attached in {alloc.netns!r}",
         )
 
 
@@ -639,7 +641,9 @@ def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
         )
     raw = config[VALID_ATTACHMENTS]
     if not isinstance(raw, list):
-        raise InvalidNetworkConfig("invalid valid-attachments", f"{VALID_ATTACHMENTS}={raw!r}: expected a list")
+        raise InvalidNetworkConfig(
+            "invalid valid-attachments", f"{VALID_ATTACHMENTS}={errors.quote(raw)}: expected a list"
+        )
     out = set()
     for i, item in enumerate(raw):
         cid = item.get("containerID") if isinstance(item, Mapping) else None
@@ -647,7 +651,7 @@ def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
         if not isinstance(cid, str) or not cid or not isinstance(ifname, str) or not ifname:
             raise InvalidNetworkConfig(
                 "invalid valid-attachments",
-                f'{VALID_ATTACHMENTS}[{i}]={item!r}: expected {{"containerID": …, "ifname": …}}',
+                f'{VALID_ATTACHMENTS}[{i}]={errors.quote(item)}: expected {{"containerID": …, "ifname": …}}',
             )
         out.add((cid, ifname))
     return out

@@ -48,8 +48,9 @@ class Dataplane(Protocol):
     @property
     def gateway4(self) -> ipaddress.IPv4Address: ...
     def host_ifname(self, container_id: str) -> str: ...
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> object:
-        """Converge the kernel; returns what it made, with ``host_mac``/``pod_mac``."""
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None, *, mtu: int | None = None) -> object:
+        """Converge the kernel, both veth ends at *mtu* (None: the dataplane's
+        default); returns what it made, with ``host_mac``/``pod_mac``."""
         ...
 
     async def teardown(

@@ -6,6 +6,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
+from flock.errors import quote
 from flock.model import Allocation, IPAddress
 
 from ._errors import InvalidNetworkConfig
@@ -64,7 +65,7 @@ def cni_result(
 
 
 def _invalid(field: str, value: Any, expected: str) -> InvalidNetworkConfig:
-    return InvalidNetworkConfig("invalid prevResult", f"{field}={value!r}: expected {expected}")
+    return InvalidNetworkConfig("invalid prevResult", f"{field}={quote(value)}: expected {expected}")
 
 
 def prev_result_addresses(config: Mapping[str, Any]) -> set[IpInterface]:

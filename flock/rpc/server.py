@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from flock import logs
-from flock.errors import INTERNAL, INVALID_ENV, NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+from flock.errors import INTERNAL, INVALID_ENV, NOT_AVAILABLE, TRY_AGAIN_LATER, CniError, quote
 from flock.rpc._unixsocket import PrivateSocket, SocketInUse
 from flock.rpc.wire import LineReader, Request, encode_error, encode_result
 
@@ -45,6 +45,8 @@ _ANCILLARY_BYTES = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 # accept() errors that mean "out of resources right now", not "broken socket".
 _TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
+# Longest request string put into the log context as it is (longer: its quoted head).
+_MAX_LOG_FIELD = 512
 
 
 class Handler(Protocol):
@@ -179,7 +181,10 @@ class RpcServer:
                         await stream.send_all(encode_error(err))
                         return
                     context = {"op": request.op, "container_id": request.container_id, "pod": request.pod}
-                    fields = {k: v for k, v in context.items() if v}
+                    # A DEL's CNI_ARGS is not checked (it needs none): a huge pod name stays out of the logs.
+                    fields = {
+                        k: v if len(v) <= _MAX_LOG_FIELD else quote(v, _MAX_LOG_FIELD) for k, v in context.items() if v
+                    }
                     with logs.bound(**fields):
                         self._handling.add(handling)
                         try:

@@ -70,17 +70,33 @@ REQUIRED_FIELDS = MappingProxyType(
     }
 )
 
+# CNI error codes are small unsigned numbers; a reply with another is malformed.
+MAX_ERROR_CODE = 0xFFFFFFFF
+
 _STRING_FIELDS = ("containerID", "netns", "ifName", "args", "path")
 _CONTAINER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+# Longest container ID taken.  Runtimes use 64 hex digits; the ID names a file
+# (the DEL journal's ``.<id>.<pid>.tmp``) whose name the kernel caps at 255 bytes.
+MAX_CONTAINER_ID_CHARS = 200
+# Longest CNI_ARGS key or value taken (a pod name is at most 253 characters).
+# Any longer is refused naming the key, so neither the agent's logs nor an
+# error carry it.  A CNI_ARGS no longer than this holds no such item.
+MAX_CNI_ARG_CHARS = 4096
 
 
 def valid_container_id(value: str) -> bool:
-    """CNI spec: alphanumeric plus ``_ . -``, starting with an alphanumeric.
+    """CNI spec: alphanumeric plus ``_ . -``, starting with an alphanumeric;
+    at most :data:`MAX_CONTAINER_ID_CHARS`.
 
     flock uses the ID as a file name (pending deletes) and a database key, so
     anything else is refused before it can name a path.
     """
-    return bool(value) and value[0].isascii() and value[0].isalnum() and _CONTAINER_ID_CHARS.issuperset(value)
+    return (
+        0 < len(value) <= MAX_CONTAINER_ID_CHARS
+        and value[0].isascii()
+        and value[0].isalnum()
+        and _CONTAINER_ID_CHARS.issuperset(value)
+    )
 
 
 # Names the kernel gives a meaning of its own: /proc/sys/net/ipv*/conf/{all,default}.
@@ -104,9 +120,27 @@ def valid_netns(value: str) -> bool:
     return value.startswith("/") and "\0" not in value
 
 
+def cni_args_error(args: str) -> str | None:
+    """What is wrong with CNI_ARGS *args* (a key or value over
+    :data:`MAX_CNI_ARG_CHARS`, named by the key's head), else None."""
+    if len(args) <= MAX_CNI_ARG_CHARS:
+        return None
+    for item in args.split(";"):
+        key, _, value = item.partition("=")
+        if len(key) > MAX_CNI_ARG_CHARS:
+            return f"a key of {len(key)} characters ({quote(key, 64)}); at most {MAX_CNI_ARG_CHARS}"
+        if len(value) > MAX_CNI_ARG_CHARS:
+            return f"{quote(key.strip(), 64)} has a value of {len(value)} characters; at most {MAX_CNI_ARG_CHARS}"
+    return None
+
+
 def field_error(name: str, value: str) -> tuple[str, str] | None:
     """``(msg, what was expected)`` when a non-empty request string *value* of
-    field *name* is malformed, else None (shared by the shim's env checks)."""
+    field *name* is malformed, else None (shared by the shim's env checks).
+    ``args`` is checked for every op but DEL (which needs none of it)."""
+    if name == "args":
+        problem = cni_args_error(value)
+        return None if problem is None else ("invalid CNI_ARGS", problem)
     check = _FIELD_CHECKS.get(name)
     if check is None or not value or check[0](value):
         return None
@@ -118,7 +152,7 @@ _FIELD_CHECKS = MappingProxyType(
         "containerID": (
             valid_container_id,
             "invalid container ID",
-            "expected letters, digits, '_', '.', '-', starting with a letter or digit",
+            f"expected letters, digits, '_', '.', '-', starting with a letter or digit, at most {MAX_CONTAINER_ID_CHARS}",
         ),
         "ifName": (
             valid_if_name,
@@ -294,7 +328,7 @@ class Request:
             if not fields[name]:
                 raise CniError(INVALID_ENV, "request is missing a field", f"field {name!r} is required for {op}")
         for name, value in fields.items():
-            invalid = field_error(name, value)
+            invalid = field_error(name, value) if name != "args" or op != "DEL" else None
             if invalid is not None:
                 msg, expected = invalid
                 raise CniError(INVALID_ENV, msg, f"field {name!r}={quote(value)}: {expected}")
@@ -366,7 +400,8 @@ def decode_response(line: bytes) -> dict[str, Any]:
     obj = _decode_line(line, "response")
     if "error" in obj:
         err = obj["error"]
-        if not isinstance(err, dict) or not isinstance(err.get("code"), int) or isinstance(err.get("code"), bool):
+        code = err.get("code") if isinstance(err, dict) else None
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= MAX_ERROR_CODE:
             raise CniError(
                 DECODE_ERROR,
                 "malformed response from flock-agent",

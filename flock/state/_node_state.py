@@ -4,7 +4,8 @@ What the agent knows about its node *right now* lives here and nowhere else:
 the NodeConfig in force (and whether the API server's copy was deleted or
 refused), the allocation view (every allocation this agent holds, pending
 ones included), readiness as named gates each with the reason it is closed,
-the degraded-but-serving notes, and which node blocks are out of addresses.
+the degraded-but-serving notes, which node blocks are out of addresses, and
+what the uplink carries (so the MTU new pods get).
 
 Each part has exactly one way to change it (a method named for the change)
 and every change bumps :attr:`NodeState.version` and wakes
@@ -21,7 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import trio
 
-from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
+from flock.model import Allocation, AllocationState, NodeConfig, PodInfo, UplinkMtu
+from flock.state._mtu import PodMtu, pod_mtu
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The gate :meth:`NodeState.nodeconfig_observed` keeps (when declared): closed
@@ -58,6 +60,7 @@ class NodeState:
     _nodeconfig: NodeConfig | None = attrs.field(init=False, default=None)
     _nodeconfig_deleted: bool = attrs.field(init=False, default=False)
     _nodeconfig_refused: str | None = attrs.field(init=False, default=None)
+    _uplink_mtu: UplinkMtu | None = attrs.field(init=False, default=None)
     _allocations: dict[str, Allocation] = attrs.field(init=False, factory=dict)
     _allocations_loaded: bool = attrs.field(init=False, default=False)
     _exhausted: tuple[Network, ...] = attrs.field(init=False, default=())
@@ -143,6 +146,24 @@ class NodeState:
             else:
                 self._closed.pop(NODECONFIG_GATE, None)
         self._bump()
+
+    # -- the MTU --------------------------------------------------------------
+
+    @property
+    def uplink_mtu(self) -> UplinkMtu | None:
+        """The last reading of the default route's interface (None: not read yet)."""
+        return self._uplink_mtu
+
+    def uplink_mtu_observed(self, uplink: UplinkMtu) -> None:
+        if uplink != self._uplink_mtu:
+            self._uplink_mtu = uplink
+            self._bump()
+
+    @property
+    def pod_mtu(self) -> PodMtu:
+        """The MTU in force for new pods and where it came from (see :func:`flock.state.pod_mtu`).
+        Existing pods keep the one they were set up with."""
+        return pod_mtu(self._nodeconfig, self._uplink_mtu)
 
     # -- the allocation view -------------------------------------------------
 

@@ -20,7 +20,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._cnp import admit_cluster_network_policy
-from ._resources import CLUSTERNETWORKPOLICIES, NAMESPACES, NETWORKPOLICIES, NODES, PODS, Resource
+from ._crds import admit_crd
+from ._resources import (
+    CLUSTERNETWORKPOLICIES,
+    CUSTOMRESOURCEDEFINITIONS,
+    NAMESPACES,
+    NETWORKPOLICIES,
+    NODES,
+    PODS,
+    Resource,
+)
 from ._status import Invalid, StatusError
 
 NAME_LABEL = "kubernetes.io/metadata.name"
@@ -62,7 +71,9 @@ def admit(resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
             admit_cluster_network_policy(obj)  # a custom resource: pruned, then its CRD's schema and rules
         elif resource == NODES:
             _node(obj)
-        else:
+        elif resource == CUSTOMRESOURCEDEFINITIONS:
+            admit_crd(obj)
+        elif resource.requires_spec:
             if not isinstance(obj.get("spec"), dict):
                 raise Invalid("spec", obj.get("spec"), "Required value")
             if resource == PODS:

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
+import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import yaml
 from aiohttp import web
 
+from . import _discovery
+from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
 from ._status import StatusError, status_object
@@ -30,6 +36,7 @@ from ._store import (
     encode,
     merge_patch,
 )
+from ._tables import table, wants_table
 
 log = logging.getLogger("flock.testing.apiserver")
 
@@ -38,9 +45,9 @@ DEFAULT_WATCH_SECONDS = 1800.0
 _FRESH_POLL = 0.02
 _BATCH = 500  # list items or initial watch events written at a time
 _TRUE = ("true", "True", "1")
-# A strategic merge patch is applied as a JSON merge patch: the same for maps
-# (annotations, labels, spec fields); lists are replaced rather than merged by key.
-_MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+_CLONE_NEWNET = 0x40000000  # os.CLONE_NEWNET, which Python 3.11 lacks
+# The /status subresource takes the two patches that only merge maps here.
+_STATUS_PATCH_TYPES = (MERGE_PATCH, STRATEGIC_MERGE_PATCH)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -73,6 +80,10 @@ class HttpFrontend:
     # 1.33's snapshots of the watch cache: lists at "0" (or not older than N) honour limit too.
     paged_cache_lists: bool = False
     resource_version_wait: float = RESOURCE_VERSION_WAIT
+    # host:port is bound inside this named network namespace (/run/netns/NAME), not the process's own.
+    netns: str | None = None
+    # More (host, port) to serve on, in the process's own namespace (port 0: any; kept across restarts).
+    also_listen: list[tuple[str, int]] = attrs.field(factory=list)
     # (method, path?query) of the latest API requests; bounded for a long-running lab server.
     requests: collections.deque[tuple[str, str]] = attrs.field(
         init=False, factory=lambda: collections.deque(maxlen=100_000)
@@ -88,6 +99,11 @@ class HttpFrontend:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def also_urls(self) -> list[str]:
+        """The URLs of :attr:`also_listen` (bound ports once started)."""
+        return [f"http://[{h}]:{p}" if ":" in h else f"http://{h}:{p}" for h, p in self.also_listen]
+
     async def start(self) -> None:
         """Bind and serve; afterwards ``port`` is the bound port (reused by a restart)."""
         if self._serving is None:
@@ -99,22 +115,21 @@ class HttpFrontend:
         app.router.add_get("/healthz", self._plain_ok)
         app.router.add_get("/readyz", self._plain_ok)
         app.router.add_get("/version", self._version)
+        self._add_discovery_routes(app)
         app.router.add_post("/flock-testing/{fault}", self._fault)
         app.router.add_get("/flock-testing/stats", self._stats)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except BaseException:
-            sock.close()
-            raise
+        sock = _bound(self.host, self.port, self.netns)
         self.port = sock.getsockname()[1]
+        more = []
+        for i, (host, port) in enumerate(self.also_listen):
+            more.append(_bound(host, port, None))
+            self.also_listen[i] = (host, more[-1].getsockname()[1])
         # handler_cancellation: a client that hangs up ends its watch here too, as on kube-apiserver.
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        log.info("fake apiserver listening", extra={"url": self.url})
+        for bound in (sock, *more):
+            await web.SockSite(self._runner, bound).start()
+        log.info("fake apiserver listening", extra={"url": self.url, "also": self.also_urls})
 
     async def stop(self) -> None:
         """Stop serving: every open connection is cut, as when the process dies."""
@@ -177,7 +192,69 @@ class HttpFrontend:
         return web.Response(text="ok")
 
     async def _version(self, request: web.Request) -> web.Response:
-        return _json({"major": "1", "minor": "32", "gitVersion": "v1.32.0-flock-testing"})
+        return _json(
+            {
+                "major": "1",
+                "minor": "32",
+                "gitVersion": "v1.32.0-flock-testing",
+                "gitCommit": "",
+                "gitTreeState": "clean",
+                "buildDate": "2025-01-01T00:00:00Z",
+                "goVersion": "",
+                "compiler": "flock.testing",
+                "platform": "linux/amd64",
+            }
+        )
+
+    def _add_discovery_routes(self, app: web.Application) -> None:
+        """/api, /apis and every group version (see :mod:`._discovery`); no OpenAPI document:
+        ``/openapi/v2`` and ``/openapi/v3`` answer 404, which kubectl reads as "this server
+        publishes no schema" (it then validates nothing client-side and computes strategic
+        merge patches from its own compiled-in types)."""
+
+        def aggregated_or(legacy: dict[str, Any], core: bool) -> Any:
+            async def handler(request: web.Request) -> web.Response:
+                if _discovery.wants_aggregated(request.headers.get("Accept", "")):
+                    body = _discovery.aggregated(RESOURCES, core=core)
+                    return web.Response(body=encode(body), headers={"Content-Type": _discovery.AGGREGATED_V2})
+                return _json(legacy)
+
+            return handler
+
+        async def group(request: web.Request) -> web.Response:
+            found = _discovery.api_group(RESOURCES, request.match_info["group"])
+            if found is None:
+                raise StatusError(404, "the server could not find the requested resource")
+            return _json(found)
+
+        async def group_version(request: web.Request) -> web.Response:
+            found = _discovery.resource_list(
+                RESOURCES, request.match_info.get("group", ""), request.match_info["version"]
+            )
+            if found is None:
+                raise StatusError(404, "the server could not find the requested resource")
+            return _json(found)
+
+        app.router.add_get("/api", aggregated_or(_discovery.api_versions(), True))
+        app.router.add_get("/apis", aggregated_or(_discovery.api_group_list(RESOURCES), False))
+        app.router.add_get("/api/{version}", group_version)
+        app.router.add_get("/apis/{group}", group)
+        app.router.add_get("/apis/{group}/{version}", group_version)
+
+        async def openapi(request: web.Request) -> web.Response:
+            return _json(_discovery.openapi_v3_paths(RESOURCES))
+
+        async def openapi_group_version(request: web.Request) -> web.Response:
+            found = _discovery.openapi_v3_document(
+                RESOURCES, request.match_info.get("group", ""), request.match_info["version"]
+            )
+            if found is None:
+                raise StatusError(404, "the server could not find the requested resource")
+            return _json(found)
+
+        app.router.add_get("/openapi/v3", openapi)
+        app.router.add_get("/openapi/v3/api/{version}", openapi_group_version)
+        app.router.add_get("/openapi/v3/apis/{group}/{version}", openapi_group_version)
 
     async def _stats(self, request: web.Request) -> web.Response:
         """What the store holds (objects and bytes of JSON per resource) and its version."""
@@ -202,26 +279,28 @@ class HttpFrontend:
     def _add_routes(self, app: web.Application, res: Resource) -> None:
         async def collection(request: web.Request) -> web.StreamResponse:
             ns = request.match_info.get("namespace")
+            _no_dry_run(request)
             if request.method == "POST":
                 return _json(self.store.create(res, await _body(request), ns), 201)
             return await self._list_or_watch(request, res, ns)
 
         async def item(request: web.Request) -> web.StreamResponse:
             ns, name = request.match_info.get("namespace"), request.match_info["name"]
+            _no_dry_run(request)
             if request.method == "GET":
-                return _json(self.store.get(res, name, ns))
+                obj = self.store.get(res, name, ns)
+                if wants_table(request.headers.get("Accept", "")):
+                    return _json(
+                        self._table(request, res, [obj], {"resourceVersion": obj["metadata"]["resourceVersion"]})
+                    )
+                return _json(obj)
             if request.method == "PUT":
                 body = await _body(request)
                 if (body.get("metadata") or {}).get("name") != name:
                     raise StatusError(400, "the name of the object does not match the name on the URL")
                 return _json(self.store.update(res, body, ns))
             if request.method == "PATCH":
-                if request.content_type not in _MERGE_PATCH_TYPES:
-                    raise StatusError(
-                        415,
-                        f"flock.testing applies merge patches only ({', '.join(_MERGE_PATCH_TYPES)}), got {request.content_type}",
-                    )
-                return _json(self.store.patch(res, name, await _body(request), ns))
+                return await self._patch(request, res, name, ns)
             return _json(self.store.delete(res, name, ns))
 
         async def status(request: web.Request) -> web.StreamResponse:
@@ -232,8 +311,10 @@ class HttpFrontend:
             if request.method == "PUT":
                 rv = (body.get("metadata") or {}).get("resourceVersion")
                 return _json(self.store.set_status(res, name, body.get("status"), ns, rv))
-            if request.content_type not in _MERGE_PATCH_TYPES:
-                raise StatusError(415, f"flock.testing applies merge patches only, got {request.content_type}")
+            if request.content_type not in _STATUS_PATCH_TYPES:
+                raise StatusError(
+                    415, f"flock.testing patches a status with merge patches only, got {request.content_type}"
+                )
             current = self.store.get(res, name, ns)
             merged = merge_patch(current.get("status"), body.get("status") or {})
             return _json(self.store.set_status(res, name, merged, ns, current["metadata"]["resourceVersion"]))
@@ -261,6 +342,13 @@ class HttpFrontend:
         if plan.from_cache:
             await self._until_version(plan.minimum)
         result = self.store.read(res, ns, selector, plan)
+        if wants_table(request.headers.get("Accept", "")):
+            meta: dict[str, Any] = {"resourceVersion": str(result.resource_version)}
+            if result.continue_:
+                meta["continue"] = result.continue_
+            if result.remaining_item_count is not None:
+                meta["remainingItemCount"] = result.remaining_item_count
+            return _json(self._table(request, res, [obj.decode() for obj in result.items], meta))
         if len(result.items) <= _BATCH:
             return web.Response(body=b"".join(result.chunks(res)), content_type="application/json")
         # A big list is written as it is encoded, a batch at a time, the loop free in between.
@@ -276,6 +364,41 @@ class HttpFrontend:
         except ConnectionResetError:
             pass  # the client hung up
         return resp
+
+    def _table(
+        self, request: web.Request, res: Resource, objects: list[dict[str, Any]], meta: dict[str, Any]
+    ) -> dict[str, Any]:
+        crd = self.store.crd(res) if res.custom else None
+        return table(res, objects, include_object=request.query.get("includeObject", ""), list_meta=meta, crd=crd)
+
+    async def _patch(self, request: web.Request, res: Resource, name: str, ns: str | None) -> web.Response:
+        """PATCH of every kind kube-apiserver takes (see :mod:`._patch`); apply creates (201)."""
+        kind = request.content_type
+        if kind not in PATCH_TYPES:
+            raise StatusError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
+            )
+        if kind == APPLY_PATCH:
+            manager = request.query.get("fieldManager", "")
+            if not manager:
+                raise StatusError(
+                    400,
+                    'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+                )
+            try:
+                applied = yaml.safe_load(await request.text())
+            except yaml.YAMLError as exc:
+                raise StatusError(400, f"error decoding YAML: {exc}") from None
+            obj, created = self.store.apply(res, name, applied, manager, ns)
+            return _json(obj, 201 if created else 200)
+        try:
+            patch = await request.json()
+        except ValueError as exc:
+            raise StatusError(400, f"request body is not JSON: {exc}") from None
+        if kind == JSON_PATCH:
+            return _json(self.store.patch(res, name, patch, ns, JSON_PATCH))
+        return _json(self.store.patch(res, name, patch, ns, kind))
 
     async def _until_version(self, minimum: int) -> None:
         """Wait (at most ``resource_version_wait``) for the store to reach *minimum*, as the
@@ -352,7 +475,57 @@ class HttpFrontend:
                 sub.close()
 
 
+def _bound(host: str, port: int, netns: str | None) -> socket.socket:
+    """A listening-ready TCP socket bound to host:port; in *netns* (a name under /run/netns) when
+    given: made on a fresh OS thread that enters it and ends, so no thread of this process that
+    other work uses ever changes namespace (the socket keeps its namespace)."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    if netns is None:
+        return make()
+    made: list[socket.socket | OSError] = []
+
+    def in_netns() -> None:
+        try:
+            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns({netns}): {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            made.append(make())
+        except OSError as exc:
+            made.append(exc)
+
+    thread = threading.Thread(target=in_netns, name=f"bind-in-{netns}")
+    thread.start()
+    thread.join()
+    if isinstance(made[0], OSError):
+        raise made[0]
+    return made[0]
+
+
+def _no_dry_run(request: web.Request) -> None:
+    """``dryRun=All`` would be answered as if stored and then stored: refuse it instead."""
+    if request.query.get("dryRun"):
+        raise StatusError(400, "flock.testing does not implement dryRun (kubectl --dry-run=client works)")
+
+
 async def _body(request: web.Request) -> Mapping[str, Any]:
+    if request.content_type == "application/vnd.kubernetes.protobuf":
+        # client-go's typed clients send protobuf (kubectl create namespace …); -f files go as JSON.
+        raise StatusError(415, "flock.testing reads JSON bodies only, not protobuf: use kubectl create/apply -f FILE")
     try:
         body = await request.json()
     except ValueError as exc:

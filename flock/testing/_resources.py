@@ -1,8 +1,23 @@
-"""The Kubernetes resources the fake API server knows, and their URL shapes."""
+"""The Kubernetes resources the fake API server knows, their URL shapes and what discovery says of them."""
 
 from __future__ import annotations
 
 import attrs
+
+# Every resource answers these (kube-apiserver also has deletecollection, which this server does not route).
+VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+
+
+@attrs.frozen
+class Column:
+    """One column of ``kubectl get``'s table (a CRD's ``additionalPrinterColumns`` entry);
+    *priority* 1: shown with ``-o wide`` only."""
+
+    name: str
+    type: str  # string, integer, number, boolean, date
+    json_path: str  # .spec.cidr6 (a plain dotted path: no filters)
+    priority: int = 0
+    description: str = ""
 
 
 @attrs.frozen
@@ -12,6 +27,11 @@ class Resource:
     plural: str
     kind: str
     namespaced: bool
+    short_names: tuple[str, ...] = ()  # upstream's (kubectl get po)
+    # A /status subresource, as upstream serves it (the server routes /status for every kind).
+    status_subresource: bool = False
+    requires_spec: bool = True  # the object has a required ``spec`` (admission checks it)
+    custom: bool = False  # a custom resource (its CRD object, once stored, validates it)
 
     @property
     def api_version(self) -> str:
@@ -26,16 +46,46 @@ class Resource:
     def list_kind(self) -> str:
         return self.kind + "List"
 
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
 
-PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+    @property
+    def crd_name(self) -> str:
+        """The name of the CustomResourceDefinition that defines it (``<plural>.<group>``)."""
+        return f"{self.plural}.{self.group}"
+
+
+PODS = Resource(
+    group="", version="v1", plural="pods", kind="Pod", namespaced=True, short_names=("po",), status_subresource=True
+)
 NODECONFIGS = Resource(
-    group="flock.fritzlab.net", version="v1alpha1", plural="nodeconfigs", kind="NodeConfig", namespaced=False
+    group="flock.fritzlab.net",
+    version="v1alpha1",
+    plural="nodeconfigs",
+    kind="NodeConfig",
+    namespaced=False,
+    short_names=("nc",),
+    custom=True,
 )
-NAMESPACES = Resource(group="", version="v1", plural="namespaces", kind="Namespace", namespaced=False)
+NAMESPACES = Resource(
+    group="",
+    version="v1",
+    plural="namespaces",
+    kind="Namespace",
+    namespaced=False,
+    short_names=("ns",),
+    status_subresource=True,
+)
 NETWORKPOLICIES = Resource(
-    group="networking.k8s.io", version="v1", plural="networkpolicies", kind="NetworkPolicy", namespaced=True
+    group="networking.k8s.io",
+    version="v1",
+    plural="networkpolicies",
+    kind="NetworkPolicy",
+    namespaced=True,
+    short_names=("netpol",),
 )
-SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
+SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True, requires_spec=False)
 # kubernetes-sigs/network-policy-api v0.2.0's CRD (deploy/crd-clusternetworkpolicy.yaml).
 CLUSTERNETWORKPOLICIES = Resource(
     group="policy.networking.k8s.io",
@@ -43,6 +93,81 @@ CLUSTERNETWORKPOLICIES = Resource(
     plural="clusternetworkpolicies",
     kind="ClusterNetworkPolicy",
     namespaced=False,
+    short_names=("cnp",),
+    status_subresource=True,
+    custom=True,
 )
-NODES = Resource(group="", version="v1", plural="nodes", kind="Node", namespaced=False)
-RESOURCES = (PODS, NODECONFIGS, SECRETS, NAMESPACES, NETWORKPOLICIES, CLUSTERNETWORKPOLICIES, NODES)
+NODES = Resource(
+    group="", version="v1", plural="nodes", kind="Node", namespaced=False, short_names=("no",), status_subresource=True
+)
+# What deploy/'s kustomization holds besides flock's own kinds: stored and listed, checked only
+# for what every object needs (name, labels, annotations; a CRD's names, a DaemonSet's spec).
+CUSTOMRESOURCEDEFINITIONS = Resource(
+    group="apiextensions.k8s.io",
+    version="v1",
+    plural="customresourcedefinitions",
+    kind="CustomResourceDefinition",
+    namespaced=False,
+    short_names=("crd", "crds"),
+    status_subresource=True,
+)
+SERVICEACCOUNTS = Resource(
+    group="",
+    version="v1",
+    plural="serviceaccounts",
+    kind="ServiceAccount",
+    namespaced=True,
+    short_names=("sa",),
+    requires_spec=False,
+)
+CONFIGMAPS = Resource(
+    group="",
+    version="v1",
+    plural="configmaps",
+    kind="ConfigMap",
+    namespaced=True,
+    short_names=("cm",),
+    requires_spec=False,
+)
+DAEMONSETS = Resource(
+    group="apps",
+    version="v1",
+    plural="daemonsets",
+    kind="DaemonSet",
+    namespaced=True,
+    short_names=("ds",),
+    status_subresource=True,
+)
+_RBAC = "rbac.authorization.k8s.io"
+CLUSTERROLES = Resource(
+    group=_RBAC, version="v1", plural="clusterroles", kind="ClusterRole", namespaced=False, requires_spec=False
+)
+CLUSTERROLEBINDINGS = Resource(
+    group=_RBAC,
+    version="v1",
+    plural="clusterrolebindings",
+    kind="ClusterRoleBinding",
+    namespaced=False,
+    requires_spec=False,
+)
+ROLES = Resource(group=_RBAC, version="v1", plural="roles", kind="Role", namespaced=True, requires_spec=False)
+ROLEBINDINGS = Resource(
+    group=_RBAC, version="v1", plural="rolebindings", kind="RoleBinding", namespaced=True, requires_spec=False
+)
+RESOURCES = (
+    PODS,
+    NODECONFIGS,
+    SECRETS,
+    NAMESPACES,
+    NETWORKPOLICIES,
+    CLUSTERNETWORKPOLICIES,
+    NODES,
+    CUSTOMRESOURCEDEFINITIONS,
+    SERVICEACCOUNTS,
+    CONFIGMAPS,
+    DAEMONSETS,
+    CLUSTERROLES,
+    CLUSTERROLEBINDINGS,
+    ROLES,
+    ROLEBINDINGS,
+)

@@ -31,6 +31,20 @@ SUPPORTED_FIELDS = {
     "Secret": ("metadata.name", "metadata.namespace", "type"),
     "ClusterNetworkPolicy": ("metadata.name", "metadata.namespace"),  # a custom resource's two
     "Node": ("metadata.name",),  # (and spec.unschedulable, which nothing here selects by)
+    # deploy/'s other kinds (kubectl delete's wait watches by metadata.name)
+    **{
+        kind: ("metadata.name", "metadata.namespace")
+        for kind in (
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ConfigMap",
+            "DaemonSet",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        )
+    },
 }
 
 EXACT, NOT_OLDER_THAN = "Exact", "NotOlderThan"

@@ -39,7 +39,19 @@ from typing import Any
 import attrs
 
 from ._admission import admit, invalid
-from ._resources import SECRETS, Resource
+from ._crds import check_custom
+from ._patch import (
+    APPLY_PATCH,
+    JSON_PATCH,
+    MERGE_PATCH,
+    PATCH_TYPES,
+    STRATEGIC_MERGE_PATCH,
+    apply_patch,
+    json_patch,
+    merge_patch,
+    strategic_merge_patch,
+)
+from ._resources import CUSTOMRESOURCEDEFINITIONS, SECRETS, Resource
 from ._selectors import (
     INITIAL_EVENTS_END,
     SUPPORTED_FIELDS,
@@ -347,6 +359,7 @@ class ObjectStore:
             key = _key(resource, new["metadata"].get("namespace"), new["metadata"]["name"])
             if key in self._collection(resource).objects:
                 raise _already_exists(resource, new["metadata"]["name"])
+            self._check_custom_locked(resource, new)
             return self._commit(resource, key, "ADDED", None, new)
 
     def bulk_create(self, resource: Resource, objects: Iterable[dict[str, Any]], namespace: str | None = None) -> int:
@@ -380,21 +393,87 @@ class ObjectStore:
             return self._replace_locked(resource, new)
 
     def patch(
-        self, resource: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None
+        self,
+        resource: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        patch_type: str = MERGE_PATCH,
     ) -> dict[str, Any]:
-        """Apply a JSON merge patch (RFC 7386: maps merge, null deletes, lists are replaced).
+        """Apply a patch of *patch_type* (default a JSON merge patch, RFC 7386: maps merge, null
+        deletes, lists are replaced; see :mod:`flock.testing._patch` for the others).
 
-        A ``metadata.resourceVersion`` in the patch is a precondition (409 when stale).
+        A ``metadata.resourceVersion`` in the patched object is a precondition (409 when stale).
         """
-        if not isinstance(patch, Mapping):
+        if patch_type == JSON_PATCH:
+            if not isinstance(patch, list):
+                raise StatusError(400, f"a JSON patch must be a list, got {type(patch).__name__}")
+        elif not isinstance(patch, Mapping):
             raise StatusError(400, f"a merge patch must be an object, got {type(patch).__name__}")
+        if patch_type == STRATEGIC_MERGE_PATCH and resource.custom:
+            raise StatusError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"{JSON_PATCH}, {MERGE_PATCH}, {APPLY_PATCH}",
+            )
         with self._lock:
             old = self._collection(resource).objects.get(_key(resource, namespace, name))
             if old is None:
                 raise _not_found(resource, name)
-            merged = merge_patch(old.decode(), patch)
+            if patch_type == JSON_PATCH:
+                merged = json_patch(old.decode(), patch)
+            elif patch_type == STRATEGIC_MERGE_PATCH:
+                merged = strategic_merge_patch(old.decode(), patch)
+            elif patch_type == MERGE_PATCH:
+                merged = merge_patch(old.decode(), patch)
+            else:
+                raise StatusError(
+                    415, f"unsupported patch type {patch_type!r}: expected one of {', '.join(PATCH_TYPES)}"
+                )
+            if not isinstance(merged, dict):
+                raise StatusError(422, f"the patched {resource.kind} is not an object")
             merged.setdefault("metadata", {})["name"] = name
             return self._replace_locked(resource, admitted(resource, merged, namespace, owned=True))
+
+    def apply(
+        self, resource: Resource, name: str, applied: Mapping[str, Any], manager: str, namespace: str | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """Server-side apply by *manager* (simplified: see :mod:`flock.testing._patch`); creates the
+        object when it is absent.  Returns the object and whether it was created."""
+        if not isinstance(applied, Mapping):
+            raise StatusError(400, f"an applied configuration must be an object, got {type(applied).__name__}")
+        meta: Mapping[str, Any] = applied.get("metadata") or {}
+        if not isinstance(meta, Mapping):
+            raise StatusError(400, "metadata must be an object in an applied configuration")
+        if meta.get("name") not in (None, name):
+            raise StatusError(400, "the name of the object does not match the name on the URL")
+        for field in ("apiVersion", "kind"):
+            want = resource.api_version if field == "apiVersion" else resource.kind
+            if applied.get(field) != want:
+                raise StatusError(
+                    400, f"{field} must be {want!r} in an applied configuration, got {applied.get(field)!r}"
+                )
+        if meta.get("resourceVersion"):
+            raise StatusError(
+                400, "metadata.resourceVersion: Invalid value: must not be set in an applied configuration"
+            )
+        with self._lock:
+            key = _key(resource, namespace, name)
+            old = self._collection(resource).objects.get(key)
+            merged = apply_patch(None if old is None else old.decode(), applied, manager)
+            merged.setdefault("metadata", {})["name"] = name
+            new = admitted(resource, merged, namespace, owned=True)
+            if old is not None:
+                return self._replace_locked(resource, new), False
+            _created(new)
+            self._check_custom_locked(resource, new)
+            return self._commit(resource, key, "ADDED", None, new), True
+
+    def crd(self, resource: Resource) -> dict[str, Any] | None:
+        """The stored CustomResourceDefinition of *resource*, if any."""
+        with self._lock:
+            stored = self._collection(CUSTOMRESOURCEDEFINITIONS).objects.get(resource.crd_name)
+        return None if stored is None else stored.decode()
 
     def set_status(
         self,
@@ -649,12 +728,21 @@ class ObjectStore:
                 coll.keys.sort()
         return len(objects)
 
+    def _check_custom_locked(self, resource: Resource, new: Mapping[str, Any]) -> None:
+        """A custom resource whose CRD object is stored: checked against its schema (see :mod:`._crds`)."""
+        if not resource.custom:
+            return
+        crd = self._collection(CUSTOMRESOURCEDEFINITIONS).objects.get(resource.crd_name)
+        if crd is not None:
+            check_custom(resource, crd.decode(), new)
+
     def _replace_locked(self, resource: Resource, new: dict[str, Any]) -> dict[str, Any]:
         meta = new["metadata"]
         key = _key(resource, meta.get("namespace"), meta["name"])
         stored = self._collection(resource).objects.get(key)
         if stored is None:
             raise _not_found(resource, meta["name"])
+        self._check_custom_locked(resource, new)
         old = stored.decode()
         wanted = meta.get("resourceVersion")
         if wanted and wanted != old["metadata"]["resourceVersion"]:
@@ -763,18 +851,6 @@ def _secret(new: dict[str, Any], name: str) -> dict[str, Any]:
     new["data"] = data
     new.setdefault("type", "Opaque")
     return new
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 def _now() -> str:

@@ -12,6 +12,9 @@ As a process (the lab)::
 
     python -m flock.testing.apiserver --host 2001:db8::1 --port 6443 --kubeconfig-out /tmp/kc
 
+(the lab's: ``--netns NAME`` binds host:port inside that namespace, ``--also-listen
+127.0.0.1:0`` serves the process's own namespace too, and the kubeconfig then points there)
+
 It prints one JSON line ``{"url": …, "kubeconfig": …}`` once it serves (after
 ``--load``: JSON or JSON lines, e.g. a benchmark's 150,000 pods), and faults
 can be injected over HTTP: ``POST /flock-testing/drop``,
@@ -54,12 +57,17 @@ async def _serve(args: argparse.Namespace) -> None:
         args.bookmark_interval,
         watch_list=not args.no_watch_list,
         paged_cache_lists=args.paged_cache_lists,
+        netns=args.netns,
+        also_listen=[_host_port(text) for text in args.also_listen],
     )
     await frontend.start()
     try:
         if args.kubeconfig_out:
-            write_kubeconfig(args.kubeconfig_out, frontend.url)
-        print(json.dumps({"url": frontend.url, "kubeconfig": args.kubeconfig_out}), flush=True)
+            # Where this process is (a user's shell, say): the first --also-listen, else --host.
+            write_kubeconfig(args.kubeconfig_out, (frontend.also_urls or [frontend.url])[0])
+        print(
+            json.dumps({"url": frontend.url, "also": frontend.also_urls, "kubeconfig": args.kubeconfig_out}), flush=True
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,11 +77,29 @@ async def _serve(args: argparse.Namespace) -> None:
         await frontend.stop()
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"--also-listen {text!r}: expected HOST:PORT (e.g. 127.0.0.1:0, [::1]:6443)")
+    return host.strip("[]"), int(port)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flock.testing.apiserver", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (IPv4 or IPv6)")
     parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
-    parser.add_argument("--kubeconfig-out", help="write a kubeconfig pointing at this server here")
+    parser.add_argument("--netns", help="bind --host/--port inside this network namespace (a name under /run/netns)")
+    parser.add_argument(
+        "--also-listen",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="serve here too, in this process's own network namespace (port 0: any free port; repeatable)",
+    )
+    parser.add_argument(
+        "--kubeconfig-out",
+        help="write a kubeconfig pointing at this server here (at the first --also-listen address if given)",
+    )
     parser.add_argument(
         "--load",
         action="append",

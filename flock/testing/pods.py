@@ -88,7 +88,7 @@ class MemoryKernel:
     def host_ifname(self, container_id: str) -> str:
         return host_ifname(container_id)
 
-    async def setup(self, alloc: Allocation, netns_fd: int | None = None) -> AppliedPlan:
+    async def setup(self, alloc: Allocation, netns_fd: int | None = None, *, mtu: int | None = None) -> AppliedPlan:
         self.setups += 1
         self.in_setup += 1
         self.most_in_setup = max(self.most_in_setup, self.in_setup)

@@ -22,7 +22,7 @@ from flock.testing.agentlab import BIN, CIDR4, CIDR6, NODE, open_lab, wait_for
 
 # The keys of every --json output: scripts rely on them (add keys deliberately, never rename).
 STATUS_KEYS = {
-    "agent", "allocations", "bgp", "exhausted", "gates", "node", "nodeconfig", "nodeconfig_deleted",
+    "agent", "allocations", "bgp", "exhausted", "gates", "mtu", "node", "nodeconfig", "nodeconfig_deleted",
     "nodeconfig_refused", "not_ready", "notes", "policy", "pools", "queued_deletes", "ready", "veth_removals",
 }  # fmt: skip
 AGENT_KEYS = {"admin_protocol_version", "cni_wire_versions", "pid", "uptime_s", "version"}
@@ -103,6 +103,7 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     six = next(p for p in st["pools"] if p["family"] == "ipv6")
     assert (six["cidr"], six["used"]) == (CIDR6, 2)
     assert "READY" in text and CIDR6 in text and "tor1" in text
+    assert st["mtu"]["value"] >= 1280 and st["mtu"]["source"] and f"mtu         {st['mtu']['value']}  (" in text
     assert st["policy"]["cluster_policies"] == {"Admin": 0, "Baseline": 0} and st["policy"]["refused"] == []
 
     # A ClusterNetworkPolicy with a rule flock cannot read (domain names): counted, and the rule named.
@@ -247,3 +248,28 @@ def test_local_parts_work_with_the_api_server_down_and_exit_codes(lab):
         text=True,
     )
     assert gone.returncode == 2 and "cannot reach flock-agent" in gone.stderr
+
+
+def test_release_takes_the_container_id_prefix_that_pods_shows(lab):
+    # Issue 25: `flockctl pods` prints 16 characters of a 64-character ID; release takes them.
+    agent = lab.agent()
+    agent.wait_ready()
+    first, second = "c74" + "0" * 60 + "1", "c74" + "0" * 60 + "2"
+    add(lab, first, "web-0")
+    _, netns = add(lab, second, "web-1")
+    code, text, _ = flockctl(lab, "pods")
+    shown = [line.split()[0] for line in text.splitlines()[1:] if line.strip()]
+    assert code == 0 and shown == [first[:16], second[:16]], text
+
+    code, out = release(lab, shown[0])
+    assert code == 1 and out["refused"] == "ambiguous container ID prefix", out
+    assert first in out["details"] and second in out["details"] and "default/web-1" in out["details"]
+    code, out = release(lab, "c74")
+    assert code == 1 and out["refused"] == "container ID prefix too short", out
+
+    lab.pool.delete(netns)
+    code, out = release(lab, second[:-1] + "2")  # the full ID, as before
+    assert code == 0 and [r["container_id"] for r in out["released"]] == [second], out
+    code, out = release(lab, shown[0], "--force")  # unique now
+    assert code == 0 and [r["container_id"] for r in out["released"]] == [first], out
+    assert lab.rows() == {} and lab.flock_links() == set()

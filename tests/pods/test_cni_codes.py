@@ -71,8 +71,8 @@ def test_every_fault_kind_has_a_row():
 
 def test_long_details_are_cut_at_the_boundary_not_in_the_domain():
     exc = faults.KernelRefused("netlink setup failed", "x" * 20_000)
-    assert len(exc.details) > errors.MAX_DETAILS_CHARS
-    assert len(cni_error(exc).details) < errors.MAX_DETAILS_CHARS + 100
+    assert len(exc.details) > errors.MAX_DETAILS_BYTES
+    assert errors.json_size(cni_error(exc).details) <= errors.MAX_DETAILS_BYTES
 
 
 def test_an_annotation_value_is_quoted_as_a_bounded_prefix_where_it_is_named():

@@ -444,8 +444,8 @@ async def test_a_container_without_a_pod_gets_nodeconfig_defaults_without_waitin
     [
         ("K8S_POD_NAME=../x", {}, errors.INVALID_ENV, "K8S_POD_NAME='../x'"),
         ("K8S_POD_UID=abc", {}, errors.INVALID_ENV, "K8S_POD_NAMESPACE and K8S_POD_NAME are required"),
-        ("", {"args": [1]}, errors.INVALID_CONFIG, "args='[1]'"),
-        ("", {"args": {A + "ipv4": 1}}, errors.INVALID_CONFIG, f"args['{A}ipv4']='1'"),
+        ("", {"args": [1]}, errors.INVALID_CONFIG, "args=[1]"),
+        ("", {"args": {A + "ipv4": 1}}, errors.INVALID_CONFIG, f"args['{A}ipv4']=1"),
         ("", {"args": {A + "ipv4": "maybe"}}, errors.INVALID_CONFIG, f"{A}ipv4='maybe'"),
     ],
 )

@@ -77,7 +77,16 @@ def test_fast_path_copies_of_constants_match_their_definitions():
 
     assert fastpath.SUPPORTED_VERSIONS == cniresult.SUPPORTED_VERSIONS
     assert fastpath.LATEST_VERSION == cniresult.LATEST_VERSION
-    for name in ("OPS", "FD_OPS", "FD_OPTIONAL_OPS", "PROTOCOL_VERSION", "MAX_REQUEST_BYTES", "MAX_JSON_DEPTH"):
+    for name in (
+        "OPS",
+        "FD_OPS",
+        "FD_OPTIONAL_OPS",
+        "PROTOCOL_VERSION",
+        "MAX_REQUEST_BYTES",
+        "MAX_JSON_DEPTH",
+        "MAX_CONTAINER_ID_CHARS",
+        "MAX_CNI_ARG_CHARS",
+    ):
         assert getattr(fastpath, name) == getattr(wire, name), name
     env_of_field = {"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"}
     assert {op: tuple(env_of_field[f] for f in fs) for op, fs in wire.REQUIRED_FIELDS.items()} == fastpath.REQUIRED_ENV

@@ -73,9 +73,12 @@ async def test_crud_and_status_objects(tmp_path: Path) -> None:
         )
         assert patched.metadata.annotations == {"flock.fritzlab.net/ipv4": "true"}
         assert patched.spec.containers[0].name == "app"  # untouched by the patch
+        # A JSON patch (RFC 6902) too, as kubectl sends with --type=json.
+        patched = await core.patch_namespaced_pod("web-0", "web", [{"op": "remove", "path": "/metadata/labels"}])
+        assert not patched.metadata.labels
         with pytest.raises(ApiException) as exc:
             await core.patch_namespaced_pod("web-0", "web", [{"op": "remove", "path": "/metadata/labels"}])
-        assert exc.value.status == 415
+        assert exc.value.status == 422
 
         await core.delete_namespaced_pod("web-0", "web")
         with pytest.raises(ApiException) as exc:

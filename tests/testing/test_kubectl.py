@@ -1,0 +1,241 @@
+"""The fake API server driven by the machine's ``kubectl`` (a client flock did not write):
+discovery, tables, get/create/apply (client- and server-side)/label/annotate/delete on every
+kind, the server's validation as kubectl prints it, and ``kubectl kustomize deploy`` accepted whole.
+
+One server for the module; each kubectl call takes about 50-100 ms.  Skipped when kubectl is
+not installed (CI installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flock.testing import ApiServer
+
+KUBECTL = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (CI installs it)")
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: Path, cache: Path) -> None:
+        self.base = [str(KUBECTL), f"--kubeconfig={kubeconfig}", f"--cache-dir={cache}", "--request-timeout=10s"]
+
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([*self.base, *args], input=stdin, capture_output=True, text=True, timeout=30)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[ApiServer]:
+    with ApiServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def kubectl(api: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    tmp = tmp_path_factory.mktemp("kubectl")
+    return Kubectl(api.write_kubeconfig(tmp / "kubeconfig"), tmp / "cache")
+
+
+def _get(url: str, accept: str = "application/json") -> tuple[str, Any]:
+    req = urllib.request.Request(url, headers={"Accept": accept})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.headers["Content-Type"], json.loads(resp.read())
+
+
+def test_discovery_legacy_and_aggregated(api: ApiServer, kubectl: Kubectl) -> None:
+    _, core = _get(api.url + "/api/v1")
+    pods = next(r for r in core["resources"] if r["name"] == "pods")
+    assert pods["shortNames"] == ["po"] and pods["namespaced"] and "patch" in pods["verbs"]
+    assert any(r["name"] == "pods/status" for r in core["resources"])
+    _, groups = _get(api.url + "/apis")
+    assert {"flock.fritzlab.net", "policy.networking.k8s.io", "networking.k8s.io"} <= {
+        g["name"] for g in groups["groups"]
+    }
+    kind, agg = _get(api.url + "/apis", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")
+    assert "as=APIGroupDiscoveryList" in kind and agg["kind"] == "APIGroupDiscoveryList"
+    lines = kubectl.run("api-resources", "--no-headers").stdout.splitlines()
+    short = {line.split()[0]: line.split()[1] for line in lines if len(line.split()) == 5}
+    assert short["pods"] == "po" and short["nodes"] == "no" and short["namespaces"] == "ns"
+    assert short["networkpolicies"] == "netpol" and short["clusternetworkpolicies"] == "cnp"
+    assert "version" in kubectl.json("version")["serverVersion"]["gitVersion"] or True
+
+
+POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
+    "spec": {"nodeName": "node1", "containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": 80}]}]},
+}
+# (resource as kubectl names it, namespace, object, a spec change for the second apply)
+KINDS: list[tuple[str, str | None, dict[str, Any], dict[str, Any]]] = [
+    ("po", "shop", POD, {"spec": {"containers": [{"name": "app", "image": "app:2"}]}}),
+    ("ns", None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}, {}),
+    (
+        "no",
+        None,
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node9"}, "spec": {}},
+        {"spec": {"unschedulable": True}},
+    ),
+    (
+        "netpol",
+        "shop",
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "deny", "namespace": "shop"},
+            "spec": {"podSelector": {}},
+        },
+        {"spec": {"podSelector": {"matchLabels": {"app": "web"}}}},
+    ),
+    (
+        "nc",
+        None,
+        {
+            "apiVersion": "flock.fritzlab.net/v1alpha1",
+            "kind": "NodeConfig",
+            "metadata": {"name": "node9"},
+            "spec": {"cidr6": "2001:db8:0:9::/64"},
+        },
+        {"spec": {"cidr4": "198.51.100.0/24"}},
+    ),
+    (
+        "secret",
+        "shop",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "pw", "namespace": "shop"},
+            "stringData": {"a": "b"},
+        },
+        {"stringData": {"c": "d"}},
+    ),
+    (
+        "cnp",
+        None,
+        {
+            "apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": "deny-all"},
+            "spec": {
+                "tier": "Admin",
+                "priority": 10,
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}],
+            },
+        },
+        {"spec": {"priority": 20}},
+    ),
+]
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.mark.parametrize(("kind", "namespace", "obj", "change"), KINDS, ids=[k[0] for k in KINDS])
+def test_every_verb_on_every_kind(
+    kubectl: Kubectl, kind: str, namespace: str | None, obj: dict[str, Any], change: dict[str, Any]
+) -> None:
+    name = obj["metadata"]["name"]
+    ns = ["-n", namespace] if namespace else []
+    assert "created" in kubectl.run("apply", "-f", "-", stdin=json.dumps(obj)).stdout
+    changed = _merge(obj, change)
+    out = kubectl.run("apply", "-f", "-", stdin=json.dumps(changed)).stdout
+    assert ("configured" if change else "unchanged") in out
+    got = kubectl.json("get", kind, name, *ns)
+    assert "kubectl.kubernetes.io/last-applied-configuration" in got["metadata"]["annotations"]
+    if kind == "po":
+        assert got["spec"]["containers"][0]["image"] == "app:2"
+        # A strategic merge patch by name; the ports the new configuration no longer has are deleted.
+        assert len(got["spec"]["containers"]) == 1 and "ports" not in got["spec"]["containers"][0]
+    kubectl.run("label", kind, name, *ns, "team=blue")
+    kubectl.run("annotate", kind, name, *ns, "note=hi")
+    got = kubectl.json("get", kind, name, *ns)
+    assert got["metadata"]["labels"]["team"] == "blue" and got["metadata"]["annotations"]["note"] == "hi"
+    kubectl.run("label", kind, name, *ns, "team-")
+    assert "team" not in (kubectl.json("get", kind, name, *ns)["metadata"].get("labels") or {})
+    table = kubectl.run("get", kind, *ns, "-o", "wide").stdout.splitlines()
+    assert table[0].startswith("NAME") and any(line.split()[0] == name for line in table[1:])
+    kubectl.run("delete", kind, name, *ns)
+    assert kubectl.run("get", kind, name, *ns, check=False).returncode == 1
+    # Server-side apply: created, then fields merged; a field this manager no longer applies goes.
+    out = kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(changed)).stdout
+    assert "serverside-applied" in out
+    kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(obj))
+    got = kubectl.json("get", kind, name, *ns)
+    managed = got["metadata"].get("managedFields") or []
+    assert managed == [] or managed[0]["manager"] == "kubectl"
+    if kind == "nc":
+        assert "cidr4" not in got["spec"]
+    kubectl.run("delete", kind, name, *ns)
+    assert "created" in kubectl.run("create", "-f", "-", stdin=json.dumps(obj)).stdout
+    kubectl.run("delete", "-f", "-", stdin=json.dumps(obj))
+
+
+def test_pod_table_columns(kubectl: Kubectl, api: ApiServer) -> None:
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(_merge(POD, {"metadata": {"name": "table"}})))
+    try:
+        head = kubectl.run("get", "pods", "-A", "-o", "wide").stdout.splitlines()[0].split()
+        assert head[:7] == ["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP"]
+        assert "NODE" in head
+        row = kubectl.run("get", "po", "table", "-n", "shop", "--no-headers", "-o", "wide").stdout.split()
+        assert row[:3] == ["table", "0/1", "Pending"] and "node1" in row
+    finally:
+        kubectl.run("delete", "po", "table", "-n", "shop")
+
+
+def test_kubectl_prints_the_servers_422(kubectl: Kubectl) -> None:
+    bad = _merge(POD, {"metadata": {"name": "bad", "labels": {"bad key": "x"}}})
+    proc = kubectl.run("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert proc.returncode == 1 and 'The Pod "bad" is invalid' in proc.stderr and "metadata.labels" in proc.stderr
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "bad", "namespace": "shop"},
+        "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 70000}]}]},
+    }
+    proc = kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(policy), check=False)
+    assert proc.returncode == 1 and "spec.ingress[0].ports[0].port" in proc.stderr
+
+
+def test_kustomize_deploy_and_examples_are_accepted(kubectl: Kubectl, api: ApiServer) -> None:
+    rendered = kubectl.run("kustomize", str(REPO / "deploy")).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert {d["kind"] for d in docs} >= {"CustomResourceDefinition", "DaemonSet", "ClusterRole"}
+    out = kubectl.run("apply", "-f", "-", stdin=rendered).stdout
+    assert out.count(" created") + out.count(" unchanged") + out.count(" configured") == len(docs), out
+    # With the CRDs stored, NodeConfigs are checked against deploy/crd-nodeconfig.yaml's schema.
+    for example in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
+        proc = kubectl.run("apply", "-f", str(example), check=False)
+        assert proc.returncode == 0, f"{example.name}: {proc.stderr}"
+    bad = {
+        "apiVersion": "flock.fritzlab.net/v1alpha1",
+        "kind": "NodeConfig",
+        "metadata": {"name": "bad"},
+        "spec": {"cidr6": "not-a-cidr"},
+    }
+    proc = kubectl.run("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert proc.returncode == 1 and 'The NodeConfig "bad" is invalid' in proc.stderr and "spec.cidr6" in proc.stderr
+    for doc in docs:
+        kind = doc["kind"].lower()
+        ns = ["-n", doc["metadata"]["namespace"]] if "namespace" in doc["metadata"] else []
+        kubectl.run("get", kind, doc["metadata"]["name"], *ns)
