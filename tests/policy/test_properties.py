@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import itertools
+import os
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -56,6 +57,15 @@ CIDRS = {
     "0.0.0.0/0": ["192.0.2.0/24"],
     "::/0": ["2001:db8:ffff::/48"],
 }
+
+# The main suite runs each property with the examples given; .ci/run runs this file again after the main
+# suite with FLOCK_PROPERTY_SCALE=4, four times as many (a deeper search than the main suite's time allows).
+PROPERTY_SCALE = float(os.environ.get("FLOCK_PROPERTY_SCALE", "1"))
+
+
+def _examples(n: int) -> int:
+    return max(1, int(n * PROPERTY_SCALE))
+
 
 labels = st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=3)
 
@@ -252,13 +262,13 @@ def _simulated(rulesets: dict, src: Endpoint, dst: Endpoint, port: int, proto: P
     return dst.pod is None or forward_verdict(rulesets[dst_node], attrs.evolve(pkt, oif=_veth(dst.pod)))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_compiled_rulesets_agree_with_the_reference(cluster) -> None:
     _agree_with_the_reference(cluster)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(350), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(NAMED_SMALL)
 def test_named_ports_agree_with_the_reference(cluster) -> None:
     """Every rule with named ports (ingress: this node's pods' ports; egress: a selector peer's pods', an
@@ -314,7 +324,7 @@ def _with_veth(pod: PolicyPod) -> PolicyPod:
     return attrs.evolve(pod, host_veth=_veth(pod))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), clusters())
 def test_a_reused_compiler_returns_what_a_fresh_one_does(one, two) -> None:
     compiler = Compiler()
@@ -361,7 +371,7 @@ def mutations(draw: st.DrawFn, pod: PolicyPod) -> PolicyPod:
     return attrs.evolve(pod, addresses=())
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(BIGGER, 6, dense_selectors()), clusters(BIGGER, 6, dense_selectors()), st.data())
 def test_an_engine_following_changes_ends_where_a_fresh_compile_does(one, two, data) -> None:
     """From cluster *one* to *two* by single writes (some detours first), applied in batches of any size:
@@ -370,7 +380,7 @@ def test_an_engine_following_changes_ends_where_a_fresh_compile_does(one, two, d
     _follow(one, two, data)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(NAMED_CLUSTERS, NAMED_CLUSTERS, st.data())
 def test_an_engine_following_changes_keeps_the_named_port_sets_of_a_fresh_compile(one, two, data) -> None:
     """The same, every rule with named ports: this node's pods' sets follow local pods coming, going and
@@ -548,7 +558,7 @@ def tiered_maybe_unlisted(draw: st.DrawFn):
     return cluster, cnps, None if draw(st.integers(0, 3)) == 0 else nodes
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tiered_maybe_unlisted())
 def test_tiers_agree_with_the_reference(drawn) -> None:
     """Admin → NetworkPolicy → Baseline → allow, Accept/Deny/Pass, priorities and rule order, every peer
@@ -581,7 +591,7 @@ def test_the_tiered_clusters_draw_every_construct(what) -> None:
     find(tiered(), predicates[what], settings=settings(database=None, max_examples=500, phases=[Phase.generate]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tiered(BIGGER, 4, 4), tiered(BIGGER, 4, 4), st.data())
 def test_an_engine_following_changes_keeps_the_tiers_of_a_fresh_compile(one, two, data) -> None:
     """ClusterNetworkPolicies coming, going and changing, nodes relabelled, namespaces relabelled (which moves
