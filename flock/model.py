@@ -149,15 +149,16 @@ def _block(kind: str, name: str, field: str, raw: Any, network: type, max_prefix
 MAX_ANNOUNCE_RANGES = 64
 
 
-def _announce_ranges(kind: str, name: str, raw: Any) -> tuple[Any, ...]:
-    """spec.announceRanges: at most 64 unicast CIDRs without host bits (the CRD's CEL rules say the same)."""
+def _announce_ranges(kind: str, name: str, raw: Any, where: str = "spec.announceRanges") -> tuple[Any, ...]:
+    """spec.announceRanges (or clusterRanges): at most 64 unicast CIDRs without host bits (the CRD's CEL rules say
+    the same)."""
     if raw is None:
         return ()
     if not isinstance(raw, list) or len(raw) > MAX_ANNOUNCE_RANGES:
-        raise InvalidObject(kind, name, "spec.announceRanges", raw, f"a list of at most {MAX_ANNOUNCE_RANGES} CIDRs")
+        raise InvalidObject(kind, name, where, raw, f"a list of at most {MAX_ANNOUNCE_RANGES} CIDRs")
     out: list[Any] = []
     for i, item in enumerate(raw):
-        field = f"spec.announceRanges[{i}]"
+        field = f"{where}[{i}]"
         try:
             if "/" not in _plain(item):
                 raise ValueError("no prefix length")
@@ -352,6 +353,10 @@ class NodeConfig:
     announce_ranges: tuple[IPv6Network | IPv4Network, ...] = ()
     # spec.mtu: both veth ends of new pods (None: the uplink's, see flock.state.PodMtu).
     mtu: int | None = None
+    # spec.clusterRanges: destinations inside the cluster besides this node's blocks and announceRanges (the
+    # other nodes' pod blocks, the nodes' own addresses): natOutgoing never applies to traffic to them.
+    cluster_ranges: tuple[IPv6Network | IPv4Network, ...] = ()
+    nat_outgoing: NatOutgoing = attrs.field(factory=lambda: NatOutgoing())
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeConfig:
@@ -389,6 +394,8 @@ class NodeConfig:
         bgp = _bgp(kind, name, spec.get("bgp"))
 
         announce_ranges = _announce_ranges(kind, name, spec.get("announceRanges"))
+        cluster_ranges = _announce_ranges(kind, name, spec.get("clusterRanges"), "spec.clusterRanges")
+        nat_outgoing = NatOutgoing.from_spec(kind, name, spec.get("natOutgoing"))
 
         raw_mtu = spec.get("mtu")
         mtu = None if raw_mtu is None else _int_field(kind, name, "spec.mtu", raw_mtu, MTU_MIN, MTU_MAX)
@@ -409,6 +416,40 @@ class NodeConfig:
             resource_version=str(_get(obj, "metadata.resourceVersion", "")),
             announce_ranges=announce_ranges,
             mtu=mtu,
+            cluster_ranges=cluster_ranges,
+            nat_outgoing=nat_outgoing,
+        )
+
+
+@attrs.frozen
+class NatOutgoing:
+    """spec.natOutgoing: per family, masquerade this node's pods' traffic leaving the cluster to the node's address.
+
+    Default: on for IPv4 (pod blocks are usually private space no router outside routes back), off for IPv6
+    (pod blocks are global addresses the fabric routes: the pods keep theirs)."""
+
+    ipv4: bool = True
+    ipv6: bool = False
+
+    def enabled(self, family: int) -> bool:
+        return self.ipv4 if family == 4 else self.ipv6
+
+    @classmethod
+    def from_spec(cls, kind: str, name: str, raw: Any) -> NatOutgoing:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise InvalidObject(kind, name, "spec.natOutgoing", raw, "an object {ipv4: bool, ipv6: bool}")
+        values = {}
+        for key in ("ipv4", "ipv6"):
+            value = raw.get(key)
+            if value is not None and not isinstance(value, bool):
+                raise InvalidObject(kind, name, f"spec.natOutgoing.{key}", value, "true or false")
+            values[key] = value
+        default = cls()
+        return cls(
+            ipv4=default.ipv4 if values["ipv4"] is None else values["ipv4"],
+            ipv6=default.ipv6 if values["ipv6"] is None else values["ipv6"],
         )
 
 

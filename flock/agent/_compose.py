@@ -107,6 +107,7 @@ def compose(
         readiness=state,
         watermark=policy_link,
         metrics=PolicyMetrics(metrics.registry),
+        nodeconfig=lambda: state.nodeconfig,
     )
     removals = VethRemovals(netlink, checkpoint=crash)
     handler = PodHandler(

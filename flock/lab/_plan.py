@@ -158,6 +158,9 @@ class NodePlan:
                 "families": {"ipv6": True, "ipv4": False},
                 # The lab's service range for anycast/addresses (the fabric's own /26 stays out).
                 "announceRanges": [str(a) for a in ANNOUNCE_RANGES],
+                # Inside the cluster: every node's pod blocks and the fabric. natOutgoing (IPv4 by default)
+                # masquerades only what leaves these.
+                "clusterRanges": ["2001:db8::/48", "2001:db8:ffff::/64", "198.51.100.0/24", "192.0.2.0/24"],
                 "bgp": {
                     "asn": self.asn,
                     "routerID": str(self.addr4),

@@ -96,7 +96,13 @@ class NftApplier:
             await self.backend.run(_DROP_TABLE)
             self._structure, self._token, self._present = new, change.token, False
             return ApplyResult("removed", time.perf_counter() - start)
-        if old is not None and self._present and change.base is not None and change.base is self._token:
+        if (
+            old is not None
+            and self._present
+            and change.base is not None
+            and change.base is self._token
+            and old.nat == new.nat  # natOutgoing changed (a NodeConfig edit, rare): the whole table anew
+        ):
             script = render_change(old, change)
             if not script:
                 self._structure, self._token = new, change.token

@@ -163,6 +163,29 @@ def _port_or_zero(port: int) -> str:
     return "0" if port == 0 else _port(port)
 
 
+NAT_CHAIN = "postrouting"
+
+
+def _nat_lines(rs: Ruleset) -> list[str]:
+    """natOutgoing: two interval sets a family and the nat chain (none without natOutgoing)."""
+    if not rs.nat:
+        return []
+    lines: list[str] = []
+    rules: list[str] = []
+    for nat in rs.nat:
+        ip, addr = ("ip6", "ipv6_addr") if nat.family == 6 else ("ip", "ipv4_addr")
+        for kind, nets in (("src", nat.sources), ("exempt", nat.exempt)):
+            items = ", ".join(_addr(n) for n in nets)
+            elements = f" elements = {{ {items} }};" if items else ""
+            lines.append(f"\tset nat-{kind}-{nat.family} {{ type {addr}; flags interval;{elements} }}")
+        rules.append(f"\t\t{ip} saddr @nat-src-{nat.family} {ip} daddr != @nat-exempt-{nat.family} masquerade")
+    lines.append(f"\tchain {NAT_CHAIN} {{")
+    lines.append("\t\ttype nat hook postrouting priority srcnat; policy accept;")
+    lines.extend(rules)
+    lines.append("\t}")
+    return lines
+
+
 def render_full(rs: Ruleset) -> str:
     """The whole table, replacing whatever ``inet flock`` held, in one transaction."""
     t = f"{FAMILY} {TABLE}"
@@ -185,6 +208,7 @@ def render_full(rs: Ruleset) -> str:
     lines.extend(f"\t\t{line}" for line in _INPUT_ALWAYS)
     lines.append(f"\t\tiifname vmap @{NODE_MAP}")
     lines.append("\t}")
+    lines.extend(_nat_lines(rs))
     for chain in rs.chains.values():
         lines.append(f"\tchain {_name(chain.name)} {{")
         lines.extend(f"\t\t{render_rule(r)}" for r in chain.rules)

@@ -113,6 +113,16 @@ class Chain:
 
 
 @attrs.frozen
+class NatFamily:
+    """natOutgoing for one family: traffic from *sources* (this node's pod block) to anywhere but *exempt*
+    (the node's blocks, announceRanges, clusterRanges) leaves masqueraded to the node's address."""
+
+    family: int
+    sources: tuple[IPNetwork, ...]
+    exempt: tuple[IPNetwork, ...]
+
+
+@attrs.frozen
 class Ruleset:
     """Everything in ``table inet flock`` except the two fixed base chains."""
 
@@ -127,6 +137,7 @@ class Ruleset:
     policy_chains: Mapping[str, str] = attrs.field(factory=dict)
     # tier chain → per rule, the (ClusterNetworkPolicy, rule) it comes from (the rule's name, or "ingress[2]")
     tier_rules: Mapping[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
+    nat: tuple[NatFamily, ...] = ()  # natOutgoing, per family enabled (the nat chain's rules)
 
     def structure(self) -> tuple[object, ...]:
         """What a set-element update cannot change: chains and set declarations."""
@@ -135,6 +146,7 @@ class Ruleset:
             self.port_sets,
             {n: s.declaration for n, s in self.address_sets.items()},
             {n: s.declaration for n, s in self.service_sets.items()},
+            self.nat,
         )
 
     @property
@@ -148,7 +160,7 @@ class Ruleset:
     @property
     def empty(self) -> bool:
         """Nothing isolated: no table at all (a node without policies loads no nftables rules)."""
-        return not self.chains and not self.egress_map and not self.ingress_map and not self.node_map
+        return not self.chains and not self.egress_map and not self.ingress_map and not self.node_map and not self.nat
 
 
 def _elements(ruleset: Ruleset, name: str) -> frozenset[object]:

@@ -16,6 +16,7 @@ bug (a ruleset the renderer refuses) propagates to the supervisor.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 import time
@@ -26,7 +27,7 @@ import attrs
 import trio
 
 from flock.faults import PolicyNotEnforceable
-from flock.model import Allocation
+from flock.model import Allocation, NodeConfig
 from flock.nursery import Backoff
 
 from ._backend import NftError
@@ -35,7 +36,7 @@ from ._engine import PolicyEngine
 from ._inputs import InputJournal, PolicySource
 from ._metrics import PolicyMetrics
 from ._model import PolicyPod
-from ._ruleset import Ruleset, RulesetChange
+from ._ruleset import NatFamily, Ruleset, RulesetChange
 
 log = logging.getLogger("flock.policy")
 
@@ -91,6 +92,22 @@ class PolicyGate(Protocol):
     async def ensure(self, alloc: Allocation) -> None: ...
 
 
+def nat_plan(config: NodeConfig | None) -> tuple[NatFamily, ...]:
+    """natOutgoing as *config* says: per family enabled (and with a pod block), masquerade what leaves the
+    block for anywhere but the node's blocks, announceRanges and clusterRanges."""
+    if config is None:
+        return ()
+    out = []
+    blocks = [b for b in (config.cidr6, config.cidr4) if b is not None]
+    for block in blocks:
+        if not config.nat_outgoing.enabled(block.version):
+            continue
+        inside = [n for n in (*blocks, *config.announce_ranges, *config.cluster_ranges) if n.version == block.version]
+        exempt = tuple(ipaddress.collapse_addresses(inside))  # type: ignore[type-var]
+        out.append(NatFamily(block.version, (block,), exempt))
+    return tuple(out)
+
+
 def _addresses(alloc: Allocation) -> tuple:
     addrs = [a for a in (alloc.ip6, alloc.ip4) if a is not None]
     addrs += [a for a in alloc.addresses if a not in addrs]
@@ -126,6 +143,9 @@ class PolicyService:
     backoff: Backoff = APPLY_BACKOFF
     counters_every: float = COUNTERS_EVERY_S
     rand: Callable[[], float] = random.random
+    # This node's NodeConfig (its natOutgoing, blocks and ranges go into the same table); None: no NAT.
+    nodeconfig: Callable[[], NodeConfig | None] | None = None
+    _nat: tuple[Ruleset, tuple[NatFamily, ...], Ruleset] | None = attrs.field(init=False, default=None)
     _engine: PolicyEngine | None = attrs.field(init=False, default=None)  # built once the inputs are complete
     _journal: InputJournal | None = attrs.field(init=False, default=None)  # the inputs' changes since the engine's
     _applied: _Applied | None = attrs.field(init=False, default=None)
@@ -228,22 +248,23 @@ class PolicyService:
     async def _apply_loop(self) -> None:
         attempt = 0
         self._engine = self._journal = None  # a restarted service starts from the inputs as they are
-        seen: tuple[int, Mapping[str, Allocation]] | None = None  # what the applied ruleset was made from
+        seen: tuple[int, Mapping[str, Allocation], tuple[NatFamily, ...]] | None = None  # what it was made from
         while True:
             generation = self.inputs.generation
             mark = self.watermark.watermark if self.watermark is not None else 0
             local_version = self.local.version
             allocations = dict(self.local.allocations)  # a copy: the owner's view may be live
+            nat = nat_plan(self.nodeconfig()) if self.nodeconfig is not None else ()
             # The node's state changes for many reasons (readiness, NodeConfig): only the
             # watchers' inputs and this node's attachments matter here.
             # Before start-up has rebuilt this node's attachments the view is empty, not true: a table
             # compiled from it would drop every running pod's chains. The table in the kernel (a previous
             # agent's) stays until then; ADD cannot be served before it either.
-            if self.inputs.complete and self.local.allocations_loaded and seen != (generation, allocations):
+            if self.inputs.complete and self.local.allocations_loaded and seen != (generation, allocations, nat):
                 try:
-                    await self._apply(generation, mark, allocations)
+                    await self._apply(generation, mark, allocations, nat)
                     attempt = 0
-                    seen = (generation, allocations)
+                    seen = (generation, allocations, nat)
                 except NftError as exc:
                     # The engine has moved on; the applier, knowing no more what the kernel holds,
                     # replaces the table with the engine's whole ruleset on the next attempt.
@@ -269,10 +290,26 @@ class PolicyService:
             self._engine.update(self._journal.drain(), local)
         return self._engine.change()
 
-    async def _apply(self, generation: int, mark: int, allocations: Mapping[str, Allocation]) -> None:
+    def _with_nat(self, change: RulesetChange, nat: tuple[NatFamily, ...]) -> RulesetChange:
+        """*change* with natOutgoing in its ruleset (the same structure object while neither changed)."""
+        if not nat:
+            return change
+        structure = change.structure
+        cached = self._nat
+        if cached is not None and cached[0] is structure and cached[1] == nat:
+            with_nat = cached[2]
+        else:
+            with_nat = attrs.evolve(structure, nat=nat)
+            self._nat = (structure, nat, with_nat)
+        whole = change.whole
+        return attrs.evolve(change, structure=with_nat, materialize=lambda: attrs.evolve(whole(), nat=nat))
+
+    async def _apply(
+        self, generation: int, mark: int, allocations: Mapping[str, Allocation], nat: tuple[NatFamily, ...] = ()
+    ) -> None:
         started = time.perf_counter()
         local, covered = self.local_pods(allocations)
-        change = self._follow(local)
+        change = self._with_nat(self._follow(local), nat)
         result = await self.applier.apply_change(change)
         seconds = time.perf_counter() - started
         mode = getattr(result, "mode", "full")

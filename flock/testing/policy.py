@@ -73,6 +73,10 @@ class MemoryLocalPods:
         if self._allocations.pop(container_id, None) is not None:
             self._bump()
 
+    def touched(self) -> None:
+        """Something else of the node changed (NodeState bumps its version for a NodeConfig edit too)."""
+        self._bump()
+
 
 @attrs.define(eq=False)
 class GateRecorder:

@@ -315,6 +315,11 @@ BAD_NODECONFIGS = {
     "announceRanges loopback": ("spec.announceRanges.1", "127.0.0.0/8"),
     "announceRanges everything": ("spec.announceRanges.0", "::/0"),
     "announceRanges too many": ("spec.announceRanges", [f"2001:db8:{i:x}::/48" for i in range(65)]),
+    "clusterRanges host bits": ("spec.clusterRanges", ["198.51.100.1/24"]),
+    "clusterRanges everything": ("spec.clusterRanges", ["0.0.0.0/0"]),
+    "clusterRanges not a CIDR": ("spec.clusterRanges", ["cluster"]),
+    "natOutgoing not an object": ("spec.natOutgoing", True),
+    "natOutgoing ipv4 not a bool": ("spec.natOutgoing", {"ipv4": "yes"}),
 }
 
 
@@ -335,6 +340,8 @@ def test_valid_edge_values_accepted_by_crd_and_model():
         ("spec.cidr6", "2001:0db8:0000:0001:0000:0000:0000:0000/64"),
         ("spec.cidr4", "198.51.100.0/30"),
         ("spec.bgp.peers.0.name", "tor_1-a"),
+        ("spec.clusterRanges", ["10.0.0.0/8", "2001:db8::/32"]),
+        ("spec.natOutgoing", {"ipv6": True}),
     ]:
         obj = _with(path, value)
         assert nodeconfig_errors(obj) == [], (path, value)
