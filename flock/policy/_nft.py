@@ -30,6 +30,7 @@ from ._ruleset import (
     INGRESS_MAP,
     NODE_MAP,
     AddressSet,
+    HostPort,
     Match,
     PortSet,
     Rule,
@@ -164,24 +165,70 @@ def _port_or_zero(port: int) -> str:
 
 
 NAT_CHAIN = "postrouting"
+HOSTPORTS = "hostports"
+_HOSTPORT_HOOKS = (("hostport-pre", "prerouting"), ("hostport-out", "output"))
+
+
+def _hostport_rule(hp: HostPort) -> str:
+    """One mapping as a rule of the ``hostports`` chain (entered only for packets to this node's addresses)."""
+    ip = "ip6" if hp.pod_ip.version == 6 else "ip"
+    match = f"{ip} daddr {_addr(hp.host_ip)}" if hp.host_ip is not None else f"meta nfproto ipv{hp.pod_ip.version}"
+    to = f"[{_addr(hp.pod_ip)}]" if hp.pod_ip.version == 6 else _addr(hp.pod_ip)
+    return f"{match} meta l4proto {_PROTO[hp.protocol]} th dport {_port(hp.host_port)} dnat {ip} to {to}:{_port(hp.pod_port)}"
+
+
+def _hairpin(rs: Ruleset, family: int) -> list[str]:
+    """(pod . pod) for the pods with a mapping: a pod reaching itself through its hostPort, masqueraded."""
+    pods = sorted({hp.pod_ip for hp in rs.hostports if hp.pod_ip.version == family})
+    return [f"{_addr(a)} . {_addr(a)}" for a in pods]
+
+
+def _hostport_lines(rs: Ruleset) -> list[str]:
+    """The hostPort chains (always there, so mappings come and go as chain and set updates)."""
+    lines = []
+    for family, addr in ((6, "ipv6_addr"), (4, "ipv4_addr")):
+        items = ", ".join(_hairpin(rs, family))
+        elements = f" elements = {{ {items} }};" if items else ""
+        lines.append(f"\tset hairpin-{family} {{ type {addr} . {addr};{elements} }}")
+    for chain, hook in _HOSTPORT_HOOKS:
+        lines.append(f"\tchain {chain} {{")
+        lines.append(f"\t\ttype nat hook {hook} priority -100; policy accept;")  # dstnat (nft 1.0.6: prerouting only)
+        lines.append(f"\t\tfib daddr type local jump {HOSTPORTS}")
+        lines.append("\t}")
+    lines.append(f"\tchain {HOSTPORTS} {{")
+    lines.extend(f"\t\t{_hostport_rule(hp)}" for hp in rs.hostports)
+    lines.append("\t}")
+    return lines
+
+
+def _hostport_changes(t: str, old: Ruleset, new: Ruleset) -> list[str]:
+    if old.hostports == new.hostports:
+        return []
+    out = [f"flush chain {t} {HOSTPORTS}"]
+    out += [f"add rule {t} {HOSTPORTS} {_hostport_rule(hp)}" for hp in new.hostports]
+    for family in (6, 4):
+        out.append(f"flush set {t} hairpin-{family}")
+        items = _hairpin(new, family)
+        if items:
+            out.append(f"add element {t} hairpin-{family} {{ {', '.join(items)} }}")
+    return out
 
 
 def _nat_lines(rs: Ruleset) -> list[str]:
-    """natOutgoing: two interval sets a family and the nat chain (none without natOutgoing)."""
-    if not rs.nat:
-        return []
+    """natOutgoing's interval sets (two a family) and the postrouting nat chain, which also masquerades
+    hostPort hairpins (a pod reaching itself through its own mapping)."""
     lines: list[str] = []
-    rules: list[str] = []
+    rules = [f"ct status dnat {ip} saddr . {ip} daddr @hairpin-{f} masquerade" for f, ip in ((6, "ip6"), (4, "ip"))]
     for nat in rs.nat:
         ip, addr = ("ip6", "ipv6_addr") if nat.family == 6 else ("ip", "ipv4_addr")
         for kind, nets in (("src", nat.sources), ("exempt", nat.exempt)):
             items = ", ".join(_addr(n) for n in nets)
             elements = f" elements = {{ {items} }};" if items else ""
             lines.append(f"\tset nat-{kind}-{nat.family} {{ type {addr}; flags interval;{elements} }}")
-        rules.append(f"\t\t{ip} saddr @nat-src-{nat.family} {ip} daddr != @nat-exempt-{nat.family} masquerade")
+        rules.append(f"{ip} saddr @nat-src-{nat.family} {ip} daddr != @nat-exempt-{nat.family} masquerade")
     lines.append(f"\tchain {NAT_CHAIN} {{")
     lines.append("\t\ttype nat hook postrouting priority srcnat; policy accept;")
-    lines.extend(rules)
+    lines.extend(f"\t\t{r}" for r in rules)
     lines.append("\t}")
     return lines
 
@@ -208,6 +255,7 @@ def render_full(rs: Ruleset) -> str:
     lines.extend(f"\t\t{line}" for line in _INPUT_ALWAYS)
     lines.append(f"\t\tiifname vmap @{NODE_MAP}")
     lines.append("\t}")
+    lines.extend(_hostport_lines(rs))
     lines.extend(_nat_lines(rs))
     for chain in rs.chains.values():
         lines.append(f"\tchain {_name(chain.name)} {{")
@@ -302,7 +350,7 @@ def render_change(old: Ruleset, change: RulesetChange) -> str:
     tail += [f"delete chain {t} {c}" for c in removed_chains]
     tail += [f"delete set {t} {_name(n)}" for n in old_sets if n not in new_sets]
     tail += [f"delete set {t} {_name(n)}" for n in old.port_sets if n not in new.port_sets]
-    lines = head + rules + dels + adds + tail
+    lines = head + rules + _hostport_changes(t, old, new) + dels + adds + tail
     return "\n".join(lines) + "\n" if lines else ""
 
 

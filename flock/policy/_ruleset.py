@@ -123,6 +123,24 @@ class NatFamily:
 
 
 @attrs.frozen
+class HostPort:
+    """One hostPort mapping: *protocol* traffic to this node's *host_ip* (None: any of its addresses of
+    *pod_ip*'s family) on *host_port* goes to *pod_ip*:*pod_port* (DNAT; a pod reaching itself so is
+    masqueraded, or its reply would never find the way back)."""
+
+    host_port: int
+    protocol: Protocol
+    pod_ip: IPAddress
+    pod_port: int
+    host_ip: IPAddress | None = None
+
+    def sort_key(self) -> tuple[object, ...]:
+        """The order of a ruleset's mappings (addresses of both families among them)."""
+        host = (self.host_ip.version, self.host_ip.packed) if self.host_ip is not None else (0, b"")
+        return (self.host_port, self.protocol.value, self.pod_ip.version, self.pod_ip.packed, self.pod_port, host)
+
+
+@attrs.frozen
 class Ruleset:
     """Everything in ``table inet flock`` except the two fixed base chains."""
 
@@ -138,6 +156,7 @@ class Ruleset:
     # tier chain → per rule, the (ClusterNetworkPolicy, rule) it comes from (the rule's name, or "ingress[2]")
     tier_rules: Mapping[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
     nat: tuple[NatFamily, ...] = ()  # natOutgoing, per family enabled (the nat chain's rules)
+    hostports: tuple[HostPort, ...] = ()  # this node's pods' hostPort mappings, sorted
 
     def structure(self) -> tuple[object, ...]:
         """What a set-element update cannot change: chains and set declarations."""
@@ -147,6 +166,7 @@ class Ruleset:
             {n: s.declaration for n, s in self.address_sets.items()},
             {n: s.declaration for n, s in self.service_sets.items()},
             self.nat,
+            self.hostports,
         )
 
     @property
@@ -160,7 +180,14 @@ class Ruleset:
     @property
     def empty(self) -> bool:
         """Nothing isolated: no table at all (a node without policies loads no nftables rules)."""
-        return not self.chains and not self.egress_map and not self.ingress_map and not self.node_map and not self.nat
+        return (
+            not self.chains
+            and not self.egress_map
+            and not self.ingress_map
+            and not self.node_map
+            and not self.nat
+            and not self.hostports
+        )
 
 
 def _elements(ruleset: Ruleset, name: str) -> frozenset[object]:

@@ -21,13 +21,15 @@ import pytest
 import trio
 
 from flock.model import NodeConfig
-from flock.policy import Kind, NftApplier, PolicyInputs, PolicyService
+from flock.policy import Kind, NetworkPolicy, NftApplier, PolicyInputs, PolicyService, Protocol, compile_ruleset
+from flock.policy import PolicyPod as PolicyPodValue
 from flock.policy._apply import nft_available
 from flock.policy._backend import NftCommand
+from flock.policy._ruleset import HostPort
 from flock.policy._service import nat_plan
 from flock.testing.netns import Netns, NetnsPool
 from flock.testing.policy import MemoryLocalPods
-from flock.testing.policy_net import Pod, PolicyNode, stop
+from flock.testing.policy_net import Pod, PolicyNode, probe, stop
 
 pytestmark = pytest.mark.root
 
@@ -114,7 +116,7 @@ def world(require_root: None) -> Iterator[World]:
             node.node.ip("route", "add", "default", "via", INTERNET4)
             # The internet knows the node's uplink subnet and nothing of the pod blocks.
             pods = {
-                "x/a": node.add_pod("x/a", "2001:db8:1::a", "192.0.2.10"),
+                "x/a": node.add_pod("x/a", "2001:db8:1::a", "192.0.2.10", serve=("80/tcp", "80/udp")),
                 "x/b": node.add_pod("x/b", "2001:db8:1::b", "192.0.2.11"),
             }
             _serve_who(internet, servers)
@@ -184,3 +186,63 @@ async def test_pods_reach_outside_only_masqueraded_and_keep_their_address_inside
             nursery.cancel_scope.cancel()
     listing = w.node.node.run("nft", "list", "tables").stdout
     assert "inet flock" not in listing  # nothing isolated, no NAT: no table at all
+
+
+async def test_host_ports_reach_the_pod_from_outside_the_node_itself_and_its_pods(world: World) -> None:
+    """hostPort DNAT in the table: from another machine (the internet namespace, to the uplink address), from
+    the node itself (output hook), from a pod on the node, and from the pod itself (hairpin, masqueraded);
+    a hostIP mapping answers on that address only; NetworkPolicy still applies to what comes in through it;
+    removed mappings are gone (an incremental change: the chain flushed and refilled)."""
+    w = world
+    a, b = w.pods["x/a"], w.pods["x/b"]
+    applier = NftApplier(NftCommand(("ip", "netns", "exec", w.node.node.name, "nft")))
+    maps = (
+        HostPort(8080, Protocol.TCP, ipaddress.ip_address(a.ip6), 80),
+        HostPort(8080, Protocol.TCP, ipaddress.ip_address(a.ip4), 80),
+        HostPort(5353, Protocol.UDP, ipaddress.ip_address(a.ip4), 80),
+        HostPort(9090, Protocol.TCP, ipaddress.ip_address(a.ip4), 80, host_ip=ipaddress.ip_address(UPLINK4)),
+    )
+
+    def reach(src: Netns, addr: str, port: int, proto: str = "tcp") -> bool:
+        return probe(src, addr, port, proto)
+
+    with trio.fail_after(120):
+        from flock.policy import Ruleset
+
+        assert (await applier.apply(Ruleset(hostports=tuple(sorted(maps, key=HostPort.sort_key))))).mode == "full"
+        cases = [
+            (w.internet, UPLINK6, 8080, "tcp"),
+            (w.internet, UPLINK4, 8080, "tcp"),
+            (w.internet, UPLINK4, 5353, "udp"),
+            (w.internet, UPLINK4, 9090, "tcp"),
+            (w.node.node, UPLINK4, 8080, "tcp"),  # the node itself: the output hook
+            (w.node.node, UPLINK6, 8080, "tcp"),
+            (b.netns, UPLINK4, 8080, "tcp"),  # a pod on the node
+            (a.netns, UPLINK4, 8080, "tcp"),  # the pod itself: hairpin
+            (a.netns, UPLINK6, 8080, "tcp"),
+        ]
+        for src, addr, port, proto in cases:
+            assert await trio.to_thread.run_sync(reach, src, addr, port, proto), (src.name, addr, port, proto)
+        # 9090 is mapped on the IPv4 uplink address only; nothing else listens on the node
+        assert not await trio.to_thread.run_sync(reach, w.internet, UPLINK6, 9090, "tcp")
+        assert not await trio.to_thread.run_sync(reach, w.internet, UPLINK4, 7070, "tcp")
+
+        # NetworkPolicy applies to what arrives through a hostPort: x/a isolated for ingress, nothing allowed
+        deny = NetworkPolicy.from_object({"metadata": {"namespace": "x", "name": "deny"}, "spec": {"podSelector": {}}})
+        local = [
+            PolicyPodValue(
+                "x", "a", addresses=(ipaddress.ip_address(a.ip6), ipaddress.ip_address(a.ip4)), host_veth=a.veth
+            )
+        ]
+        rs = compile_ruleset([deny], [], local, local)
+        assert (
+            await applier.apply(attrs.evolve(rs, hostports=tuple(sorted(maps, key=HostPort.sort_key))))
+        ).mode == "incremental"
+        assert not await trio.to_thread.run_sync(reach, w.internet, UPLINK4, 8080, "tcp")
+        assert await trio.to_thread.run_sync(reach, w.node.node, UPLINK4, 8080, "tcp")  # the node: always
+
+        # mappings removed: an incremental change
+        assert (await applier.apply(attrs.evolve(rs, hostports=maps[:1]))).mode == "incremental"
+        listing = w.node.node.run("nft", "list", "chain", "inet", "flock", "hostports").stdout
+        assert "dport 8080" in listing and "5353" not in listing and "9090" not in listing
+        await applier.remove()
