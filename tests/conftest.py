@@ -18,6 +18,15 @@ def require_root() -> None:
         pytest.fail("this test needs root (network namespaces, veths); CI runs as root")
 
 
+@pytest.fixture(scope="session")
+def kubectl_path() -> str:
+    """The machine's kubectl (a client flock did not write): every machine here has one, CI's included."""
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: these tests drive the fake API server with the real kubectl (v1.32)")
+    return found
+
+
 @pytest.fixture
 def require_bird() -> None:
     for tool in ("bird", "birdc"):

@@ -8,13 +8,11 @@ command depends on.  Needs root (namespaces) and kubectl (skipped without it; CI
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 import trio
 
 from flock.lab import LabPlan
@@ -23,11 +21,10 @@ from flock.lab._nsio import http_in
 from flock.lab._state import LabState
 from flock.testing import node_object
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (CI installs it)")
 
-
-def test_kubeconfig_reaches_the_lab_apiserver_from_the_host(require_root: None, tmp_path: Path) -> None:
+def test_kubeconfig_reaches_the_lab_apiserver_from_the_host(
+    require_root: None, kubectl_path: str, tmp_path: Path
+) -> None:
     plan = LabPlan.make(tmp_path / "lab", 1)
     plan.dir.mkdir()
     LabState(plan, False).save()
@@ -50,7 +47,7 @@ def test_kubeconfig_reaches_the_lab_apiserver_from_the_host(require_root: None, 
         api = api_client(plan)
         status, body = http_in(api.netns, api.host, api.port, "POST", "/api/v1/nodes", node_object("node1"))
         assert status == 201, body
-        base = [str(KUBECTL), f"--kubeconfig={doc['kubeconfig']}", f"--cache-dir={tmp_path / 'cache'}"]
+        base = [kubectl_path, f"--kubeconfig={doc['kubeconfig']}", f"--cache-dir={tmp_path / 'cache'}"]
         out = subprocess.run([*base, "get", "nodes"], capture_output=True, text=True, timeout=30, check=True)
         assert out.stdout.splitlines()[1].split()[0] == "node1"
         pod = {

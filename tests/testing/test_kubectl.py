@@ -9,7 +9,6 @@ not installed (CI installs it).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -21,14 +20,12 @@ import yaml
 
 from flock.testing import ApiServer
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (CI installs it)")
 REPO = Path(__file__).resolve().parents[2]
 
 
 class Kubectl:
-    def __init__(self, kubeconfig: Path, cache: Path) -> None:
-        self.base = [str(KUBECTL), f"--kubeconfig={kubeconfig}", f"--cache-dir={cache}", "--request-timeout=10s"]
+    def __init__(self, binary: str, kubeconfig: Path, cache: Path) -> None:
+        self.base = [binary, f"--kubeconfig={kubeconfig}", f"--cache-dir={cache}", "--request-timeout=10s"]
 
     def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([*self.base, *args], input=stdin, capture_output=True, text=True, timeout=30)
@@ -47,9 +44,9 @@ def api() -> Iterator[ApiServer]:
 
 
 @pytest.fixture(scope="module")
-def kubectl(api: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+def kubectl(api: ApiServer, tmp_path_factory: pytest.TempPathFactory, kubectl_path: str) -> Kubectl:
     tmp = tmp_path_factory.mktemp("kubectl")
-    return Kubectl(api.write_kubeconfig(tmp / "kubeconfig"), tmp / "cache")
+    return Kubectl(kubectl_path, api.write_kubeconfig(tmp / "kubeconfig"), tmp / "cache")
 
 
 def _get(url: str, accept: str = "application/json") -> tuple[str, Any]:
