@@ -9,20 +9,18 @@ the socket keeps its namespace wherever it is used afterwards.
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
-import os
 import socket
 import subprocess
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 
+from flock.testing._nsthread import call_in_netns
+
 NETNS_DIR = "/run/netns"
-_CLONE_NEWNET = 0x40000000
 
 
 def netns_path(name: str) -> str:
@@ -45,28 +43,7 @@ async def run_in(
 
 def _on_fresh_thread_in(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
     """``make()`` on a new OS thread that first enters *netns*; the thread then ends (blocking)."""
-    outcome: list[Any] = []
-
-    def enter_and_make() -> None:
-        try:
-            fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({netns}): {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            outcome.append(make())
-        except OSError as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=enter_and_make, name=f"in-{netns}", daemon=True)
-    thread.start()
-    thread.join()
-    if isinstance(outcome[0], OSError):
-        raise outcome[0]
-    return outcome[0]
+    return call_in_netns(netns, make)
 
 
 def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> socket.socket:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
-import os
 import socket
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +19,7 @@ import yaml
 from aiohttp import web
 
 from . import _discovery
+from ._nsthread import call_in_netns
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
@@ -45,7 +43,6 @@ DEFAULT_WATCH_SECONDS = 1800.0
 _FRESH_POLL = 0.02
 _BATCH = 500  # list items or initial watch events written at a time
 _TRUE = ("true", "True", "1")
-_CLONE_NEWNET = 0x40000000  # os.CLONE_NEWNET, which Python 3.11 lacks
 # The /status subresource takes the two patches that only merge maps here.
 _STATUS_PATCH_TYPES = (MERGE_PATCH, STRATEGIC_MERGE_PATCH)
 
@@ -490,30 +487,7 @@ def _bound(host: str, port: int, netns: str | None) -> socket.socket:
             raise
         return sock
 
-    if netns is None:
-        return make()
-    made: list[socket.socket | OSError] = []
-
-    def in_netns() -> None:
-        try:
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({netns}): {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            made.append(make())
-        except OSError as exc:
-            made.append(exc)
-
-    thread = threading.Thread(target=in_netns, name=f"bind-in-{netns}")
-    thread.start()
-    thread.join()
-    if isinstance(made[0], OSError):
-        raise made[0]
-    return made[0]
+    return make() if netns is None else call_in_netns(netns, make)
 
 
 def _no_dry_run(request: web.Request) -> None:
