@@ -17,9 +17,10 @@ host's root (read-only) mounted.  It
 4. with ``--podman-network NAME``, also writes ``<conf dir>/NAME.conflist``,
    the same plugin under the network name podman's ``--network`` takes.
 
-Only capabilities flock implements are declared: none (no ``portMappings``,
-``bandwidth``, ``ips`` or ``mac``), so a runtime asked for a port mapping
-knows this network does not provide it.
+Only capabilities flock implements are declared: ``portMappings`` (hostPort,
+programmed by the agent in its own nftables table); not ``bandwidth``, ``ips``
+or ``mac``, so a runtime asked for one of those knows this network does not
+provide it.
 
 Both files are replaced atomically and only when their content changes, so a
 re-run is a no-op and a runtime reading the directories never sees a partial
@@ -49,6 +50,7 @@ from pathlib import Path, PurePosixPath
 import attrs
 
 from flock import logs
+from flock.model import DEFAULT_NETWORK
 from flock.rpc import PENDING_DELETES
 from flock.rpc.cniresult import SUPPORTED_VERSIONS
 from flock.shim_bundle import shim_archive
@@ -63,7 +65,7 @@ CNI_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 DEFAULT_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CONF_DIR = Path("/etc/cni/net.d")
 DEFAULT_SOCKET = "/run/flock/flock.sock"
-DEFAULT_NETWORK_NAME = "flock"
+DEFAULT_NETWORK_NAME = DEFAULT_NETWORK  # what rows stored before the network was recorded take
 # Where Debian, Ubuntu, RHEL-likes, Flatcar-with-sysext and source builds put it.
 HOST_PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 MIN_HOST_PYTHON = (3, 8)
@@ -157,13 +159,13 @@ def conflist_bytes(network_name: str, socket: str, cni_version: str | None = Non
 
     *cni_version* None: ``cniVersion`` 1.0.0 and the ``cniVersions`` list (CNI
     1.1) for runtimes that negotiate; a version: that version alone.  The
-    plugin entry declares no ``capabilities``: flock implements none of them.
+    plugin entry declares the one capability flock implements, ``portMappings``.
     """
     doc: dict[str, object] = {"cniVersion": cni_version or CNI_VERSION}
     if cni_version is None:
         doc["cniVersions"] = list(CNI_VERSIONS)
     doc["name"] = network_name
-    doc["plugins"] = [{"type": PLUGIN_TYPE, "socket": socket}]
+    doc["plugins"] = [{"type": PLUGIN_TYPE, "socket": socket, "capabilities": {"portMappings": True}}]
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 

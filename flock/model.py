@@ -541,6 +541,70 @@ class AllocationState(enum.Enum):
     COMMITTED = "committed"
 
 
+# The network name (the conflist's "name") flock-install-cni writes by default; rows stored before
+# schema v2 recorded none and take this one (flock.store's migration says so in its log line).
+DEFAULT_NETWORK = "flock"
+# portMappings protocols, as the CNI capability convention spells them (lower case).
+PORT_PROTOCOLS = ("tcp", "udp", "sctp")
+
+
+@attrs.frozen
+class PortMapping:
+    """One hostPort: *protocol* traffic to the node (its *host_ip* only, when set) on *host_port*
+    goes to the pod's *container_port* (CNI's ``runtimeConfig.portMappings`` entry).
+
+    *host_ip* is None for "any address of the node"; an unspecified address (``0.0.0.0``, ``::``)
+    is kept as given: any address of that family only, as the reference portmap plugin reads it."""
+
+    host_port: int
+    container_port: int
+    protocol: str = "tcp"
+    host_ip: IPAddress | None = None
+
+    def families(self, pod_families: tuple[int, ...]) -> tuple[int, ...]:
+        """The address families this mapping applies to, for a pod with addresses of *pod_families*."""
+        if self.host_ip is not None:
+            return (self.host_ip.version,) if self.host_ip.version in pod_families else ()
+        return pod_families
+
+    @property
+    def any_host(self) -> bool:
+        """Any address of the node (of the mapping's family when *host_ip* is unspecified)."""
+        return self.host_ip is None or self.host_ip.is_unspecified
+
+    def describe(self) -> str:
+        host = (
+            "" if self.host_ip is None else (f"[{self.host_ip}]:" if self.host_ip.version == 6 else f"{self.host_ip}:")
+        )
+        return f"{host}{self.host_port}/{self.protocol} → {self.container_port}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "hostPort": self.host_port,
+            "containerPort": self.container_port,
+            "protocol": self.protocol,
+        }
+        if self.host_ip is not None:
+            out["hostIP"] = str(self.host_ip)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PortMapping:
+        """A stored mapping (written by :meth:`to_json`; ValueError/TypeError if it is not one)."""
+        host_ip = obj.get("hostIP")
+        mapping = cls(
+            host_port=int(obj["hostPort"]),
+            container_port=int(obj["containerPort"]),
+            protocol=str(obj["protocol"]),
+            host_ip=None if host_ip is None else ipaddress.ip_address(host_ip),
+        )
+        if not (0 < mapping.host_port < 65536 and 0 < mapping.container_port < 65536):
+            raise ValueError(f"port out of range in {dict(obj)!r}")
+        if mapping.protocol not in PORT_PROTOCOLS:
+            raise ValueError(f"unknown protocol in {dict(obj)!r}")
+        return mapping
+
+
 @attrs.frozen
 class Allocation:
     """One pod interface's addresses, keyed by container ID (DESIGN: state on the node)."""
@@ -558,6 +622,14 @@ class Allocation:
     state: AllocationState = AllocationState.PENDING
     created: float = 0.0
     updated: float = 0.0
+    # The network (the conflist's "name") the attachment was made through: GC concerns only its own.
+    network: str = DEFAULT_NETWORK
+    port_mappings: tuple[PortMapping, ...] = ()  # hostPorts, as ADD's runtimeConfig gave them (deduplicated)
+
+    @property
+    def families(self) -> tuple[int, ...]:
+        """The families of the pod's own addresses (the ones hostPorts lead to): 6, 4 or both."""
+        return tuple(f for f, a in ((6, self.ip6), (4, self.ip4)) if a is not None)
 
     @property
     def all_addresses(self) -> tuple[IPAddress, ...]:

@@ -8,11 +8,12 @@ chosen in one table (``_cni_codes``) from the typed errors in ``_errors``.
 
 from flock.pods._args import PodRef, pod_ref
 from flock.pods._bringup import NODECONFIG_WAIT_S, NodeBringUp
-from flock.pods._cni_codes import ADDRESS_EXHAUSTED, CHECK_FAILED, CNI_CODES, cni_error
+from flock.pods._cni_codes import ADDRESS_EXHAUSTED, CHECK_FAILED, CNI_CODES, HOST_PORT_IN_USE, cni_error
 from flock.pods._errors import (
     AddTimedOut,
     CheckFailed,
     ContainerInUse,
+    HostPortInUse,
     InvalidCniArgs,
     InvalidNetworkConfig,
     NotReady,
@@ -24,6 +25,7 @@ from flock.pods._errors import (
 )
 from flock.pods._handler import ADD_DEADLINE_S, ADD_GATE, POD_LOOKUP_DEADLINE_S, VALID_ATTACHMENTS, PodHandler
 from flock.pods._locks import KeyedLocks
+from flock.pods._ports import MAX_PORT_MAPPINGS, HostPortClaims, port_mappings
 from flock.pods._protocols import (
     AllocationStore,
     Checkpoint,
@@ -44,6 +46,8 @@ __all__ = [
     "ADD_GATE",
     "CHECK_FAILED",
     "CNI_CODES",
+    "HOST_PORT_IN_USE",
+    "MAX_PORT_MAPPINGS",
     "NODECONFIG_WAIT_S",
     "PENDING_DELETES",
     "POD_LOOKUP_DEADLINE_S",
@@ -55,6 +59,8 @@ __all__ = [
     "CleanupReport",
     "ContainerInUse",
     "Dataplane",
+    "HostPortClaims",
+    "HostPortInUse",
     "InvalidCniArgs",
     "InvalidNetworkConfig",
     "KeyedLocks",
@@ -75,6 +81,7 @@ __all__ = [
     "cni_error",
     "cni_result",
     "pod_ref",
+    "port_mappings",
     "prev_result_addresses",
     "result_addresses",
 ]

@@ -27,6 +27,7 @@ from ._errors import (
     AddTimedOut,
     CheckFailed,
     ContainerInUse,
+    HostPortInUse,
     InvalidCniArgs,
     InvalidNetworkConfig,
     NotReady,
@@ -45,6 +46,9 @@ CHECK_FAILED = 120
 # the pod's configuration is wrong).  A code of its own lets operators and
 # metrics tell a full pool from a bad annotation.
 ADDRESS_EXHAUSTED = 110
+# flock's own code for "another pod on this node holds that hostIP:hostPort/protocol": nothing in
+# this pod's configuration is malformed (not 7), and only the other pod's going frees it.
+HOST_PORT_IN_USE = 111
 
 CNI_CODES: tuple[tuple[type[Fault], int], ...] = (
     (NotReady, errors.TRY_AGAIN_LATER),
@@ -59,6 +63,7 @@ CNI_CODES: tuple[tuple[type[Fault], int], ...] = (
     (AnnotationError, errors.INVALID_CONFIG),
     (CheckFailed, CHECK_FAILED),
     (PoolExhausted, ADDRESS_EXHAUSTED),
+    (HostPortInUse, HOST_PORT_IN_USE),
     (AddressConflict, errors.INTERNAL),
     (NetnsUnusable, errors.INVALID_ENV),
     (IfNameTaken, errors.INVALID_ENV),

@@ -48,3 +48,7 @@ class CheckFailed(PodOperationError):
 
 class InvalidNetworkConfig(PodOperationError):
     """A field of the network configuration (prevResult, valid-attachments) is missing or malformed."""
+
+
+class HostPortInUse(PodOperationError):
+    """ADD's portMappings ask for a hostIP:hostPort/protocol another container on the node holds."""

@@ -30,7 +30,7 @@ import trio
 from flock import errors
 from flock.faults import Fault, KernelRefused
 from flock.ipam import AddressConflict, Addresses, AnnotationError, Ipam, PoolExhausted
-from flock.model import Allocation, AllocationState, NodeConfig, PodInfo
+from flock.model import DEFAULT_NETWORK, Allocation, AllocationState, NodeConfig, PodInfo, PortMapping
 from flock.rpc import Request, check_cni_version, convert_result
 from flock.state import Gate, NodeState
 
@@ -48,6 +48,7 @@ from ._errors import (
     UnknownContainer,
 )
 from ._locks import KeyedLocks
+from ._ports import HostPortClaims, port_mappings
 from ._protocols import (
     AllocationStore,
     Checkpoint,
@@ -139,6 +140,8 @@ class PodHandler:
     _releasing: dict[str, Addresses] = attrs.field(init=False, factory=dict)
     # Stored rows the node's view leaves out (conflicts at the rebuild): read from the store.
     _unviewed: set[str] = attrs.field(init=False, factory=set)
+    # Host ports held by this node's attachments (rebuilt with the IPAM; a DEL'd pod's go with its row).
+    _ports: HostPortClaims = attrs.field(init=False, factory=HostPortClaims)
 
     @property
     def ipam(self) -> Ipam | None:
@@ -190,12 +193,19 @@ class PodHandler:
                     extra={"container_id": cid, "error": str(exc)},
                 )
         self._ipam = ipam
+        self._ports, clashes = HostPortClaims.of(kept)
+        for alloc, why in clashes:
+            log.error(
+                "stored hostPort mappings conflict; this pod's are not claimed",
+                extra={"container_id": alloc.container_id, "error": why},
+            )
         self.state.load_allocations(kept)
         # A DEL may have removed rows between the list and here: release those.
         still = {a.container_id for a in await self.store.list()}
         for cid in [c for c in self.state.allocations if c not in still]:
             self.state.drop_allocation(cid)
             ipam.release(cid)
+            self._ports.release(cid)
         self._unviewed = still - set(self.state.allocations)
         self._publish_exhaustion()
         return list(self.state.allocations.values())
@@ -244,6 +254,8 @@ class PodHandler:
         """Set up the pod; the result in the request's cniVersion."""
         version = check_cni_version(request.config)
         ref = pod_ref(request.args)
+        network = network_name(request.config)
+        mappings = port_mappings(request.config)
         waiting = self.state.reason(ADD_GATE.name)
         if waiting or self._ipam is None:
             raise NotReady("agent not ready", waiting or ADD_GATE.initial_reason)
@@ -251,7 +263,7 @@ class PodHandler:
         with trio.move_on_after(self.add_deadline):
             async with self._exclusive(request.container_id):
                 lap("lock")
-                alloc, macs = await self._add_locked(request, ref, lap)
+                alloc, macs = await self._add_locked(request, ref, network, mappings, lap)
             result = cni_result(
                 alloc,
                 host_iface=self.dataplane.host_ifname(alloc.container_id),
@@ -269,7 +281,12 @@ class PodHandler:
         )
 
     async def _add_locked(
-        self, request: Request, ref: PodRef, lap: _Laps = _NO_LAPS
+        self,
+        request: Request,
+        ref: PodRef,
+        network: str = DEFAULT_NETWORK,
+        mappings: tuple[PortMapping, ...] = (),
+        lap: _Laps = _NO_LAPS,
     ) -> tuple[Allocation, tuple[str, str]]:
         """The committed allocation and the (host, pod) MACs of its veth.
 
@@ -298,7 +315,7 @@ class PodHandler:
             self._hold(alloc)
         else:
             self.checkpoint.reached("before-pending")
-            alloc = await self._reserve(request, ref, lap)
+            alloc = await self._reserve(request, ref, network, mappings, lap)
             self.checkpoint.reached("after-pending")
         try:
             # The MTU in force now (NodeConfig spec.mtu, else the uplink's): a
@@ -329,8 +346,15 @@ class PodHandler:
                 return alloc
         return await self.store.get(container_id)
 
-    async def _reserve(self, request: Request, ref: PodRef, lap: _Laps = _NO_LAPS) -> Allocation:
-        """Allocate and store the pending row (nothing in the kernel yet)."""
+    async def _reserve(
+        self,
+        request: Request,
+        ref: PodRef,
+        network: str = DEFAULT_NETWORK,
+        mappings: tuple[PortMapping, ...] = (),
+        lap: _Laps = _NO_LAPS,
+    ) -> Allocation:
+        """Allocate, claim the host ports and store the pending row (nothing in the kernel yet)."""
         assert self._ipam is not None
         if ref.is_pod:
             pod = await self._find_pod(ref)
@@ -371,7 +395,15 @@ class PodHandler:
             state=AllocationState.PENDING,
             created=now,
             updated=now,
+            network=network,
+            port_mappings=mappings,
         )
+        try:
+            self._ports.claim(alloc)  # no await since the allocation: two ADDs cannot both take a port
+        except Exception:
+            ipam.release(request.container_id)
+            self._publish_exhaustion()
+            raise
         try:
             await self.store.put(alloc)
             self._unviewed.discard(request.container_id)
@@ -379,6 +411,7 @@ class PodHandler:
         except BaseException:
             # Not stored → no row will ever explain these addresses.
             ipam.release(request.container_id)
+            self._ports.release(request.container_id)
             self._publish_exhaustion()
             raise
         self.state.put_allocation(alloc)
@@ -410,6 +443,7 @@ class PodHandler:
     def _hold(self, alloc: Allocation) -> None:
         if self._ipam is not None and self._ipam.allocator.held(alloc.container_id) is None:
             self._ipam.mark_in_use(alloc.container_id, Addresses.of(alloc))
+        self._ports.claim(alloc)
 
     async def _undo(self, alloc: Allocation) -> None:
         """Give back everything a failed ADD took.  Not on cancellation (the
@@ -455,6 +489,7 @@ class PodHandler:
         await self.store.delete(cid)
         lap("store_delete")
         self._unviewed.discard(cid)
+        self._ports.release(cid)  # the policy service drops its DNAT with the allocation
         self.state.drop_allocation(cid)
         if removals is None:
             self._release(cid)
@@ -568,17 +603,25 @@ class PodHandler:
     # -- GC ------------------------------------------------------------------
 
     async def gc(self, request: Request) -> dict[str, Any]:
-        """Remove every allocation, veth and flock route that
-        ``cni.dev/valid-attachments`` does not list."""
+        """Remove every allocation of the request's network that ``cni.dev/valid-attachments``
+        does not list, and the veths and flock routes no allocation (of any network) explains.
+
+        Attachments made through another network of this agent (podman's, next to the
+        Kubernetes one) are not this GC's: the CNI spec scopes GC to the network it names."""
         valid = _valid_attachments(request.config)
+        network = network_name(request.config)
         removed = []
         failed: dict[str, str] = {}
+        other_networks = 0
         for alloc in await self.store.list():
+            if alloc.network != network:
+                other_networks += 1
+                continue
             if (alloc.container_id, alloc.if_name) in valid:
                 continue
             async with self._exclusive(alloc.container_id):
                 current = await self.store.get(alloc.container_id)
-                if current is None or (current.container_id, current.if_name) in valid:
+                if current is None or current.network != network or (current.container_id, current.if_name) in valid:
                     continue
                 try:
                     await self._forget(current, None, None)
@@ -595,7 +638,14 @@ class PodHandler:
         report = await self.dataplane.cleanup([a.container_id for a in remaining])
         await self.dataplane.ensure_anycast([a for a in remaining if a.anycast])
         log.info(
-            "GC done", extra={"removed": removed, "orphan_interfaces": list(report.interfaces), "kept": len(remaining)}
+            "GC done",
+            extra={
+                "network": network,
+                "removed": removed,
+                "orphan_interfaces": list(report.interfaces),
+                "kept": len(remaining),
+                "other_networks": other_networks,
+            },
         )
         if failed:
             first = sorted(failed)[:8]
@@ -631,6 +681,29 @@ def _same_attachment(alloc: Allocation, request: Request, ref: PodRef) -> None:
             "container ID already in use",
             f"netns={errors.quote(request.netns)}: container {request.container_id} is attached in {alloc.netns!r}",
         )
+
+
+# libcni's rule for a network name (it refuses others before a plugin runs).
+_NETWORK_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def network_name(config: Mapping[str, Any]) -> str:
+    """The configuration's network ``name`` (what an attachment belongs to; GC is scoped to it).
+    A configuration without one (CNI used by hand) is the installer's default network."""
+    name = config.get("name")
+    if name is None:
+        return DEFAULT_NETWORK
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= 253
+        or not _NETWORK_NAME_CHARS.issuperset(name)
+        or not name[0].isalnum()
+    ):
+        raise InvalidNetworkConfig(
+            "invalid network name",
+            f"name={errors.quote(name, 64)}: expected letters, digits, '_', '.', '-' (at most 253, a letter or digit first)",
+        )
+    return name
 
 
 def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:

@@ -169,12 +169,36 @@ HOSTPORTS = "hostports"
 _HOSTPORT_HOOKS = (("hostport-pre", "prerouting"), ("hostport-out", "output"))
 
 
-def _hostport_rule(hp: HostPort) -> str:
-    """One mapping as a rule of the ``hostports`` chain (entered only for packets to this node's addresses)."""
-    ip = "ip6" if hp.pod_ip.version == 6 else "ip"
-    match = f"{ip} daddr {_addr(hp.host_ip)}" if hp.host_ip is not None else f"meta nfproto ipv{hp.pod_ip.version}"
-    to = f"[{_addr(hp.pod_ip)}]" if hp.pod_ip.version == 6 else _addr(hp.pod_ip)
-    return f"{match} meta l4proto {_PROTO[hp.protocol]} th dport {_port(hp.host_port)} dnat {ip} to {to}:{_port(hp.pod_port)}"
+# The mappings live in four maps (a family each, any address of the node or one hostIP), so a pod's
+# mappings come and go as element updates: O(its mappings), whatever the node holds.
+_HOSTPORT_MAPS = (
+    (6, "any", "inet_proto . inet_service", "meta l4proto . th dport"),
+    (6, "ip", "ipv6_addr . inet_proto . inet_service", "ip6 daddr . meta l4proto . th dport"),
+    (4, "any", "inet_proto . inet_service", "meta l4proto . th dport"),
+    (4, "ip", "ipv4_addr . inet_proto . inet_service", "ip daddr . meta l4proto . th dport"),
+)
+
+
+def _hostport_map(hp: HostPort) -> str:
+    return f"hp-{'any' if hp.host_ip is None else 'ip'}-{hp.pod_ip.version}"
+
+
+def _hostport_key(hp: HostPort) -> str:
+    """The element's key in its map (a hostIP mapping's address first)."""
+    key = f"{_PROTO[hp.protocol]} . {_port(hp.host_port)}"
+    if hp.host_ip is None:
+        return key
+    if hp.host_ip.version != hp.pod_ip.version:
+        raise RenderError(f"hostIP {hp.host_ip} and pod {hp.pod_ip} are of different families")
+    return f"{_addr(hp.host_ip)} . {key}"
+
+
+def _hostport_elements(rs: Ruleset) -> dict[str, dict[str, str]]:
+    """map → key → "pod . port": one target a key (the first in the ruleset's order, were two to clash)."""
+    out: dict[str, dict[str, str]] = {f"hp-{kind}-{family}": {} for family, kind, _, _ in _HOSTPORT_MAPS}
+    for hp in rs.hostports:
+        out[_hostport_map(hp)].setdefault(_hostport_key(hp), f"{_addr(hp.pod_ip)} . {_port(hp.pod_port)}")
+    return out
 
 
 def _hairpin(rs: Ruleset, family: int) -> list[str]:
@@ -184,34 +208,52 @@ def _hairpin(rs: Ruleset, family: int) -> list[str]:
 
 
 def _hostport_lines(rs: Ruleset) -> list[str]:
-    """The hostPort chains (always there, so mappings come and go as chain and set updates)."""
+    """The hostPort maps, sets and chains (always there, so mappings come and go as element updates)."""
     lines = []
     for family, addr in ((6, "ipv6_addr"), (4, "ipv4_addr")):
         items = ", ".join(_hairpin(rs, family))
         elements = f" elements = {{ {items} }};" if items else ""
         lines.append(f"\tset hairpin-{family} {{ type {addr} . {addr};{elements} }}")
+    maps = _hostport_elements(rs)
+    for family, kind, key_type, _ in _HOSTPORT_MAPS:
+        name = f"hp-{kind}-{family}"
+        items = ", ".join(f"{k} : {v}" for k, v in maps[name].items())
+        elements = f" elements = {{ {items} }};" if items else ""
+        addr = "ipv6_addr" if family == 6 else "ipv4_addr"
+        lines.append(f"\tmap {name} {{ type {key_type} : {addr} . inet_service;{elements} }}")
     for chain, hook in _HOSTPORT_HOOKS:
         lines.append(f"\tchain {chain} {{")
         lines.append(f"\t\ttype nat hook {hook} priority -100; policy accept;")  # dstnat (nft 1.0.6: prerouting only)
         lines.append(f"\t\tfib daddr type local jump {HOSTPORTS}")
         lines.append("\t}")
     lines.append(f"\tchain {HOSTPORTS} {{")
-    lines.extend(f"\t\t{_hostport_rule(hp)}" for hp in rs.hostports)
+    for family, kind, _, key in _HOSTPORT_MAPS:  # a miss in one map goes on to the next rule
+        ip = "ip6" if family == 6 else "ip"
+        lines.append(f"\t\tdnat {ip} to {key} map @hp-{kind}-{family}")
     lines.append("\t}")
     return lines
 
 
 def _hostport_changes(t: str, old: Ruleset, new: Ruleset) -> list[str]:
+    """Element updates turning *old*'s mappings into *new*'s (deletions first: a key may change its target)."""
     if old.hostports == new.hostports:
         return []
-    out = [f"flush chain {t} {HOSTPORTS}"]
-    out += [f"add rule {t} {HOSTPORTS} {_hostport_rule(hp)}" for hp in new.hostports]
+    dels: list[str] = []
+    adds: list[str] = []
+    before, after = _hostport_elements(old), _hostport_elements(new)
+    for name, now in after.items():
+        was = before[name]
+        gone = [k for k, v in was.items() if now.get(k) != v]
+        came = [f"{k} : {v}" for k, v in now.items() if was.get(k) != v]
+        dels += [f"delete element {t} {name} {{ {', '.join(c)} }}" for c in _chunks(gone)]
+        adds += [f"add element {t} {name} {{ {', '.join(c)} }}" for c in _chunks(came)]
     for family in (6, 4):
-        out.append(f"flush set {t} hairpin-{family}")
-        items = _hairpin(new, family)
-        if items:
-            out.append(f"add element {t} hairpin-{family} {{ {', '.join(items)} }}")
-    return out
+        was_set, now_set = set(_hairpin(old, family)), set(_hairpin(new, family))
+        if gone_pods := sorted(was_set - now_set):
+            dels += [f"delete element {t} hairpin-{family} {{ {', '.join(c)} }}" for c in _chunks(gone_pods)]
+        if came_pods := sorted(now_set - was_set):
+            adds += [f"add element {t} hairpin-{family} {{ {', '.join(c)} }}" for c in _chunks(came_pods)]
+    return dels + adds
 
 
 def _nat_lines(rs: Ruleset) -> list[str]:

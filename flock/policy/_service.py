@@ -36,7 +36,8 @@ from ._engine import PolicyEngine
 from ._inputs import InputJournal, PolicySource
 from ._metrics import PolicyMetrics
 from ._model import PolicyPod
-from ._ruleset import NatFamily, Ruleset, RulesetChange
+from ._model import Protocol as L4
+from ._ruleset import HostPort, NatFamily, Ruleset, RulesetChange
 
 log = logging.getLogger("flock.policy")
 
@@ -108,6 +109,22 @@ def nat_plan(config: NodeConfig | None) -> tuple[NatFamily, ...]:
     return tuple(out)
 
 
+_L4 = {"tcp": L4.TCP, "udp": L4.UDP, "sctp": L4.SCTP}
+
+
+def hostports_of(alloc: Allocation) -> tuple[HostPort, ...]:
+    """*alloc*'s hostPort mappings as DNAT rules: one per mapping and family (the pod's own address of
+    the family; an unspecified hostIP means any address of its family, as the portmap plugin reads it)."""
+    out = []
+    for m in alloc.port_mappings:
+        for pod_ip in (alloc.ip6, alloc.ip4):
+            if pod_ip is None or (m.host_ip is not None and m.host_ip.version != pod_ip.version):
+                continue
+            host_ip = None if m.any_host else m.host_ip
+            out.append(HostPort(m.host_port, _L4[m.protocol], pod_ip, m.container_port, host_ip))
+    return tuple(out)
+
+
 def _addresses(alloc: Allocation) -> tuple:
     addrs = [a for a in (alloc.ip6, alloc.ip4) if a is not None]
     addrs += [a for a in alloc.addresses if a not in addrs]
@@ -120,6 +137,7 @@ class _Applied:
     ruleset: Ruleset  # its structure: the elements of the sets pods fill are the engine's
     covered: Mapping[str, tuple]  # container ID → addresses its chains and memberships were compiled with
     pods_by_veth: Mapping[str, tuple[str, str]]
+    mapped: Mapping[str, tuple[HostPort, ...]] = attrs.field(factory=dict)  # container ID → its hostPorts in force
 
 
 @attrs.define(eq=False)
@@ -145,7 +163,10 @@ class PolicyService:
     rand: Callable[[], float] = random.random
     # This node's NodeConfig (its natOutgoing, blocks and ranges go into the same table); None: no NAT.
     nodeconfig: Callable[[], NodeConfig | None] | None = None
-    _nat: tuple[Ruleset, tuple[NatFamily, ...], Ruleset] | None = attrs.field(init=False, default=None)
+    # (engine structure, nat, hostports, the structure with both): pod churn keeps the object, so set updates stay small
+    _node_rules: tuple[Ruleset, tuple[NatFamily, ...], tuple[HostPort, ...], Ruleset] | None = attrs.field(
+        init=False, default=None
+    )
     _engine: PolicyEngine | None = attrs.field(init=False, default=None)  # built once the inputs are complete
     _journal: InputJournal | None = attrs.field(init=False, default=None)  # the inputs' changes since the engine's
     _applied: _Applied | None = attrs.field(init=False, default=None)
@@ -203,18 +224,24 @@ class PolicyService:
         return pods, covered
 
     async def ensure(self, alloc: Allocation) -> None:
-        """Return once the kernel holds a ruleset compiled with *alloc* as a local pod.
+        """Return once the kernel holds a ruleset compiled with *alloc* as a local pod, and its hostPorts.
 
         The caller bounds the wait (ADD's deadline); a cancelled wait changes nothing.
         """
-        if not alloc.namespace:
-            # A container without a Kubernetes Pod (podman, nerdctl): no policy can select it,
-            # and as a peer it is matched by its addresses (ipBlock) alone — nothing to wait for.
+        ports = hostports_of(alloc)
+        # A container without a Kubernetes Pod (podman, nerdctl): no policy can select it, and as a
+        # peer it is matched by its addresses (ipBlock) alone — only its hostPorts to wait for.
+        want = _addresses(alloc) if alloc.namespace else None
+        if want is None and not ports:
             return
-        want = _addresses(alloc)
+        cid = alloc.container_id
         while True:
             applied = self._applied
-            if applied is not None and applied.covered.get(alloc.container_id) == want:
+            if (
+                applied is not None
+                and (want is None or applied.covered.get(cid) == want)
+                and applied.mapped.get(cid, ()) == ports
+            ):
                 return
             if self._last_error is not None:
                 # Fail closed and fast: waiting out ADD's deadline would leave the runtime 25 s per pod
@@ -290,32 +317,39 @@ class PolicyService:
             self._engine.update(self._journal.drain(), local)
         return self._engine.change()
 
-    def _with_nat(self, change: RulesetChange, nat: tuple[NatFamily, ...]) -> RulesetChange:
-        """*change* with natOutgoing in its ruleset (the same structure object while neither changed)."""
-        if not nat:
+    def _with_node(
+        self, change: RulesetChange, nat: tuple[NatFamily, ...], hostports: tuple[HostPort, ...] = ()
+    ) -> RulesetChange:
+        """*change* with this node's natOutgoing and hostPorts in its ruleset (the same structure
+        object while none of the three changed: pod churn stays a set-element update)."""
+        if not nat and not hostports:
             return change
         structure = change.structure
-        cached = self._nat
-        if cached is not None and cached[0] is structure and cached[1] == nat:
-            with_nat = cached[2]
+        cached = self._node_rules
+        if cached is not None and cached[0] is structure and cached[1] == nat and cached[2] == hostports:
+            with_node = cached[3]
         else:
-            with_nat = attrs.evolve(structure, nat=nat)
-            self._nat = (structure, nat, with_nat)
+            with_node = attrs.evolve(structure, nat=nat, hostports=hostports)
+            self._node_rules = (structure, nat, hostports, with_node)
         whole = change.whole
-        return attrs.evolve(change, structure=with_nat, materialize=lambda: attrs.evolve(whole(), nat=nat))
+        return attrs.evolve(
+            change, structure=with_node, materialize=lambda: attrs.evolve(whole(), nat=nat, hostports=hostports)
+        )
 
     async def _apply(
         self, generation: int, mark: int, allocations: Mapping[str, Allocation], nat: tuple[NatFamily, ...] = ()
     ) -> None:
         started = time.perf_counter()
         local, covered = self.local_pods(allocations)
-        change = self._with_nat(self._follow(local), nat)
+        mapped = {cid: ports for cid, a in allocations.items() if a.port_mappings and (ports := hostports_of(a))}
+        hostports = tuple(sorted((hp for ports in mapped.values() for hp in ports), key=HostPort.sort_key))
+        change = self._with_node(self._follow(local), nat, hostports)
         result = await self.applier.apply_change(change)
         seconds = time.perf_counter() - started
         mode = getattr(result, "mode", "full")
         structure = change.structure
         pods_by_veth = {p.host_veth: (p.namespace, p.name) for p in local if p.host_veth is not None}
-        self._applied = _Applied(generation, structure, covered, pods_by_veth)
+        self._applied = _Applied(generation, structure, covered, pods_by_veth, mapped)
         self._applied_event.set()
         self._applied_event = trio.Event()
         self._last_error = None

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flock.model import Allocation, AllocationState
+from flock.model import DEFAULT_NETWORK, Allocation, AllocationState, PortMapping
 from flock.store._errors import StoreCorrupt, StoreError, StoreTooNew, from_sqlite
+
+log = logging.getLogger("flock.store")
 
 FILENAME = "flock.db"
 Migration = Callable[[sqlite3.Connection], None]
@@ -35,6 +38,8 @@ COLUMNS = (
     "state",
     "created",
     "updated",
+    "network",
+    "port_mappings",
 )
 
 
@@ -60,9 +65,24 @@ def _create_v1(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v2_network_and_ports(conn: sqlite3.Connection) -> None:
+    """v2: the network each attachment was made through (GC concerns only its own network) and its
+    hostPort mappings.  Rows from v1 recorded no network: they take the installer's default name."""
+    rows = conn.execute("SELECT count(*) FROM allocations").fetchone()[0]
+    conn.execute(f"ALTER TABLE allocations ADD COLUMN network TEXT NOT NULL DEFAULT '{DEFAULT_NETWORK}'")
+    conn.execute("ALTER TABLE allocations ADD COLUMN port_mappings TEXT NOT NULL DEFAULT '[]'")
+    log.warning(
+        "allocation database migrated to schema v2: %d allocation(s) stored before it recorded no network "
+        "and now belong to network %r (the installer's default name); GC for another network leaves them alone",
+        rows,
+        DEFAULT_NETWORK,
+        extra={"op": "store", "schema": 2, "allocations": rows, "network": DEFAULT_NETWORK},
+    )
+
+
 # MIGRATIONS[i] takes a database from schema version i to i + 1; the schema
 # version lives in PRAGMA user_version.  A later flock appends here.
-MIGRATIONS: tuple[Migration, ...] = (_create_v1,)
+MIGRATIONS: tuple[Migration, ...] = (_create_v1, _v2_network_and_ports)
 
 # The statements flock runs (parameters are always bound, never formatted in).
 PUT = (
@@ -92,6 +112,8 @@ def encode(a: Allocation) -> tuple[Any, ...]:
         a.state.value,
         float(a.created),
         float(a.updated),
+        a.network,
+        json.dumps([m.to_json() for m in a.port_mappings]),
     )
 
 
@@ -113,8 +135,10 @@ def decode(path: Path, row: sqlite3.Row) -> Allocation:
             state=AllocationState(row["state"]),
             created=float(row["created"]),
             updated=float(row["updated"]),
+            network=str(row["network"]),
+            port_mappings=tuple(PortMapping.from_json(m) for m in json.loads(row["port_mappings"])),
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise StoreCorrupt(path, "unreadable allocation row", f"container {cid!r}: {exc}") from None
 
 
@@ -140,6 +164,8 @@ def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration
             "the allocation database is from a newer flock",
             f"schema version {version}, this flock knows up to {len(migrations)}",
         )
+    if version >= 1:
+        _check_table(path, conn)  # before a migration alters it: a foreign file is named as such
     for target, migrate in enumerate(migrations[version:], start=version + 1):
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -152,6 +178,10 @@ def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration
             raise StoreError(
                 path, "cannot migrate the allocation database", f"to schema version {target}: {exc}"
             ) from None
+    _check_table(path, conn)
+
+
+def _check_table(path: Path, conn: sqlite3.Connection) -> None:
     try:
         conn.execute("SELECT container_id FROM allocations LIMIT 0")
     except sqlite3.Error as exc:

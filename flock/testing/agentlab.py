@@ -127,13 +127,14 @@ class Lab:
     api: ApiServer
     bird: bool = True
     node: Netns = attrs.field(init=False)
+    up: Netns = attrs.field(init=False)  # the node's uplink neighbour ("uplink" ↔ its eth0; no address of its own)
     plugin: list[str] = attrs.field(init=False)
     _bird_proc: subprocess.Popen | None = attrs.field(init=False, default=None)
     _agents: list[AgentProcess] = attrs.field(init=False, factory=list)
 
     def __attrs_post_init__(self) -> None:
         self.node = self.pool.create("node")
-        up = self.pool.create("up")
+        self.up = up = self.pool.create("up")
         self.pool.veth(self.node, "uplink", up, "eth0")
         self.node.ip("addr", "add", "192.0.2.1/24", "dev", "uplink")
         self.plugin = build(self.tmp, pending_deletes=str(self.socket.parent / "pending-deletes"))

@@ -80,7 +80,7 @@ def test_install_writes_one_executable_shim_and_the_conflist(node):
         "cniVersion": "1.0.0",
         "cniVersions": ["0.4.0", "1.0.0", "1.1.0"],
         "name": "flock",
-        "plugins": [{"type": "flock", "socket": node.socket}],
+        "plugins": [{"type": "flock", "socket": str(node.socket), "capabilities": {"portMappings": True}}],
     }
     assert result.conflist == node.conf_dir / "01-flock.conflist"
     assert sorted(p.name for p in node.conf_dir.iterdir()) == ["01-flock.conflist"]
@@ -336,7 +336,7 @@ def test_cni_version_is_chosen_and_checked(tmp_path):
     default = json.loads(installer.conflist_bytes("flock", "/run/flock/flock.sock"))
     # libcni < 1.2 reads cniVersion; ≥ 1.2 negotiates from cniVersions.
     assert default["cniVersion"] == "1.0.0" and default["cniVersions"] == ["0.4.0", "1.0.0", "1.1.0"]
-    assert "capabilities" not in default["plugins"][0]  # flock implements none (no portMappings)
+    assert default["plugins"][0]["capabilities"] == {"portMappings": True}  # the one flock implements
     with pytest.raises(installer.InstallError) as info:
         installer.InstallConfig(cni_version="0.2.0")
     assert "0.2.0" in str(info.value) and "1.0.0" in info.value.remedy

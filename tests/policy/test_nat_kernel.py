@@ -243,6 +243,10 @@ async def test_host_ports_reach_the_pod_from_outside_the_node_itself_and_its_pod
 
         # mappings removed: an incremental change
         assert (await applier.apply(attrs.evolve(rs, hostports=maps[:1]))).mode == "incremental"
-        listing = w.node.node.run("nft", "list", "chain", "inet", "flock", "hostports").stdout
-        assert "dport 8080" in listing and "5353" not in listing and "9090" not in listing
+        listing = w.node.node.run("nft", "list", "map", "inet", "flock", "hp-any-6").stdout
+        assert f"tcp . 8080 : {a.ip6} . 80" in listing, listing
+        for name in ("hp-any-4", "hp-ip-4", "hp-ip-6"):
+            listing = w.node.node.run("nft", "list", "map", "inet", "flock", name).stdout
+            assert "elements" not in listing, listing
+        assert not await trio.to_thread.run_sync(reach, w.node.node, UPLINK4, 9090, "tcp")
         await applier.remove()

@@ -417,3 +417,44 @@ def test_per_rule_counters_are_summed_by_policy_and_rule_over_the_chains_that_in
     assert get("flock_policy_cluster_rule_packets_total", {**labels, "rule": "ingress[1]"}) == 7
     base = {"policy": "base", "rule": "open", "tier": "Baseline", "direction": "Egress"}
     assert get("flock_policy_cluster_rule_packets_total", base) == 5
+
+
+async def test_host_ports_are_in_the_table_before_add_returns_and_churn_keeps_the_structure(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A pod's hostPorts (and a podman container's, which has no Pod to wait for) are in the applied
+    ruleset when ensure() returns; remote pod churn leaves the structure object alone (a set-element
+    update); the pod's removal takes its DNAT with it."""
+    from flock.model import PortMapping
+    from flock.policy._ruleset import HostPort
+    from flock.policy._service import hostports_of
+
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    svc = service(inputs, local, applier)
+    peers = [PolicyPod("x", f"p{i}", {"app": "a"}, (ipaddress.ip_address(f"2001:db8:2::{i + 1:x}"),)) for i in range(3)]
+    complete(inputs, [DENY], [WEB, *peers])
+    web = attrs.evolve(alloc("c1", "x/web", "2001:db8:1::1"), port_mappings=(PortMapping(8080, 80),))
+    podless = Allocation(
+        "c2", "", "ctr", "", "eth0", "/run/netns/y", ipaddress.IPv6Address("2001:db8:1::2"), ipaddress.IPv4Address("192.0.2.2"),
+        port_mappings=(PortMapping(53, 53, "udp"),),
+    )  # fmt: skip
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(web)
+            await svc.ensure(web)
+            assert svc.applied is not None and svc.applied.hostports == hostports_of(web)
+            local.put(podless)
+            began = trio.current_time()
+            await svc.ensure(podless)  # waits for its DNAT (not for labels: it has no Pod)
+            assert trio.current_time() > began
+            both = tuple(sorted((*hostports_of(web), *hostports_of(podless)), key=HostPort.sort_key))
+            assert svc.applied.hostports == both and len(both) == 3
+            structure = svc.applied
+            inputs.set_pod(attrs.evolve(peers[0], labels={"app": "b"}))
+            await svc.wait_applied(inputs.generation)
+            assert svc.applied is structure  # remote churn: elements only
+            local.drop(web.container_id)
+            while svc.applied.hostports != tuple(sorted(hostports_of(podless), key=HostPort.sort_key)):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
