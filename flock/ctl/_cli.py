@@ -159,8 +159,10 @@ def cmd_pods(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         if (args.namespace is None or p["namespace"] == args.namespace)
         and (args.pod is None or p["pod"] == args.pod)
         and (args.address is None or args.address.split("/")[0] in (*p["addresses"], *p["anycast"]))
+        and (args.network is None or p.get("network") == args.network)
     ]
     result = {"pods": pods, "kernel_read": out["kernel_read"]}
+    with_ports = any(p.get("ports") for p in pods)  # the column only where some pod has a hostPort
     rows = [
         [
             p["container_id"][:16],
@@ -170,11 +172,13 @@ def cmd_pods(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
             p["host_veth"] + ("" if p["host_veth_present"] in (True, None) else " (missing)"),
             p["state"] + ("" if p["netns_alive"] else ", netns gone"),
             _age(p["age_s"]),
+            *([", ".join(p.get("ports", ()))] if with_ports else []),
         ]
         for p in pods
     ]
-    text = table(rows, ["CONTAINER", "POD", "ADDRESSES", "ANYCAST", "HOST VETH", "STATE", "AGE"])
-    filtered = args.namespace or args.pod or args.address
+    headers = ["CONTAINER", "POD", "ADDRESSES", "ANYCAST", "HOST VETH", "STATE", "AGE"]
+    text = table(rows, headers + (["HOST PORTS"] if with_ports else []))
+    filtered = args.namespace or args.pod or args.address or args.network
     return result, text, EXIT_PROBLEMS if filtered and not pods else EXIT_OK
 
 
@@ -237,6 +241,11 @@ def _default_kubeconfig(args: argparse.Namespace) -> tuple[Path | None, str | No
 
 def cmd_ipam_check(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     out = ask(args.socket, "ipam-check", timeout=90)
+    if args.network is not None:
+        # One network's attachments only (as a GC for it sees them): other networks' rows and their problems left out.
+        others = {a["container_id"] for a in out["allocations"] if a.get("network") != args.network}
+        out["allocations"] = [a for a in out["allocations"] if a["container_id"] not in others]
+        out["problems"] = [p for p in out["problems"] if p["subject"] not in others]
     problems = list(out["problems"])
     unreached = list(out["unreached"])
     checked = dict(out["checked"])
@@ -356,6 +365,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", "-n")
     s.add_argument("--pod")
     s.add_argument("--address")
+    s.add_argument("--network", help="only attachments made through this CNI network (the conflist's name)")
     s.set_defaults(run=cmd_pods)
     ipam = sub.add_parser("ipam", help="addresses: show, check, release").add_subparsers(
         dest="ipam", required=True, metavar="SUBCOMMAND"
@@ -365,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
     s = ipam.add_parser("check", parents=[common], help="store vs kernel vs API server; exit 1 on problems")
     s.add_argument("--kubeconfig", type=Path, default=None, help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
     s.add_argument("--no-api", action="store_true", help="check the local parts only")
+    s.add_argument("--network", help="only attachments made through this CNI network (the conflist's name)")
     s.set_defaults(run=cmd_ipam_check)
     s = ipam.add_parser("release", parents=[common], help="release a leaked allocation through the agent")
     s.add_argument(

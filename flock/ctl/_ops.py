@@ -121,6 +121,8 @@ def allocation_view(
         "netns_alive": netns_alive(alloc.netns),
         "addresses": [str(a) for a in (alloc.ip6, alloc.ip4, *alloc.addresses) if a is not None],
         "anycast": [str(a) for a in alloc.anycast],
+        "network": alloc.network,
+        "ports": [m.describe() for m in alloc.port_mappings],
         "host_veth": host_prefix_name,
         "host_veth_present": None if host_links is None else host_prefix_name in host_links,
         "state": alloc.state.value,

@@ -37,11 +37,22 @@ from flock.lab._plan import (
     AGENT_NAMESPACE,
     APISERVER_PORT,
     BRIDGE,
+    DEFAULT_MTU,
     FABRIC4,
     FABRIC6,
+    FABRIC_NET4,
+    FABRIC_NET6,
     FABRIC_PREFIX4,
     FABRIC_PREFIX6,
     HEALTH_ADDRESS,
+    INTERNET,
+    INTERNET4,
+    INTERNET6,
+    INTERNET_GATEWAY4,
+    INTERNET_GATEWAY6,
+    INTERNET_LINK,
+    INTERNET_PREFIX4,
+    INTERNET_PREFIX6,
     NODE_PORTS,
     UPLINK,
     LabPlan,
@@ -53,6 +64,7 @@ from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signa
 from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_procs, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
 from flock.testing import NODECONFIGS, NODES, SECRETS, write_kubeconfig
+from flock.testing._nsthread import call_in_netns
 
 READY_DEADLINE_S = 60.0
 # BOOKMARKs move every agent's watches on while nothing changes: `policy wait` needs no more than this.
@@ -87,18 +99,36 @@ def _ip(*args: str) -> None:
 
 
 def build_network(plan: LabPlan) -> None:
-    """The fabric namespace with its bridge, and every node joined to it (blocking)."""
-    fab = plan.fabric_netns
+    """The fabric namespace with its bridge, every node joined to it, and (``plan.internet``)
+    the internet behind it; every link at ``plan.uplink_mtu`` (blocking)."""
+    fab, mtu = plan.fabric_netns, str(plan.uplink_mtu)
     _ip("netns", "add", fab)
     _ip("-n", fab, "link", "set", "lo", "up")
-    _ip("-n", fab, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
+    _ip("-n", fab, "link", "add", BRIDGE, "mtu", mtu, "type", "bridge", "mcast_snooping", "0")
     _ip("-n", fab, "addr", "add", f"{FABRIC6}/{FABRIC_PREFIX6}", "dev", BRIDGE, "nodad")
     _ip("-n", fab, "addr", "add", f"{FABRIC4}/{FABRIC_PREFIX4}", "dev", BRIDGE)
     _ip("-n", fab, "link", "set", BRIDGE, "up")
     for node in plan.nodes:
         _ip("netns", "add", node.netns)
         _ip("-n", node.netns, "link", "set", "lo", "up")
-        _ip("-n", fab, "link", "add", node.fabric_port, "type", "veth", "peer", "name", UPLINK, "netns", node.netns)
+        _ip(
+            "-n",
+            fab,
+            "link",
+            "add",
+            node.fabric_port,
+            "mtu",
+            mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            UPLINK,
+            "mtu",
+            mtu,
+            "netns",
+            node.netns,
+        )
         _ip("-n", fab, "link", "set", node.fabric_port, "master", BRIDGE, "up")
         _ip("-n", node.netns, "addr", "add", f"{node.addr6}/{FABRIC_PREFIX6}", "dev", UPLINK, "nodad")
         _ip("-n", node.netns, "addr", "add", f"{node.addr4}/{FABRIC_PREFIX4}", "dev", UPLINK)
@@ -106,6 +136,71 @@ def build_network(plan: LabPlan) -> None:
         # A node's default route points at its ToR, as on a real node.
         _ip("-n", node.netns, "route", "add", "default", "via", str(FABRIC6), "dev", UPLINK)
         _ip("-n", node.netns, "route", "add", "default", "via", str(FABRIC4), "dev", UPLINK)
+    # The bridge's MTU follows its ports unless set: set, so it is what the plan says whatever they are.
+    _ip("-n", fab, "link", "set", BRIDGE, "mtu", mtu)
+    if plan.internet_netns is not None:
+        build_internet(plan, plan.internet_netns)
+
+
+def _sysctls(netns: str, values: dict[str, str]) -> None:
+    """Write /proc/sys/net/… keys (``ipv4/ip_forward``) of *netns* (blocking)."""
+
+    def write() -> None:
+        for key, value in values.items():
+            with open(f"/proc/sys/net/{key}", "w") as f:
+                f.write(value)
+
+    try:
+        call_in_netns(netns, write)
+    except OSError as exc:
+        raise LabError(f"sysctl in {netns}: {exc}") from None
+
+
+def build_internet(plan: LabPlan, inet: str) -> None:
+    """The internet behind the fabric: the fabric forwards to it, and it routes back only to
+    the fabric segment (the nodes' uplink addresses), never to a pod block (blocking).
+    Reverse-path filtering is off on both, so a pod's own source address reaches the
+    internet, which cannot answer it."""
+    fab, mtu = plan.fabric_netns, str(plan.uplink_mtu)
+    _ip("netns", "add", inet)
+    _ip("-n", inet, "link", "set", "lo", "up")
+    _ip(
+        "-n",
+        fab,
+        "link",
+        "add",
+        INTERNET_LINK,
+        "mtu",
+        mtu,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "mtu",
+        mtu,
+        "netns",
+        inet,
+    )
+    _ip("-n", fab, "addr", "add", f"{INTERNET_GATEWAY6}/{INTERNET_PREFIX6}", "dev", INTERNET_LINK, "nodad")
+    _ip("-n", fab, "addr", "add", f"{INTERNET_GATEWAY4}/{INTERNET_PREFIX4}", "dev", INTERNET_LINK)
+    _ip("-n", fab, "link", "set", INTERNET_LINK, "up")
+    _ip("-n", inet, "addr", "add", f"{INTERNET6}/{INTERNET_PREFIX6}", "dev", "eth0", "nodad")
+    _ip("-n", inet, "addr", "add", f"{INTERNET4}/{INTERNET_PREFIX4}", "dev", "eth0")
+    _ip("-n", inet, "link", "set", "eth0", "up")
+    _ip("-n", inet, "route", "add", str(FABRIC_NET6), "via", str(INTERNET_GATEWAY6), "dev", "eth0")
+    _ip("-n", inet, "route", "add", str(FABRIC_NET4), "via", str(INTERNET_GATEWAY4), "dev", "eth0")
+    no_rp = {f"ipv4/conf/{dev}/rp_filter": "0" for dev in ("all", "default")}
+    _sysctls(
+        fab,
+        {
+            "ipv4/ip_forward": "1",
+            "ipv6/conf/all/forwarding": "1",
+            **no_rp,
+            **{f"ipv4/conf/{dev}/rp_filter": "0" for dev in (BRIDGE, INTERNET_LINK)},
+        },
+    )
+    _sysctls(inet, {**no_rp, "ipv4/conf/eth0/rp_filter": "0"})
 
 
 def _bin(name: str) -> str:
@@ -145,18 +240,23 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
     ]
 
 
-def node_server_argv(node: NodePlan) -> list[str]:
-    """The port server of *node* itself (``NODE_PORTS`` on its own addresses, run in its namespace)."""
-    argv = ["ip", "netns", "exec", node.netns, sys.executable, "-m", "flock.lab._serve", "--name", node.name]
+def _server_argv(netns: str, name: str) -> list[str]:
+    argv = ["ip", "netns", "exec", netns, sys.executable, "-m", "flock.lab._serve", "--name", name]
     for text in NODE_PORTS:
         port = PortSpec.parse(text, named=False)
         argv += [f"--{port.protocol.lower()}", str(port.port)]
     return argv
 
 
+def node_server_argv(node: NodePlan) -> list[str]:
+    """The port server of *node* itself (``NODE_PORTS`` on its own addresses, run in its namespace)."""
+    return _server_argv(node.netns, node.name)
+
+
 def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str] | None = None) -> list[ProcessSpec]:
     """The API server, the route server, every node's port server (``serve-<node>``, what a
-    probe to a node reaches) and (*nodes*) every node's bird and flock-agent
+    probe to a node reaches), the internet's (``serve-internet``, with ``plan.internet``)
+    and (*nodes*) every node's bird and flock-agent
     (*agent_program*: see :func:`agent_argv`)."""
     env, fab = _env(), plan.fabric_netns
     specs = [
@@ -204,6 +304,10 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
     ]
     for node in plan.nodes:
         specs.append(ProcessSpec(f"serve-{node.name}", tuple(node_server_argv(node)), node.dir / "serve.log", env))
+    if plan.internet_netns is not None:
+        # The internet's host: NODE_PORTS too, each TCP answer naming the address it came from.
+        argv = _server_argv(plan.internet_netns, INTERNET)
+        specs.append(ProcessSpec(f"serve-{INTERNET}", tuple(argv), plan.fabric_dir / "internet.log", env))
     for node in plan.nodes if nodes else ():
         specs.append(
             ProcessSpec(
@@ -379,6 +483,8 @@ async def up(
     state.save()  # first, so a crash from here on is cleaned by down or the next up
     report(
         f"network: fabric {plan.fabric_netns} (route server, API server at {plan.apiserver_url}) + {len(plan.nodes)} nodes"
+        + (f" + internet {plan.internet_netns} ({INTERNET6}, {INTERNET4})" if plan.internet_netns is not None else "")
+        + (f", links at MTU {plan.uplink_mtu}" if plan.uplink_mtu != DEFAULT_MTU else "")
     )
     await trio.to_thread.run_sync(build_network, plan)
     if image is None:

@@ -13,6 +13,18 @@ Fabric segment (a bridge in the fabric namespace, every node's uplink a port)::
 Node i's pod blocks: ``2001:db8:0:i::/64`` and a /26 of 198.51.100.0/24
 (nodes 1-4) or 203.0.113.0/24 (nodes 5-8).
 
+With ``internet``, an "internet" namespace hangs off the fabric namespace
+(which then forwards), with addresses outside every cluster range and routes
+back only to the fabric segment (the nodes' uplinks), never to a pod block::
+
+    fabric   2001:db8:ffff:1::1/64   192.0.2.65/26    its gateway
+    internet 2001:db8:ffff:1::100/64 192.0.2.100/26   serves NODE_PORTS; routes: 2001:db8:ffff::/64, 192.0.2.0/26
+
+so pods reach it only through their node's natOutgoing (masqueraded to the
+node's uplink address).  ``uplink_mtu`` is the MTU of every fabric link (each
+node's uplink and its bridge port, the bridge, the internet's link), which a
+node's agent detects and gives its pods.
+
 Each node is also a v1 Node object in the lab's API server (labels
 ``kubernetes.io/hostname`` and ``kubernetes.io/os``; its InternalIPs are its
 fabric addresses, the ones every pod reaches it at), and serves
@@ -29,6 +41,8 @@ from typing import Any
 
 import attrs
 
+from flock.model import MTU_MAX, MTU_MIN
+
 NS_PREFIX = "flab-"
 MAX_NODES = 8
 FABRIC_ASN = 64500
@@ -36,6 +50,19 @@ NODE_ASN_BASE = 64512
 FABRIC6 = ipaddress.IPv6Address("2001:db8:ffff::1")
 FABRIC4 = ipaddress.IPv4Address("192.0.2.1")
 FABRIC_PREFIX6, FABRIC_PREFIX4 = 64, 26
+FABRIC_NET6 = ipaddress.ip_network(f"{FABRIC6}/{FABRIC_PREFIX6}", strict=False)
+FABRIC_NET4 = ipaddress.ip_network(f"{FABRIC4}/{FABRIC_PREFIX4}", strict=False)
+# The lab's internet (--internet): a documentation /64 and the free /26 of 192.0.2.0/24 (between the
+# fabric's /26 and ANNOUNCE_RANGES' /25), outside every cluster range.
+INTERNET_PREFIX6, INTERNET_PREFIX4 = 64, 26
+INTERNET_GATEWAY6 = ipaddress.IPv6Address("2001:db8:ffff:1::1")  # the fabric's side of the link
+INTERNET_GATEWAY4 = ipaddress.IPv4Address("192.0.2.65")
+INTERNET6 = ipaddress.IPv6Address("2001:db8:ffff:1::100")
+INTERNET4 = ipaddress.IPv4Address("192.0.2.100")
+INTERNET_LINK = "internet"  # the fabric's end of the link; the internet's end is eth0
+INTERNET = "internet"  # its name as a probe endpoint
+DEFAULT_MTU = 1500
+MIN_MTU, MAX_MTU = MTU_MIN, MTU_MAX  # what a NodeConfig's spec.mtu takes: every MTU an agent detects is usable
 # Where lab pods may claim anycast/addresses: a documentation /48 and the
 # upper half of 192.0.2.0/24 (the fabric and the nodes use the lower /26).
 ANNOUNCE_RANGES = (ipaddress.ip_network("2001:db8:53::/48"), ipaddress.ip_network("192.0.2.128/25"))
@@ -58,6 +85,16 @@ NODE_LABELS = ("kubernetes.io/hostname", "kubernetes.io/os")
 def lab_id(directory: Path) -> str:
     """Four hex digits naming this lab directory's namespaces."""
     return hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:4]
+
+
+# Every node's pod blocks and the fabric segment (see NodePlan.nodeconfig).
+CLUSTER_RANGES = (
+    ipaddress.ip_network("2001:db8::/48"),
+    FABRIC_NET6,
+    ipaddress.ip_network("198.51.100.0/24"),
+    ipaddress.ip_network("203.0.113.0/24"),
+    FABRIC_NET4,
+)
 
 
 @attrs.frozen
@@ -158,9 +195,10 @@ class NodePlan:
                 "families": {"ipv6": True, "ipv4": False},
                 # The lab's service range for anycast/addresses (the fabric's own /26 stays out).
                 "announceRanges": [str(a) for a in ANNOUNCE_RANGES],
-                # Inside the cluster: every node's pod blocks and the fabric. natOutgoing (IPv4 by default)
-                # masquerades only what leaves these.
-                "clusterRanges": ["2001:db8::/48", "2001:db8:ffff::/64", "198.51.100.0/24", "192.0.2.0/24"],
+                # Inside the cluster: every node's pod blocks (nodes 1-4 and 5-8) and the fabric segment (the
+                # nodes' uplinks); with announceRanges, all of 192.0.2.0/24 but the internet's /26.
+                # natOutgoing (IPv4 by default) masquerades only what leaves these.
+                "clusterRanges": [str(n) for n in CLUSTER_RANGES],
                 "bgp": {
                     "asn": self.asn,
                     "routerID": str(self.addr4),
@@ -192,13 +230,19 @@ class LabPlan:
     dir: Path
     id: str
     nodes: tuple[NodePlan, ...]
+    uplink_mtu: int = DEFAULT_MTU  # every fabric link's MTU (what the agents detect)
+    internet: bool = False  # an "internet" namespace behind the fabric
 
     @classmethod
-    def make(cls, directory: Path, node_count: int) -> LabPlan:
+    def make(
+        cls, directory: Path, node_count: int, *, uplink_mtu: int = DEFAULT_MTU, internet: bool = False
+    ) -> LabPlan:
         if not 1 <= node_count <= MAX_NODES:
             raise ValueError(
                 f"--nodes {node_count}: expected 1..{MAX_NODES} (one /26 of the documentation ranges each)"
             )
+        if not MIN_MTU <= uplink_mtu <= MAX_MTU:
+            raise ValueError(f"--mtu {uplink_mtu}: expected {MIN_MTU}..{MAX_MTU} (what a NodeConfig's spec.mtu takes)")
         directory = Path(os.path.abspath(directory))
         ident = lab_id(directory)
         nodes = []
@@ -218,11 +262,22 @@ class LabPlan:
                     fabric_port=f"n{i}",
                 )
             )
-        return cls(directory, ident, tuple(nodes))
+        return cls(directory, ident, tuple(nodes), uplink_mtu, internet)
 
     @property
     def fabric_netns(self) -> str:
         return f"{NS_PREFIX}{self.id}-fabric"
+
+    @property
+    def internet_netns(self) -> str | None:
+        """The internet's namespace (None: this lab has none)."""
+        return f"{NS_PREFIX}{self.id}-inet" if self.internet else None
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace the lab itself makes (pods' come and go)."""
+        inet = [self.internet_netns] if self.internet_netns is not None else []
+        return [self.fabric_netns, *inet, *(n.netns for n in self.nodes)]
 
     @property
     def pod_netns_prefix(self) -> str:

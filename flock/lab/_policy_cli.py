@@ -94,10 +94,12 @@ def add_commands(
     s.add_argument("name", metavar="NAME", help="NS/NAME of a NetworkPolicy, NAME otherwise")
 
     s = sub.add_parser(
-        "probe", parents=[common], help="one TCP connect or UDP echo; exit 0 connected, 1 blocked, 2 error"
+        "probe",
+        parents=[common],
+        help="one TCP connect (saying the source address the server saw) or UDP echo; exit 0 connected, 1 blocked, 2 error",
     )
-    s.add_argument("source", metavar="FROM", help="NS/POD or a node name")
-    s.add_argument("target", metavar="TO", help="NS/POD, a node name or an address")
+    s.add_argument("source", metavar="FROM", help="NS/POD, a node name or internet (up --internet)")
+    s.add_argument("target", metavar="TO", help="NS/POD, a node name, internet or an address")
     s.add_argument("port", metavar="PORT/PROTO")
     s.add_argument("--family", type=_family, default=None, help="6 (default) or 4")
     s = sub.add_parser("matrix", parents=[common], help="every pod to every pod on every port, concurrently")
@@ -182,8 +184,10 @@ async def _measure(args: argparse.Namespace) -> int:
         r = await probe(plan, args.source, args.target, args.port, args.family)
         if r.error:
             return _error(args, f"probe {r.source} → {r.target} {r.port} IPv{r.family}: {r.reason}")
-        doc = {**r.to_json(), "address": r.address, "result": r.reason}
+        doc = {**r.to_json(), "address": r.address, "result": r.reason, "seen_as": r.seen_as or None}
         verdict = "connected" if r.connected else f"blocked ({r.reason})"
+        if r.seen_as:
+            verdict += f", seen as {r.seen_as}"
         _out(args, doc, f"{r.source} → {r.target} [{r.address}] {r.port} IPv{r.family}: {verdict}")
         return 0 if r.connected else 1
     if args.command == "matrix":

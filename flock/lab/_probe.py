@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from flock.lab._nsio import socket_in
-from flock.lab._plan import LabPlan
+from flock.lab._plan import INTERNET, INTERNET4, INTERNET6, LabPlan
 from flock.lab._pods import LabPod, load_pods
 from flock.lab._ports import PortSpec
 from flock.lab._state import LabError
@@ -68,6 +68,7 @@ class ProbeResult:
     reason: str  # "connected", "timeout", "refused", "unreachable", or what went wrong
     address: str = ""
     error: bool = False  # the probe could not be made (exit 2)
+    seen_as: str = ""  # TCP, asked for: the source address the server saw (after any NAT on the way)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,7 +81,7 @@ class ProbeResult:
 
 
 def endpoint_for(plan: LabPlan, text: str, pods: Sequence[LabPod], *, source: bool) -> Endpoint:
-    """NS/POD, a node name, or (as a target) an address."""
+    """NS/POD, a node name, ``internet`` (the lab's, if it has one), or (as a target) an address."""
     if "/" in text:
         for pod in pods:
             if pod.key == text:
@@ -89,20 +90,36 @@ def endpoint_for(plan: LabPlan, text: str, pods: Sequence[LabPod], *, source: bo
     for node in plan.nodes:
         if node.name == text:
             return Endpoint(node.name, node.netns, (str(node.addr6), str(node.addr4)))
+    if text == INTERNET:
+        if plan.internet_netns is None:
+            raise LabError("this lab has no internet: `flock-lab up --internet` makes one")
+        return Endpoint(INTERNET, plan.internet_netns, (str(INTERNET6), str(INTERNET4)))
     if not source:
         try:
             return Endpoint(text, None, (str(ipaddress.ip_address(text)),))
         except ValueError:
             pass
-    what = "NS/POD or a node name" if source else "NS/POD, a node name or an address"
+    what = "NS/POD, a node name or internet" if source else "NS/POD, a node name, internet or an address"
     raise LabError(f"{text!r}: expected {what} (nodes: {', '.join(n.name for n in plan.nodes)})")
 
 
-async def probe_one(src: Endpoint, dst: Endpoint, port: PortSpec, family: int) -> ProbeResult:
-    """One probe with the lab's 1 s budget."""
+async def _seen_as(sock: trio.socket.SocketType) -> str:
+    """The second line of the lab server's answer (:mod:`flock.lab._serve`): the peer it saw."""
+    data = b""
+    while chunk := await sock.recv(256):
+        data += chunk
+        if data.count(b"\n") >= 2 or len(data) > 4096:
+            break
+    lines = data.decode(errors="replace").splitlines()
+    return lines[1].strip() if len(lines) > 1 else ""
 
-    def result(connected: bool, reason: str, address: str = "", error: bool = False) -> ProbeResult:
-        return ProbeResult(src.label, dst.label, port.label, family, connected, reason, address, error)
+
+async def probe_one(src: Endpoint, dst: Endpoint, port: PortSpec, family: int, *, peer: bool = False) -> ProbeResult:
+    """One probe with the lab's 1 s budget.  With *peer*, a TCP probe also reads which
+    source address the server saw (``seen_as``; "" when it did not say within the budget)."""
+
+    def result(connected: bool, reason: str, address: str = "", error: bool = False, seen: str = "") -> ProbeResult:
+        return ProbeResult(src.label, dst.label, port.label, family, connected, reason, address, error, seen)
 
     address = dst.address(family)
     if address is None:
@@ -119,22 +136,33 @@ async def probe_one(src: Endpoint, dst: Endpoint, port: PortSpec, family: int) -
         return result(False, f"cannot make a socket in {src.label}: {exc}", address, True)
     with trio.socket.from_stdlib_socket(raw) as sock:
         try:
+            connected = False
             with trio.move_on_after(PROBE_TIMEOUT_S):
                 await sock.connect((address, port.port))
                 if kind == socket.SOCK_STREAM:
-                    return result(True, "connected", address)
-                token = secrets.token_bytes(16)
-                await sock.send(token)
-                while True:
-                    if await sock.recv(64) == token:
-                        return result(True, "connected", address)
+                    connected = True
+                else:
+                    token = secrets.token_bytes(16)
+                    await sock.send(token)
+                    while True:
+                        if await sock.recv(64) == token:
+                            return result(True, "connected", address)
         except OSError as exc:
             if exc.errno == errno.ECONNREFUSED:
                 return result(False, "refused", address)
             if exc.errno in _BLOCKED_ERRNOS:
                 return result(False, "unreachable", address)
             return result(False, f"{type(exc).__name__}: {exc}", address, True)
-    return result(False, "timeout", address)
+        if not connected:
+            return result(False, "timeout", address)
+        seen = ""
+        if peer:
+            with trio.move_on_after(PROBE_TIMEOUT_S):
+                try:
+                    seen = await _seen_as(sock)
+                except OSError:
+                    pass  # connected all the same; the server did not say
+        return result(True, "connected", address, seen=seen)
 
 
 async def probe_all(wanted: Sequence[tuple[Endpoint, Endpoint, PortSpec, int]], retries: int = 1) -> list[ProbeResult]:
@@ -165,7 +193,7 @@ async def probe(plan: LabPlan, source: str, target: str, port_text: str, family:
     port = PortSpec.parse(port_text, named=False)
     if family is None:
         family = ipaddress.ip_address(dst.addresses[0]).version if dst.netns is None else 6
-    return await probe_one(src, dst, port, family)
+    return await probe_one(src, dst, port, family, peer=True)
 
 
 def matrix_ports(pods: Sequence[LabPod], given: Sequence[str]) -> list[PortSpec]:

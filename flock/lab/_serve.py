@@ -5,8 +5,10 @@ pod's network namespace (``ip netns exec``), as a container would run::
 
     python -m flock.lab._serve --name x/a --ready FILE --tcp 80 --udp 81
 
-A TCP port accepts and answers the pod's name (``x/a\\n``), then closes; a UDP
-port echoes every datagram to its sender.  Each socket is one dual-stack
+A TCP port accepts and answers the pod's name and, on a second line, the
+address the connection came from as this end sees it (``x/a\\n192.0.2.11\\n``:
+what a NAT on the way made of the peer), then closes; a UDP port echoes every
+datagram to its sender.  Each socket is one dual-stack
 IPv6 socket (``IPV6_V6ONLY`` off), so IPv4 peers reach it as mapped
 addresses.  It writes *FILE* once every socket is bound, and exits 0 on
 SIGTERM.  Standard library only: it starts in a few tens of milliseconds.
@@ -15,6 +17,7 @@ SIGTERM.  Standard library only: it starts in a few tens of milliseconds.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import selectors
 import signal
@@ -35,6 +38,12 @@ def _bound(kind: int, port: int) -> socket.socket:
     return sock
 
 
+def unmapped(address: str) -> str:
+    """An IPv4 peer of a dual-stack socket as IPv4 (``::ffff:192.0.2.11`` → ``192.0.2.11``)."""
+    ip = ipaddress.ip_address(address)
+    return str(ip.ipv4_mapped) if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else str(ip)
+
+
 def serve(name: str, tcp: Sequence[int], udp: Sequence[int], ready: Path | None) -> int:
     selector = selectors.DefaultSelector()
     for port in tcp:
@@ -51,7 +60,6 @@ def serve(name: str, tcp: Sequence[int], udp: Sequence[int], ready: Path | None)
         tmp = ready.with_name(ready.name + ".tmp")
         tmp.write_text(f"{os.getpid()}\n")
         os.replace(tmp, ready)
-    banner = f"{name}\n".encode()
     while True:
         for key, _ in selector.select():
             if key.data == "stop":
@@ -60,11 +68,11 @@ def serve(name: str, tcp: Sequence[int], udp: Sequence[int], ready: Path | None)
             assert isinstance(sock, socket.socket)
             try:
                 if key.data == "tcp":
-                    conn, _ = sock.accept()
+                    conn, peer = sock.accept()
                     with conn:
                         conn.setblocking(False)
                         try:
-                            conn.send(banner)
+                            conn.send(f"{name}\n{unmapped(peer[0])}\n".encode())
                         except OSError:
                             pass  # the prober only needs the handshake; it may be gone already
                 else:

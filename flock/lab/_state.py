@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from flock.lab._plan import LabPlan
+from flock.lab._plan import DEFAULT_MTU, LabPlan
 from flock.lab._procs import ProcRef, is_running
 
 STATE_FILE = "lab.json"
@@ -35,7 +35,9 @@ class LabState:
             "dir": str(self.plan.dir),
             "id": self.plan.id,
             "nodes": [n.name for n in self.plan.nodes],
-            "namespaces": [self.plan.fabric_netns, *(n.netns for n in self.plan.nodes)],
+            "namespaces": self.plan.namespaces,
+            "uplink_mtu": self.plan.uplink_mtu,
+            "internet": self.plan.internet,
             "dir_created": self.dir_created,
             "keeper": None if self.keeper is None else attrs.asdict(self.keeper),
             "phase": self.phase,
@@ -45,7 +47,12 @@ class LabState:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LabState:
-        plan = LabPlan.make(Path(obj["dir"]), len(obj["nodes"]))
+        plan = LabPlan.make(
+            Path(obj["dir"]),
+            len(obj["nodes"]),
+            uplink_mtu=obj.get("uplink_mtu", DEFAULT_MTU),
+            internet=bool(obj.get("internet")),
+        )
         keeper = obj.get("keeper")
         return cls(
             plan,

@@ -17,6 +17,7 @@ import trio
 
 from flock.lab._bird import bgp_sessions
 from flock.lab._lifecycle import agent_ready
+from flock.lab._plan import INTERNET, INTERNET4, INTERNET6
 from flock.lab._pods import load_pods
 from flock.lab._procs import ProcRef, is_running
 from flock.lab._state import LabState, keeper_running, load_procs
@@ -117,6 +118,15 @@ async def status(state: LabState) -> dict[str, Any]:
             if fabric_sessions is None
             else [attrs.asdict(s) | {"established": s.established} for s in fabric_sessions],
         },
+        "uplink_mtu": plan.uplink_mtu,
+        "internet": None
+        if plan.internet_netns is None
+        else {
+            "netns": plan.internet_netns,
+            "address6": str(INTERNET6),
+            "address4": str(INTERNET4),
+            "serve": _proc(procs, f"serve-{INTERNET}"),
+        },
         "nodes": nodes,
         "pods": pods,
         "attachments": attachments,
@@ -133,7 +143,12 @@ def status_text(doc: dict[str, Any]) -> str:
     lines = [
         f"lab {doc['dir']} ({doc['phase']}); API server {doc['apiserver']['url']} {'running' if doc['apiserver']['running'] else 'NOT RUNNING'}"
     ]
-    lines.append(f"fabric route server: {_sessions_text(doc['fabric']['bgp'])}")
+    lines.append(f"fabric route server: {_sessions_text(doc['fabric']['bgp'])}; links at MTU {doc['uplink_mtu']}")
+    if (inet := doc.get("internet")) is not None:
+        lines.append(
+            f"internet: {inet['address6']} {inet['address4']} (routes back to the nodes' uplinks only: pods reach it "
+            f"through natOutgoing; probe target `internet`){'' if inet['serve']['running'] else ', NOT SERVING'}"
+        )
     lines.append("")
     lines.append(f"{'node':<7} {'uplink':<20} {'pod blocks':<40} {'agent':<22} bgp")
     for n in doc["nodes"]:

@@ -15,7 +15,7 @@ import trio
 from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._image import add_image_arguments, image_settings
 from flock.lab._lifecycle import down, host_kubeconfig, up
-from flock.lab._plan import DEFAULT_DIR, LabPlan
+from flock.lab._plan import DEFAULT_DIR, DEFAULT_MTU, INTERNET4, INTERNET6, MAX_MTU, MIN_MTU, LabPlan
 from flock.lab._pods import LabPod, load_pods, parse_annotations, parse_labels, pod_add, pod_check, pod_del
 from flock.lab._policy_cli import add_commands as add_policy_commands
 from flock.lab._policy_cli import run_command as run_policy_command
@@ -62,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
         "up", parents=[common], help="start a lab; returns when every agent is ready and every BGP session is up"
     )
     s.add_argument("--nodes", type=int, default=2, help="number of nodes, 1-8 (default %(default)s)")
+    s.add_argument(
+        "--mtu",
+        type=int,
+        default=DEFAULT_MTU,
+        help=f"MTU of every fabric link, which the agents detect and give their pods, {MIN_MTU}-{MAX_MTU} (default %(default)s)",
+    )
+    s.add_argument(
+        "--internet",
+        action="store_true",
+        help=f"an internet namespace behind the fabric ({INTERNET6}, {INTERNET4}) routing back to the nodes only: "
+        "pods reach it through natOutgoing (`flock-lab probe NS/POD internet 80/TCP --family 4`)",
+    )
     add_image_arguments(s)
     sub.add_parser(
         "down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)"
@@ -168,7 +180,8 @@ async def _demo(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace) -> int:
     report = _reporter()
     if args.command == "up":
-        state = await up(LabPlan.make(args.dir, args.nodes), report, image_settings(args))
+        plan = LabPlan.make(args.dir, args.nodes, uplink_mtu=args.mtu, internet=args.internet)
+        state = await up(plan, report, image_settings(args))
         doc = await status(state)
         _out(args, doc, status_text(doc))
         return 0

@@ -30,7 +30,7 @@ NODECONFIG_KEYS = {"asn", "cidr4", "cidr6", "families", "ip_algo", "name", "peer
 POOL_KEYS = {"anycast", "cidr", "default", "family", "free", "largest_free", "usable", "used"}
 POD_KEYS = {
     "addresses", "age_s", "anycast", "container_id", "host_veth", "host_veth_present", "if_name", "namespace",
-    "netns", "netns_alive", "pod", "pod_uid", "state",
+    "netns", "netns_alive", "network", "pod", "pod_uid", "ports", "state",
 }  # fmt: skip
 ANNOTATION_CIDR_KEYS = {"cidr", "family", "free", "largest_free", "pods", "usable", "used"}
 CHECK_KEYS = {"checked", "node", "problems", "unreached"}
@@ -138,6 +138,15 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     assert "default/web-0" in text
     assert [p["container_id"] for p in flockctl(lab, "pods", "--address", str(web))[2]["pods"]] == ["c7100001"]
     assert flockctl(lab, "pods", "--namespace", "kube-system")[0] == 1  # nothing matched
+    assert pod["network"] == "flock-net" and pod["ports"] == [] and "HOST PORTS" not in text
+    assert flockctl(lab, "pods", "--network", "podman")[0] == 1
+    # A pod with hostPorts: the column appears, with what each maps.
+    lab.api.create(PODS, pod_object("default", "ingress-0", NODE))
+    ports = {"portMappings": [{"hostPort": 8443, "containerPort": 443, "protocol": "tcp", "hostIP": "2001:db8::1"}]}
+    assert lab.cni("ADD", "c7100003", lab.pool.create("ingress"), "ingress-0", runtimeConfig=ports).status == 0
+    code, text, pods = flockctl(lab, "pods", "--pod", "ingress-0", "--network", "flock-net")
+    assert code == 0 and pods["pods"][0]["ports"] == ["[2001:db8::1]:8443/tcp → 443"]
+    assert "HOST PORTS" in text and "[2001:db8::1]:8443/tcp → 443" in text
 
     code, text, show = flockctl(lab, "ipam", "show")
     assert code == 0 and set(show) == {"node", "blocks", "outside", "annotation_cidrs"}
