@@ -39,21 +39,26 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
+import attrs
 import trio
 
+from flock import __version__
 from flock.bird import BgpTimers, BirdReloader, RenderSettings
 from flock.bird.sessions import SessionMonitor
 from flock.ctl import AdminOps, AdminServer
+from flock.errors import NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 from flock.health import HealthServer, Metrics
 from flock.model import AllocationState
 from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec, Restart
 from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler, VethRemovals
 from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
+from flock.rpc import Request
 from flock.rpc.server import RpcServer, SocketInUse
-from flock.state import NodeState
-from flock.store import StoreError, open_store
+from flock.state import Gate, NodeState
+from flock.store import FILENAME, MIGRATIONS, StoreError, StoreTooNew, backup_path, open_store
 
 from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink, WatcherFactory, nodeconfig_gate
 from ._bird import BirdFollower, bgp_passwords, bird_inputs, session_monitor
@@ -191,6 +196,58 @@ def compose(
     return Agent(services, drains=[rpc.drain, removals.drain])
 
 
+STORE_GATE = Gate("store", "the allocation database is from a newer flock", label="store: ")
+
+
+def store_too_new_reason(settings: AgentSettings, exc: StoreTooNew) -> str:
+    """What /readyz, the log and every CNI answer say: both versions and what to do."""
+    path = settings.state_dir / FILENAME
+    backups = sorted(settings.state_dir.glob(f"{FILENAME}.schema-*.backup"))
+    mine = backup_path(path, len(MIGRATIONS))
+    restore = (
+        f"or roll back the database too: stop this agent and replace {path} (and its -wal and -shm files) with "
+        f"{mine}, which that release's upgrade left"
+        if mine in backups
+        else "no backup for this release's schema is in the state directory"
+    )
+    return (
+        f"{exc.details} (this is flock-agent {__version__}). This agent touches nothing until that is resolved: "
+        f'roll forward to the release that wrote the database (README "Upgrading"), {restore}'
+    )
+
+
+@attrs.define(eq=False)
+class StoreTooNewHandler:
+    """Every CNI request while the database is unusable: retry later (STATUS: not available).
+
+    Not even DEL succeeds: the allocation it would remove is in the database this agent may not
+    write; the runtime retries it once a release that can is running."""
+
+    reason: str
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        code = NOT_AVAILABLE if request.op == "STATUS" else TRY_AGAIN_LATER
+        raise CniError(code, "the allocation database is from a newer flock", self.reason[:1500])
+
+
+def compose_store_too_new(settings: AgentSettings, exc: StoreTooNew) -> Agent:
+    """flock-agent without its database: the socket (refusing every request) and /readyz (not ready,
+    saying why) only — no netlink, nftables or BIRD change, no API watch."""
+    reason = store_too_new_reason(settings, exc)
+    log.error("the allocation database is from a newer flock: not serving", extra={"error": reason})
+    state = NodeState(settings.node, [STORE_GATE])
+    state.close_gate(STORE_GATE.name, reason)
+    metrics = Metrics()
+    metrics.gauge("flock_ready", "1 when /readyz passes.", lambda: 0.0)
+    metrics.gauge("flock_store_too_new", "1 while the allocation database is from a newer flock.", lambda: 1.0)
+    rpc = RpcServer(settings.socket, handler=StoreTooNewHandler(reason))
+    host, port = settings.health_address
+    health = HealthServer(host, port, readiness=state, metrics=metrics)
+    services = [ChildSpec("rpc", rpc.run, fatal=(SocketInUse,)), ChildSpec("health", health.run)]
+    return Agent(services, drains=[rpc.drain])
+
+
 def _node_metrics(metrics: Metrics, state: NodeState) -> None:
     metrics.labelled_gauge(
         "flock_allocations",
@@ -274,6 +331,9 @@ async def run_agent(
         async with open_store(settings.state_dir) as store:
             log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
             await compose(settings, store=store, crash=crash).run(task_status=task_status)
+    except StoreTooNew as exc:
+        # Restarting cannot help and exiting would only crash-loop: stay up, not ready, saying why.
+        await compose_store_too_new(settings, exc).run(task_status=task_status)
     except StoreError as exc:
         # Only opening (or closing) can raise it here: the tree's failures
         # reach this far as SupervisorEscalation.  A corrupt or unreadable

@@ -56,7 +56,7 @@ from flock.store._errors import (
     StoreError,
     StoreTooNew,
 )
-from flock.store._schema import FILENAME, MIGRATIONS, Migration
+from flock.store._schema import FILENAME, MIGRATIONS, Migration, backup_path
 from flock.store._sync import SyncStore
 from flock.store._thread import MAX_GROUP
 
@@ -71,5 +71,6 @@ __all__ = [
     "StoreError",
     "StoreTooNew",
     "SyncStore",
+    "backup_path",
     "open_store",
 ]

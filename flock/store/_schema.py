@@ -8,6 +8,7 @@ was or as it was written — never half.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -67,10 +68,16 @@ def _create_v1(conn: sqlite3.Connection) -> None:
 
 def _v2_network_and_ports(conn: sqlite3.Connection) -> None:
     """v2: the network each attachment was made through (GC concerns only its own network) and its
-    hostPort mappings.  Rows from v1 recorded no network: they take the installer's default name."""
+    hostPort mappings.  Rows from v1 recorded no network: they take the installer's default name.
+
+    Additive (columns with defaults): schema-v1 code still reads and writes the file (see READABLE_BY)."""
+    conn.execute("CREATE TABLE IF NOT EXISTS flock_meta (key TEXT PRIMARY KEY NOT NULL, value) WITHOUT ROWID")
     rows = conn.execute("SELECT count(*) FROM allocations").fetchone()[0]
     conn.execute(f"ALTER TABLE allocations ADD COLUMN network TEXT NOT NULL DEFAULT '{DEFAULT_NETWORK}'")
     conn.execute("ALTER TABLE allocations ADD COLUMN port_mappings TEXT NOT NULL DEFAULT '[]'")
+    if not rows:
+        log.info("allocation database at schema v2 (network and hostPorts on every allocation)")
+        return
     log.warning(
         "allocation database migrated to schema v2: %d allocation(s) stored before it recorded no network "
         "and now belong to network %r (the installer's default name); GC for another network leaves them alone",
@@ -80,9 +87,18 @@ def _v2_network_and_ports(conn: sqlite3.Connection) -> None:
     )
 
 
-# MIGRATIONS[i] takes a database from schema version i to i + 1; the schema
-# version lives in PRAGMA user_version.  A later flock appends here.
+# MIGRATIONS[i] takes a database from schema version i to i + 1.  A later flock appends here.
 MIGRATIONS: tuple[Migration, ...] = (_create_v1, _v2_network_and_ports)
+
+# Two numbers describe a file (see :func:`prepare`):
+# - its schema version: ``flock_meta`` key "schema" (from v2 on; a v1 file has no flock_meta, and its
+#   schema is its user_version);
+# - PRAGMA user_version: the oldest schema whose code can still use the file — what every flock
+#   release checks before touching it (v1's code compares user_version with the migrations it knows).
+# A migration that only adds (columns with defaults, tables) keeps the file usable by older code: the
+# schema goes up, user_version stays.  Only a migration older code would misread raises it (map it to
+# itself here, or leave it out: unlisted versions count as incompatible).
+READABLE_BY: dict[int, int] = {1: 1, 2: 1}
 
 # The statements flock runs (parameters are always bound, never formatted in).
 PUT = (
@@ -142,35 +158,69 @@ def decode(path: Path, row: sqlite3.Row) -> Allocation:
         raise StoreCorrupt(path, "unreadable allocation row", f"container {cid!r}: {exc}") from None
 
 
+def schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(schema version, the oldest schema whose code can use the file) as the file says."""
+    usable_by = conn.execute("PRAGMA user_version").fetchone()[0]
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'flock_meta'").fetchone() is None:
+        return usable_by, usable_by
+    row = conn.execute("SELECT value FROM flock_meta WHERE key = 'schema'").fetchone()
+    return (int(row[0]) if row is not None else usable_by), usable_by
+
+
 def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration]) -> None:
-    """Set the connection up (WAL, synchronous=NORMAL: see :mod:`flock.store`,
-    "Durability"), check the file and bring
-    its schema to ``len(migrations)``, each migration in its own transaction."""
+    """Check the file, set the connection up (WAL, synchronous=NORMAL: see :mod:`flock.store`,
+    "Durability") and bring its schema to ``len(migrations)``, each migration in its own transaction.
+
+    A file from a newer flock: opened as it is (nothing migrated, one warning) when its user_version
+    says this flock's schema can still use it; else :class:`StoreTooNew`, raised before anything is
+    written — the file, its journal mode included, stays as the newer flock left it."""
+    known = len(migrations)
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
+        version, usable_by = schema_of(conn)
+    except sqlite3.Error as exc:
+        raise from_sqlite(path, "the allocation database is unreadable or corrupt", exc) from None
+    if usable_by > known:
+        raise StoreTooNew(
+            path,
+            "the allocation database is from a newer flock",
+            f"schema version {version} (usable by flock schema {usable_by} and later), this flock knows up to {known}",
+        )
+    try:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         conn.execute("PRAGMA synchronous = NORMAL")
         problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.Error as exc:
         raise from_sqlite(path, "the allocation database is unreadable or corrupt", exc) from None
     if mode.lower() != "wal":
         raise StoreError(path, "the allocation database cannot use WAL", f"journal_mode is {mode}")
     if problems != ["ok"]:
         raise StoreCorrupt(path, "the allocation database is corrupt", "; ".join(problems[:5]))
-    if version > len(migrations):
-        raise StoreTooNew(
-            path,
-            "the allocation database is from a newer flock",
-            f"schema version {version}, this flock knows up to {len(migrations)}",
+    if version > known:
+        log.warning(
+            "the allocation database is from a newer flock (schema %d) that keeps it usable by schema %d: "
+            "opening it as it is; this flock (schema %d) uses what it knows of it",
+            version,
+            usable_by,
+            known,
+            extra={"op": "store", "schema": version, "usable_by": usable_by, "known": known},
         )
     if version >= 1:
         _check_table(path, conn)  # before a migration alters it: a foreign file is named as such
+    if 1 <= version < known and any(READABLE_BY.get(t, t) > usable_by for t in range(version + 1, known + 1)):
+        # Older code will not open the file after this: keep a copy it can use (README "Upgrading": rollback).
+        _backup(path, conn, version)
     for target, migrate in enumerate(migrations[version:], start=version + 1):
         try:
             conn.execute("BEGIN IMMEDIATE")
             migrate(conn)
-            conn.execute(f"PRAGMA user_version = {int(target)}")
+            if target >= 2:
+                conn.execute(
+                    "INSERT INTO flock_meta (key, value) VALUES ('schema', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (target,),
+                )
+            conn.execute(f"PRAGMA user_version = {int(READABLE_BY.get(target, target))}")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
@@ -179,6 +229,26 @@ def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration
                 path, "cannot migrate the allocation database", f"to schema version {target}: {exc}"
             ) from None
     _check_table(path, conn)
+
+
+def backup_path(path: Path, schema: int) -> Path:
+    """Where an incompatible migration leaves the file as schema *schema* had it."""
+    return path.with_name(f"{path.name}.schema-{schema}.backup")
+
+
+def _backup(path: Path, conn: sqlite3.Connection, schema: int) -> None:
+    target = backup_path(path, schema)
+    try:
+        with contextlib.closing(sqlite3.connect(target)) as copy:
+            conn.backup(copy)
+    except sqlite3.Error as exc:
+        raise from_sqlite(
+            path, "cannot back the allocation database up before migrating it", exc, str(target)
+        ) from None
+    log.warning(
+        "allocation database backed up before a migration older flock releases cannot follow",
+        extra={"op": "store", "schema": schema, "backup": str(target)},
+    )
 
 
 def _check_table(path: Path, conn: sqlite3.Connection) -> None:

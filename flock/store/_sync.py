@@ -57,7 +57,8 @@ class SyncStore:
         return {
             "journal_mode": self._pragma("journal_mode"),
             "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[self._pragma("synchronous")],
-            "schema_version": self._pragma("user_version"),
+            "schema_version": _schema.schema_of(self._conn)[0],
+            "usable_by_schema": self._pragma("user_version"),
         }
 
     def put(self, allocation: Allocation) -> None:

@@ -17,8 +17,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from flock.model import DEFAULT_NETWORK, AllocationState, PortMapping
+from flock.model import DEFAULT_NETWORK, Allocation, AllocationState, PortMapping
 from flock.store import FILENAME, MIGRATIONS, StoreTooNew, SyncStore
+from flock.store._schema import backup_path
 from flock.testing.releases import PREVIOUS_RELEASE, MissingRelease, checkout
 
 WRITE_V1 = textwrap.dedent(
@@ -99,33 +100,125 @@ def test_a_v1_database_from_the_previous_release_migrates_and_keeps_every_row(
     assert not [r for r in caplog.records if "schema v2" in r.getMessage()]
 
 
-def test_the_previous_release_refuses_this_releases_database_and_changes_nothing(
-    previous_release: Path, tmp_path: Path
-) -> None:
-    """A rollback without restoring the database: the old code names the versions and leaves the file alone."""
-    SyncStore.open(tmp_path).close()
-    before = (tmp_path / FILENAME).read_bytes()
+USE_V2 = textwrap.dedent(
+    """
+    import ipaddress, json, sys
+    from flock.model import Allocation, AllocationState
+    from flock.store import SyncStore
+    store = SyncStore.open(sys.argv[1])
+    seen = sorted(a.container_id for a in store.list())
+    store.commit("c0ffee02", now=9.0)
+    store.put(Allocation(
+        container_id="c0ffee03", namespace="shop", pod="db-0", pod_uid="uid-3", if_name="eth0",
+        netns="/run/netns/cni-3", ip6=ipaddress.ip_address("2001:db8:0:1::7"), state=AllocationState.PENDING,
+        created=4.0, updated=4.0,
+    ))
+    store.delete("c0ffee04")
+    print(json.dumps({"seen": seen, "settings": store.settings()}))
+    store.close()
+    """
+)
+
+
+def test_the_previous_release_keeps_working_on_this_releases_database(previous_release: Path, tmp_path: Path) -> None:
+    """A rollback (the DaemonSet's previous image) without touching the database: schema v2 only added
+    columns with defaults and left user_version at 1, so the previous release's own code reads and writes
+    it; what it cannot know (network, hostPorts) survives its writes, and this release takes the file back."""
+    store = SyncStore.open(tmp_path)
+    base = dict(namespace="shop", pod_uid="", if_name="eth0", state=AllocationState.PENDING, created=1.0, updated=1.0)
+    rows = [
+        Allocation(container_id="c0ffee01", pod="web-0", netns="/run/netns/cni-1", ip6=ipaddress.ip_address("2001:db8:0:1::5"),
+                   network="flock", port_mappings=(PortMapping(8080, 80),), **base),
+        Allocation(container_id="c0ffee02", pod="", netns="/run/netns/cni-2", ip6=ipaddress.ip_address("2001:db8:0:1::6"),
+                   network="flock-podman", port_mappings=(PortMapping(53, 53, "udp"),), **{**base, "namespace": ""}),
+        Allocation(container_id="c0ffee04", pod="gone-0", netns="/run/netns/cni-4", ip6=ipaddress.ip_address("2001:db8:0:1::8"), **base),
+    ]  # fmt: skip
+    for row in rows:
+        store.put(row)
+    store.close()
     done = subprocess.run(
         [
             sys.executable,
             "-I",
             "-c",
-            f"import sys; sys.path.insert(0, {str(previous_release)!r})\n"
-            "from flock.store import SyncStore\nSyncStore.open(sys.argv[1])",
+            f"import sys; sys.path.insert(0, {str(previous_release)!r})\n{USE_V2}",
             str(tmp_path),
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0 and "StoreTooNew" in done.stderr and "schema version 2" in done.stderr, done.stderr
-    assert (tmp_path / FILENAME).read_bytes() == before
+    assert done.returncode == 0, done.stderr
+    old = json.loads(done.stdout)
+    assert old["seen"] == ["c0ffee01", "c0ffee02", "c0ffee04"] and old["settings"]["schema_version"] == 1
+    store = SyncStore.open(tmp_path)
+    try:
+        back = {a.container_id: a for a in store.list()}
+        assert set(back) == {"c0ffee01", "c0ffee02", "c0ffee03"}
+        assert back["c0ffee01"] == rows[0]
+        assert back["c0ffee02"] == attrs.evolve(rows[1], state=AllocationState.COMMITTED, updated=9.0)
+        assert (back["c0ffee03"].network, back["c0ffee03"].port_mappings) == (DEFAULT_NETWORK, ())
+        assert store.settings()["schema_version"] == 2
+    finally:
+        store.close()
+
+
+def test_a_newer_database_this_release_can_use_is_opened_as_it_is(tmp_path: Path, caplog) -> None:
+    """What a later flock whose migration only adds would leave (schema 3, still usable by schema 1)."""
+    SyncStore.open(tmp_path).close()
     with sqlite3.connect(tmp_path / FILENAME) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        conn.execute("ALTER TABLE allocations ADD COLUMN later TEXT NOT NULL DEFAULT 'x'")
+        conn.execute("UPDATE flock_meta SET value = 3 WHERE key = 'schema'")
+    with caplog.at_level(logging.WARNING, logger="flock.store"):
+        store = SyncStore.open(tmp_path)
+    try:
+        assert any("newer flock (schema 3)" in r.getMessage() for r in caplog.records)
+        store.put(attrs.evolve(_row(), port_mappings=(PortMapping(80, 80),)))
+        assert store.get("c0ffee01") == attrs.evolve(_row(), port_mappings=(PortMapping(80, 80),))
+        assert store.settings()["schema_version"] == 3 and store.settings()["usable_by_schema"] == 1
+    finally:
+        store.close()
 
 
-def test_this_release_refuses_a_newer_database(tmp_path: Path) -> None:
+def _row() -> Allocation:
+    return Allocation(
+        container_id="c0ffee01", namespace="shop", pod="web-0", pod_uid="", if_name="eth0",
+        netns="/run/netns/cni-1", ip6=ipaddress.ip_address("2001:db8:0:1::5"),
+    )  # fmt: skip
+
+
+def test_a_newer_database_this_release_cannot_use_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     SyncStore.open(tmp_path, migrations=(*MIGRATIONS, lambda conn: None)).close()
+    with sqlite3.connect(tmp_path / FILENAME) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")  # a newer flock may run another mode: not ours to change
+    before = (tmp_path / FILENAME).read_bytes()
     with pytest.raises(StoreTooNew) as info:
         SyncStore.open(tmp_path)
-    assert "schema version 3" in info.value.details and "up to 2" in info.value.details
+    assert info.value.details.endswith(
+        ": schema version 3 (usable by flock schema 3 and later), this flock knows up to 2"
+    )
+    assert (tmp_path / FILENAME).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILENAME]
+
+
+def test_a_migration_older_releases_cannot_follow_leaves_a_backup_they_can_use(tmp_path: Path) -> None:
+    store = SyncStore.open(tmp_path)
+    store.put(_row())
+    store.close()
+
+    def incompatible(conn: sqlite3.Connection) -> None:  # schema 3, not in READABLE_BY: older code must not open it
+        conn.execute("UPDATE allocations SET netns = 'moved'")
+
+    migrated = SyncStore.open(tmp_path, migrations=(*MIGRATIONS, incompatible))
+    assert migrated.settings()["usable_by_schema"] == 3 and migrated.get("c0ffee01").netns == "moved"
+    migrated.close()
+    backup = backup_path(tmp_path / FILENAME, 2)
+    assert backup.exists()
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    backup.rename(restored / FILENAME)  # the rollback: this release opens the copy as it was
+    store = SyncStore.open(restored)
+    try:
+        assert store.get("c0ffee01") == _row() and store.settings()["schema_version"] == 2
+    finally:
+        store.close()

@@ -79,7 +79,12 @@ def test_upsert_commit_list_delete(tmp_path):
 
 def test_wal_full_sync_and_schema_version(tmp_path):
     store = SyncStore.open(tmp_path)
-    assert store.settings() == {"journal_mode": "wal", "synchronous": "NORMAL", "schema_version": len(MIGRATIONS)}
+    assert store.settings() == {
+        "journal_mode": "wal",
+        "synchronous": "NORMAL",
+        "schema_version": len(MIGRATIONS),
+        "usable_by_schema": 1,  # every migration so far only adds: the first release's code still uses the file
+    }
     store.close()
     assert (tmp_path / FILENAME).exists()
 
