@@ -554,7 +554,7 @@ class PortMapping:
     goes to the pod's *container_port* (CNI's ``runtimeConfig.portMappings`` entry).
 
     *host_ip* is None for "any address of the node"; an unspecified address (``0.0.0.0``, ``::``)
-    is kept as given: any address of that family only, as the reference portmap plugin reads it."""
+    means the same (runtimes and users write it for "all interfaces"), whatever its family."""
 
     host_port: int
     container_port: int
@@ -563,13 +563,14 @@ class PortMapping:
 
     def families(self, pod_families: tuple[int, ...]) -> tuple[int, ...]:
         """The address families this mapping applies to, for a pod with addresses of *pod_families*."""
-        if self.host_ip is not None:
-            return (self.host_ip.version,) if self.host_ip.version in pod_families else ()
-        return pod_families
+        if self.any_host:
+            return pod_families
+        assert self.host_ip is not None
+        return (self.host_ip.version,) if self.host_ip.version in pod_families else ()
 
     @property
     def any_host(self) -> bool:
-        """Any address of the node (of the mapping's family when *host_ip* is unspecified)."""
+        """Any address of the node: no *host_ip*, or an unspecified one."""
         return self.host_ip is None or self.host_ip.is_unspecified
 
     def describe(self) -> str:

@@ -35,6 +35,12 @@ def _port(entry: Mapping[str, Any], key: str, field: str) -> int:
     return value
 
 
+# Keys as CNI's convention spells them.  containerd (and nerdctl, Nomad: go-cni) sends Go's field names
+# (HostPort, ContainerPort, Protocol, HostIP): Go's JSON decoding, which the reference portmap uses,
+# matches keys regardless of case, so flock does too.
+_KEYS = {"hostport": "hostPort", "containerport": "containerPort", "protocol": "protocol", "hostip": "hostIP"}
+
+
 def port_mappings(config: Mapping[str, Any]) -> tuple[PortMapping, ...]:
     """The hostPort mappings ADD's network configuration asks for (the runtime puts them in
     ``runtimeConfig`` because the conflist declares the ``portMappings`` capability); () when none.
@@ -56,6 +62,7 @@ def port_mappings(config: Mapping[str, Any]) -> tuple[PortMapping, ...]:
         field = f"{_FIELD}[{i}]"
         if not isinstance(entry, Mapping):
             raise _bad(field, entry, 'an object such as {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}')
+        entry = {_KEYS.get(k.lower(), k) if isinstance(k, str) else k: v for k, v in entry.items()}
         host_port = _port(entry, "hostPort", field)
         container_port = _port(entry, "containerPort", field)
         protocol = entry.get("protocol") or "tcp"
@@ -85,11 +92,7 @@ def _overlap(a: PortMapping, b: PortMapping) -> bool:
     """Whether two mappings would catch the same packets (on some family)."""
     if a.host_port != b.host_port or a.protocol != b.protocol:
         return False
-    if a.host_ip is None or b.host_ip is None:
-        return True
-    if a.host_ip.version != b.host_ip.version:
-        return False
-    return a.host_ip == b.host_ip or a.host_ip.is_unspecified or b.host_ip.is_unspecified
+    return a.any_host or b.any_host or a.host_ip == b.host_ip
 
 
 @attrs.frozen

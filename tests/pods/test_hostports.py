@@ -52,7 +52,8 @@ def test_mappings_are_read_normalised_and_deduplicated() -> None:
             m(8080, 80, "TCP"),  # the same again (upper case, as Kubernetes spells it): kept once
             m(53, 53, "udp", ""),  # hostIP "" is none
             m(9090, 90, "sctp", "2001:db8::1"),
-            m(9091, 91, "tcp", "0.0.0.0"),  # unspecified: any IPv4 address
+            m(9091, 91, "tcp", "0.0.0.0"),  # unspecified: any address, as none
+            {"HostPort": 9092, "ContainerPort": 92, "Protocol": "UDP", "HostIP": ""},  # go-cni's keys (containerd)
         )
     )
     assert got == (
@@ -60,8 +61,9 @@ def test_mappings_are_read_normalised_and_deduplicated() -> None:
         PortMapping(53, 53, "udp"),
         PortMapping(9090, 90, "sctp", ip("2001:db8::1")),
         PortMapping(9091, 91, "tcp", ip("0.0.0.0")),
+        PortMapping(9092, 92, "udp"),
     )
-    assert got[3].any_host and got[3].families((6, 4)) == (4,) and got[2].families((4,)) == ()
+    assert got[3].any_host and got[3].families((6, 4)) == (6, 4) and got[2].families((4,)) == ()
 
 
 @pytest.mark.parametrize(
@@ -132,8 +134,9 @@ def alloc(cid: str, *mappings: PortMapping, v4: bool = True, v6: bool = True, po
         (PortMapping(80, 80, "tcp", ip("192.0.2.1")), PortMapping(80, 80, "tcp", ip("192.0.2.2")), False),
         (PortMapping(80, 80, "tcp", ip("192.0.2.1")), PortMapping(80, 80, "tcp", ip("192.0.2.1")), True),
         (PortMapping(80, 80, "tcp", ip("0.0.0.0")), PortMapping(80, 80, "tcp", ip("192.0.2.1")), True),
-        (PortMapping(80, 80, "tcp", ip("0.0.0.0")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), False),
-        (PortMapping(80, 80, "tcp", ip("::")), PortMapping(80, 80, "tcp", ip("0.0.0.0")), False),
+        (PortMapping(80, 80, "tcp", ip("0.0.0.0")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), True),
+        (PortMapping(80, 80, "tcp", ip("::")), PortMapping(80, 80, "tcp", ip("0.0.0.0")), True),
+        (PortMapping(80, 80, "tcp", ip("192.0.2.1")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), False),
     ],
 )
 def test_claims_clash_when_the_same_packets_would_match(held: PortMapping, asked: PortMapping, clash: bool) -> None:
@@ -172,6 +175,7 @@ def test_a_mapping_becomes_one_dnat_per_family_of_the_pod() -> None:
     assert hostports_of(a) == (
         HostPort(80, Protocol.TCP, ip("2001:db8:0:1::1"), 8080),
         HostPort(80, Protocol.TCP, ip("198.51.100.1"), 8080),
+        HostPort(53, Protocol.UDP, ip("2001:db8:0:1::1"), 53),  # 0.0.0.0: any address, as none
         HostPort(53, Protocol.UDP, ip("198.51.100.1"), 53),
     )
     b = alloc("c0ffee02", PortMapping(80, 80, "sctp", ip("2001:db8::1")))

@@ -14,7 +14,8 @@ import attrs
 import pytest
 
 from flock import installer
-from flock.testing.agentlab import AgentProcess, Lab, open_lab
+from flock.testing import NODECONFIGS
+from flock.testing.agentlab import NODE, AgentProcess, Lab, open_lab
 
 
 @attrs.define(eq=False)
@@ -39,12 +40,19 @@ def require(*tools: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runtime_node() -> Iterator[RuntimeNode]:
-    """A node with flock installed as a runtime finds it (plugin + default conflist)."""
+def runtime_node(request: pytest.FixtureRequest) -> Iterator[RuntimeNode]:
+    """A node with flock installed as a runtime finds it (plugin + default conflist).
+
+    A test module's ``NODE_FAMILIES`` (e.g. ``{"ipv6": True, "ipv4": True}``) becomes the NodeConfig's
+    ``spec.families`` before the agent starts: the address families of containers that have no
+    Kubernetes pod to annotate (podman's)."""
     require("nsenter", "ip")
+    families = getattr(request.module, "NODE_FAMILIES", None)
     tmp = Path(tempfile.mkdtemp(prefix="fl-rt-"))  # short: unix socket paths
     try:
         with open_lab(tmp, "fl-rt-", bird=False) as lab:
+            if families is not None:
+                lab.api.patch(NODECONFIGS, NODE, {"spec": {"families": families}})
             cni_bin, cni_conf = tmp / "cni" / "bin", tmp / "cni" / "net.d"
             installer.install(installer.InstallConfig(bin_dir=cni_bin, conf_dir=cni_conf, socket=str(lab.socket)))
             agent = lab.agent()

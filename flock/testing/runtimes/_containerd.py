@@ -171,9 +171,25 @@ class Containerd:
         if out.returncode != 0:
             raise RuntimeError(f"ctr images import failed: {out.stderr.strip()}")
 
+    def remove_sandboxes(self) -> list[str]:
+        """Stop and remove every sandbox still there (a failed test's: their pause processes and shims
+        would outlive containerd); the IDs of those that would not go."""
+        assert self.cri is not None
+        stuck = []
+        for sid in self.cri.list_pod_sandboxes():
+            try:
+                self.cri.stop_pod_sandbox(sid)
+                self.cri.remove_pod_sandbox(sid)
+            except Exception:
+                stuck.append(sid)
+        return stuck
+
     def stop(self) -> None:
-        """Stop containerd, unmount what it left, remove its directory."""
+        """Remove the sandboxes left, stop containerd, unmount what it left, remove its directory."""
         if self.cri is not None:
+            if self.proc is not None and self.proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    self.remove_sandboxes()
             self.cri.close()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

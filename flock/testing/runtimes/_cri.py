@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -65,6 +66,17 @@ def cri_modules() -> tuple[ModuleType, ModuleType]:
 
 
 @attrs.frozen
+class CriPortMapping:
+    """A sandbox's ``PortMapping`` (a container's hostPort as the kubelet passes it): *protocol* is
+    ``tcp``, ``udp`` or ``sctp`` (CRI's Protocol enum); *host_ip* "" for every address of the node."""
+
+    container_port: int
+    host_port: int
+    protocol: str = "tcp"
+    host_ip: str = ""
+
+
+@attrs.frozen
 class SandboxStatus:
     id: str
     ready: bool
@@ -107,15 +119,24 @@ class CriClient:
         uid: str,
         *,
         attempt: int = 0,
-        port_mappings: tuple[tuple[int, int], ...] = (),
+        port_mappings: Sequence[CriPortMapping] = (),
         log_directory: str = "",
     ) -> str:
         m = self.messages
+        ports = [
+            m.PortMapping(
+                protocol=m.Protocol.Value(p.protocol.upper()),
+                container_port=p.container_port,
+                host_port=p.host_port,
+                host_ip=p.host_ip,
+            )
+            for p in port_mappings
+        ]
         config = m.PodSandboxConfig(
             metadata=m.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=attempt),
             hostname=name[:63],
             log_directory=log_directory,
-            port_mappings=[m.PortMapping(container_port=c, host_port=h) for c, h in port_mappings],
+            port_mappings=ports,
             labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace},
         )
         reply = self._stub.RunPodSandbox(m.RunPodSandboxRequest(config=config), timeout=self.timeout)
@@ -129,6 +150,11 @@ class CriClient:
         status = reply.status
         ips = tuple(ip for ip in (status.network.ip, *(a.ip for a in status.network.additional_ips)) if ip)
         return SandboxStatus(status.id, status.state == m.SANDBOX_READY, ips, dict(reply.info))
+
+    def list_pod_sandboxes(self) -> list[str]:
+        """The IDs of every sandbox the runtime knows, ready or not."""
+        reply = self._stub.ListPodSandbox(self.messages.ListPodSandboxRequest(), timeout=self.timeout)
+        return [item.id for item in reply.items]
 
     def stop_pod_sandbox(self, sandbox_id: str) -> None:
         self._stub.StopPodSandbox(self.messages.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=self.timeout)
