@@ -26,12 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from stats import summary  # bench/stats.py
-
 from flock import installer
 from flock.testing import PODS, pod_object
 from flock.testing.agentlab import NODE, open_lab
+from flock.testing.benchkit import stats_ms
 from flock.testing.runtimes import Containerd
 
 STACKS = {
@@ -57,10 +55,6 @@ def ptp_conflist(data_dir: Path, dual: bool) -> str:
             ],
         }
     )
-
-
-def stats_ms(samples: list[float]) -> dict:
-    return summary(samples, scale=1000, digits=1)
 
 
 class Bench:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import trio
 
-from flock import cni_shim
+from flock import cni_common
 from flock.ipam import AnnotationError, parse_request
 from flock.rpc.server import RpcServer
 from flock.testing.ipam import P, node
@@ -60,7 +60,7 @@ def claims(count: int):
 
 def netns_verify(path: str):
     def run() -> None:
-        os.close(cni_shim._open_netns_fd(path))
+        os.close(cni_common.open_netns_fd(path))
 
     return run
 

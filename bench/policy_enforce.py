@@ -31,15 +31,10 @@ their own.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import trio
-
-sys.path.insert(0, str(Path(__file__).parent))
-from labkit import emit, lab, stats_ms
 
 from flock.lab import (
     Endpoint,
@@ -54,6 +49,7 @@ from flock.lab import (
     server_version,
     wait_applied,
 )
+from flock.testing.benchkit import emit, lab, stats_ms
 
 ATTEMPT_EVERY_S = 0.01
 ROUND_LIMIT_S = 15.0

@@ -1,3 +1,3 @@
 """flock: routed, IPv6-first Kubernetes CNI on Trio."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

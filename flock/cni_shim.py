@@ -1,9 +1,11 @@
 """``flock``, the CNI plugin: environment + stdin → one RPC to flock-agent → stdout.
 
 Runs on the host, where flock is not installed: standard library only, Python
-3.8 syntax, and it may import only :mod:`flock.errors` and the stdlib modules
-of :mod:`flock.rpc` (``flock.shim_bundle`` packs exactly those into one file).
-It is on every pod's start-up path, so it imports little and late.
+3.8 syntax, and it may import only :mod:`flock.cni_common`, :mod:`flock.errors`
+and the stdlib modules of :mod:`flock.rpc` (``flock.shim_bundle`` packs
+exactly those into one file).  It is on every pod's start-up path, so it
+imports little and late.  :mod:`flock.cni_fastpath`, the bundle's entry
+point, hands over to :func:`run`; this module never imports it.
 
 Error handling: nothing is retried here; the container runtime retries.
 Every failure becomes the CNI error object on stdout and exit status 1:
@@ -34,17 +36,28 @@ import os
 import sys
 from types import MappingProxyType
 
-from flock.cni_fastpath import (
+from flock.cni_common import (
     DEFAULT_SOCKET,
+    ENV_OF_FIELD,
+    FD_OPS,
+    FD_OPTIONAL_OPS,
+    LATEST_VERSION,
+    MAX_ERROR_CODE,
+    MAX_REQUEST_BYTES,
     MAX_SOCKET_PATH_BYTES,
+    OPS,
+    PENDING_DELETES,
+    PROTOCOL_VERSION,
+    REQUIRED_FIELDS,
     RPC_TIMEOUT_MAX_S,
     RPC_TIMEOUT_MIN_S,
     RPC_TIMEOUT_S,
+    SUPPORTED_VERSIONS,
     AgentUnreachable,
     ReplyTooLarge,
     open_netns_fd,
 )
-from flock.cni_fastpath import call as _fast_call
+from flock.cni_common import call as _transport
 from flock.errors import (
     DECODE_ERROR,
     INCOMPATIBLE_PROTOCOL,
@@ -59,28 +72,8 @@ from flock.errors import (
     bounded,
     quote,
 )
-from flock.rpc.cniresult import (
-    LATEST_VERSION,
-    SUPPORTED_VERSIONS,
-    check_cni_version,
-    convert_result,
-    version_reply,
-)
-from flock.rpc.wire import (
-    FD_OPS,
-    FD_OPTIONAL_OPS,
-    MAX_ERROR_CODE,
-    MAX_REQUEST_BYTES,
-    OPS,
-    PENDING_DELETES,
-    PROTOCOL_VERSION,
-    REQUIRED_FIELDS,
-    Request,
-    decode_response,
-    field_error,
-    load_json,
-    too_large,
-)
+from flock.rpc.cniresult import check_cni_version, convert_result, version_reply
+from flock.rpc.wire import Request, decode_response, field_error, load_json, too_large
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,15 +82,8 @@ if TYPE_CHECKING:
 DEFAULT_PENDING_DELETES_DIR = "/run/flock/" + PENDING_DELETES
 PENDING_DELETES_ENV = "FLOCK_PENDING_DELETES"
 
-# The call's time bound (RPC_TIMEOUT_S, 30 s: longer than the agent's own 25 s ADD deadline, so the
-# agent's answer, code 11, normally wins), its sane range (the configuration key ``rpcTimeout``
-# overrides it) and the socket path limit are defined in flock.cni_fastpath, the bundle's fast path.
-_MAX_SOCKET_PATH_BYTES = MAX_SOCKET_PATH_BYTES
-
-# The variable behind each request field the wire requires per op.
-_ENV_OF_FIELD = MappingProxyType({"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"})
 # The variables checked before dialling (the agent checks the same request fields again).
-_CHECKED_ENV = MappingProxyType({**_ENV_OF_FIELD, "args": "CNI_ARGS"})
+_CHECKED_ENV = MappingProxyType({**ENV_OF_FIELD, "args": "CNI_ARGS"})
 
 
 def run(env: Mapping[str, str], stdin: bytes, stdout: TextIO, call: Callable[..., bytes] | None = None) -> int:
@@ -167,10 +153,10 @@ def _parse_config(stdin: bytes, lenient: bool) -> dict[str, Any]:
 
 def _build_request(command: str, env: Mapping[str, str], config: dict[str, Any]) -> Request:
     for field in REQUIRED_FIELDS[command]:
-        name = _ENV_OF_FIELD[field]
+        name = ENV_OF_FIELD[field]
         if not env.get(name):
             raise CniError(INVALID_ENV, "missing environment variable", f"{name} is required for {command}")
-    checked = _ENV_OF_FIELD if command == "DEL" else _CHECKED_ENV  # a DEL needs no CNI_ARGS: never refused for it
+    checked = ENV_OF_FIELD if command == "DEL" else _CHECKED_ENV  # a DEL needs no CNI_ARGS: never refused for it
     for field, name in checked.items():
         invalid = field_error(field, env.get(name, ""))
         if invalid is not None:
@@ -194,7 +180,7 @@ def _settings(config: dict[str, Any]) -> tuple[str, float]:
         raise CniError(
             INVALID_CONFIG,
             "invalid network configuration",
-            f"socket={quote(socket_path)}: expected an absolute path of at most {_MAX_SOCKET_PATH_BYTES} bytes without NUL",
+            f"socket={quote(socket_path)}: expected an absolute path of at most {MAX_SOCKET_PATH_BYTES} bytes without NUL",
         )
     timeout = config.get("rpcTimeout", RPC_TIMEOUT_S)
     # Compared before float(): an integer too large for a float must not escape as OverflowError,
@@ -236,7 +222,7 @@ def _is_socket_path(value: object) -> bool:
     if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
         return False
     try:
-        return len(os.fsencode(value)) <= _MAX_SOCKET_PATH_BYTES
+        return len(os.fsencode(value)) <= MAX_SOCKET_PATH_BYTES
     except UnicodeError:
         return False
 
@@ -273,9 +259,10 @@ def _exchange(
 def _call(socket_path: str, line: bytes, timeout: float, netns_fd: int | None = None) -> bytes:
     """Send *line* (with *netns_fd* as SCM_RIGHTS on its first bytes), return
     the reply line; the whole exchange ends within *timeout* (AgentUnreachable
-    otherwise).  One implementation with the fast path's."""
+    otherwise).  The fast path's transport (flock.cni_common), its oversized
+    reply worded as a CNI error."""
     try:
-        return _fast_call(socket_path, line, timeout, netns_fd)
+        return _transport(socket_path, line, timeout, netns_fd)
     except ReplyTooLarge as exc:
         size, more = exc.args
         raise too_large("response", size, MAX_REQUEST_BYTES, more=more) from None

@@ -49,7 +49,7 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
-from flock import logs
+from flock import cni_common, logs
 from flock.model import DEFAULT_NETWORK
 from flock.rpc import PENDING_DELETES
 from flock.rpc.cniresult import SUPPORTED_VERSIONS
@@ -64,7 +64,7 @@ CNI_VERSION = "1.0.0"
 CNI_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 DEFAULT_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CONF_DIR = Path("/etc/cni/net.d")
-DEFAULT_SOCKET = "/run/flock/flock.sock"
+DEFAULT_SOCKET = cni_common.DEFAULT_SOCKET  # where the shim dials by default
 DEFAULT_NETWORK_NAME = DEFAULT_NETWORK  # what rows stored before the network was recorded take
 # Where Debian, Ubuntu, RHEL-likes, Flatcar-with-sysext and source builds put it.
 HOST_PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")

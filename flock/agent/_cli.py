@@ -9,7 +9,9 @@ from pathlib import Path
 
 import attrs
 
-DEFAULT_SOCKET = Path("/run/flock/flock.sock")
+from flock import cni_common
+
+DEFAULT_SOCKET = Path(cni_common.DEFAULT_SOCKET)  # where the shim dials by default
 DEFAULT_STATE_DIR = Path("/var/lib/flock")
 DEFAULT_HEALTH_ADDRESS = ("127.0.0.1", 9464)
 DEFAULT_BIRD_CONFIG = Path("/etc/flock/bird/bird.conf")

@@ -1,15 +1,15 @@
 """The shim ↔ agent wire protocol (standard library only).
 
 The Trio server lives in :mod:`flock.rpc.server` and is imported explicitly,
-so the shim can bundle this package without Trio or attrs.
+so the shim can bundle this package without Trio or attrs.  The protocol's
+constants have one home, :mod:`flock.cni_common`, shared with the shim.
 """
 
+from flock.cni_common import PENDING_DELETES, PROTOCOL_VERSION
 from flock.rpc.cniresult import LATEST_VERSION, SUPPORTED_VERSIONS, check_cni_version, convert_result, version_reply
 from flock.rpc.wire import (
     MAX_LINE_BYTES,
     OPS,
-    PENDING_DELETES,
-    PROTOCOL_VERSION,
     SPOKEN_VERSIONS,
     LineReader,
     Request,

@@ -9,14 +9,16 @@ The agent builds every result in the 1.1.0 form; the shim converts it to the
 - 1.1.0: adds interface ``mtu``/``socketPath``/``pciID`` and route
   ``mtu``/``advmss``/``priority``/``table``/``scope``.
 
-Fields a version does not define are dropped.  Standard library only,
-Python 3.8 syntax (bundled into the shim).
+Fields a version does not define are dropped.  The versions and the
+conversion itself are :mod:`flock.cni_common`'s (the shim's fast path
+converts without importing this module); this one words what goes wrong as
+CNI errors.  Standard library only, Python 3.8 syntax (bundled into the shim).
 """
 
 from __future__ import annotations
 
-from flock import cni_fastpath
-from flock.cni_fastpath import LATEST_VERSION, SUPPORTED_VERSIONS, MalformedResult
+from flock.cni_common import LATEST_VERSION, SUPPORTED_VERSIONS, MalformedResult
+from flock.cni_common import convert_result as _convert_result
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_CNI_VERSION, CniError, quote
 
 TYPE_CHECKING = False
@@ -53,7 +55,7 @@ def convert_result(result: dict[str, Any], to_version: str) -> dict[str, Any]:
     if to_version not in SUPPORTED_VERSIONS:
         check_cni_version({"cniVersion": to_version})
     try:
-        return cni_fastpath.convert_result(result, to_version)
+        return _convert_result(result, to_version)
     except MalformedResult as exc:
         raise CniError(
             DECODE_ERROR, "malformed result", f"field {exc.key!r}={quote(exc.value)}: expected a list of objects"

@@ -21,7 +21,23 @@ from __future__ import annotations
 import json
 from types import MappingProxyType
 
-from flock.cni_fastpath import json_too_deep
+from flock.cni_common import (
+    CONTAINER_ID_CHARS,
+    FD_OPS,
+    FD_OPTIONAL_OPS,
+    FD_VERSION,
+    MAX_CNI_ARG_CHARS,
+    MAX_CONTAINER_ID_CHARS,
+    MAX_ERROR_CODE,
+    MAX_IF_NAME_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_REQUEST_BYTES,
+    OPS,
+    REQUIRED_FIELDS,
+    RESERVED_IF_NAMES,
+    SPOKEN_VERSIONS,
+    json_too_deep,
+)
 from flock.errors import DECODE_ERROR, INCOMPATIBLE_PROTOCOL, INVALID_ENV, CniError, quote
 
 # typing costs milliseconds at import and the shim is on the pod start-up path;
@@ -30,58 +46,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROTOCOL_VERSION = 2
-SPOKEN_VERSIONS = (1, 2)
-# The version that carries the netns as an fd.
-FD_VERSION = 2
+# The protocol's versions, limits, ops and required fields are flock.cni_common's: one home,
+# shared with the shim and its fast path (the agent's side imports them from here).
 
-# The one request size limit, shared by shim and agent: the longest request
-# (or response) line, newline excluded.  A network configuration is a few
-# KiB; configurations up to 4 MiB fit even when JSON escaping doubles them.
-# Over it, ADD/CHECK/STATUS/GC are refused with code 4 ("request too
-# large"); the shim sends a DEL without its configuration instead (a DEL
-# needs only the container ID).
-MAX_REQUEST_BYTES = 8 << 20
-MAX_LINE_BYTES = MAX_REQUEST_BYTES
-
-OPS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
-# Ops that need the pod's namespace (version 2: as an fd), and those that may send it.
-FD_OPS = ("ADD", "CHECK")
-FD_OPTIONAL_OPS = ("DEL",)
-
-# Deepest JSON nesting accepted (a network configuration nests a handful of
-# levels).  json.loads manages ~1000, but repr() and json.dumps of such a
-# value a few frames deeper then raise RecursionError far from the input.
-MAX_JSON_DEPTH = 64
-
-# Name of the directory where the shim records a DEL the agent could not take
-# and the agent replays it from (shared by both ends).
-PENDING_DELETES = "pending-deletes"
-
-# Which request strings must be non-empty, per op (CNI spec 1.1, "Parameters").
-# DEL may come without a netns (the sandbox is already gone).
-REQUIRED_FIELDS = MappingProxyType(
-    {
-        "ADD": ("containerID", "netns", "ifName"),
-        "CHECK": ("containerID", "netns", "ifName"),
-        "DEL": ("containerID", "ifName"),
-        "STATUS": (),
-        "GC": (),
-    }
-)
-
-# CNI error codes are small unsigned numbers; a reply with another is malformed.
-MAX_ERROR_CODE = 0xFFFFFFFF
+MAX_LINE_BYTES = MAX_REQUEST_BYTES  # the one size limit (flock.rpc's name for it)
 
 _STRING_FIELDS = ("containerID", "netns", "ifName", "args", "path")
-_CONTAINER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-# Longest container ID taken.  Runtimes use 64 hex digits; the ID names a file
-# (the DEL journal's ``.<id>.<pid>.tmp``) whose name the kernel caps at 255 bytes.
-MAX_CONTAINER_ID_CHARS = 200
-# Longest CNI_ARGS key or value taken (a pod name is at most 253 characters).
-# Any longer is refused naming the key, so neither the agent's logs nor an
-# error carry it.  A CNI_ARGS no longer than this holds no such item.
-MAX_CNI_ARG_CHARS = 4096
 
 
 def valid_container_id(value: str) -> bool:
@@ -95,12 +65,8 @@ def valid_container_id(value: str) -> bool:
         0 < len(value) <= MAX_CONTAINER_ID_CHARS
         and value[0].isascii()
         and value[0].isalnum()
-        and _CONTAINER_ID_CHARS.issuperset(value)
+        and CONTAINER_ID_CHARS.issuperset(value)
     )
-
-
-# Names the kernel gives a meaning of its own: /proc/sys/net/ipv*/conf/{all,default}.
-_RESERVED_IF_NAMES = (".", "..", "all", "default")
 
 
 def valid_if_name(value: str) -> bool:
@@ -111,7 +77,11 @@ def valid_if_name(value: str) -> bool:
         size = len(value.encode("utf-8"))
     except UnicodeError:
         return False
-    return 0 < size <= 15 and value not in _RESERVED_IF_NAMES and not any(c in "/:%\0" or c.isspace() for c in value)
+    return (
+        0 < size <= MAX_IF_NAME_BYTES
+        and value not in RESERVED_IF_NAMES
+        and not any(c in "/:%\0" or c.isspace() for c in value)
+    )
 
 
 def valid_netns(value: str) -> bool:

@@ -3,7 +3,9 @@ that must not need the kernel or the API client import without them.
 
 The cycle check reads every module with :mod:`ast` (nothing is imported) and
 takes every ``import`` statement, at module level and inside functions, except
-those under ``if TYPE_CHECKING:`` (annotations only, never executed).  An
+those under ``if TYPE_CHECKING:`` (annotations only, never executed), and every
+import by a literal name (``__import__("a.b")``, ``importlib.import_module("a.b")``:
+the shim's fast path hands over to the full shim that way).  An
 import of ``a.b.c`` depends on ``a.b.c`` and on the packages ``a.b`` and
 ``a`` that Python initialises first — except a module's own enclosing
 packages: a package's ``__init__`` re-exporting its private modules, which
@@ -14,6 +16,7 @@ not a cycle between layers.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +48,24 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
+        elif (name := _imported_by_name(node)) is not None:
+            found.append(ast.Import(names=[ast.alias(name=name)]))
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
     return found
+
+
+def _imported_by_name(node: ast.AST) -> str | None:
+    """The module ``__import__("x")`` or ``importlib.import_module("x")`` imports (a literal name only)."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return None
+    func, first = node.func, node.args[0]
+    named = (isinstance(func, ast.Name) and func.id in ("__import__", "import_module")) or (
+        isinstance(func, ast.Attribute) and func.attr == "import_module"
+    )
+    return first.value if named and isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -167,3 +183,96 @@ def test_layers_do_not_reach_what_they_must_not_know(layer, forbidden):
     graph = import_graph()
     bad = sorted(m for m in reachable(graph, layer) if any(m == f or m.startswith(f + ".") for f in forbidden))
     assert bad == [], f"{layer} reaches {bad}"
+
+
+# The CNI shim's modules (what the bundle holds) and the leaf they share (issue 26).
+SHIM = ("flock.cni_fastpath", "flock.cni_shim", "flock.rpc.wire", "flock.rpc.cniresult", "flock.errors")
+LEAF = "flock.cni_common"
+
+
+def test_the_shims_shared_values_are_in_a_leaf():
+    """flock.cni_common imports nothing from flock, and only the standard library's modules."""
+    graph = import_graph()
+    assert graph[LEAF] == set()
+    path = ROOT / "cni_common.py"
+    imported = {
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for node in _imports(ast.parse(path.read_text()))
+        for alias in node.names
+    }
+    assert imported and all(name.split(".")[0] in sys.stdlib_module_names for name in imported), imported
+
+
+def test_the_shim_modules_form_no_cycle():
+    """The fast path hands over to the full shim (an edge the graph sees); nothing of the shim leads back
+    to the fast path, and everything the shim's modules share comes from the leaf."""
+    graph = import_graph()
+    shim = {m: graph[m] & {*SHIM, LEAF} for m in SHIM}
+    assert "flock.cni_shim" in shim["flock.cni_fastpath"]  # the hand-over, by name
+    assert find_cycle({**shim, LEAF: set()}) is None, " → ".join(find_cycle({**shim, LEAF: set()}) or [])
+    assert all(LEAF in shim[m] for m in SHIM if m != "flock.errors")
+    back = sorted(m for m in SHIM if m != "flock.cni_fastpath" and "flock.cni_fastpath" in reachable(graph, m))
+    assert back == [], f"{back} reach flock.cni_fastpath"
+    # And they reach no other flock module (the package flock.rpc, whose own imports are the shim's, aside).
+    outside = sorted({d for m in SHIM for d in reachable(graph, m)} - {*SHIM, LEAF, "flock.rpc"})
+    assert outside == [], outside
+
+
+def test_a_literal_import_by_name_is_an_edge():
+    tree = ast.parse("def f():\n    return __import__('a.b', fromlist=['x']), importlib.import_module('c')\n")
+    assert [[a.name for a in node.names] for node in _imports(tree)] == [["a.b"], ["c"]]
+
+
+BENCH = ROOT.parent / "bench"
+# Benches that import only installed, public modules (issue 26): no sibling script off sys.path, no
+# private flock module.  Every bench belongs here; the others still import bench/stats.py, bench/labkit.py
+# or flock's private modules.
+INSTALLED_ONLY = ("policy_enforce.py", "cri_latency.py")
+
+
+def _edits_sys_path(tree: ast.AST) -> bool:
+    def is_sys_path(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            return True  # sys.path.insert(...), .append(...), ...
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        )
+        if any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)) for t in targets):
+            return True
+    return False
+
+
+def test_no_bench_edits_sys_path():
+    benches = sorted(BENCH.glob("*.py"))
+    assert len(benches) > 10
+    assert _edits_sys_path(ast.parse("import sys\nsys.path.insert(0, 'x')\n"))
+    assert not _edits_sys_path(ast.parse("import sys\nprint(sys.path)\n"))
+    assert [p.name for p in benches if _edits_sys_path(ast.parse(p.read_text()))] == []
+
+
+@pytest.mark.parametrize("bench", INSTALLED_ONLY)
+def test_bench_imports_only_installed_public_modules(bench):
+    tree = ast.parse((BENCH / bench).read_text())
+    names = {
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for node in _imports(tree)
+        if isinstance(node, ast.Import) or node.level == 0
+        for alias in node.names
+    }
+    assert all(isinstance(node, ast.Import) or node.level == 0 for node in _imports(tree))
+    for name in sorted(names):
+        top = name.split(".")[0]
+        if top == "flock":
+            assert not any(part.startswith("_") for part in name.split(".")), f"{bench} imports private {name}"
+            continue
+        spec = importlib.util.find_spec(top)
+        assert spec is not None and spec.origin is not None, f"{bench} imports {name}, which is not installed"
+        assert BENCH not in Path(spec.origin).parents, f"{bench} imports {name} from bench/"

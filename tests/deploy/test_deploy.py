@@ -635,7 +635,7 @@ def test_install_cni_init_container_command_installs_a_working_plugin(tmp_path):
     out = subprocess.run([str(script), *argv[1:]], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert json.loads((conf_dir / "01-flock.conflist").read_text())["plugins"] == [
-        {"type": "flock", "socket": "/run/flock/flock.sock"}
+        {"type": "flock", "socket": "/run/flock/flock.sock", "capabilities": {"portMappings": True}}
     ]
     version = subprocess.run(
         [str(bin_dir / "flock")], input="{}", env={"CNI_COMMAND": "VERSION"}, capture_output=True, text=True, timeout=30

@@ -134,13 +134,35 @@ CONFIG_CASES = [
     ("args annotation", "ADD", {"args": {A + "ipv4": NASTY}}, {"CNI_ARGS": "K8S_POD_NAME=box"}, (A + "ipv4",)),
     ("args type", "ADD", {"args": ["a" * 1000] * 100}, {"CNI_ARGS": "K8S_POD_NAME=box"}, ("args",)),
     ("args ip-algo", "ADD", {"args": {A + "ip-algo": "x" * 4000}}, {"CNI_ARGS": "K8S_POD_NAME=box"}, (A + "ip-algo",)),
+    ("name", "ADD", {"name": "n" * BIG}, {}, ("name",)),
+    ("name binary", "GC", {"name": NASTY, "cni.dev/valid-attachments": []}, {}, ("name",)),
+    (
+        "portMappings hostPort",
+        "ADD",
+        {"runtimeConfig": {"portMappings": [{"hostPort": "p" * BIG, "containerPort": 80}], "x": NASTY}},
+        {},
+        ("runtimeConfig.portMappings[0].hostPort",),
+    ),
+    (
+        "portMappings protocol",
+        "ADD",
+        {"runtimeConfig": {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": NASTY}]}},
+        {},
+        ("runtimeConfig.portMappings[0].protocol",),
+    ),
+    (
+        "portMappings list",
+        "ADD",
+        {"runtimeConfig": {"portMappings": [{"hostPort": 8080 + i, "containerPort": 80} for i in range(5000)]}},
+        {},
+        ("runtimeConfig.portMappings",),
+    ),
 ]
 # Read by nobody in flock: a 100 KB value is no error; the ADD succeeds and the DEL cleans up.
 IGNORED_CONFIG = [
-    ("name", {"name": "n" * BIG}),
     ("type", {"type": NASTY}),
     ("capabilities", {"capabilities": {"c" * BIG: True}}),
-    ("runtimeConfig", {"runtimeConfig": {"portMappings": [{"hostPort": "p" * BIG}], "x": NASTY}}),
+    ("runtimeConfig", {"runtimeConfig": {"bandwidth": {"x": "b" * BIG}, "x": NASTY}}),
 ]
 
 

@@ -1,18 +1,26 @@
 """The shim as a runtime sees it: the built one-file plugin, run as a subprocess."""
 
 import ast
+import binascii
+import importlib.util
 import json
+import marshal
 import os
 import socket
 import stat
+import subprocess
 import sys
+import types
+import zlib
 from pathlib import Path
 
 import pytest
 
 import flock
+from flock import cni_common, cni_shim, rpc
 from flock import cni_fastpath as fastpath
-from flock.shim_bundle import MAIN_MODULE, SHIM_MODULES, build_shim, bundled_sources
+from flock.rpc import cniresult, wire
+from flock.shim_bundle import BOOT_MODULES, MAIN_MODULE, SHIM_MODULES, boot_sources, build_shim, bundled_sources
 from flock.testing.shimrun import build, pod_env, run_plugin
 
 
@@ -48,10 +56,10 @@ def test_bundle_is_one_python38_file_with_only_bundled_imports(tmp_path):
     assert dest.read_bytes().startswith(b"#!/usr/bin/env python3\n")
     assert os.listdir(tmp_path) == ["flock"]  # no temp file left behind
     ast.parse(dest.read_text(), filename="flock", feature_version=(3, 8))  # the loader script itself
-    sources = {name: src for name, src in bundled_sources().items()}
-    sources["flock.cni_fastpath"] = (Path(flock.__file__).parent / MAIN_MODULE).read_text()
-    assert set(sources) == {"flock", "flock.rpc", "flock.cni_fastpath"} | {
-        "flock." + m[:-3].replace("/", ".") for m in SHIM_MODULES
+    sources = {**bundled_sources(), **dict(boot_sources())}
+    assert [name for name, _ in boot_sources()] == ["flock.cni_common", "flock.cni_fastpath"]
+    assert set(sources) == {"flock", "flock.rpc"} | {
+        "flock." + m[:-3].replace("/", ".") for m in (*SHIM_MODULES, *BOOT_MODULES, MAIN_MODULE)
     }
     # flock._site is the installer's optional settings member (absent here: the default applies).
     bundled = set(sources) | {"flock._site"}
@@ -72,24 +80,104 @@ def test_bundle_is_one_python38_file_with_only_bundled_imports(tmp_path):
                     assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports non-stdlib {mod}"
 
 
-def test_fast_path_copies_of_constants_match_their_definitions():
-    from flock.rpc import cniresult, wire
+# What the shim's modules share has one home, flock.cni_common: the others import it, never copy it.
+SHARING = (cni_shim, fastpath, wire, cniresult)
+# The one shared name wrapped rather than imported: cniresult's words a malformed result as a CNI error.
+WRAPPED = {"convert_result": (cniresult, cniresult.convert_result)}
 
-    assert fastpath.SUPPORTED_VERSIONS == cniresult.SUPPORTED_VERSIONS
-    assert fastpath.LATEST_VERSION == cniresult.LATEST_VERSION
-    for name in (
-        "OPS",
-        "FD_OPS",
-        "FD_OPTIONAL_OPS",
-        "PROTOCOL_VERSION",
-        "MAX_REQUEST_BYTES",
-        "MAX_JSON_DEPTH",
-        "MAX_CONTAINER_ID_CHARS",
-        "MAX_CNI_ARG_CHARS",
-    ):
-        assert getattr(fastpath, name) == getattr(wire, name), name
-    env_of_field = {"containerID": "CNI_CONTAINERID", "netns": "CNI_NETNS", "ifName": "CNI_IFNAME"}
-    assert {op: tuple(env_of_field[f] for f in fs) for op, fs in wire.REQUIRED_FIELDS.items()} == fastpath.REQUIRED_ENV
+
+def test_the_shared_values_have_one_home():
+    shared = {
+        name
+        for name, value in vars(cni_common).items()
+        if not name.startswith("_") and name != "TYPE_CHECKING" and not isinstance(value, types.ModuleType)
+    }
+    assert {"OPS", "SUPPORTED_VERSIONS", "MAX_REQUEST_BYTES", "call", "AgentUnreachable"} <= shared
+    for module in SHARING:
+        # Whatever a module holds under a shared name is the leaf's own object, not a copy.
+        same = [n for n in shared if hasattr(module, n)]
+        assert same, module.__name__
+        for name in same:
+            expected = WRAPPED[name][1] if name in WRAPPED and module is not fastpath else getattr(cni_common, name)
+            assert getattr(module, name) is expected, f"{module.__name__}.{name}"
+        # And none assigns one at module level (a copy would fall behind; the test above needs the import).
+        tree = ast.parse(Path(module.__file__).read_text())
+        assigned = {
+            t.id
+            for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(t, ast.Name)
+        }
+        defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        own = {name for name, (home, _) in WRAPPED.items() if home is module}
+        redefined = sorted((assigned | defined) & shared - own)
+        assert not redefined, f"{module.__name__} redefines {redefined}"
+
+
+def test_the_shared_values_are_what_the_agent_decodes_with():
+    """The agent's side of the wire (flock.rpc) answers with the values the shim sends by."""
+    assert rpc.PROTOCOL_VERSION == cni_common.PROTOCOL_VERSION in rpc.SPOKEN_VERSIONS
+    assert rpc.SUPPORTED_VERSIONS is cni_common.SUPPORTED_VERSIONS and rpc.OPS is cni_common.OPS
+    assert rpc.MAX_LINE_BYTES == cni_common.MAX_REQUEST_BYTES
+    assert cni_shim.DEFAULT_PENDING_DELETES_DIR == "/run/flock/" + rpc.PENDING_DELETES
+    assert set(cni_common.REQUIRED_FIELDS) == set(cni_common.OPS)
+    assert {f for fs in cni_common.REQUIRED_FIELDS.values() for f in fs} <= set(cni_common.ENV_OF_FIELD)
+
+
+def _inlined(script: bytes) -> tuple[dict[str, types.CodeType], dict[str, str]]:
+    """The loader's inlined modules in a built shim: name → code object (the building interpreter's
+    bytecode) and name → source (what any other python compiles)."""
+    tree = ast.parse(script.decode())
+    literals = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    code = max((x for x in literals if all(c in "0123456789abcdef" for c in x)), key=len)
+    (packed,) = (
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_BUNDLE" and isinstance(n.value, ast.Constant)
+    )
+    bundle = marshal.loads(zlib.decompress(binascii.a2b_base64(packed)))
+    return dict(marshal.loads(bytes.fromhex(code))), dict(bundle["boot"])
+
+
+def test_the_bundle_inlines_the_shared_values_unchanged(tmp_path):
+    """The values a built shim runs with are flock.cni_common's: its bytecode (this interpreter) and its
+    source (any other), run here, hold every shared name with an equal value."""
+    dest = tmp_path / "flock"
+    build_shim(dest)
+    codes, sources = _inlined(dest.read_bytes())
+    assert list(codes) == list(sources) == ["flock.cni_common", "flock.cni_fastpath"]
+    assert sources["flock.cni_common"] == Path(cni_common.__file__).read_text()
+    from_code: dict[str, object] = {"__name__": "flock.cni_common"}
+    exec(codes["flock.cni_common"], from_code)
+    from_source: dict[str, object] = {"__name__": "flock.cni_common"}
+    exec(compile(sources["flock.cni_common"], "flock.cni_common", "exec", dont_inherit=True), from_source)
+    constants = {
+        name: value
+        for name, value in vars(cni_common).items()
+        if not name.startswith("__") and not callable(value) and not isinstance(value, types.ModuleType)
+    }
+    assert {"OPS", "SUPPORTED_VERSIONS", "MAX_REQUEST_BYTES", "REQUIRED_FIELDS", "DEFAULT_SOCKET"} <= set(constants)
+    for inlined in (from_code, from_source):
+        assert {name: inlined.get(name) for name in constants} == constants
+        assert {n for n, v in inlined.items() if callable(v)} == {n for n, v in vars(cni_common).items() if callable(v)}
+    # The fast path inlined beside it imports those values rather than holding its own.
+    fast = codes["flock.cni_fastpath"]
+    assert "flock.cni_common" in fast.co_names
+    assert cni_common.SUPPORTED_VERSIONS not in fast.co_consts and cni_common.OPS not in fast.co_consts
+
+
+def test_the_fast_path_loads_nothing_but_the_leaf():
+    """Under ``python3 -I -S`` (the bundle's interpreter), importing the fast path loads no module
+    beyond flock.cni_common and itself (the bundle's start-up cost stays a bare interpreter's)."""
+    root = str(Path(flock.__file__).parent.parent)
+    probe = (
+        f"import sys; before = set(sys.modules); sys.path.insert(0, {root!r}); import flock.cni_fastpath; "
+        "print(sorted(set(sys.modules) - before))"
+    )
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(["flock", "flock.cni_common", "flock.cni_fastpath"])
 
 
 @pytest.mark.parametrize(
@@ -114,6 +202,24 @@ def test_bundle_runs_isolated_without_flock_on_sys_path(tmp_path):
     out = run_plugin([sys.executable, "-I", "-S", str(dest)], "VERSION", {"cniVersion": "0.4.0"}, tmp_path)
     assert out.status == 0, out.stderr
     assert out.json == {"cniVersion": "0.4.0", "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}
+
+
+def test_a_python_of_another_version_runs_the_inlined_source(tmp_path, pod_netns):
+    """A host python whose magic number is not the builder's compiles flock.cni_common and the fast
+    path from their source in the bundle: the same answers, fast path and hand-over alike."""
+    dest = tmp_path / "flock"
+    build_shim(dest)
+    magic = f'bytes.fromhex("{importlib.util.MAGIC_NUMBER.hex()}")'
+    script = dest.read_text()
+    assert script.count(magic) == 1
+    dest.write_text(script.replace(magic, 'bytes.fromhex("00000d0a")'))
+    argv = [sys.executable, "-I", "-S", str(dest)]
+    out = run_plugin(argv, "VERSION", {"cniVersion": "0.4.0"}, tmp_path)
+    assert out.status == 0, out.stderr
+    assert out.json == {"cniVersion": "0.4.0", "supportedVersions": list(cni_common.SUPPORTED_VERSIONS)}
+    sock = tmp_path / "run" / "flock.sock"  # no agent: ADD goes to the full shim, which answers 11
+    out = run_plugin(argv, "ADD", cfg(sock), tmp_path, **pod_env(CNI_NETNS=pod_netns))
+    assert (out.status, out.code, out.json["msg"]) == (1, 11, "flock-agent is not reachable"), out.stderr
 
 
 def test_rebuild_replaces_atomically(tmp_path):
