@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 
 from flock import cni_common
+from flock.model import DEFAULT_NETWORK
 
 DEFAULT_SOCKET = Path(cni_common.DEFAULT_SOCKET)  # where the shim dials by default
 DEFAULT_STATE_DIR = Path("/var/lib/flock")
@@ -33,6 +34,8 @@ class AgentSettings:
     uplink: str | None = None  # interface for the pod gateway's route if the node has none
     namespace: str = "kube-system"  # the agent's own namespace: where BGP password Secrets are read
     admin_socket: Path | None = None  # flockctl's socket (None: admin.sock beside --socket)
+    # The CNI network name flock-install-cni wrote (--network-name): rows stored before schema v2 take it.
+    network_name: str = DEFAULT_NETWORK
 
     @property
     def admin_path(self) -> Path:
@@ -105,6 +108,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         help="the agent's namespace, where BGP password Secrets are read "
         "(default: $POD_NAMESPACE, else the service account's, else kube-system)",
     )
+    parser.add_argument(
+        "--network-name",
+        default=environ.get("FLOCK_NETWORK_NAME", DEFAULT_NETWORK),
+        help="the network name flock-install-cni was given (default: $FLOCK_NETWORK_NAME or %(default)s): "
+        "allocations stored before flock recorded one (schema v1) take it",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -114,6 +123,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         parser.error(f"--socket {args.socket}: expected an absolute path")
     if args.kubeconfig is not None and not os.access(args.kubeconfig, os.R_OK):
         parser.error(f"--kubeconfig {args.kubeconfig}: not a readable file")
+    name = args.network_name
+    if not (0 < len(name) <= 253 and name[0].isalnum() and all(c.isalnum() or c in "_.-" for c in name)):
+        parser.error(f"--network-name {name[:64]!r}: expected a CNI network name (letters, digits, '_', '.', '-')")
     if args.host_netns is not None and not os.path.exists(args.host_netns):
         parser.error(f"--host-netns {args.host_netns}: no such namespace file")
     if args.admin_socket is not None and (not args.admin_socket.is_absolute() or args.admin_socket == args.socket):
@@ -135,5 +147,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         uplink=args.uplink,
         admin_socket=args.admin_socket,
         namespace=args.namespace,
+        network_name=args.network_name,
     )
     return settings, args

@@ -328,7 +328,7 @@ async def run_agent(
     check_state_dir(settings.state_dir)
     log.info("starting", extra={"node": settings.node, "socket": str(settings.socket)})
     try:
-        async with open_store(settings.state_dir) as store:
+        async with open_store(settings.state_dir, legacy_network=settings.network_name) as store:
             log.info("allocation store open", extra={"path": str(store.path), **(await store.settings())})
             await compose(settings, store=store, crash=crash).run(task_status=task_status)
     except StoreTooNew as exc:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from flock.model import Allocation, AllocationState
+from flock.model import DEFAULT_NETWORK, Allocation, AllocationState
 from flock.store._schema import MIGRATIONS, Migration
 from flock.store._sync import SyncStore
 from flock.store._thread import StoreThread
@@ -63,7 +63,10 @@ class Store:
 
 @contextlib.asynccontextmanager
 async def open_store(
-    state_dir: os.PathLike[str] | str, *, migrations: Sequence[Migration] = MIGRATIONS
+    state_dir: os.PathLike[str] | str,
+    *,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    legacy_network: str = DEFAULT_NETWORK,
 ) -> AsyncIterator[Store]:
     """Open the store on its own thread; close it (shielded) on exit.
     A :class:`~flock.store.StoreError` from opening propagates."""
@@ -71,7 +74,9 @@ async def open_store(
     # Closing is shielded without a deadline: a queued call cannot be
     # abandoned anyway, and closing only waits for the call in flight.
     try:
-        core = await thread.call(lambda: SyncStore.open(state_dir, migrations=migrations))
+        core = await thread.call(
+            lambda: SyncStore.open(state_dir, migrations=migrations, legacy_network=legacy_network)
+        )
         try:
             yield Store(thread, core)
         finally:

@@ -68,22 +68,29 @@ def _create_v1(conn: sqlite3.Connection) -> None:
 
 def _v2_network_and_ports(conn: sqlite3.Connection) -> None:
     """v2: the network each attachment was made through (GC concerns only its own network) and its
-    hostPort mappings.  Rows from v1 recorded no network: they take the installer's default name.
+    hostPort mappings.  Rows from v1 recorded no network: they take the installer's default name
+    (:func:`prepare` then gives them the agent's ``--network-name``, and says so in one log line).
 
     Additive (columns with defaults): schema-v1 code still reads and writes the file (see READABLE_BY)."""
     conn.execute("CREATE TABLE IF NOT EXISTS flock_meta (key TEXT PRIMARY KEY NOT NULL, value) WITHOUT ROWID")
-    rows = conn.execute("SELECT count(*) FROM allocations").fetchone()[0]
     conn.execute(f"ALTER TABLE allocations ADD COLUMN network TEXT NOT NULL DEFAULT '{DEFAULT_NETWORK}'")
     conn.execute("ALTER TABLE allocations ADD COLUMN port_mappings TEXT NOT NULL DEFAULT '[]'")
+
+
+def _adopt_v1_rows(conn: sqlite3.Connection, network: str) -> None:
+    """After v2: the rows schema v1 wrote belong to *network* (what the installer was told to name it)."""
+    rows = conn.execute("SELECT count(*) FROM allocations").fetchone()[0]
     if not rows:
         log.info("allocation database at schema v2 (network and hostPorts on every allocation)")
         return
+    if network != DEFAULT_NETWORK:
+        conn.execute("UPDATE allocations SET network = ?", (network,))
     log.warning(
         "allocation database migrated to schema v2: %d allocation(s) stored before it recorded no network "
-        "and now belong to network %r (the installer's default name); GC for another network leaves them alone",
+        "now belong to network %r (this agent's --network-name); GC for another network leaves them alone",
         rows,
-        DEFAULT_NETWORK,
-        extra={"op": "store", "schema": 2, "allocations": rows, "network": DEFAULT_NETWORK},
+        network,
+        extra={"op": "store", "schema": 2, "allocations": rows, "network": network},
     )
 
 
@@ -167,9 +174,12 @@ def schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
     return (int(row[0]) if row is not None else usable_by), usable_by
 
 
-def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration]) -> None:
+def prepare(
+    path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration], *, legacy_network: str = DEFAULT_NETWORK
+) -> None:
     """Check the file, set the connection up (WAL, synchronous=NORMAL: see :mod:`flock.store`,
     "Durability") and bring its schema to ``len(migrations)``, each migration in its own transaction.
+    Rows from before schema v2 (which recorded no network name) take *legacy_network*.
 
     A file from a newer flock: opened as it is (nothing migrated, one warning) when its user_version
     says this flock's schema can still use it; else :class:`StoreTooNew`, raised before anything is
@@ -214,6 +224,8 @@ def prepare(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration
         try:
             conn.execute("BEGIN IMMEDIATE")
             migrate(conn)
+            if target == 2 and version >= 1:
+                _adopt_v1_rows(conn, legacy_network)
             if target >= 2:
                 conn.execute(
                     "INSERT INTO flock_meta (key, value) VALUES ('schema', ?) "

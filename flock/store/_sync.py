@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import outcome
 
-from flock.model import Allocation, AllocationState
+from flock.model import DEFAULT_NETWORK, Allocation, AllocationState
 from flock.store import _schema
 from flock.store._errors import AllocationNotFound, StoreError, from_sqlite
 from flock.store._schema import MIGRATIONS, Migration
@@ -32,9 +32,16 @@ class SyncStore:
     _conn: sqlite3.Connection
 
     @classmethod
-    def open(cls, state_dir: os.PathLike[str] | str, *, migrations: Sequence[Migration] = MIGRATIONS) -> SyncStore:
+    def open(
+        cls,
+        state_dir: os.PathLike[str] | str,
+        *,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        legacy_network: str = DEFAULT_NETWORK,
+    ) -> SyncStore:
         """Open (creating or migrating) ``<state_dir>/flock.db``; raises a
-        :class:`~flock.store.StoreError` subclass."""
+        :class:`~flock.store.StoreError` subclass.  Rows from before schema v2, which recorded no
+        network, take *legacy_network* (the network name the installer was given)."""
         path = Path(state_dir) / _schema.FILENAME
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -43,7 +50,7 @@ class SyncStore:
             raise StoreError(path, "cannot open the allocation database", str(exc)) from None
         try:
             conn.row_factory = sqlite3.Row
-            _schema.prepare(path, conn, migrations)
+            _schema.prepare(path, conn, migrations, legacy_network=legacy_network)
         except BaseException:
             conn.close()
             raise

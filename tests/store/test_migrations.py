@@ -222,3 +222,24 @@ def test_a_migration_older_releases_cannot_follow_leaves_a_backup_they_can_use(t
         assert store.get("c0ffee01") == _row() and store.settings()["schema_version"] == 2
     finally:
         store.close()
+
+
+def test_rows_from_before_v2_take_the_network_name_the_agent_is_given(
+    previous_release: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node installed with flock-install-cni --network-name kube: its old rows belong to "kube", so a
+    GC for "kube" still removes a leaked one (with the default name it never would)."""
+    _written_by_previous_release(previous_release, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="flock.store"):
+        store = SyncStore.open(tmp_path, legacy_network="kube")
+    try:
+        assert {a.network for a in store.list()} == {"kube"}
+        assert any("network 'kube'" in r.getMessage() for r in caplog.records)
+        store.put(attrs.evolve(_row(), container_id="c0ffee09", network="podman"))
+    finally:
+        store.close()
+    store = SyncStore.open(tmp_path, legacy_network="other")  # migrated once: a later start changes nothing
+    try:
+        assert sorted(a.network for a in store.list()) == ["kube", "kube", "podman"]
+    finally:
+        store.close()
