@@ -554,7 +554,8 @@ class PortMapping:
     goes to the pod's *container_port* (CNI's ``runtimeConfig.portMappings`` entry).
 
     *host_ip* is None for "any address of the node"; an unspecified address (``0.0.0.0``, ``::``)
-    means the same (runtimes and users write it for "all interfaces"), whatever its family."""
+    means any address of that family only, as the reference portmap plugin and docker read it
+    (``-p 0.0.0.0:8080:80`` publishes on IPv4 alone)."""
 
     host_port: int
     container_port: int
@@ -563,14 +564,13 @@ class PortMapping:
 
     def families(self, pod_families: tuple[int, ...]) -> tuple[int, ...]:
         """The address families this mapping applies to, for a pod with addresses of *pod_families*."""
-        if self.any_host:
+        if self.host_ip is None:
             return pod_families
-        assert self.host_ip is not None
         return (self.host_ip.version,) if self.host_ip.version in pod_families else ()
 
     @property
     def any_host(self) -> bool:
-        """Any address of the node: no *host_ip*, or an unspecified one."""
+        """Any address of the node (of the family of *host_ip* when that is unspecified)."""
         return self.host_ip is None or self.host_ip.is_unspecified
 
     def describe(self) -> str:
@@ -593,6 +593,8 @@ class PortMapping:
     def from_json(cls, obj: Mapping[str, Any]) -> PortMapping:
         """A stored mapping (written by :meth:`to_json`; ValueError/TypeError if it is not one)."""
         host_ip = obj.get("hostIP")
+        if host_ip is not None and "%" in str(host_ip):
+            raise ValueError(f"a hostIP with a zone in {dict(obj)!r}")
         mapping = cls(
             host_port=int(obj["hostPort"]),
             container_port=int(obj["containerPort"]),

@@ -196,9 +196,11 @@ class PodHandler:
         self._ports, clashes = HostPortClaims.of(kept)
         for alloc, why in clashes:
             log.error(
-                "stored hostPort mappings conflict; this pod's are not claimed",
+                "stored hostPort mappings conflict; this pod's are not claimed and not mapped",
                 extra={"container_id": alloc.container_id, "error": why},
             )
+            # the view (what the policy service maps) leaves them out; the row keeps them
+            kept[kept.index(alloc)] = attrs.evolve(alloc, port_mappings=())
         self.state.load_allocations(kept)
         # A DEL may have removed rows between the list and here: release those.
         still = {a.container_id for a in await self.store.list()}
@@ -299,6 +301,7 @@ class PodHandler:
         lap("lookup")
         if alloc is not None:
             _same_attachment(alloc, request, ref)
+            _same_ports(alloc, request, mappings)
             if alloc.state is AllocationState.COMMITTED:
                 macs = await self.dataplane.macs(alloc, request.netns_fd)
                 if all(macs):
@@ -704,6 +707,19 @@ def network_name(config: Mapping[str, Any]) -> str:
             f"name={errors.quote(name, 64)}: expected letters, digits, '_', '.', '-' (at most 253, a letter or digit first)",
         )
     return name
+
+
+def _same_ports(alloc: Allocation, request: Request, mappings: tuple[PortMapping, ...]) -> None:
+    """A repeated ADD must ask for the ports the first one got: answering with the stored result would
+    claim ports the attachment does not have.  (Not the network name: a row from before flock
+    recorded one holds a name given at start-up, which may not be the conflist's.)"""
+    if set(alloc.port_mappings) != set(mappings):
+        held = ", ".join(m.describe() for m in alloc.port_mappings) or "none"
+        raise ContainerInUse(
+            "container ID already in use",
+            f"runtimeConfig.portMappings: container {request.container_id} was set up with {held[:300]}; "
+            "DEL it before asking for others",
+        )
 
 
 def _valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:

@@ -72,11 +72,20 @@ def port_mappings(config: Mapping[str, Any]) -> tuple[PortMapping, ...]:
         raw_ip = entry.get("hostIP")
         if raw_ip not in (None, ""):
             try:
-                if not isinstance(raw_ip, str):
+                if not isinstance(raw_ip, str) or "%" in raw_ip:  # a zone (fe80::1%eth0) names no address of the node
                     raise ValueError
                 host_ip = ipaddress.ip_address(raw_ip)
             except ValueError:
                 raise _bad(f"{field}.hostIP", raw_ip, "an IPv6 or IPv4 address, or none") from None
+            if isinstance(host_ip, ipaddress.IPv6Address) and host_ip.ipv4_mapped is not None:
+                host_ip = host_ip.ipv4_mapped  # ::ffff:192.0.2.1 is 192.0.2.1 (portmap reads it so too)
+            if host_ip.is_loopback or host_ip.is_multicast:
+                raise _bad(
+                    f"{field}.hostIP",
+                    raw_ip,
+                    "an address of the node other than loopback (127.0.0.1 and ::1 are not mapped: "
+                    "traffic from them cannot leave the node) and not multicast",
+                )
         mapping = PortMapping(host_port, container_port, protocol.lower(), host_ip)
         for seen in out:
             if _overlap(seen, mapping) and seen.container_port != container_port:
@@ -92,7 +101,11 @@ def _overlap(a: PortMapping, b: PortMapping) -> bool:
     """Whether two mappings would catch the same packets (on some family)."""
     if a.host_port != b.host_port or a.protocol != b.protocol:
         return False
-    return a.any_host or b.any_host or a.host_ip == b.host_ip
+    if a.host_ip is None or b.host_ip is None:
+        return True
+    if a.host_ip.version != b.host_ip.version:
+        return False
+    return a.host_ip == b.host_ip or a.host_ip.is_unspecified or b.host_ip.is_unspecified
 
 
 @attrs.frozen

@@ -80,6 +80,8 @@ def _addr(value: object) -> str:
         value, ipaddress.IPv4Address | ipaddress.IPv6Address | ipaddress.IPv4Network | ipaddress.IPv6Network
     ):
         raise RenderError(f"not an address: {str(value)[:48]!r}")
+    if getattr(value, "scope_id", None):  # fe80::1%eth0: not nft syntax, and the zone is free text
+        raise RenderError(f"an address with a zone: {str(value)[:48]!r}")
     return str(value)
 
 
@@ -224,6 +226,10 @@ def _hostport_lines(rs: Ruleset) -> list[str]:
     for chain, hook in _HOSTPORT_HOOKS:
         lines.append(f"\tchain {chain} {{")
         lines.append(f"\t\ttype nat hook {hook} priority -100; policy accept;")  # dstnat (nft 1.0.6: prerouting only)
+        # loopback is local too, but a DNATed packet from 127.0.0.1 or ::1 is dropped on the way out
+        # (no route_localnet): leave the node's localhost services alone
+        lines.append("\t\tip daddr 127.0.0.0/8 return")
+        lines.append("\t\tip6 daddr ::1 return")
         lines.append(f"\t\tfib daddr type local jump {HOSTPORTS}")
         lines.append("\t}")
     lines.append(f"\tchain {HOSTPORTS} {{")

@@ -114,11 +114,11 @@ _L4 = {"tcp": L4.TCP, "udp": L4.UDP, "sctp": L4.SCTP}
 
 def hostports_of(alloc: Allocation) -> tuple[HostPort, ...]:
     """*alloc*'s hostPort mappings as DNAT rules: one per mapping and family (the pod's own address of
-    the family; an unspecified hostIP means any address, as none does)."""
+    the family; an unspecified hostIP means any address of its family, as the portmap plugin reads it)."""
     out = []
     for m in alloc.port_mappings:
         for pod_ip in (alloc.ip6, alloc.ip4):
-            if pod_ip is None or (not m.any_host and m.host_ip is not None and m.host_ip.version != pod_ip.version):
+            if pod_ip is None or (m.host_ip is not None and m.host_ip.version != pod_ip.version):
                 continue
             host_ip = None if m.any_host else m.host_ip
             out.append(HostPort(m.host_port, _L4[m.protocol], pod_ip, m.container_port, host_ip))

@@ -68,30 +68,36 @@ def _create_v1(conn: sqlite3.Connection) -> None:
 
 def _v2_network_and_ports(conn: sqlite3.Connection) -> None:
     """v2: the network each attachment was made through (GC concerns only its own network) and its
-    hostPort mappings.  Rows from v1 recorded no network: they take the installer's default name
-    (:func:`prepare` then gives them the agent's ``--network-name``, and says so in one log line).
+    hostPort mappings.  Rows from v1 recorded no network: ``''`` (unknown) until :func:`prepare`
+    gives the Kubernetes pods' rows the agent's ``--network-name`` (and says so in one log line).
 
     Additive (columns with defaults): schema-v1 code still reads and writes the file (see READABLE_BY)."""
     conn.execute("CREATE TABLE IF NOT EXISTS flock_meta (key TEXT PRIMARY KEY NOT NULL, value) WITHOUT ROWID")
-    conn.execute(f"ALTER TABLE allocations ADD COLUMN network TEXT NOT NULL DEFAULT '{DEFAULT_NETWORK}'")
+    # '' (unknown) is also what an older release's writes get: see _adopt_rows
+    conn.execute("ALTER TABLE allocations ADD COLUMN network TEXT NOT NULL DEFAULT ''")
     conn.execute("ALTER TABLE allocations ADD COLUMN port_mappings TEXT NOT NULL DEFAULT '[]'")
 
 
-def _adopt_v1_rows(conn: sqlite3.Connection, network: str) -> None:
-    """After v2: the rows schema v1 wrote belong to *network* (what the installer was told to name it)."""
-    rows = conn.execute("SELECT count(*) FROM allocations").fetchone()[0]
-    if not rows:
-        log.info("allocation database at schema v2 (network and hostPorts on every allocation)")
-        return
-    if network != DEFAULT_NETWORK:
-        conn.execute("UPDATE allocations SET network = ?", (network,))
-    log.warning(
-        "allocation database migrated to schema v2: %d allocation(s) stored before it recorded no network "
-        "now belong to network %r (this agent's --network-name); GC for another network leaves them alone",
-        rows,
-        network,
-        extra={"op": "store", "schema": 2, "allocations": rows, "network": network},
-    )
+ADOPT = "UPDATE allocations SET network = ? WHERE network = '' AND namespace != ''"
+
+
+def _adopt_rows(conn: sqlite3.Connection, network: str, why: str) -> None:
+    """Rows that recorded no network (schema v1's, or written since by an older release the node was
+    rolled back to): a Kubernetes pod's belongs to *network*, the Kubernetes network (the agent's
+    ``--network-name``); a container without a pod (podman, nerdctl) stays unknown — its network
+    cannot be told, and a GC for a named network never removes it (its runtime's DEL still does)."""
+    adopted = conn.execute(ADOPT, (network,)).rowcount
+    unknown = conn.execute("SELECT count(*) FROM allocations WHERE network = ''").fetchone()[0]
+    if adopted or unknown:
+        log.warning(
+            "%s: %d Kubernetes pod allocation(s) that recorded no network now belong to network %r (this "
+            "agent's --network-name); %d container(s) without a pod keep an unknown network (GC leaves them alone)",
+            why,
+            adopted,
+            network,
+            unknown,
+            extra={"op": "store", "adopted": adopted, "unknown": unknown, "network": network},
+        )
 
 
 # MIGRATIONS[i] takes a database from schema version i to i + 1.  A later flock appends here.
@@ -225,7 +231,7 @@ def prepare(
             conn.execute("BEGIN IMMEDIATE")
             migrate(conn)
             if target == 2 and version >= 1:
-                _adopt_v1_rows(conn, legacy_network)
+                _adopt_rows(conn, legacy_network, "allocation database migrated to schema v2")
             if target >= 2:
                 conn.execute(
                     "INSERT INTO flock_meta (key, value) VALUES ('schema', ?) "
@@ -241,6 +247,13 @@ def prepare(
                 path, "cannot migrate the allocation database", f"to schema version {target}: {exc}"
             ) from None
     _check_table(path, conn)
+    if version >= 2 and known >= 2:
+        # an older release (a rollback) may have written rows since: they recorded no network either
+        try:
+            with conn:
+                _adopt_rows(conn, legacy_network, "allocations written by an older flock")
+        except sqlite3.Error as exc:
+            raise from_sqlite(path, "cannot update the allocation database", exc) from None
 
 
 def backup_path(path: Path, schema: int) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 
+import attrs
 import pytest
 import trio
 
@@ -52,7 +53,7 @@ def test_mappings_are_read_normalised_and_deduplicated() -> None:
             m(8080, 80, "TCP"),  # the same again (upper case, as Kubernetes spells it): kept once
             m(53, 53, "udp", ""),  # hostIP "" is none
             m(9090, 90, "sctp", "2001:db8::1"),
-            m(9091, 91, "tcp", "0.0.0.0"),  # unspecified: any address, as none
+            m(9091, 91, "tcp", "0.0.0.0"),  # unspecified: any IPv4 address (portmap, docker)
             {"HostPort": 9092, "ContainerPort": 92, "Protocol": "UDP", "HostIP": ""},  # go-cni's keys (containerd)
         )
     )
@@ -63,7 +64,9 @@ def test_mappings_are_read_normalised_and_deduplicated() -> None:
         PortMapping(9091, 91, "tcp", ip("0.0.0.0")),
         PortMapping(9092, 92, "udp"),
     )
-    assert got[3].any_host and got[3].families((6, 4)) == (6, 4) and got[2].families((4,)) == ()
+    assert got[3].any_host and got[3].families((6, 4)) == (4,) and got[2].families((4,)) == ()
+    # ::ffff:192.0.2.1 is 192.0.2.1
+    assert parse(ports(m(80, 80, "tcp", "::ffff:192.0.2.1")))[0].host_ip == ip("192.0.2.1")
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,11 @@ def test_mappings_are_read_normalised_and_deduplicated() -> None:
         (ports(m(80, 80, 6)), "runtimeConfig.portMappings[0].protocol=6"),
         (ports(m(80), m(81, 80, "tcp", "198.51.100.300")), "runtimeConfig.portMappings[1].hostIP='198.51.100.300'"),
         (ports(m(80, 80, "tcp", ["::1"])), "runtimeConfig.portMappings[0].hostIP=['::1']"),
+        (ports(m(80, 80, "tcp", "fe80::1%eth0")), "runtimeConfig.portMappings[0].hostIP='fe80::1%eth0'"),
+        (ports(m(80, 80, "tcp", "fe80::1%x}\nflush")), "runtimeConfig.portMappings[0].hostIP="),
+        (ports(m(80, 80, "tcp", "127.0.0.1")), "runtimeConfig.portMappings[0].hostIP='127.0.0.1'"),
+        (ports(m(80, 80, "tcp", "::1")), "runtimeConfig.portMappings[0].hostIP='::1'"),
+        (ports(m(80, 80, "tcp", "::ffff:127.0.0.1")), "runtimeConfig.portMappings[0].hostIP='::ffff:127.0.0.1'"),
         (ports(*[m(p) for p in range(1, MAX_PORT_MAPPINGS + 2)]), "runtimeConfig.portMappings=[{"),
     ],
 )
@@ -134,8 +142,9 @@ def alloc(cid: str, *mappings: PortMapping, v4: bool = True, v6: bool = True, po
         (PortMapping(80, 80, "tcp", ip("192.0.2.1")), PortMapping(80, 80, "tcp", ip("192.0.2.2")), False),
         (PortMapping(80, 80, "tcp", ip("192.0.2.1")), PortMapping(80, 80, "tcp", ip("192.0.2.1")), True),
         (PortMapping(80, 80, "tcp", ip("0.0.0.0")), PortMapping(80, 80, "tcp", ip("192.0.2.1")), True),
-        (PortMapping(80, 80, "tcp", ip("0.0.0.0")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), True),
-        (PortMapping(80, 80, "tcp", ip("::")), PortMapping(80, 80, "tcp", ip("0.0.0.0")), True),
+        (PortMapping(80, 80, "tcp", ip("0.0.0.0")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), False),
+        (PortMapping(80, 80, "tcp", ip("::")), PortMapping(80, 80, "tcp", ip("0.0.0.0")), False),
+        (PortMapping(80, 80, "tcp", ip("::")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), True),
         (PortMapping(80, 80, "tcp", ip("192.0.2.1")), PortMapping(80, 80, "tcp", ip("2001:db8::1")), False),
     ],
 )
@@ -175,8 +184,7 @@ def test_a_mapping_becomes_one_dnat_per_family_of_the_pod() -> None:
     assert hostports_of(a) == (
         HostPort(80, Protocol.TCP, ip("2001:db8:0:1::1"), 8080),
         HostPort(80, Protocol.TCP, ip("198.51.100.1"), 8080),
-        HostPort(53, Protocol.UDP, ip("2001:db8:0:1::1"), 53),  # 0.0.0.0: any address, as none
-        HostPort(53, Protocol.UDP, ip("198.51.100.1"), 53),
+        HostPort(53, Protocol.UDP, ip("198.51.100.1"), 53),  # 0.0.0.0: any IPv4 address
     )
     b = alloc("c0ffee02", PortMapping(80, 80, "sctp", ip("2001:db8::1")))
     assert hostports_of(b) == (HostPort(80, Protocol.SCTP, ip("2001:db8:0:1::2"), 80, ip("2001:db8::1")),)
@@ -268,3 +276,49 @@ async def test_claims_come_back_from_the_store_and_gc_is_scoped_to_its_network(a
             assert info.value.code == errors.INVALID_CONFIG and info.value.details.startswith("name='bad name'")
             await handler(request("GC", name="podman", **{"cni.dev/valid-attachments": []}))
             assert set(rows.rows) == {"c0ffee0c"}
+
+
+async def test_a_repeated_add_must_ask_for_what_the_first_got(autojump_clock) -> None:
+    with trio.fail_after(10):
+        async with handler_running(_api("a", "b")) as (handler, _kernel, rows):
+            first = await handler(request("ADD", cid="c0ffee0a", pod="a", **ports(m(8080, 80))))
+            assert await handler(request("ADD", cid="c0ffee0a", pod="a", **ports(m(8080, 80)))) == first
+            for config, field in (
+                (ports(m(9090, 80)), "runtimeConfig.portMappings"),
+                ({}, "runtimeConfig.portMappings"),
+            ):
+                with pytest.raises(errors.CniError) as info:
+                    await handler(request("ADD", cid="c0ffee0a", pod="a", **config))
+                assert info.value.code == errors.INVALID_ENV and info.value.details.startswith(field), info.value
+            # 9090 was never taken
+            await handler(request("ADD", cid="c0ffee0b", pod="b", **ports(m(9090, 80))))
+            assert rows.rows["c0ffee0a"].port_mappings == (PortMapping(8080, 80),)
+
+
+async def test_gc_for_a_named_network_leaves_rows_of_unknown_network_alone(autojump_clock) -> None:
+    """A podman container stored before flock recorded networks: its network cannot be told."""
+    rows = MemoryAllocations()
+    podman = Allocation(
+        container_id="c0ffee0e", namespace="", pod="box", pod_uid="", if_name="eth0", netns="/run/netns/box",
+        ip6=ipaddress.IPv6Address("2001:db8:0:1::e"), state=AllocationState.COMMITTED, network="",
+    )  # fmt: skip
+    rows.rows[podman.container_id] = podman
+    with trio.fail_after(10):
+        async with handler_running(_api(), rows) as (handler, _kernel, _rows):
+            await handler(request("GC", **{"cni.dev/valid-attachments": []}))
+            await handler(request("GC", name="podman", **{"cni.dev/valid-attachments": []}))
+            assert set(rows.rows) == {"c0ffee0e"}
+            await handler(request("DEL", cid="c0ffee0e", pod="box"))  # its runtime's DEL still removes it
+            assert rows.rows == {}
+
+
+async def test_ports_clashing_at_rebuild_are_neither_claimed_nor_mapped(autojump_clock) -> None:
+    rows = MemoryAllocations()
+    holder = attrs.evolve(alloc("c0ffee01", PortMapping(80, 80)), state=AllocationState.COMMITTED)
+    loser = alloc("c0ffee02", PortMapping(80, 81))  # pending: the committed row keeps the port
+    rows.rows.update({a.container_id: a for a in (loser, holder)})
+    with trio.fail_after(10):
+        async with handler_running(_api("p1", "p2"), rows) as (handler, _kernel, _rows):
+            view = handler.state.allocations
+            assert view["c0ffee01"].port_mappings == (PortMapping(80, 80),) and view["c0ffee02"].port_mappings == ()
+            assert rows.rows["c0ffee02"].port_mappings == (PortMapping(80, 81),)  # the row keeps them

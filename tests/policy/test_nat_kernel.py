@@ -223,6 +223,10 @@ async def test_host_ports_reach_the_pod_from_outside_the_node_itself_and_its_pod
         ]
         for src, addr, port, proto in cases:
             assert await trio.to_thread.run_sync(reach, src, addr, port, proto), (src.name, addr, port, proto)
+        # the node's localhost is not mapped: a service of its own on 8080 keeps answering there
+        w.node.serve(("8080/tcp",))
+        for loopback in ("127.0.0.1", "::1"):
+            assert await trio.to_thread.run_sync(reach, w.node.node, loopback, 8080, "tcp"), loopback
         # 9090 is mapped on the IPv4 uplink address only; nothing else listens on the node
         assert not await trio.to_thread.run_sync(reach, w.internet, UPLINK6, 9090, "tcp")
         assert not await trio.to_thread.run_sync(reach, w.internet, UPLINK4, 7070, "tcp")
