@@ -37,7 +37,7 @@ import trio
 
 from flock import errors, faults
 from flock.model import Allocation, UplinkMtu
-from flock.netlink import _apply, _conn, _inspect, _nsenter, _scan, _uplink
+from flock.netlink import _apply, _conn, _conntrack, _inspect, _nsenter, _scan, _uplink
 from flock.netlink.desired import AppliedPlan, DataplaneSettings, PodPlan, host_ifname, pod_plan
 
 log = logging.getLogger("flock.netlink")
@@ -264,6 +264,23 @@ class NetlinkWorker:
             return frozenset(a.address for a in await trio.to_thread.run_sync(read, limiter=self._limiter))
         except OSError as exc:
             raise faults.KernelRefused("netlink address dump failed", str(exc)) from exc
+
+    async def forget_flows(self, ports: Iterable[tuple[str, int]]) -> int:
+        """Delete the conntrack entries of UDP and SCTP flows to these host ports ((protocol, port)),
+        in the node's namespace: a new hostPort mapping then catches clients that were already
+        sending (see :mod:`flock.netlink._conntrack`).  How many; :class:`~flock.faults.KernelRefused`
+        when conntrack cannot be read."""
+        wanted = tuple((p, port) for p, port in ports if p in _conntrack.PROTOCOLS)
+        if not wanted:
+            return 0
+
+        def run() -> int:
+            return _nsenter.run_in_netns(self.host_netns, functools.partial(_conntrack.forget, wanted))
+
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        except (OSError, _nsenter.NetnsMissing) as exc:
+            raise faults.KernelRefused("conntrack entries could not be deleted", str(exc)[:300]) from exc
 
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         """Blackhole routes for exactly these node blocks (others of flock's go)."""

@@ -42,6 +42,31 @@ def _serve(ns: Netns, *specs: str) -> subprocess.Popen:
     return proc
 
 
+UDP_FROM = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", int(sys.argv[1])))
+s.settimeout(1.0)
+s.sendto(b"ping", (sys.argv[2], int(sys.argv[3])))
+try:
+    print("echo" if s.recvfrom(64)[0] == b"ping" else "other")
+except OSError:
+    print("no answer")
+"""
+
+
+def _udp_from(ns: Netns, sport: int, addr: str, port: int) -> str:
+    """One datagram from source port *sport* (the same flow each time); "echo" if it came back."""
+    done = subprocess.run(
+        ["ip", "netns", "exec", ns.name, sys.executable, "-c", UDP_FROM, str(sport), addr, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    return done.stdout.strip()
+
+
 def _hostport_rules(lab: Lab) -> str:
     """The elements of flock's hostPort maps ("tcp . 8080 : 2001:db8:… . 80" …), one a line."""
     out = []
@@ -88,12 +113,17 @@ def _run(lab: Lab, servers: list[subprocess.Popen]) -> None:
     assert bad.json["details"].startswith("runtimeConfig.portMappings[0].hostPort=0: expected"), bad.json
     assert lab.rows() == {} and lab.flock_links() == set()
 
+    # A UDP client already sending to 5353 before the pod exists: its conntrack entry (no NAT) would
+    # keep bypassing the mapping; ADD clears the entries of flows to its UDP hostPorts.
+    assert _udp_from(lab.up, 40053, NODE4, 5353) == "no answer"
+
     # ADD: the DNAT is in before ADD returns.
     add = lab.cni("ADD", "c0ffee01", web0, "web-0", **_ports(_mapping(8080, 80), _mapping(5353, 53, "udp")))
     assert add.status == 0, add
     servers.append(_serve(web0, "80/tcp", "53/udp"))
     rules = _hostport_rules(lab)
     assert "tcp . 8080 : " in rules and "udp . 5353 : " in rules, rules
+    assert _udp_from(lab.up, 40053, NODE4, 5353) == "echo"  # the same flow (source port): mapped now
     reachable = [
         (lab.up, NODE4, 8080, "tcp"),  # another machine, both families
         (lab.up, NODE6, 8080, "tcp"),

@@ -215,10 +215,13 @@ def _api(*names: str) -> ObjectStore:
 
 async def test_add_stores_mappings_and_network_and_refuses_a_taken_port(autojump_clock) -> None:
     with trio.fail_after(10):
-        async with handler_running(_api("a", "b")) as (handler, kernel, rows):
+        async with handler_running(_api("a", "b", "c")) as (handler, kernel, rows):
             await handler(request("ADD", cid="c0ffee0a", pod="a", **ports(m(8080, 80), m(8080, 80))))
             row = rows.rows["c0ffee0a"]
             assert row.port_mappings == (PortMapping(8080, 80),) and row.network == "flock-net"
+            assert kernel.forgotten == []  # TCP: a new connection gets a new conntrack entry
+            await handler(request("ADD", cid="c0ffee0c", pod="c", **ports(m(53, 53, "udp"), m(80, 80))))
+            assert kernel.forgotten == [("udp", 53)]  # UDP: flows already sending would bypass the mapping
             with pytest.raises(errors.CniError) as info:
                 await handler(request("ADD", cid="c0ffee0b", pod="b", **ports(m(8080, 81, "TCP", "198.51.100.20"))))
             assert info.value.code == HOST_PORT_IN_USE == 111
@@ -227,7 +230,12 @@ async def test_add_stores_mappings_and_network_and_refuses_a_taken_port(autojump
                 "pod default/a (container c0ffee0a)"
             )
             # nothing taken: no row, no address, no veth
-            assert set(rows.rows) == set(kernel.veths) == set(handler.ipam.allocator.containers()) == {"c0ffee0a"}
+            assert (
+                set(rows.rows)
+                == set(kernel.veths)
+                == set(handler.ipam.allocator.containers())
+                == {"c0ffee0a", "c0ffee0c"}
+            )
             # DEL gives the port back
             await handler(request("DEL", cid="c0ffee0a", pod="a"))
             await handler(request("ADD", cid="c0ffee0b", pod="b", **ports(m(8080, 81))))
