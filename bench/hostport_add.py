@@ -2,8 +2,10 @@
 
 One node (flock.testing.agentlab: the real shim, the real flock-agent, the real kernel in a fresh
 network namespace, the fake API server; no BIRD), its pods created on the API server ahead.  Each
-round ADDs two pods through the shim — one without a mapping, one with two (8080/tcp and 5353/udp,
-both families) — in alternating order, then DELs both; so the machine's drift falls on both alike.
+round ADDs three pods through the shim — one without a mapping, one with a TCP mapping (8080/tcp),
+one with a TCP and a UDP mapping (8081/tcp, 5353/udp; a new UDP hostPort also has the agent delete
+the conntrack entries of flows to it, as portmap does), both families — in rotating order, then
+DELs them; so the machine's drift falls on all three alike.
 With ``--mapped N``, N pods with mappings are on the node before the rounds (the hostports chain is
 flushed and refilled per change: its cost grows with the node's mappings).
 
@@ -24,10 +26,12 @@ from flock.testing import PODS, pod_object
 from flock.testing.agentlab import Lab, open_lab
 
 A = "flock.fritzlab.net/"
-MAPPINGS = [
-    {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+TCP = [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]
+UDP = [
+    {"hostPort": 8081, "containerPort": 80, "protocol": "tcp"},
     {"hostPort": 5353, "containerPort": 53, "protocol": "udp"},
 ]
+CASES = (("without", "p", None), ("tcp", "t", TCP), ("tcp_udp", "u", UDP))
 
 
 def _add(lab: Lab, cid: str, pod: str, mappings: list[dict] | None) -> float:
@@ -54,35 +58,33 @@ def run(rounds: int, mapped: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="fl-bhp-") as tmp, open_lab(Path(tmp), "fl-bhp-", bird=False) as lab:
         agent = lab.agent()
         agent.wait_ready()
-        names = (
-            [f"bg-{i}" for i in range(mapped)] + [f"p-{i}" for i in range(rounds)] + [f"m-{i}" for i in range(rounds)]
-        )
+        names = [f"bg-{i}" for i in range(mapped)] + [f"{tag}-{i}" for _, tag, _ in CASES for i in range(rounds)]
         for name in names:  # the lab's IPv4 block is a /29: the pods in the background have IPv6 only
             v4 = "false" if name.startswith("bg-") else "true"
             lab.api.create(PODS, pod_object("default", name, "host001", annotations={A + "ipv4": v4}))
         for i in range(mapped):
             port = 20000 + i
             _add(lab, f"b{i:07x}", f"bg-{i}", [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}])
-        add = {"without": [], "with": []}
-        delete = {"without": [], "with": []}
+        add: dict[str, list[float]] = {case: [] for case, _, _ in CASES}
+        delete: dict[str, list[float]] = {case: [] for case, _, _ in CASES}
         for i in range(rounds):
-            order = [("without", f"p-{i}", None), ("with", f"m-{i}", MAPPINGS)]
-            if i % 2:
-                order.reverse()
-            for case, pod, mappings in order:
-                add[case].append(_add(lab, f"c{i:07x}{len(case)}", pod, mappings))
-            for case, pod, _ in order:
-                delete[case].append(_del(lab, f"c{i:07x}{len(case)}", pod))
+            order = [(case, f"{tag}-{i}", f"c{i:07x}{tag}", m) for case, tag, m in CASES]
+            order = order[i % 3 :] + order[: i % 3]
+            for case, pod, cid, mappings in order:
+                add[case].append(_add(lab, cid, pod, mappings))
+            for case, pod, cid, _ in order:
+                delete[case].append(_del(lab, cid, pod))
             lab.settle()
         rules = lab.node.run("nft", "list", "chain", "inet", "flock", "hostports").stdout.count("dnat")
         agent.stop()
-    out = {"mapped_before": mapped, "hostport_rules_at_end": rules}
+    out: dict = {"mapped_before": mapped, "hostport_rules_at_end": rules}
     for op, samples in (("add", add), ("del", delete)):
-        for case in ("without", "with"):
+        for case, _, _ in CASES:
             out[f"{op}_{case}_ms"] = summary(samples[case], scale=1000)
-        out[f"{op}_added_ms"] = {
-            k: round(out[f"{op}_with_ms"][k] - out[f"{op}_without_ms"][k], 2) for k in ("median", "p99")
-        }
+        for case in ("tcp", "tcp_udp"):
+            out[f"{op}_{case}_added_ms"] = {
+                k: round(out[f"{op}_{case}_ms"][k] - out[f"{op}_without_ms"][k], 2) for k in ("median", "p99")
+            }
     return out
 
 
@@ -96,10 +98,11 @@ def main() -> None:
         r = run(args.rounds, mapped)
         results.append(r)
         print(
-            f"{mapped:>4} mapped pods before: ADD {r['add_without_ms']['median']:.2f} / {r['add_without_ms']['p99']:.2f} ms "
-            f"without, {r['add_with_ms']['median']:.2f} / {r['add_with_ms']['p99']:.2f} ms with a mapping "
-            f"(+{r['add_added_ms']['median']:.2f} / +{r['add_added_ms']['p99']:.2f}); DEL +{r['del_added_ms']['median']:.2f} "
-            "(median / p99)"
+            f"{mapped:>4} mapped pods before: ADD without {r['add_without_ms']['median']:.2f} / "
+            f"{r['add_without_ms']['p99']:.2f} ms; with 8080/tcp +{r['add_tcp_added_ms']['median']:.2f} / "
+            f"+{r['add_tcp_added_ms']['p99']:.2f}; with 8081/tcp and 5353/udp +{r['add_tcp_udp_added_ms']['median']:.2f} / "
+            f"+{r['add_tcp_udp_added_ms']['p99']:.2f}; DEL +{r['del_tcp_added_ms']['median']:.2f} / "
+            f"+{r['del_tcp_udp_added_ms']['median']:.2f} (median / p99)"
         )
     print(json.dumps({"bench": "hostport_add", "rounds": args.rounds, "results": results}))
 

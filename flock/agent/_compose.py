@@ -113,6 +113,7 @@ def compose(
         watermark=policy_link,
         metrics=PolicyMetrics(metrics.registry),
         nodeconfig=lambda: state.nodeconfig,
+        forget_flows=netlink.forget_flows,
     )
     removals = VethRemovals(netlink, checkpoint=crash)
     handler = PodHandler(

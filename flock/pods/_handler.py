@@ -328,7 +328,6 @@ class PodHandler:
             # NetworkPolicy before the pod runs: its rules and set memberships are in the kernel first.
             await self.policy.ensure(alloc)
             lap("policy")
-            await self._forget_flows(alloc)
             self.checkpoint.reached("before-commit")
             alloc = await self.store.commit(cid, now=self.clock())
             lap("store_commit")
@@ -338,21 +337,6 @@ class PodHandler:
         self.state.put_allocation(alloc)
         log.info("pod network ready", extra={"addresses": [str(a) for a in alloc.all_addresses]})
         return alloc, macs
-
-    async def _forget_flows(self, alloc: Allocation) -> None:
-        """Its UDP/SCTP hostPorts are mapped now: flows that were already going to them (to the node
-        itself, or to a pod that held the port before) would keep bypassing the mapping."""
-        ports = [(m.protocol, m.host_port) for m in alloc.port_mappings if m.protocol != "tcp"]
-        if not ports:
-            return
-        try:
-            deleted = await self.dataplane.forget_flows(ports)
-        except KernelRefused as exc:
-            # The mapping works for every new flow; only one that was already sending keeps bypassing it.
-            log.warning("could not clear conntrack for the pod's UDP/SCTP hostPorts", extra={"error": str(exc)})
-            return
-        if deleted:
-            log.info("cleared conntrack entries of flows to the pod's hostPorts", extra={"entries": deleted})
 
     async def _stored(self, container_id: str) -> Allocation | None:
         """The container's row.  Once rebuilt, the node's view holds every

@@ -20,13 +20,13 @@ import ipaddress
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import attrs
 import trio
 
-from flock.faults import PolicyNotEnforceable
+from flock.faults import Fault, PolicyNotEnforceable
 from flock.model import Allocation, NodeConfig
 from flock.nursery import Backoff
 
@@ -44,6 +44,10 @@ log = logging.getLogger("flock.policy")
 POLICY_GATE = "policy"
 WAITING_FOR_WATCHERS = "waiting for the first lists of NetworkPolicies, Namespaces and Pods"
 COUNTERS_EVERY_S = 15.0
+# New UDP/SCTP hostPorts wait this long before their conntrack entries are deleted: the kernel walks its
+# whole conntrack table for it (tens of ms on a busy node), kept out of ADD's own window, and the
+# hostPorts of pods starting together share one walk.  The pod cannot be sending yet anyway.
+FORGET_AFTER_S = 0.05
 APPLY_BACKOFF = Backoff(initial=0.2, factor=2.0, cap=30.0, jitter=0.2)
 
 
@@ -163,6 +167,13 @@ class PolicyService:
     rand: Callable[[], float] = random.random
     # This node's NodeConfig (its natOutgoing, blocks and ranges go into the same table); None: no NAT.
     nodeconfig: Callable[[], NodeConfig | None] | None = None
+    # Deletes the conntrack entries of flows to ((protocol, port), …) (flock.netlink's forget_flows): run
+    # in the background once a UDP/SCTP hostPort is in the kernel, so flows already going there (before
+    # the pod was up, or to the pod that held the port before) stop bypassing the mapping.
+    forget_flows: Callable[[tuple[tuple[str, int], ...]], Awaitable[object]] | None = None
+    forget_after: float = FORGET_AFTER_S
+    _background: trio.Nursery | None = attrs.field(init=False, default=None)
+    _to_forget: set[tuple[str, int]] = attrs.field(init=False, factory=set)  # ports waiting for the next walk
     # (engine structure, nat, hostports, the structure with both): pod churn keeps the object, so set updates stay small
     _node_rules: tuple[Ruleset, tuple[NatFamily, ...], tuple[HostPort, ...], Ruleset] | None = attrs.field(
         init=False, default=None
@@ -264,6 +275,7 @@ class PolicyService:
         if self.readiness is not None:
             self.readiness.close_gate(POLICY_GATE, WAITING_FOR_WATCHERS)
         async with trio.open_nursery() as nursery:
+            self._background = nursery
             if self.watermark is not None:
                 nursery.start_soon(self._follow_watermark)
             nursery.start_soon(self._read_counters)
@@ -344,8 +356,10 @@ class PolicyService:
         mapped = {cid: ports for cid, a in allocations.items() if a.port_mappings and (ports := hostports_of(a))}
         hostports = tuple(sorted((hp for ports in mapped.values() for hp in ports), key=HostPort.sort_key))
         change = self._with_node(self._follow(local), nat, hostports)
+        before = self._applied.ruleset.hostports if self._applied is not None else ()
         result = await self.applier.apply_change(change)
         seconds = time.perf_counter() - started
+        self._forget_new_flows(before, change.structure.hostports)
         mode = getattr(result, "mode", "full")
         structure = change.structure
         pods_by_veth = {p.host_veth: (p.namespace, p.name) for p in local if p.host_veth is not None}
@@ -378,6 +392,37 @@ class PolicyService:
                     **getattr(result, "summary", {}),
                 },
             )
+
+    def _forget_new_flows(self, before: tuple[HostPort, ...], after: tuple[HostPort, ...]) -> None:
+        """UDP/SCTP mappings that are new in the kernel: their ports' conntrack entries go (in the background)."""
+        if self.forget_flows is None or self._background is None or before == after:
+            return
+        old = set(before)
+        ports = tuple(
+            sorted(
+                {
+                    (hp.protocol.value.lower(), hp.host_port)
+                    for hp in after
+                    if hp.protocol is not L4.TCP and hp not in old
+                }
+            )
+        )
+        if ports:
+            if not self._to_forget:
+                self._background.start_soon(self._forget)
+            self._to_forget.update(ports)
+
+    async def _forget(self) -> None:
+        assert self.forget_flows is not None
+        await trio.sleep(self.forget_after)
+        ports, self._to_forget = tuple(sorted(self._to_forget)), set()
+        try:
+            deleted = await self.forget_flows(ports)
+        except (Fault, OSError) as exc:  # new flows are mapped all the same: say so, go on
+            log.warning("could not clear conntrack for new hostPorts", extra={"op": "policy", "error": str(exc)[:300]})
+            return
+        if deleted:
+            log.info("cleared conntrack entries of flows to new hostPorts", extra={"op": "policy", "entries": deleted})
 
     def _report_cluster(self) -> None:
         """Log what is new among the ClusterNetworkPolicies compiled with: rules that fail closed, and

@@ -81,7 +81,6 @@ class MemoryKernel:
     in_setup: int = 0
     most_in_setup: int = 0
     blackholes: tuple = ()
-    forgotten: list[tuple[str, int]] = attrs.field(factory=list)  # forget_flows' (protocol, port)s, in order
     own_addresses: frozenset = frozenset()  # what node_addresses() reports
     gateway6: ipaddress.IPv6Address = GATEWAY6
     gateway4: ipaddress.IPv4Address = GATEWAY4
@@ -144,11 +143,6 @@ class MemoryKernel:
     async def ensure_anycast(self, allocations: Iterable[Allocation]) -> list[str]:
         await trio.lowlevel.checkpoint()
         return []
-
-    async def forget_flows(self, ports: Iterable[tuple[str, int]]) -> int:
-        await trio.lowlevel.checkpoint()
-        self.forgotten.extend(ports)
-        return 0
 
     async def ensure_blackholes(self, cidrs: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network | None]) -> None:
         await trio.lowlevel.checkpoint()

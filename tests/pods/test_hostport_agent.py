@@ -123,7 +123,8 @@ def _run(lab: Lab, servers: list[subprocess.Popen]) -> None:
     servers.append(_serve(web0, "80/tcp", "53/udp"))
     rules = _hostport_rules(lab)
     assert "tcp . 8080 : " in rules and "udp . 5353 : " in rules, rules
-    assert _udp_from(lab.up, 40053, NODE4, 5353) == "echo"  # the same flow (source port): mapped now
+    # the same flow (source port): mapped once its entry is gone (the agent deletes it right after the DNAT is in)
+    wait_for("the old UDP flow to reach the pod", lambda: _udp_from(lab.up, 40053, NODE4, 5353) == "echo")
     reachable = [
         (lab.up, NODE4, 8080, "tcp"),  # another machine, both families
         (lab.up, NODE6, 8080, "tcp"),

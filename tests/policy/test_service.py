@@ -458,3 +458,39 @@ async def test_host_ports_are_in_the_table_before_add_returns_and_churn_keeps_th
             while svc.applied.hostports != tuple(sorted(hostports_of(podless), key=HostPort.sort_key)):  # noqa: ASYNC110
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+async def test_new_udp_and_sctp_host_ports_clear_their_flows_once_they_are_in(autojump_clock: trio.abc.Clock) -> None:
+    """After the apply that mapped them, and a moment later (off ADD's window; pods starting together share one walk)."""
+    from flock.model import PortMapping
+
+    inputs, local, applier = PolicyInputs(), MemoryLocalPods(), ScriptedApplier()
+    forgotten: list[tuple[float, tuple[tuple[str, int], ...], int]] = []
+
+    async def forget(ports: tuple[tuple[str, int], ...]) -> int:
+        forgotten.append((trio.current_time(), ports, len(applier.applied)))  # after the apply that mapped them
+        return 1
+
+    svc = service(inputs, local, applier, forget_flows=forget)
+    complete(inputs, [], [WEB])
+    web = attrs.evolve(
+        alloc("c1", "x/web", "2001:db8:1::1"),
+        port_mappings=(PortMapping(53, 53, "udp"), PortMapping(80, 80), PortMapping(9, 9, "sctp")),
+    )
+    dns = attrs.evolve(alloc("c2", "x/web", "2001:db8:1::2"), port_mappings=(PortMapping(5353, 53, "udp"),))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            local.put(web)
+            await svc.ensure(web)
+            began = trio.current_time()
+            local.put(dns)
+            await svc.ensure(dns)
+            await trio.sleep(1)
+            (when, ports, applies), *more = forgotten
+            assert not more and ports == (("sctp", 9), ("udp", 53), ("udp", 5353))  # one walk; not TCP's 80
+            assert applies >= 2 and when - began == pytest.approx(svc.forget_after, abs=0.01)
+            local.put(attrs.evolve(web, pod_uid="other"))  # a change that keeps the mappings: nothing again
+            await trio.sleep(1)
+            assert len(forgotten) == 1
+            nursery.cancel_scope.cancel()
