@@ -12,47 +12,25 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
-from stats import summary  # bench/stats.py
 
 from flock.lab import (
     CniParams,
     LabPlan,
     PluginOutcome,
     api_client,
-    down,
     exec_conflist,
     load_conflist,
     load_procs,
     netns_path,
-    up,
 )
 from flock.testing import PODS, pod_object
-
-
-def stats_ms(samples: list[float]) -> dict[str, Any]:
-    return summary(samples, scale=1000, digits=1)
-
-
-@contextlib.asynccontextmanager
-async def lab(nodes: int, agent_program: list[str] | None = None) -> AsyncIterator[LabPlan]:
-    directory = Path(tempfile.mkdtemp(prefix="flab-b-"))  # short: unix socket paths
-    plan = LabPlan.make(directory, nodes)
-    try:
-        await up(plan, agent_program=agent_program)
-        yield plan
-    finally:
-        with trio.move_on_after(60, shield=True):
-            await down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
-
+from flock.testing.benchkit import lab, stats_ms  # noqa: F401  (the lab benches import them from here)
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
 # kubelet's cgroup v1 layout, with deploy/daemonset.yaml's CPU request for flock-agent:

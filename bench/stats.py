@@ -3,26 +3,11 @@ parsing, and re-running a bench inside a fresh "node" namespace."""
 
 from __future__ import annotations
 
-import math
 import os
-import statistics
 import subprocess
 import sys
 
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def summary(samples: list[float], *, scale: float = 1.0, digits: int = 2) -> dict:
-    """``{"median", "p99", "n"}`` of *samples* multiplied by *scale* (1000: s → ms)."""
-    values = [s * scale for s in samples]
-    return {
-        "median": round(statistics.median(values), digits),
-        "p99": round(percentile(values, 0.99), digits),
-        "n": len(values),
-    }
+from flock.testing.benchkit import percentile, summary  # noqa: F401  (the benches import them from here)
 
 
 def parallel_rounds(ap, args) -> tuple[list[int], list[int]]:
