@@ -270,6 +270,15 @@ def find_daemonset(documents: Sequence[Mapping[str, Any] | None]) -> Mapping[str
     return found[0]
 
 
+def termination_grace(daemonset: Mapping[str, Any]) -> float:
+    """The pod's terminationGracePeriodSeconds (the kubelet's default, 30, when unset): how long its
+    preStop hooks and SIGTERM have before SIGKILL when the pod is deleted (a rolling update)."""
+    value = _field(daemonset, "spec.template.spec", "DaemonSet").get("terminationGracePeriodSeconds", 30)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ManifestError(f"spec.template.spec.terminationGracePeriodSeconds: a number of seconds, got {value!r}")
+    return float(value)
+
+
 def pod_runs(daemonset: Mapping[str, Any], node: NodeMapping) -> list[ContainerRun]:
     """The DaemonSet's init containers, then its containers, as started on *node*."""
     pod = _field(daemonset, "spec.template.spec", "DaemonSet")

@@ -21,6 +21,12 @@ read-only at ``/var/run/secrets/flock-lab/kubeconfig`` — where the service
 account would be — and ``--kubeconfig`` (and ``--bgp-lab-timers``, as for the
 process lab) are appended to the agent's args.
 
+The manifests are ``deploy/`` of this source tree unless ``--manifest DIR``
+names others, or ``--manifest-ref GITREF`` an earlier commit's (taken out of
+git history: :mod:`flock.lab._releases`), so an earlier release runs as it was
+deployed.  ``flock-lab upgrade`` (:mod:`flock.lab._upgrade`) later replaces
+each node's pod with another image's and manifest's, as a rolling update does.
+
 Podman runs with the lab's own storage (``<lab>/podman``) and the image
 build's storage as a read-only additional image store, so the lab never
 touches the host's global store and ``down`` removes everything it made.
@@ -40,9 +46,20 @@ import attrs
 import trio
 import yaml
 
-from flock.lab._daemonset import ContainerRun, Exec, Mount, NodeMapping, Probe, find_daemonset, pod_runs, podman_argv
+from flock.lab._daemonset import (
+    ContainerRun,
+    Exec,
+    Mount,
+    NodeMapping,
+    Probe,
+    find_daemonset,
+    pod_runs,
+    podman_argv,
+    termination_grace,
+)
 from flock.lab._nsio import NETNS_DIR, netns_path
 from flock.lab._plan import AGENT_NAMESPACE, LabPlan, NodePlan
+from flock.lab._releases import deploy_from_git
 from flock.lab._state import LabError
 from flock.lab.keeper import ProbeSpec, ProcessSpec
 
@@ -83,7 +100,7 @@ def load_manifests(deploy_dir: Path) -> list[dict[str, Any]]:
         for name in kustomization["resources"]:
             docs += [d for d in yaml.safe_load_all((deploy_dir / name).read_text()) if d]
     except (OSError, ValueError, KeyError) as exc:
-        raise LabError(f"cannot read the manifests in {deploy_dir}: {exc} (pass --deploy-dir)") from None
+        raise LabError(f"cannot read the manifests in {deploy_dir}: {exc} (pass --manifest)") from None
     return docs
 
 
@@ -234,6 +251,8 @@ def probe_spec(probe: Probe | None, plan: LabPlan, node: NodePlan, run: Containe
         timeout=probe.timeout,
         failure_threshold=probe.failure_threshold,
         success_threshold=probe.success_threshold,
+        # `podman exec` finds the container only in the lab's own storage.
+        env=None if argv is None else podman_env(plan),
     )
 
 
@@ -242,13 +261,21 @@ def process_name(node: NodePlan, run: ContainerRun) -> str:
 
 
 def container_specs(
-    plan: LabPlan, settings: ImageSettings, docs: Sequence[Mapping[str, Any]]
+    plan: LabPlan,
+    settings: ImageSettings,
+    docs: Sequence[Mapping[str, Any]],
+    nodes: Sequence[NodePlan] | None = None,
 ) -> tuple[list[ProcessSpec], list[tuple[NodePlan, ContainerRun]]]:
-    """The keeper's specs for every node's containers, and the init containers to run first."""
+    """The keeper's specs for the containers of every node's pod (or of *nodes*'), and the init
+    containers to run first.  The manifests' ConfigMaps are written (again) first."""
     config_maps = write_config_maps(plan, docs)
+    try:
+        grace = termination_grace(find_daemonset(docs))
+    except ValueError as exc:
+        raise LabError(f"deploy/daemonset.yaml: {exc}") from None
     env = podman_env(plan)
     specs, inits = [], []
-    for node in plan.nodes:
+    for node in plan.nodes if nodes is None else nodes:
         bird_dir(node).mkdir(parents=True, exist_ok=True)
         for run in lab_runs(plan, node, docs, config_maps):
             if run.init:
@@ -265,9 +292,23 @@ def container_specs(
                     None
                     if run.pre_stop is None
                     else ("podman", "exec", container_name(plan, node, run), *run.pre_stop.command),
+                    grace,
                 )
             )
     return specs, inits
+
+
+def pod_container_prefix(plan: LabPlan, node: NodePlan) -> str:
+    """What the name of every container of *node*'s pod starts with (see :func:`container_name`)."""
+    return f"flab-{plan.id}-{node.name}-"
+
+
+def is_pod_container(spec: ProcessSpec, plan: LabPlan, node: NodePlan) -> bool:
+    """Whether the keeper's *spec* runs a container of *node*'s pod."""
+    argv = list(spec.argv)
+    if argv[:2] != ["podman", "run"] or "--name" not in argv:
+        return False
+    return argv[argv.index("--name") + 1].startswith(pod_container_prefix(plan, node))
 
 
 async def check_image(plan: LabPlan, settings: ImageSettings) -> None:
@@ -355,19 +396,42 @@ def add_image_arguments(parser: Any) -> None:
         default=DEFAULT_IMAGE_DIR,
         help="scripts/build-image's directory holding the image (default $FLOCK_IMAGE_DIR or %(default)s)",
     )
+    add_manifest_arguments(parser)
+
+
+def add_manifest_arguments(parser: Any) -> None:
     parser.add_argument(
+        "--manifest",
         "--deploy-dir",
+        dest="deploy_dir",
+        metavar="DIR",
         type=Path,
         default=None,
-        help="the manifests whose DaemonSet the image lab runs (default: deploy/ of this source tree)",
+        help="the manifests (a deploy/ directory) whose DaemonSet the image lab runs (default: deploy/ of this source tree)",
+    )
+    parser.add_argument(
+        "--manifest-ref",
+        metavar="GITREF",
+        default=None,
+        help="the manifests of an earlier commit: its deploy/, taken out of this checkout's git history "
+        "(into the image directory, manifests/<commit>/deploy); instead of --manifest",
     )
 
 
 def image_settings(args: Any) -> ImageSettings | None:
     if getattr(args, "image", None) is None:
+        if getattr(args, "deploy_dir", None) is not None or getattr(args, "manifest_ref", None) is not None:
+            raise LabError("--manifest and --manifest-ref choose the manifests of an image lab: give --image too")
         return None
-    return ImageSettings(
-        args.image,
-        Path(os.path.abspath(args.image_dir)),
-        Path(os.path.abspath(args.deploy_dir or default_deploy_dir())),
-    )
+    image_dir = Path(os.path.abspath(args.image_dir))
+    return ImageSettings(args.image, image_dir, manifest_dir(args, image_dir))
+
+
+def manifest_dir(args: Any, image_dir: Path) -> Path:
+    """--manifest DIR, --manifest-ref GITREF (see :func:`flock.lab._releases.deploy_from_git`), or deploy/ here."""
+    ref = getattr(args, "manifest_ref", None)
+    if ref is not None:
+        if args.deploy_dir is not None:
+            raise LabError("--manifest and --manifest-ref: give one")
+        return deploy_from_git(ref, image_dir / "manifests")
+    return Path(os.path.abspath(args.deploy_dir or default_deploy_dir()))

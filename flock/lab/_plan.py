@@ -77,6 +77,9 @@ DEFAULT_DIR = Path("/run/flock-lab")
 AGENT_NAMESPACE = "kube-system"
 BGP_SECRET = "flock-bgp-passwords"
 BFD_INTERVAL_MS, BFD_MULTIPLIER = 100, 3
+# How the fabric's BGP sessions take BFD going down: "mixed", node1's port restart-safe and the others
+# failing fast (NodePlan.fabric_bfd); "graceful", every port restart-safe (a rolling upgrade's fabric).
+FABRIC_BFD_MODES = ("mixed", "graceful")
 # What a node serves on its own addresses (TCP and UDP, IPv6 and IPv4), as the model's pods do.
 NODE_PORTS = ("80/TCP", "81/TCP", "80/UDP", "81/UDP")
 NODE_LABELS = ("kubernetes.io/hostname", "kubernetes.io/os")
@@ -109,6 +112,7 @@ class NodePlan:
     cidr6: ipaddress.IPv6Network
     cidr4: ipaddress.IPv4Network
     fabric_port: str  # the uplink's peer, a bridge port in the fabric namespace
+    restart_safe: bool = False  # the fabric's port treats BFD going down as a restart (see fabric_bfd)
 
     @property
     def socket(self) -> Path:
@@ -149,9 +153,11 @@ class NodePlan:
         the node is back or restartTime passes); the other nodes' ports fail
         fast ("on": a BFD failure withdraws at once, and a BIRD restart flaps
         the node's routes for the second it takes). Both are what a ToR
-        offers; the lab shows each.
+        offers; the lab shows each.  ``up --fabric-bfd graceful`` makes every
+        port restart-safe, as a fabric must be for a rolling upgrade to lose
+        nothing (``flock-lab upgrade``).
         """
-        return "graceful" if self.index == 1 else "on"
+        return "graceful" if self.index == 1 or self.restart_safe else "on"
 
     @property
     def bgp_password(self) -> str:
@@ -232,15 +238,24 @@ class LabPlan:
     nodes: tuple[NodePlan, ...]
     uplink_mtu: int = DEFAULT_MTU  # every fabric link's MTU (what the agents detect)
     internet: bool = False  # an "internet" namespace behind the fabric
+    fabric_bfd: str = "mixed"  # FABRIC_BFD_MODES: which fabric ports are restart-safe (NodePlan.fabric_bfd)
 
     @classmethod
     def make(
-        cls, directory: Path, node_count: int, *, uplink_mtu: int = DEFAULT_MTU, internet: bool = False
+        cls,
+        directory: Path,
+        node_count: int,
+        *,
+        uplink_mtu: int = DEFAULT_MTU,
+        internet: bool = False,
+        fabric_bfd: str = "mixed",
     ) -> LabPlan:
         if not 1 <= node_count <= MAX_NODES:
             raise ValueError(
                 f"--nodes {node_count}: expected 1..{MAX_NODES} (one /26 of the documentation ranges each)"
             )
+        if fabric_bfd not in FABRIC_BFD_MODES:
+            raise ValueError(f"--fabric-bfd {fabric_bfd}: expected one of {', '.join(FABRIC_BFD_MODES)}")
         if not MIN_MTU <= uplink_mtu <= MAX_MTU:
             raise ValueError(f"--mtu {uplink_mtu}: expected {MIN_MTU}..{MAX_MTU} (what a NodeConfig's spec.mtu takes)")
         directory = Path(os.path.abspath(directory))
@@ -260,9 +275,10 @@ class LabPlan:
                     cidr6=ipaddress.IPv6Network(f"2001:db8:0:{i:x}::/64"),
                     cidr4=ipaddress.IPv4Network(f"{base4}/26"),
                     fabric_port=f"n{i}",
+                    restart_safe=fabric_bfd == "graceful",
                 )
             )
-        return cls(directory, ident, tuple(nodes), uplink_mtu, internet)
+        return cls(directory, ident, tuple(nodes), uplink_mtu, internet, fabric_bfd)
 
     @property
     def fabric_netns(self) -> str:

@@ -38,6 +38,7 @@ class LabState:
             "namespaces": self.plan.namespaces,
             "uplink_mtu": self.plan.uplink_mtu,
             "internet": self.plan.internet,
+            "fabric_bfd": self.plan.fabric_bfd,
             "dir_created": self.dir_created,
             "keeper": None if self.keeper is None else attrs.asdict(self.keeper),
             "phase": self.phase,
@@ -52,6 +53,7 @@ class LabState:
             len(obj["nodes"]),
             uplink_mtu=obj.get("uplink_mtu", DEFAULT_MTU),
             internet=bool(obj.get("internet")),
+            fabric_bfd=obj.get("fabric_bfd", "mixed"),
         )
         keeper = obj.get("keeper")
         return cls(

@@ -13,15 +13,25 @@ from typing import Any
 import trio
 
 from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
-from flock.lab._image import add_image_arguments, image_settings
+from flock.lab._image import DEFAULT_IMAGE_DIR, add_image_arguments, add_manifest_arguments, image_settings
 from flock.lab._lifecycle import down, host_kubeconfig, up
-from flock.lab._plan import DEFAULT_DIR, DEFAULT_MTU, INTERNET4, INTERNET6, MAX_MTU, MIN_MTU, LabPlan
+from flock.lab._plan import (
+    DEFAULT_DIR,
+    DEFAULT_MTU,
+    FABRIC_BFD_MODES,
+    INTERNET4,
+    INTERNET6,
+    MAX_MTU,
+    MIN_MTU,
+    LabPlan,
+)
 from flock.lab._pods import LabPod, load_pods, parse_annotations, parse_labels, pod_add, pod_check, pod_del
 from flock.lab._policy_cli import add_commands as add_policy_commands
 from flock.lab._policy_cli import run_command as run_policy_command
 from flock.lab._ports import PortSpec
 from flock.lab._state import LabError, require_state
 from flock.lab._status import status, status_text
+from flock.lab._upgrade import upgrade
 
 ANYCAST_WAIT_S = 15.0
 
@@ -74,7 +84,31 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"an internet namespace behind the fabric ({INTERNET6}, {INTERNET4}) routing back to the nodes only: "
         "pods reach it through natOutgoing (`flock-lab probe NS/POD internet 80/TCP --family 4`)",
     )
+    s.add_argument(
+        "--fabric-bfd",
+        choices=FABRIC_BFD_MODES,
+        default="mixed",
+        help="how the fabric's sessions take BFD going down: mixed (default), node1's port as a graceful "
+        "restart and the others' withdrawing at once; graceful, every port (what a rolling upgrade needs)",
+    )
     add_image_arguments(s)
+    s = sub.add_parser(
+        "upgrade",
+        parents=[common],
+        help="roll an image lab's DaemonSet to another image and manifest, node by node, as RollingUpdate "
+        "with maxUnavailable 1 does (preStop, SIGTERM, init containers, readiness gates the next node)",
+    )
+    s.add_argument("--image", metavar="REF", required=True, help="the new image (in the lab's image directory)")
+    s.add_argument(
+        "--image-dir",
+        type=Path,
+        default=None,
+        help="scripts/build-image's directory holding the image (default: the one the lab was started with)",
+    )
+    add_manifest_arguments(s)
+    s.add_argument(
+        "--node", action="append", default=[], metavar="NODE", help="only these nodes, in this order (default: all)"
+    )
     sub.add_parser(
         "down", parents=[common], help="stop every lab process, remove every namespace and file (safe to repeat)"
     )
@@ -177,10 +211,31 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0 if doc["check"]["ok"] else 1
 
 
+async def _upgrade(args: argparse.Namespace) -> int:
+    state = require_state(args.dir)
+    if args.image_dir is None:
+        args.image_dir = Path((state.image or {}).get("image_dir", DEFAULT_IMAGE_DIR))
+    settings = image_settings(args)
+    assert settings is not None  # --image is required
+    doc = await upgrade(args.dir, settings, _reporter(), args.node or None)
+    lines = [f"rolled to {doc['image']} (manifests {doc['manifest']}) in {doc['seconds']:.1f} s"]
+    for node in doc["nodes"]:
+        bgp = "-" if node["bgp_s"] is None else f"{node['bgp_s']:.1f}"
+        lines.append(
+            f"  {node['node']}: not ready {node['not_ready_s']:.1f} s "
+            f"(stopped {node['stopped_s']:.1f}, init {node['init_s']:.1f}, agent ready {node['agent_ready_s']:.1f}, "
+            f"BGP {bgp})"
+        )
+    _out(args, doc, "\n".join(lines))
+    return 0
+
+
 async def run(args: argparse.Namespace) -> int:
     report = _reporter()
     if args.command == "up":
-        plan = LabPlan.make(args.dir, args.nodes, uplink_mtu=args.mtu, internet=args.internet)
+        plan = LabPlan.make(
+            args.dir, args.nodes, uplink_mtu=args.mtu, internet=args.internet, fabric_bfd=args.fabric_bfd
+        )
         state = await up(plan, report, image_settings(args))
         doc = await status(state)
         _out(args, doc, status_text(doc))
@@ -195,6 +250,8 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "demo":
         return await _demo(args)
+    if args.command == "upgrade":
+        return await _upgrade(args)
     if (code := await run_policy_command(args)) is not None:
         return code
     state = require_state(args.dir)

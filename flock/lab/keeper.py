@@ -10,12 +10,21 @@ backoff (0.5 s doubling to 5 s), as a kubelet restarts a container, and its
 restart count goes up; nothing else is retried.  A process with probes (the
 image lab's containers, see :class:`ProbeSpec`) is polled as a kubelet polls
 a container: readiness is recorded, and ``failure_threshold`` failed liveness
-probes in a row terminate it, so it is restarted like a crashed one.  SIGTERM stops the lab: every
-process gets SIGTERM (last started first), those still there after
-``STOP_GRACE_S`` get SIGKILL, and each is reaped before the keeper exits 0.
+probes in a row terminate it, so it is restarted like a crashed one.  SIGTERM stops the lab: the
+``preStop`` hooks run (within ``STOP_GRACE_S``), every process gets SIGTERM
+(last started first), those still there when the grace is over get SIGKILL,
+and each is reaped before the keeper exits 0.
+
+SIGHUP makes the keeper read the spec file again and reconcile, as a kubelet
+does when a pod is replaced (``flock-lab upgrade``): the processes no longer
+in it, or whose spec changed, are stopped together (their ``preStop`` hooks,
+SIGTERM, SIGKILL after the spec's ``grace``: the pod's
+terminationGracePeriodSeconds), then the new ones are started.  The spec's
+``generation`` is what the status file says was applied once that is done.
 
 The status file (``procs.json`` next to the spec, replaced atomically after
 every change) holds ``{"keeper": {pid, start_time}, "stopping": bool,
+"generation": int, "reload_error": str | None,
 "processes": {name: {pid, start_time, restarts, running, ready, argv, log}}}``
 (``ready``: the readiness probe's verdict, None without one).
 """
@@ -38,6 +47,8 @@ from flock.lab._nsio import http_in
 from flock.lab._procs import proc_ref
 
 STOP_GRACE_S = 8.0
+# A kubelet gives a container whose preStop hook used up the grace period this much more after SIGTERM.
+MIN_TERM_GRACE_S = 2.0
 RESTART_DELAY_S = 0.5
 RESTART_DELAY_MAX_S = 5.0
 
@@ -45,7 +56,8 @@ RESTART_DELAY_MAX_S = 5.0
 @attrs.frozen
 class ProbeSpec:
     """A kubelet probe: an HTTP GET from inside *netns* (2xx/3xx passes) or a
-    command (exit 0 passes), every *period* seconds after *initial_delay*."""
+    command (exit 0 passes, run with *env* when given: the image lab's ``podman
+    exec`` needs the lab's podman settings), every *period* seconds after *initial_delay*."""
 
     http: tuple[str, str, int, str] | None = None  # (netns, host, port, path)
     argv: tuple[str, ...] | None = None
@@ -54,6 +66,7 @@ class ProbeSpec:
     timeout: float = 1.0
     failure_threshold: int = 3
     success_threshold: int = 1
+    env: dict[str, str] | None = attrs.field(default=None, hash=False)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any] | None) -> ProbeSpec | None:
@@ -80,7 +93,12 @@ class ProbeSpec:
                 return 200 <= status < 400
             if self.argv is not None:
                 proc = await trio.run_process(
-                    list(self.argv), stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False
+                    list(self.argv),
+                    stdin=subprocess.DEVNULL,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                    env=self.env,
                 )
                 return proc.returncode == 0
         return False
@@ -94,7 +112,10 @@ class ProcessSpec:
     env: dict[str, str] | None = attrs.field(default=None, hash=False)
     liveness: ProbeSpec | None = None
     readiness: ProbeSpec | None = None
-    pre_stop: tuple[str, ...] | None = None  # run to completion (bounded by the grace) before SIGTERM
+    pre_stop: tuple[str, ...] | None = None  # run (with env) to completion, bounded by the grace, before SIGTERM
+    # When it is stopped on its own (a reload): preStop and SIGTERM within this many seconds, as
+    # terminationGracePeriodSeconds; None: the keeper's stop_grace.  Stopping the lab uses stop_grace.
+    grace: float | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ProcessSpec:
@@ -106,6 +127,7 @@ class ProcessSpec:
             ProbeSpec.from_json(obj.get("liveness")),
             ProbeSpec.from_json(obj.get("readiness")),
             None if obj.get("pre_stop") is None else tuple(obj["pre_stop"]),
+            obj.get("grace"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -117,6 +139,7 @@ class ProcessSpec:
             "liveness": None if self.liveness is None else self.liveness.to_json(),
             "readiness": None if self.readiness is None else self.readiness.to_json(),
             "pre_stop": None if self.pre_stop is None else list(self.pre_stop),
+            "grace": self.grace,
         }
 
 
@@ -125,25 +148,38 @@ class Keeper:
     specs: tuple[ProcessSpec, ...]
     status_file: Path
     stop_grace: float = STOP_GRACE_S
+    spec_file: Path | None = None  # what SIGHUP reads again (None: SIGHUP does nothing)
+    generation: int = 0  # the spec's generation, as applied
     _stop_requested: trio.Event = attrs.field(init=False, factory=trio.Event)
     _procs: dict[str, trio.Process] = attrs.field(init=False, factory=dict)
     _restarts: dict[str, int] = attrs.field(init=False, factory=dict)
     _ready: dict[str, bool] = attrs.field(init=False, factory=dict)
     _stopping: bool = attrs.field(init=False, default=False)
+    _retiring: set[str] = attrs.field(init=False, factory=set)  # being stopped on their own: not restarted
+    _done: dict[str, trio.Event] = attrs.field(init=False, factory=dict)  # set when a process's task has ended
+    _scopes: dict[str, trio.CancelScope] = attrs.field(init=False, factory=dict)  # each process's task
+    _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)  # one reconcile or stop at a time
+    _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
+    _reload_error: str | None = attrs.field(init=False, default=None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every process, keep them running until SIGTERM/SIGINT or :meth:`request_stop`,
-        then stop and reap them all."""
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        then stop and reap them all.  SIGHUP: :meth:`reload`."""
+        with (
+            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals,
+            trio.open_signal_receiver(signal.SIGHUP) as hangups,
+        ):
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 for spec in self.specs:
                     await nursery.start(self._keep, spec)
                 self._write_status()
                 nursery.start_soon(self._stop_on_signal, signals)
+                nursery.start_soon(self._reload_on_signal, hangups)
                 task_status.started()
                 await self._stop_requested.wait()
                 await self._stop_all()
-                nursery.cancel_scope.cancel()  # the signal watcher
+                nursery.cancel_scope.cancel()  # the signal watchers
 
     def request_stop(self) -> None:
         self._stop_requested.set()
@@ -157,7 +193,56 @@ class Keeper:
             self.request_stop()
             return
 
+    async def _reload_on_signal(self, hangups: AsyncIterator[int]) -> None:
+        async for _ in hangups:
+            if self.spec_file is None:
+                continue
+            try:
+                generation, specs = load_spec_file(self.spec_file)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                self._reload_error = f"cannot read {self.spec_file}: {exc}"
+                print(json.dumps({"event": "reload-failed", "error": self._reload_error}), flush=True)
+                self._write_status()
+                continue
+            await self.reconcile(specs, generation)
+
+    async def reconcile(self, specs: tuple[ProcessSpec, ...], generation: int) -> None:
+        """Stop what is gone or changed (together, as a pod is deleted), then start what is new or
+        changed (in the spec's order); the status file then says *generation*."""
+        async with self._lock:
+            if self._stopping or self._nursery is None:
+                return
+            old = {s.name: s for s in self.specs}
+            new = {s.name: s for s in specs}
+            going = [name for name, spec in old.items() if new.get(name) != spec]
+            print(
+                json.dumps({"event": "reload", "generation": generation, "stop": going, "start": sorted(new)}),
+                flush=True,
+            )
+            if going:
+                graces = [old[n].grace for n in going]
+                grace = max((g for g in graces if g is not None), default=self.stop_grace)
+                await self._stop_names(going, grace)
+            self.specs = tuple(specs)
+            for spec in specs:
+                if spec.name not in old or spec.name in going:
+                    await self._nursery.start(self._keep, spec)
+            self.generation = generation
+            self._reload_error = None
+            self._write_status()
+
     async def _keep(self, spec: ProcessSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        done = self._done[spec.name] = trio.Event()
+        try:
+            with trio.CancelScope() as self._scopes[spec.name]:
+                await self._keep_running(spec, task_status)
+        finally:
+            done.set()
+
+    def _ending(self, name: str) -> bool:
+        return self._stopping or name in self._retiring
+
+    async def _keep_running(self, spec: ProcessSpec, task_status: trio.TaskStatus[None]) -> None:
         delay = RESTART_DELAY_S
         self._restarts[spec.name] = 0
         while True:
@@ -179,12 +264,12 @@ class Keeper:
                 probes.cancel_scope.cancel()
             self._ready.pop(spec.name, None)
             self._write_status()
-            if self._stopping:
+            if self._ending(spec.name):
                 return
             print(json.dumps({"event": "exited", "name": spec.name, "pid": proc.pid, "status": status}), flush=True)
             await trio.sleep(delay)
             delay = min(delay * 2, RESTART_DELAY_MAX_S)
-            if self._stopping:
+            if self._ending(spec.name):
                 return
             self._restarts[spec.name] += 1
 
@@ -220,25 +305,35 @@ class Keeper:
                 return
             await trio.sleep(probe.period)
 
-    async def _run_hook(self, argv: tuple[str, ...]) -> None:
+    async def _run_hook(self, argv: tuple[str, ...], env: dict[str, str] | None) -> None:
         proc = await trio.run_process(
-            list(argv), stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False
+            list(argv), stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False, env=env
         )
-        print(json.dumps({"event": "pre-stop", "argv": list(argv), "status": proc.returncode}), flush=True)
+        # A hook that stops its own container (BIRD's `graceful restart`) often ends with the exec's
+        # "container has already been removed" rather than 0: the output says what it did.
+        output = (proc.stdout + proc.stderr).decode(errors="replace")[-500:]
+        print(
+            json.dumps({"event": "pre-stop", "argv": list(argv), "status": proc.returncode, "output": output}),
+            flush=True,
+        )
 
-    async def _stop_all(self) -> None:
-        self._stopping = True
-        self._write_status()
-        procs = [p for p in reversed(list(self._procs.values())) if p.returncode is None]
-        hooks = [s.pre_stop for s in self.specs if s.pre_stop is not None and s.name in self._procs]
-        with trio.move_on_after(self.stop_grace):
-            # As a kubelet runs preStop hooks: before the signal, within the grace period.
+    async def _stop_names(self, names: list[str], grace: float) -> None:
+        """As a kubelet stops a pod's containers: every preStop hook (concurrently), then
+        SIGTERM (last started first), SIGKILL for what is left when *grace* is over (at
+        least ``MIN_TERM_GRACE_S`` after the signal); each is reaped and forgotten."""
+        self._retiring.update(names)
+        deadline = trio.current_time() + grace
+        running = [n for n in names if n in self._procs and self._procs[n].returncode is None]
+        hooks = [(s.pre_stop, s.env) for s in self.specs if s.name in running and s.pre_stop is not None]
+        with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
-                for argv in hooks:
-                    nursery.start_soon(self._run_hook, argv)
+                for argv, env in hooks:
+                    nursery.start_soon(self._run_hook, argv, env)
+        procs = [self._procs[n] for n in reversed(list(self._procs)) if n in names]
         for proc in procs:
-            proc.terminate()
-        with trio.move_on_after(self.stop_grace):
+            if proc.returncode is None:
+                proc.terminate()
+        with trio.move_on_at(max(deadline, trio.current_time() + MIN_TERM_GRACE_S)):
             for proc in procs:
                 await proc.wait()
         for proc in procs:
@@ -246,13 +341,37 @@ class Keeper:
                 print(json.dumps({"event": "killed", "pid": proc.pid}), flush=True)
                 proc.kill()
                 await proc.wait()
+        if not self._stopping:
+            # Their tasks may be waiting to restart a process that had exited: end them, and
+            # anything one started meanwhile.
+            for name in names:
+                if name in self._scopes:
+                    self._scopes[name].cancel()
+                if name in self._done:
+                    await self._done[name].wait()
+                late = self._procs.get(name)
+                if late is not None and late.returncode is None:
+                    late.kill()
+                    await late.wait()
+            for name in names:
+                for table in (self._procs, self._restarts, self._ready, self._done, self._scopes):
+                    table.pop(name, None)
+                self._retiring.discard(name)
         self._write_status()
+
+    async def _stop_all(self) -> None:
+        async with self._lock:
+            self._stopping = True
+            self._write_status()
+            await self._stop_names(list(self._procs), self.stop_grace)
 
     def _write_status(self) -> None:
         me = proc_ref(os.getpid())
         doc = {
             "keeper": {"pid": os.getpid(), "start_time": me.start_time if me else 0},
             "stopping": self._stopping,
+            "generation": self.generation,
+            "reload_error": self._reload_error,
             "processes": {
                 spec.name: {
                     "pid": self._procs[spec.name].pid,
@@ -272,14 +391,20 @@ class Keeper:
         os.replace(tmp, self.status_file)
 
 
+def load_spec_file(spec_file: Path) -> tuple[int, tuple[ProcessSpec, ...]]:
+    """The spec file's generation (0 when it has none) and processes."""
+    doc = json.loads(spec_file.read_text())
+    return int(doc.get("generation", 0)), tuple(ProcessSpec.from_json(p) for p in doc["processes"])
+
+
 def load_specs(spec_file: Path) -> tuple[ProcessSpec, ...]:
-    return tuple(ProcessSpec.from_json(p) for p in json.loads(spec_file.read_text())["processes"])
+    return load_spec_file(spec_file)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flock.lab.keeper SPEC STATUS LOG``: fork, print the keeper's PID, return."""
     spec_file, status_file, log_file = (Path(a) for a in (argv if argv is not None else sys.argv[1:]))
-    specs = load_specs(spec_file)
+    generation, specs = load_spec_file(spec_file)
     pid = os.fork()
     if pid:
         print(pid, flush=True)
@@ -292,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(fd, 2)
     os.close(fd)
     os.close(null)
-    trio.run(Keeper(specs, status_file).run)
+    trio.run(Keeper(specs, status_file, spec_file=spec_file, generation=generation).run)
     sys.stdout.flush()
     os._exit(0)  # the forked child must not run the parent's exit handlers
 

@@ -2,7 +2,8 @@
 
 scripts/build-image builds deploy/Dockerfile into a fixed cache directory
 (``$FLOCK_IMAGE_TEST_DIR`` or /var/cache/flock-image-build, so a re-run reuses
-the base rootfs, the wheels and every unchanged layer); the labs run the
+the base rootfs, the wheels and every unchanged layer; the ``image`` fixture of
+conftest.py, shared with the upgrade drill); the labs run the
 DaemonSet's pod from it under podman, as ``flock-lab up --image`` does, and
 must leave nothing behind.  Removing any one capability the DaemonSet grants
 must break the lab: that is the proof the set is minimal.
@@ -16,7 +17,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,72 +29,50 @@ from flock.lab._image import ImageSettings
 from flock.lab._lifecycle import lab_namespaces
 from flock.lab._pods import parse_annotations
 from flock.lab._state import load_procs
+from flock.lab.keeper import load_specs
 
 pytestmark = pytest.mark.image
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_DIR = Path(os.environ.get("FLOCK_IMAGE_TEST_DIR", "/var/cache/flock-image-build"))
-TAG = "flock:image-test"
-BUILD_TIMEOUT_S = 1200
 # The image's whole content, budgeted: bookworm-slim (78 MiB) + python3, bird2, iproute2 + flock's venv.
 MAX_SIZE_MIB = 260
 
 
-@pytest.fixture(scope="module")
-def image() -> Iterator[dict[str, Any]]:
-    if os.geteuid() != 0:
-        pytest.fail("the image tests need root (mmdebstrap, rootful podman, network namespaces); CI runs as root")
-    for tool in ("podman", "runc", "mmdebstrap", "bird", "birdc"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found: run scripts/bootstrap (it installs podman, runc, mmdebstrap, bird2)")
-    out = subprocess.run(
-        [str(REPO / "scripts/build-image"), "--tag", TAG, "--dir", str(IMAGE_DIR), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-    )
-    assert out.returncode == 0, f"scripts/build-image failed:\n{out.stderr[-4000:]}"
-    yield json.loads(out.stdout)
-
-
-def podman(*args: str) -> subprocess.CompletedProcess[str]:
+def podman(image: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    """podman with the image build's storage."""
     env = {
-        "CONTAINERS_CONF": str(IMAGE_DIR / "containers.conf"),
-        "CONTAINERS_STORAGE_CONF": str(IMAGE_DIR / "storage.conf"),
+        "CONTAINERS_CONF": image["containers_conf"],
+        "CONTAINERS_STORAGE_CONF": image["storage_conf"],
         "PATH": os.environ["PATH"],
     }
     return subprocess.run(["podman", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-def in_image(script: str) -> subprocess.CompletedProcess[str]:
-    return podman("run", "--rm", "--network", "none", "--entrypoint", "sh", TAG, "-c", script)
+def in_image(image: dict[str, Any], script: str) -> subprocess.CompletedProcess[str]:
+    return podman(image, "run", "--rm", "--network", "none", "--entrypoint", "sh", image["image"], "-c", script)
 
 
 def test_the_image_is_small_and_holds_flock_bird_and_nothing_to_build_with(image):
-    assert image["image"] == TAG
+    assert image["image"] == "flock:image-test"
     assert image["size"] < MAX_SIZE_MIB * 2**20, f"image is {image['size'] / 2**20:.1f} MiB"
     scripts = ["flock-agent", "flock-install-cni", "flock"]
     if "flockctl" in (REPO / "pyproject.toml").read_text():
         scripts.append("flockctl")
     probe = in_image(
-        " && ".join(f"command -v {s}" for s in scripts) + " && bird --version && python3 -c 'import flock.agent'"
+        image, " && ".join(f"command -v {s}" for s in scripts) + " && bird --version && python3 -c 'import flock.agent'"
     )
     assert probe.returncode == 0, probe.stderr
     absent = in_image(
+        image,
         "for x in gcc cc make /opt/flock/bin/pip /root/.cache/pip /src/tests; do"
         " if command -v $x >/dev/null || [ -e $x ]; then echo $x; fi; done;"
-        " find /opt/flock/lib -type d \\( -name tests -o -name _tests \\) | head -3"
+        " find /opt/flock/lib -type d \\( -name tests -o -name _tests \\) | head -3",
     )
     assert absent.returncode == 0 and absent.stdout.strip() == "", absent.stdout
 
 
-def test_a_second_build_reuses_the_cache_and_gives_the_same_image(image):
-    out = subprocess.run(
-        [str(REPO / "scripts/build-image"), "--tag", TAG, "--dir", str(IMAGE_DIR), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-    )
+def test_a_second_build_reuses_the_cache_and_gives_the_same_image(image, build_image):
+    out = build_image("--tag", image["image"])
     assert out.returncode == 0, out.stderr[-4000:]
     again = json.loads(out.stdout)
     assert again["id"] == image["id"]  # same sources, same wheels: every layer reused
@@ -123,7 +101,7 @@ PODS = (
 
 async def test_two_node_image_lab_serves_pods_through_the_installed_shim_and_leaves_nothing(image):
     plan = LabPlan.make(_lab_dir("flab-i-"), 2)
-    settings = ImageSettings(TAG, IMAGE_DIR, REPO / "deploy")
+    settings = ImageSettings(image["image"], Path(image["dir"]), REPO / "deploy")
     try:
         with trio.fail_after(240):
             await up(plan, image=settings)
@@ -131,6 +109,12 @@ async def test_two_node_image_lab_serves_pods_through_the_installed_shim_and_lea
             # The keeper polled the DaemonSet's readiness probe: both agents ready.
             assert procs["agent-node1"]["ready"] is True and procs["agent-node2"]["ready"] is True
             assert procs["agent-node1"]["argv"][:2] == ["podman", "run"]
+            # Every probe the keeper polls passes as it runs them (an exec probe is a `podman exec`,
+            # which finds the container only with the lab's podman settings).
+            for spec in load_specs(plan.dir / "spec.json"):
+                for probe in (spec.liveness, spec.readiness):
+                    if probe is not None:
+                        assert await probe.passes(), (spec.name, probe)
             # The installer ran in its init container: shim and conflist on each node.
             for node in plan.nodes:
                 assert (node.cni_bin / "flock").is_file()
@@ -179,7 +163,7 @@ async def test_every_granted_capability_is_needed(image, monkeypatch, tmp_path, 
     try:
         with trio.fail_after(180):
             try:
-                await up(plan, image=ImageSettings(TAG, IMAGE_DIR, deploy))
+                await up(plan, image=ImageSettings(image["image"], Path(image["dir"]), deploy))
                 await pod_add(plan, "node1", "default/a", {})
                 await pod_add(plan, "node2", "default/b", {})
                 failed_at = "reachability"
