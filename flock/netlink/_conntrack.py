@@ -15,19 +15,26 @@ from collections.abc import Iterable
 PROTOCOLS = {"udp": socket.IPPROTO_UDP, "sctp": socket.IPPROTO_SCTP}
 
 
-def forget(ports: Iterable[tuple[str, int]]) -> int:
+def forget(ports: Iterable[tuple[str, int]], *, every_port: str | None = None) -> int:
     """Delete every entry whose original direction goes to one of *ports* ((protocol, port), udp or
-    sctp), any address, both families; how many were deleted."""
+    sctp), any address, both families; how many were deleted.  *every_port* ("udp", "sctp"): every
+    entry of that protocol instead (test labs, between cases)."""
     from pyroute2 import Conntrack
     from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-    wanted = sorted({(PROTOCOLS[p], port) for p, port in ports if p in PROTOCOLS})
+    wanted: list[tuple[int, int | None]] = sorted({(PROTOCOLS[p], port) for p, port in ports if p in PROTOCOLS})
+    if every_port is not None:
+        wanted = [(PROTOCOLS[every_port], None)]
     deleted = 0
     for family in (socket.AF_INET, socket.AF_INET6):
         ct = Conntrack(nfgen_family=family)
         try:
             for proto, port in wanted:
-                match = NFCTAttrTuple(family=family, proto=proto, dport=port)
+                match = (
+                    NFCTAttrTuple(family=family, proto=proto)
+                    if port is None
+                    else NFCTAttrTuple(family=family, proto=proto, dport=port)
+                )
                 for entry in list(ct.dump_entries(tuple_orig=match)):
                     try:
                         ct.delete(entry)

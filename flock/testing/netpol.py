@@ -23,6 +23,7 @@ model in it: what tests/lab's ``netpol`` stage shares.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -39,6 +40,8 @@ import yaml
 
 from flock.lab import LabPlan, load_pods
 from flock.lab.cli import main
+from flock.netlink._conntrack import forget
+from flock.netlink._nsenter import run_in_netns
 
 
 @attrs.frozen
@@ -220,12 +223,21 @@ class Lab:
         assert json.loads(out)["ok"], out
 
     def matrix(self, ports: Sequence[str], family: int = 6, targets: Sequence[str] = ()) -> list[dict[str, Any]]:
+        self.forget_udp_flows()
         args = ["matrix", "--json", "--family", str(family)]
         for p in ports:
             args += ["--port", p]
         for t in targets:
             args += ["--to", t]
         return json.loads(self.ok(*args))["results"]
+
+    def forget_udp_flows(self) -> None:
+        """Delete the nodes' UDP conntrack entries.  flock keeps flows that are established when a policy
+        changes (as Calico and Cilium do); a matrix asks what *new* flows meet, and a UDP probe whose
+        source port happens to repeat an earlier case's allowed flow within the entry's lifetime
+        (120 s) would ride it.  TCP probes never do: each one is a new connection."""
+        for node in self.plan.nodes:
+            run_in_netns(f"/run/netns/{node.netns}", functools.partial(forget, (), every_port="udp"))
 
     def check(self, want: Reachability, ports: Sequence[str] = ("80/TCP",), family: int = 6) -> None:
         """Measure *want*'s table (pods to pods, or to ``want.targets``) and compare."""
