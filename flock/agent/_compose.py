@@ -19,6 +19,7 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   ├── policy-watchers     NetworkPolicy, Namespace, ClusterNetworkPolicy, Node while needed (cluster-wide) → PolicyInputs
     │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
+    ├── policy-log              the kernel's log of policy drops (nflog) → a line per denied flow, counters
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
     └── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
 
@@ -55,6 +56,7 @@ from flock.netlink import ROUTE_PROTOCOL, NetlinkWorker
 from flock.nursery import ChildSpec, Restart
 from flock.pods import ADD_GATE, PENDING_DELETES, AllocationStore, NodeBringUp, PodHandler, VethRemovals
 from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService, default_backend
+from flock.policy._denylog import DENY_LOG_GROUP, DenyLogService, nflog_socket
 from flock.rpc import Request
 from flock.rpc.server import RpcServer, SocketInUse
 from flock.state import Gate, NodeState
@@ -102,6 +104,7 @@ def compose(
     policy_inputs = PolicyInputs()
     policy_link = PolicyLink(policy_inputs)
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)
+    policy_metrics = PolicyMetrics(metrics.registry)
     policy = PolicyService(
         inputs=policy_inputs,
         local=state,
@@ -111,9 +114,18 @@ def compose(
         host_ifname=netlink.host_ifname,
         readiness=state,
         watermark=policy_link,
-        metrics=PolicyMetrics(metrics.registry),
+        metrics=policy_metrics,
         nodeconfig=lambda: state.nodeconfig,
         forget_flows=netlink.forget_flows,
+    )
+    # Off until a Namespace asks for it (annotation flock.fritzlab.net/log-denied): then the kernel logs
+    # that namespace's pods' drops to the group, and this reads them, in the node's namespace.
+    denied_log = DenyLogService(
+        rules=policy,
+        local=state,
+        inputs=policy_inputs,
+        counters=policy_metrics.denied,
+        open_socket=functools.partial(nflog_socket, DENY_LOG_GROUP, settings.host_netns),
     )
     removals = VethRemovals(netlink, checkpoint=crash)
     handler = PodHandler(
@@ -177,6 +189,7 @@ def compose(
         ChildSpec("admin", admin.run, fatal=(SocketInUse,)),
         ChildSpec("api", api.run),
         ChildSpec("policy", policy.run),
+        ChildSpec("policy-log", denied_log.run),
     ]
     if settings.bird:
         reloader = BirdReloader(

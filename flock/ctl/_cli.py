@@ -5,7 +5,9 @@ also reads the API server itself (``--kubeconfig`` or in-cluster).
 
 Exit codes: 0 ok; 1 problems found (check), refused (release), node not
 ready (status), nothing matched (pods with a filter), BGP not established or
-BIRD unreachable (bgp); 2 usage error or the agent unreachable.
+BIRD unreachable (bgp); 2 usage error or the agent unreachable.  ``policy
+explain``: 0 allowed, 1 denied, 2 cannot tell (why is printed), a usage error
+or the agent unreachable.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from flock.policy import Explanation, Party, Query, Verdict, explanation_text
 
 from ._protocol import DEFAULT_ADMIN_SOCKET, AdminRefused, AdminUnreachable, ask
 
@@ -341,6 +345,32 @@ def cmd_bgp(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     return out, "\n".join(lines), EXIT_PROBLEMS if down else EXIT_OK
 
 
+def port_protocol(text: str) -> tuple[int, str]:
+    """``80/TCP``, ``53/udp``, ``3868/SCTP``; a bare port is TCP (as a NetworkPolicy port's default)."""
+    port, _, protocol = text.partition("/")
+    protocol = protocol.upper() or "TCP"
+    if not port.isdigit() or not 1 <= int(port) <= 65535 or protocol not in ("TCP", "UDP", "SCTP"):
+        raise argparse.ArgumentTypeError(f"{text[:32]!r}: expected PORT/PROTO (80/TCP, 53/UDP, 3868/SCTP)")
+    return int(port), protocol
+
+
+def cmd_policy_explain(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    port, protocol = args.port
+    try:
+        query = Query.parse(args.source, args.destination, port, protocol, args.family)
+    except ValueError as exc:  # a usage error, as argparse's: exit 2
+        print(f"flockctl policy explain: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_UNREACHABLE) from None
+    fields: dict[str, Any] = {"from": query.source, "to": query.destination, "family": query.family}
+    try:
+        out = ask(args.socket, "policy-explain", port=port, protocol=protocol, **fields)
+    except AdminRefused as exc:  # an agent without the op, or without a policy service: nothing known
+        refused = Explanation(query, Party(query.source), Party(query.destination), Verdict.UNKNOWN, str(exc))
+        out = refused.to_json()
+    code = {v.value: v.exit_code for v in Verdict}.get(out["verdict"], Verdict.UNKNOWN.exit_code)
+    return out, explanation_text(out), code
+
+
 # -- command line --------------------------------------------------------------------
 
 
@@ -388,6 +418,26 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_ipam_release)
     s = sub.add_parser("bgp", parents=[common], help="BGP sessions, announced and learned routes (from BIRD)")
     s.set_defaults(run=cmd_bgp)
+    policy = sub.add_parser("policy", help="NetworkPolicy and ClusterNetworkPolicy: explain").add_subparsers(
+        dest="policy", required=True, metavar="SUBCOMMAND"
+    )
+    s = policy.add_parser(
+        "explain",
+        parents=[common],
+        help="may FROM open a connection to TO, and which policy and rule decide (as the agent computes it)",
+        description="The verdict of the source's egress (on its node) and of the destination's ingress (on "
+        "its node), and the ClusterNetworkPolicy and NetworkPolicy rules that decided, computed by the agent "
+        "from the inputs it has applied, through the compiler that makes its ruleset, and checked against "
+        "the reference evaluator (and, for this node's pods, against the ruleset in force).",
+        epilog="exit codes: 0 allowed; 1 denied; 2 cannot tell (why is printed), usage error or agent unreachable",
+    )
+    s.add_argument("source", metavar="FROM", help="NS/POD, an address, or a node's name")
+    s.add_argument("destination", metavar="TO", help="NS/POD, an address, or a node's name")
+    s.add_argument("port", metavar="PORT/PROTO", type=port_protocol, help="80/TCP, 53/UDP, 3868/SCTP (default TCP)")
+    s.add_argument(
+        "--family", type=int, choices=(6, 4), help="IPv6 or IPv4 (default: an address's, else both ends' IPv6 first)"
+    )
+    s.set_defaults(run=cmd_policy_explain)
     return p
 
 

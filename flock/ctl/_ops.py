@@ -1,8 +1,9 @@
 """What the admin socket answers, from the agent's own objects (DESIGN: "what flockctl asks").
 
 Read-mostly: every op but ``ipam-release`` only reads NodeState, the store,
-the kernel (through the netlink worker's read-only inventory and CHECK) and
-BIRD (``birdc -r``, restricted to show commands).  ``ipam-release`` goes
+the kernel (through the netlink worker's read-only inventory and CHECK),
+BIRD (``birdc -r``, restricted to show commands) and the policy service
+(``policy-explain``: its inputs, this node's attached pods and its ruleset).  ``ipam-release`` goes
 through the pod handler (its lock, the store, the IPAM, the kernel), exactly
 as a DEL would, and refuses an allocation whose network namespace is still
 there (a live pod or runtime attachment) unless ``force``.
@@ -26,7 +27,7 @@ import flock
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import NetlinkWorker, host_ifname, is_host_ifname
 from flock.pods import PodHandler
-from flock.policy import ClusterNetworkPolicy, PolicyService, Tier
+from flock.policy import AgentView, ClusterNetworkPolicy, PolicyService, Query, Tier, explain
 from flock.rpc.wire import SPOKEN_VERSIONS
 from flock.state import NodeState
 
@@ -240,6 +241,18 @@ class AdminOps:
             return await self.ipam_release(target, force=request.get("force") is True, peer=peer)
         if op == "bgp":
             return await self.bgp()
+        if op == "policy-explain":
+            try:
+                query = Query.parse(
+                    request.get("from"),
+                    request.get("to"),
+                    request.get("port"),
+                    request.get("protocol"),
+                    request.get("family"),
+                )
+            except ValueError as exc:
+                raise OpRefused("invalid query", str(exc)) from None
+            return await self.policy_explain(query)
         raise OpRefused("unknown op", f"op={op[:32]!r}")
 
     # -- status ----------------------------------------------------------------
@@ -295,6 +308,31 @@ class AdminOps:
             return sorted(p.name.removesuffix(".json") for p in self.pending_deletes.iterdir() if p.suffix == ".json")
         except OSError:
             return []
+
+    # -- policy explain --------------------------------------------------------
+
+    def explain_view(self, policy: PolicyService) -> AgentView:
+        """What the policy service knows now: its inputs (a snapshot), this node's attached pods as it
+        compiles them, and the ruleset it last handed to the kernel."""
+        local, _ = policy.local_pods(policy.local.allocations) if policy.local.allocations_loaded else ([], {})
+        return AgentView(
+            node=policy.node,
+            inputs=policy.inputs.snapshot(),
+            local_pods={p.key: p for p in local},
+            ruleset=policy.ruleset(),
+            resource_version=policy.watermark.watermark if policy.watermark is not None else 0,
+            applied_resource_version=policy.applied_resource_version,
+            apply_error=policy.last_error,
+        )
+
+    async def policy_explain(self, query: Query) -> dict[str, Any]:
+        """``flockctl policy explain`` (:func:`flock.policy.explain`): the view is taken at one instant
+        here; the compile (O(the cluster's pods), as a full compile's peers) runs on a worker thread."""
+        if self.policy is None:
+            raise OpRefused("no policy service", "this agent enforces no NetworkPolicy: there is nothing to explain")
+        view = self.explain_view(self.policy)
+        explanation = await trio.to_thread.run_sync(explain, view, query)
+        return explanation.to_json()
 
     # -- pods ------------------------------------------------------------------
 

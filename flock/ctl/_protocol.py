@@ -18,7 +18,7 @@ DEFAULT_ADMIN_SOCKET = Path("/run/flock/admin.sock")
 # Replies carry every allocation of a node: generous, but bounded.
 MAX_REQUEST_BYTES = 64 << 10
 MAX_REPLY_BYTES = 64 << 20
-OPS = ("status", "pods", "ipam-show", "ipam-check", "ipam-release", "bgp")
+OPS = ("status", "pods", "ipam-show", "ipam-check", "ipam-release", "bgp", "policy-explain")
 
 
 class AdminUnreachable(Exception):

@@ -10,7 +10,9 @@ that takes the Kubernetes object in its JSON (camelCase) form and raises
 - :class:`NetworkPolicy` (``policy_types`` defaulted exactly as the API server
   does), :class:`PolicyRule`, :class:`Peer`, :class:`LabelSelector` (with
   :class:`Requirement` matchExpressions), :class:`IPBlock`, :class:`PolicyPort`;
-- :class:`Namespace` (name, labels; ``kubernetes.io/metadata.name`` is implied);
+- :class:`Namespace` (name, labels; ``kubernetes.io/metadata.name`` is implied;
+  ``log_denied`` from its ``flock.fritzlab.net/log-denied`` annotation: drops of
+  its pods' traffic are logged, see ``flock.policy._denylog``);
 - :class:`PolicyPod` (namespace, name, labels, addresses from status.podIPs,
   named container ports, node; ``host_veth`` is None from the API object and is
   set by the agent only for pods attached on this node; ``selectable`` False
@@ -77,10 +79,23 @@ from ._cluster import (
     Tier,
 )
 from ._compile import HOST_VETH, Compiler, InvalidLocalPod, block_prefixes, compile_ruleset, pod_chain, policy_chain
+from ._denylog import DENY_LOG_GROUP, DenyLogService, nflog_socket, open_nflog
 from ._engine import PolicyEngine
+from ._explain import (
+    AgentView,
+    DirectionVerdict,
+    Explanation,
+    Party,
+    PathStep,
+    Query,
+    Verdict,
+    explain,
+    explanation_text,
+)
 from ._inputs import InputChanges, InputJournal, Kind, PolicyInputs, PolicySnapshot, PolicySource, nodes_needed
-from ._metrics import PolicyMetrics
+from ._metrics import DeniedCounters, PolicyMetrics
 from ._model import (
+    LOG_DENIED_ANNOTATION,
     NAMESPACE_NAME_LABEL,
     Direction,
     IPBlock,
@@ -97,7 +112,19 @@ from ._model import (
     Requirement,
 )
 from ._reference import Endpoint, evaluate
-from ._ruleset import EGRESS_MAP, INGRESS_MAP, AddressSet, Chain, Match, Rule, Ruleset, RulesetChange, ServiceSet
+from ._ruleset import (
+    EGRESS_MAP,
+    INGRESS_MAP,
+    AddressSet,
+    Chain,
+    Denial,
+    DenyLog,
+    Match,
+    Rule,
+    Ruleset,
+    RulesetChange,
+    ServiceSet,
+)
 from ._service import (
     POLICY_GATE,
     WAITING_FOR_WATCHERS,
@@ -108,17 +135,29 @@ from ._service import (
     RulesetApplier,
     Watermark,
 )
-from ._simulate import Packet, forward_verdict, input_verdict
+from ._simulate import (
+    Packet,
+    Trace,
+    TraceStep,
+    forward_verdict,
+    input_verdict,
+    trace_egress,
+    trace_ingress,
+    trace_input,
+)
 
 __all__ = [
+    "DENY_LOG_GROUP",
     "EGRESS_MAP",
     "HOST_VETH",
     "INGRESS_MAP",
+    "LOG_DENIED_ANNOTATION",
     "NAMESPACE_NAME_LABEL",
     "POLICY_GATE",
     "WAITING_FOR_WATCHERS",
     "Action",
     "AddressSet",
+    "AgentView",
     "ApplyResult",
     "Chain",
     "ClusterNetworkPolicy",
@@ -126,8 +165,14 @@ __all__ = [
     "ClusterPort",
     "ClusterRule",
     "Compiler",
+    "Denial",
+    "DeniedCounters",
+    "DenyLog",
+    "DenyLogService",
     "Direction",
+    "DirectionVerdict",
     "Endpoint",
+    "Explanation",
     "IPBlock",
     "InputChanges",
     "InputJournal",
@@ -146,6 +191,8 @@ __all__ = [
     "NftError",
     "Operator",
     "Packet",
+    "Party",
+    "PathStep",
     "Peer",
     "PolicyEngine",
     "PolicyGate",
@@ -159,6 +206,7 @@ __all__ = [
     "PolicySnapshot",
     "PolicySource",
     "Protocol",
+    "Query",
     "Readiness",
     "Requirement",
     "Rule",
@@ -167,14 +215,24 @@ __all__ = [
     "RulesetChange",
     "ServiceSet",
     "Tier",
+    "Trace",
+    "TraceStep",
+    "Verdict",
     "Watermark",
     "block_prefixes",
     "compile_ruleset",
     "default_backend",
     "evaluate",
+    "explain",
+    "explanation_text",
     "forward_verdict",
     "input_verdict",
+    "nflog_socket",
     "nodes_needed",
+    "open_nflog",
     "pod_chain",
     "policy_chain",
+    "trace_egress",
+    "trace_ingress",
+    "trace_input",
 ]

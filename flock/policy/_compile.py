@@ -40,7 +40,7 @@ from ._model import (
     PolicyRule,
     Protocol,
 )
-from ._ruleset import AddressSet, Chain, IPNetwork, Match, PortSet, Rule, Ruleset, ServiceSet
+from ._ruleset import AddressSet, Chain, Denial, DenyLog, IPNetwork, Match, PortSet, Rule, Ruleset, ServiceSet
 
 # flock's own host veth names (flock.netlink): the only pod-derived text in a chain name.
 HOST_VETH = re.compile(r"flock[0-9a-f]{8}\Z")
@@ -62,10 +62,12 @@ def policy_chain(policy_key: str, direction: Direction) -> str:
     return ("pi-" if direction is Direction.INGRESS else "pe-") + _id("policy", policy_key)
 
 
-def tier_chain(tier: Tier, direction: Direction, keys: tuple[str, ...]) -> str:
-    """The chain of the ClusterNetworkPolicies *keys* (in precedence order) of *tier* in *direction*."""
+def tier_chain(tier: Tier, direction: Direction, keys: tuple[str, ...], log: bool = False) -> str:
+    """The chain of the ClusterNetworkPolicies *keys* (in precedence order) of *tier* in *direction*
+    (*log*: the variant whose Deny rules are logged, for the pods of namespaces logging denied traffic)."""
     prefix = ("ta-" if tier is Tier.ADMIN else "tb-") + ("i-" if direction is Direction.INGRESS else "e-")
-    return prefix + _id("tier", tier.value, direction.value, keys)
+    parts: tuple[object, ...] = ("tier", tier.value, direction.value, keys)
+    return prefix + _id(*((*parts, "log") if log else parts))
 
 
 def node_set(selector: LabelSelector, family: int) -> str:
@@ -158,6 +160,10 @@ class _Peers:
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         ns = self.namespaces.get(name)
         return ns.label_map if ns is not None else {NAMESPACE_NAME_LABEL: name}
+
+    def logs_denied(self, name: str) -> bool:
+        ns = self.namespaces.get(name)
+        return ns is not None and ns.log_denied
 
     def _namespaces_matching(self, selector: LabelSelector) -> frozenset[str]:
         """The namespaces with selectable pods whose labels *selector* matches."""
@@ -415,6 +421,7 @@ class _TierChain:
     specs: dict[str, SetSpec]
     static: dict[str, AddressSet | PortSet]
     owners: tuple[tuple[str, str], ...]  # per rule: (policy, rule name or "egress[1]")
+    denials: dict[str, Denial] = attrs.field(factory=dict)  # the logging variant's: prefix → its Deny rule
 
 
 def _tier_chain(
@@ -423,10 +430,15 @@ def _tier_chain(
     direction: Direction,
     families: tuple[int, ...],
     nodes_known: bool = True,
+    log: bool = False,
 ) -> _TierChain:
+    """The tier chain; with *log*, each drop is logged as ``<chain>#<i>``, *i* its index among the chain's
+    counted rules (the index the per-rule counters and ``owners`` use)."""
     builder = _RuleBuilder(families, nodes_known)
+    name = tier_chain(tier, direction, tuple(c.key for c in policies), log)
     body: list[Rule] = []
     owners: list[tuple[str, str]] = []
+    denials: dict[str, Denial] = {}
     for cnp in policies:
         rules_ = cnp.ingress if direction is Direction.INGRESS else cnp.egress
         names = [r.name for r in rules_ if r.name]
@@ -436,10 +448,16 @@ def _tier_chain(
             if rule.name:
                 label = rule.name if names.count(rule.name) == 1 else f"{rule.name} ({label})"
             rules = builder.cluster_rules(rule, direction)
+            if log:
+                for j, r in enumerate(rules):
+                    if r.verdict == "drop":
+                        prefix = f"{name}#{len(owners) + j}"
+                        rules[j] = attrs.evolve(r, log=DenyLog(prefix, direction))
+                        denials[prefix] = Denial(tier.value, direction, (cnp.name,), label)
             body += rules
             owners += [(cnp.name, label)] * len(rules)
-    name = tier_chain(tier, direction, tuple(c.key for c in policies))
-    return _TierChain(Chain(name, tuple(body)) if body else None, builder.specs, builder.static, tuple(owners))
+    chain = Chain(name, tuple(body)) if body else None
+    return _TierChain(chain, builder.specs, builder.static, tuple(owners), denials)
 
 
 def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...], name: str) -> _PolicyChains:
@@ -475,7 +493,7 @@ class Compiler:
     _chains: dict[tuple[str, Direction], tuple[NetworkPolicy, tuple[int, ...], _PolicyChains]] = attrs.field(
         init=False, factory=dict
     )
-    _pod_chains: dict[tuple[str, tuple[str, ...], bool], Chain] = attrs.field(init=False, factory=dict)
+    _pod_chains: dict[tuple[str, tuple[str, ...], bool, bool], Chain] = attrs.field(init=False, factory=dict)
     _policies: tuple[NetworkPolicy, ...] = attrs.field(init=False, default=())
     # (namespace, direction) → (policies whose pod selector has no matchLabels, {label pair: policies indexed by
     # their selector's first matchLabels pair}): a pod need only try the policies one of its labels can satisfy
@@ -493,7 +511,7 @@ class Compiler:
         init=False, factory=dict
     )
     _tier_chains: dict[
-        tuple[Tier, Direction, tuple[str, ...]],
+        tuple[Tier, Direction, tuple[str, ...], bool],
         tuple[tuple[ClusterNetworkPolicy, ...], tuple[int, ...], _TierChain],
     ] = attrs.field(init=False, factory=dict)
 
@@ -550,9 +568,14 @@ class Compiler:
         return tuple(p for p in in_namespace if p.subject_pods is None or p.subject_pods.matches(pod_labels))
 
     def _tier_chain(
-        self, policies: tuple[ClusterNetworkPolicy, ...], tier: Tier, direction: Direction, families: tuple[int, ...]
+        self,
+        policies: tuple[ClusterNetworkPolicy, ...],
+        tier: Tier,
+        direction: Direction,
+        families: tuple[int, ...],
+        log: bool = False,
     ) -> _TierChain:
-        key = (tier, direction, tuple(p.key for p in policies))
+        key = (tier, direction, tuple(p.key for p in policies), log)
         hit = self._tier_chains.get(key)
         if (
             hit is not None
@@ -560,7 +583,7 @@ class Compiler:
             and all(a is b or a == b for a, b in zip(hit[0], policies, strict=True))
         ):
             return hit[2]
-        tc = _tier_chain(policies, tier, direction, families, self._nodes_known)
+        tc = _tier_chain(policies, tier, direction, families, self._nodes_known, log)
         self._tier_chains[key] = (policies, families, tc)
         return tc
 
@@ -626,7 +649,7 @@ class Compiler:
         everyone = {p.key: p for p in pods}
         everyone.update((p.key, p) for p in locals_)
         peers = _Peers(everyone.values(), {ns.name: ns for ns in namespaces})
-        layout = self.layout(locals_, peers.families, peers.namespace_labels)
+        layout = self.layout(locals_, peers.families, peers.namespace_labels, peers.logs_denied)
         node_list = list(nodes)
         service_sets: dict[str, ServiceSet] = {}
         address_sets = dict(layout.address_sets)
@@ -669,11 +692,13 @@ class Compiler:
         locals_: list[PolicyPod],
         families: tuple[int, ...],
         namespace_labels: Callable[[str], Mapping[str, str]] | None = None,
+        logs_denied: Callable[[str], bool] | None = None,
     ) -> Layout:
         """This node's chains, maps and sets for *locals_* (checked, by key) under the policies last set.
 
-        *namespace_labels* reads a namespace's labels (for ClusterNetworkPolicy subjects).  Sets filled
-        by pods and nodes are left as specs: the caller fills them."""
+        *namespace_labels* reads a namespace's labels (for ClusterNetworkPolicy subjects), *logs_denied*
+        whether a namespace logs its pods' denied traffic (None: none does).  Sets filled by pods and
+        nodes are left as specs: the caller fills them."""
         ns_labels = namespace_labels if namespace_labels is not None else _bare_namespace
         chains: dict[str, Chain] = {}
         policy_chains: dict[str, str] = {}
@@ -683,12 +708,15 @@ class Compiler:
         node_map: dict[str, str] = {}
         specs: dict[str, SetSpec] = {}
         static: dict[str, AddressSet | PortSet] = {}
-        used: dict[tuple[str, tuple[str, ...], bool], Chain] = {}
+        used: dict[tuple[str, tuple[str, ...], bool, bool], Chain] = {}
+        denials: dict[str, Denial] = {}
 
-        def tier(policies: tuple[ClusterNetworkPolicy, ...], which: Tier, direction: Direction) -> str | None:
+        def tier(
+            policies: tuple[ClusterNetworkPolicy, ...], which: Tier, direction: Direction, log: bool
+        ) -> str | None:
             if not policies:
                 return None
-            tc = self._tier_chain(policies, which, direction, families)
+            tc = self._tier_chain(policies, which, direction, families, log)
             if tc.chain is None:
                 return None
             name = tc.chain.name
@@ -697,17 +725,19 @@ class Compiler:
                 tier_rules[name] = tc.owners
                 specs.update(tc.specs)
                 static.update(tc.static)
+                denials.update(tc.denials)
             return name
 
         for pod in locals_:
             assert pod.host_veth is not None
+            log = logs_denied is not None and logs_denied(pod.namespace)
             for direction, vmap in ((Direction.EGRESS, egress_map), (Direction.INGRESS, ingress_map)):
-                admin = tier(self._tier_selecting(pod, direction, Tier.ADMIN, ns_labels), Tier.ADMIN, direction)
+                admin = tier(self._tier_selecting(pod, direction, Tier.ADMIN, ns_labels), Tier.ADMIN, direction, log)
                 selecting = self._selecting(pod, direction)
                 baseline = None
                 if not selecting:  # NetworkPolicy decides for the pods it isolates: Baseline for the others
                     baseline = tier(
-                        self._tier_selecting(pod, direction, Tier.BASELINE, ns_labels), Tier.BASELINE, direction
+                        self._tier_selecting(pod, direction, Tier.BASELINE, ns_labels), Tier.BASELINE, direction, log
                     )
                 if admin is not None and direction is Direction.EGRESS:
                     node_map[pod.host_veth] = admin
@@ -728,14 +758,19 @@ class Compiler:
                 if baseline is not None:
                     targets.append(baseline)
                 chain = pod_chain(pod.host_veth, direction)
-                jump_key = (chain, tuple(targets), bool(selecting))
+                logged = log and bool(selecting)
+                jump_key = (chain, tuple(targets), bool(selecting), logged)
                 cached = self._pod_chains.get(jump_key)
                 if cached is None:
                     jumps = [Rule(Match(), f"jump {t}", counter=False) for t in targets]
                     # isolated by a NetworkPolicy: what none of them allowed is dropped
-                    cached = Chain(chain, (*jumps, Rule(Match(), "drop")) if selecting else tuple(jumps))
+                    drop = Rule(Match(), "drop", log=DenyLog(chain, direction) if logged else None)
+                    cached = Chain(chain, (*jumps, drop) if selecting else tuple(jumps))
                 used[jump_key] = chains[chain] = cached
                 vmap[pod.host_veth] = chain
+                if logged:
+                    # every policy isolating the pod, those allowing nothing (no chain of their own) too
+                    denials[chain] = Denial("NetworkPolicy", direction, tuple(p.key for p in selecting))
         self._pod_chains = used  # the chains of pods gone from this node go too
         return Layout(
             chains=dict(sorted(chains.items())),
@@ -747,6 +782,7 @@ class Compiler:
             policy_chains=policy_chains,
             node_map=node_map,
             tier_rules=dict(sorted(tier_rules.items())),
+            denials=dict(sorted(denials.items())),
         )
 
 
@@ -767,6 +803,7 @@ class Layout:
     policy_chains: dict[str, str]
     node_map: dict[str, str] = attrs.field(factory=dict)
     tier_rules: dict[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
+    denials: dict[str, Denial] = attrs.field(factory=dict)
 
     def ruleset(self, address_sets: Mapping[str, AddressSet], service_sets: Mapping[str, ServiceSet]) -> Ruleset:
         """The ruleset with *address_sets* (static and filled) and *service_sets*."""
@@ -780,6 +817,7 @@ class Layout:
             node_map=self.node_map,
             policy_chains=self.policy_chains,
             tier_rules=self.tier_rules,
+            denials=self.denials,
         )
 
 

@@ -22,11 +22,11 @@ proportion to what a change touches:
   elements that enter or leave a set (an element leaves only when no other
   pod still puts it there).  **A namespace's** relabelling re-checks the
   namespace selectors, and for those whose verdict flips, the pods of that
-  namespace.  **A policy's change or a local pod's** recomputes this node's
-  chains (few: per local pod and direction, and the policies selecting
-  local pods, each cached by value); a set newly used is listed once, from
-  the indices; a local pod's change also moves its elements in the local
-  named-port sets.
+  namespace.  **A policy's change or a local pod's** (or a namespace
+  switching its denied-traffic log) recomputes this node's chains (few: per
+  local pod and direction, and the policies selecting local pods, each
+  cached by value); a set newly used is listed once, from the indices; a
+  local pod's change also moves its elements in the local named-port sets.
 - **Out**: :meth:`PolicyEngine.change` hands over a :class:`RulesetChange`:
   the structure (the same object while unchanged) and the elements that
   moved since the previous change; :meth:`PolicyEngine.ruleset` builds the
@@ -46,7 +46,7 @@ import attrs
 from ._cluster import PolicyNode
 from ._compile import FAMILIES, LOCAL, Compiler, Layout, NamedScope, check_local, node_set, selector_set, service_set
 from ._inputs import InputChanges, PolicySource
-from ._model import LabelSelector, PolicyPod, Protocol
+from ._model import LabelSelector, Namespace, PolicyPod, Protocol
 from ._peers import Element, Filled, NamedPorts, Pair, Peers, Selector, family
 from ._ruleset import AddressSet, Ruleset, RulesetChange, ServiceSet
 
@@ -64,6 +64,10 @@ class NodeSelector(Filled):
 
     def elements(self, node: PolicyNode) -> set[Element]:  # type: ignore[override]
         return set(node.addresses) if self.selector.matches(node.label_map) else set()
+
+
+def _logs_denied(namespace: Namespace | None) -> bool:
+    return namespace is not None and namespace.log_denied
 
 
 def _same_to_selectors(before: PolicyPod, after: PolicyPod) -> bool:
@@ -158,6 +162,11 @@ class PolicyEngine:
         relabelled = False
         for name in changes.namespaces:
             relabelled |= self._namespace_changed(name)
+        # A namespace switching its denied-traffic log on or off: its pods' chains (and tier chains) change.
+        logging_switched = any(
+            _logs_denied(before) != _logs_denied(self.inputs.namespaces.get(name))
+            for name, before in changes.namespaces.items()
+        )
         for name in changes.nodes:
             self._node_changed(name, changes.nodes[name], self.inputs.nodes.get(name))
         nodes_listed = self.inputs.nodes_known != self._nodes_known  # nodes peers fail closed until then
@@ -172,6 +181,7 @@ class PolicyEngine:
             or changes.cluster_policies
             or nodes_listed
             or subjects_moved
+            or logging_switched
             or locals_ != self._locals
             or self._peers.families != self._families
         ):
@@ -218,6 +228,9 @@ class PolicyEngine:
     def structure(self) -> Ruleset:
         """The ruleset now, with the elements of the sets pods fill left out."""
         return self._structure
+
+    def _logs_denied(self, namespace: str) -> bool:
+        return _logs_denied(self.inputs.namespaces.get(namespace))
 
     def _elements(self, source: Filled, family_: int) -> set[Element]:
         """What *source*'s set of *family_* holds now."""
@@ -381,7 +394,9 @@ class PolicyEngine:
         the applier's copy of it stands."""
         families = self._peers.families
         layout = (
-            self._compiler.layout(locals_, families, self._peers.namespace_labels) if self._compiler.active else None
+            self._compiler.layout(locals_, families, self._peers.namespace_labels, self._logs_denied)
+            if self._compiler.active
+            else None
         )
         specs = layout.specs.values() if layout is not None else ()
         for spec in specs:

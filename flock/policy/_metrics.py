@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -60,6 +60,54 @@ class _KernelCounters(Collector):
         yield rule_bytes
 
 
+# (namespace of the local pod, tier, policy, rule, direction): the labels of a denied-packets series
+DeniedKey = tuple[str, str, str, str, str]
+
+
+@attrs.define(eq=False)
+class DeniedCounters(Collector):
+    """What the denied-traffic log read (flock.policy._denylog): packets by who denied them, and records lost.
+
+    Cardinality: a series per (local pod's namespace, denying rule) that logged a packet, where a denying
+    rule is a logged drop of this node's ruleset (a Deny rule of a ClusterNetworkPolicy, or "isolated by
+    these NetworkPolicies"): never a pod, an address or a port.  Series of drops gone from the ruleset are
+    dropped with them (:meth:`keep`).
+    """
+
+    packets: dict[DeniedKey, int] = attrs.field(factory=dict)
+    overruns: int = 0  # the kernel found the agent's socket full: records lost (how many, it does not say)
+    unmatched: int = 0  # records naming no drop of the rulesets the agent knows
+
+    def count(self, key: DeniedKey) -> None:
+        self.packets[key] = self.packets.get(key, 0) + 1
+
+    def keep(self, alive: Callable[[DeniedKey], bool]) -> None:
+        """Forget the series *alive* says are gone."""
+        for key in [k for k in self.packets if not alive(k)]:
+            del self.packets[key]
+
+    def collect(self) -> Iterator[Metric]:
+        denied = CounterMetricFamily(
+            "flock_policy_denied_packets",
+            "Packets policy dropped and logged (namespaces with the log-denied annotation; at most "
+            "10 a second per pod and direction are logged), by the local pod's namespace and who denied them.",
+            labels=["namespace", "tier", "policy", "rule", "direction"],
+        )
+        for key, n in sorted(self.packets.items()):
+            denied.add_metric(list(key), n)
+        yield denied
+        yield CounterMetricFamily(
+            "flock_policy_denied_log_overruns",
+            "Times the kernel had denied-traffic log records for the agent and no room in its socket (records lost).",
+            value=self.overruns,
+        )
+        yield CounterMetricFamily(
+            "flock_policy_denied_log_unmatched",
+            "Denied-traffic log records naming no drop of the rulesets the agent knows (or unreadable).",
+            value=self.unmatched,
+        )
+
+
 @attrs.define(eq=False)
 class PolicyMetrics:
     registry: CollectorRegistry
@@ -75,6 +123,7 @@ class PolicyMetrics:
     failing_closed: Gauge = attrs.field(init=False)
     priority_ties: Gauge = attrs.field(init=False)
     kernel: _KernelCounters = attrs.field(init=False, factory=_KernelCounters)
+    denied: DeniedCounters = attrs.field(init=False, factory=DeniedCounters)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -115,6 +164,7 @@ class PolicyMetrics:
             registry=r,
         )
         r.register(self.kernel)
+        r.register(self.denied)
 
     def applied(self, ruleset: Ruleset, mode: str, seconds: float) -> None:
         self.rules.set(ruleset.rule_count)

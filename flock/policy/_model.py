@@ -19,13 +19,15 @@ from typing import Any
 
 import attrs
 
-from flock.model import InvalidObject
+from flock.model import ANNOTATION_PREFIX, InvalidObject
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # The label the API server puts on every Namespace (Kubernetes ≥ 1.21).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+# On a Namespace: "true" logs what policy denies its pods (flock.policy._denylog); anything else, or none: off.
+LOG_DENIED_ANNOTATION = ANNOTATION_PREFIX + "log-denied"
 
 _MAX_LABEL_TEXT = 317  # a qualified key (253 prefix + '/' + 63 name); values are ≤ 63
 
@@ -367,8 +369,12 @@ class NetworkPolicy:
 
 @attrs.frozen
 class Namespace:
+    """A Namespace: its labels (what namespace selectors match) and whether its pods' denied traffic is
+    logged (annotation :data:`LOG_DENIED_ANNOTATION` ``"true"``; off by default)."""
+
     name: str
     labels: Labels = attrs.field(default=(), converter=labels_of)
+    log_denied: bool = False
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -379,7 +385,12 @@ class Namespace:
     def from_object(cls, obj: Mapping[str, Any]) -> Namespace:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
-        return cls(name, _labels_field("Namespace", name, "metadata.labels", meta.get("labels")))
+        annotations = meta.get("annotations")
+        switch = annotations.get(LOG_DENIED_ANNOTATION) if isinstance(annotations, Mapping) else None
+        # A value other than "true" is off, never a refusal: refusing the Namespace would lose its labels,
+        # and with them what its selectors match.
+        log_denied = isinstance(switch, str) and switch.strip().lower() == "true"
+        return cls(name, _labels_field("Namespace", name, "metadata.labels", meta.get("labels")), log_denied)
 
 
 @attrs.frozen

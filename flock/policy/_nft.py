@@ -13,8 +13,14 @@ Two forms, each ONE transaction when fed to ``nft -f -``:
 
 What reaches the text: names flock made (checked against :data:`NAME`),
 addresses and networks (``ipaddress`` values, printed by ``ipaddress``),
-protocols from an enum and port numbers (ints).  Anything else is a bug and
-raises :class:`RenderError`.
+protocols from an enum and port numbers (ints), and the log prefixes of
+logged drops, which are flock-made chain names (:data:`PREFIX`).  Anything
+else is a bug and raises :class:`RenderError`.
+
+A logged drop (a rule with a :class:`flock.policy._ruleset.DenyLog`) is two
+nft rules: the match with a per-pod meter and ``log group``, then the match
+and the drop; the meters (``denylog-eg``, ``denylog-in``) are in the table
+while some rule logs.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import cast
 
-from ._model import IPAddress, Protocol
+from ._model import Direction, IPAddress, Protocol
 from ._ruleset import (
     EGRESS_MAP,
     INGRESS_MAP,
@@ -57,6 +63,17 @@ _BASE = (
     (INGRESS_CHAIN, 1, "oifname", INGRESS_MAP),
 )
 _PROTO = {Protocol.TCP: "tcp", Protocol.UDP: "udp", Protocol.SCTP: "sctp"}
+
+# Denied traffic, logged (a Rule with a DenyLog): the nflog group flock.policy._denylog reads ("fl"), and how
+# often a pod may be logged, per direction: a meter keyed by its veth (the one the packet came in on for
+# Egress, goes out on for Ingress), shared by every logged drop it meets.  Entries leave a minute after the
+# pod's last logged packet; the meter holds at most DENY_METER_SIZE pods (beyond: not logged, still dropped).
+DENY_LOG_GROUP = 26220
+DENY_LOG_RATE = "10/second burst 20 packets"
+DENY_METER_SIZE = 4096
+_DENY_METERS = {Direction.EGRESS: ("denylog-eg", "iifname"), Direction.INGRESS: ("denylog-in", "oifname")}
+# A DenyLog prefix: a chain name, and for a tier chain the rule's index ("ta-i-0123456789abcdef#3")
+PREFIX = re.compile(r"[a-z][a-z0-9-]{0,62}(#[0-9]{1,5})?\Z")
 
 
 class RenderError(ValueError):
@@ -108,6 +125,30 @@ def render_match(m: Match) -> list[str]:
     if m.service is not None:
         out.append(f"{_ip(fam or 6)} daddr . meta l4proto . th dport @{_name(m.service)}")
     return out
+
+
+def render_rules(rule: Rule) -> list[str]:
+    """*rule* as nft rules: one, or for a logged drop the log rule and the drop."""
+    if rule.log is None:
+        return [render_rule(rule)]
+    if rule.verdict != "drop" or not isinstance(rule.log.prefix, str) or not PREFIX.match(rule.log.prefix):
+        raise RenderError(f"not a logged drop: {rule.verdict[:16]!r} {str(rule.log.prefix)[:72]!r}")
+    meter, key = _DENY_METERS[rule.log.direction]
+    parts = render_match(rule.match)
+    # no counter: the drop's counts the packets (the tier chains' per-rule counters index counted rules)
+    parts.append(f"update @{meter} {{ {key} limit rate {DENY_LOG_RATE} }}")
+    parts.append(f'log prefix "{rule.log.prefix}" group {DENY_LOG_GROUP}')
+    return [" ".join(parts), render_rule(rule)]
+
+
+def _logs(rs: Ruleset) -> bool:
+    """Does some rule of *rs* log (so the meters must be there)?"""
+    return any(r.log is not None for c in rs.chains.values() for r in c.rules)
+
+
+def _meters(declare: str) -> list[str]:
+    flags = f"size {DENY_METER_SIZE}; flags dynamic,timeout; timeout 1m;"
+    return [f"{declare} {meter} {{ type ifname; {flags} }}" for meter, _ in _DENY_METERS.values()]
 
 
 def render_rule(rule: Rule) -> str:
@@ -291,6 +332,8 @@ def render_full(rs: Ruleset) -> str:
         lines.append(f"\tset {_name(s.name)} {{ {_set_type(s)}; }}")
     for ps in rs.port_sets.values():
         lines.append("\t" + _port_set(t, ps, "set"))
+    if _logs(rs):
+        lines.extend("\t" + line for line in _meters("set"))
     for name, prio, key, map_name in _BASE:
         lines.append(f"\tchain {name} {{")
         lines.append(f"\t\ttype filter hook forward priority {prio}; policy accept;")
@@ -307,7 +350,7 @@ def render_full(rs: Ruleset) -> str:
     lines.extend(_nat_lines(rs))
     for chain in rs.chains.values():
         lines.append(f"\tchain {_name(chain.name)} {{")
-        lines.extend(f"\t\t{render_rule(r)}" for r in chain.rules)
+        lines.extend(f"\t\t{line}" for r in chain.rules for line in render_rules(r))
         lines.append("\t}")
     lines.append("}")
     # elements after the table block: every chain a map element jumps to exists by then
@@ -374,6 +417,9 @@ def render_change(old: Ruleset, change: RulesetChange) -> str:
         if came:
             adds += _element_lines(t, "add", s, came)
     head += [_port_set(t, ps, f"add set {t}") for n, ps in new.port_sets.items() if n not in old.port_sets]
+    logs_before, logs_now = _logs(old), _logs(new)
+    if logs_now and not logs_before:
+        head += _meters(f"add set {t}")
     for name, chain in new.chains.items():
         prev_chain = old.chains.get(name)
         if prev_chain is chain or prev_chain == chain:
@@ -382,7 +428,7 @@ def render_change(old: Ruleset, change: RulesetChange) -> str:
             head.append(f"add chain {t} {_name(name)}")
         else:
             rules.append(f"flush chain {t} {_name(name)}")
-        rules.extend(f"add rule {t} {name} {render_rule(r)}" for r in chain.rules)
+        rules.extend(f"add rule {t} {name} {line}" for r in chain.rules for line in render_rules(r))
     for map_name, o, n in (
         (EGRESS_MAP, old.egress_map, new.egress_map),
         (INGRESS_MAP, old.ingress_map, new.ingress_map),
@@ -398,6 +444,8 @@ def render_change(old: Ruleset, change: RulesetChange) -> str:
     tail += [f"delete chain {t} {c}" for c in removed_chains]
     tail += [f"delete set {t} {_name(n)}" for n in old_sets if n not in new_sets]
     tail += [f"delete set {t} {_name(n)}" for n in old.port_sets if n not in new.port_sets]
+    if logs_before and not logs_now:
+        tail += [f"delete set {t} {meter}" for meter, _ in _DENY_METERS.values()]
     lines = head + rules + _hostport_changes(t, old, new) + dels + adds + tail
     return "\n".join(lines) + "\n" if lines else ""
 

@@ -27,6 +27,14 @@ forward hook: the node reaching its pods is always allowed (kubelet probes);
 a pod reaching its own node meets the Admin tier alone, in the input hook
 (``node-pods`` maps a pod's veth to its Admin egress chain): NetworkPolicy
 allows node <-> own pods, so nothing after the Admin tier can deny it.
+
+Denied traffic, logged: for the pods of a Namespace that asks for it, each
+``drop`` (a pod chain's, a Deny rule's in the tier chains those pods jump to:
+tier chains come in a logging and a silent variant) carries a
+:class:`DenyLog`.  It renders as one more rule before the drop, sending the
+packet to nflog group :data:`flock.policy._nft.DENY_LOG_GROUP` with the
+drop's prefix, at most so often per pod (a meter keyed by the pod's veth);
+:attr:`Ruleset.denials` maps the prefix to the policy and rule that deny.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from ._model import IPAddress, Protocol
+from ._model import Direction, IPAddress, Protocol
 
 EGRESS_MAP = "egress-pods"
 INGRESS_MAP = "ingress-pods"
@@ -100,10 +108,39 @@ class Match:
 
 
 @attrs.frozen
+class DenyLog:
+    """A drop that is logged too: before it, a rule sends the packet to nflog (rate-limited per pod).
+
+    ``prefix`` names the drop (a key of :attr:`Ruleset.denials`; the nft log prefix); ``direction`` says
+    whose budget the packet spends: its source pod's (Egress, by the veth it came in on) or its
+    destination's (Ingress, by the veth it goes out on).
+    """
+
+    prefix: str
+    direction: Direction
+
+
+@attrs.frozen
+class Denial:
+    """Who denies what a :class:`DenyLog` logs: what the agent's log line and counters name.
+
+    ``tier``: "Admin" or "Baseline" (a ClusterNetworkPolicy's Deny rule, ``policies`` its one name and
+    ``rule`` the rule's name or place, "ingress[2]"), or "NetworkPolicy" (the pod is isolated and no rule
+    allowed: ``policies`` the "ns/name" of every NetworkPolicy isolating it in ``direction``, ``rule`` "").
+    """
+
+    tier: str
+    direction: Direction
+    policies: tuple[str, ...]
+    rule: str = ""
+
+
+@attrs.frozen
 class Rule:
     match: Match
     verdict: str  # "accept", "drop", "return", or "jump <chain>"
     counter: bool = True
+    log: DenyLog | None = None  # a drop also logged; the log is no verdict (the simulator ignores it)
 
 
 @attrs.frozen
@@ -157,6 +194,8 @@ class Ruleset:
     tier_rules: Mapping[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
     nat: tuple[NatFamily, ...] = ()  # natOutgoing, per family enabled (the nat chain's rules)
     hostports: tuple[HostPort, ...] = ()  # this node's pods' hostPort mappings, sorted
+    # for logs and counters only, never rendered: a logged drop's prefix (its rule's DenyLog) → who denies
+    denials: Mapping[str, Denial] = attrs.field(factory=dict)
 
     def structure(self) -> tuple[object, ...]:
         """What a set-element update cannot change: chains and set declarations."""
@@ -171,7 +210,8 @@ class Ruleset:
 
     @property
     def rule_count(self) -> int:
-        return sum(len(c.rules) for c in self.chains.values())
+        """The nft rules of the chains (a logged drop is two: the log rule and the drop)."""
+        return sum(len(c.rules) + sum(1 for r in c.rules if r.log is not None) for c in self.chains.values())
 
     @property
     def set_count(self) -> int:

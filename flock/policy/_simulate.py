@@ -1,7 +1,12 @@
 """Run one packet through a :class:`Ruleset` in Python, as the kernel would.
 
 For tests (against :func:`flock.policy.evaluate`) and for explaining a
-verdict while debugging; the root tests check that the kernel agrees.
+verdict (:mod:`._explain`); the root tests check that the kernel agrees.
+:func:`forward_verdict` and :func:`input_verdict` say yes or no;
+:func:`trace_egress`, :func:`trace_ingress` and :func:`trace_input` say the
+same for one base chain and record the way there: every rule that matched
+(a jump included) and every chain left at its end, in the order the packet
+met them, as ``nft monitor trace`` lists them.
 """
 
 from __future__ import annotations
@@ -54,22 +59,92 @@ def _in_set(rs: Ruleset, name: str, addr: IPAddress) -> bool:
     return addr in s.elements
 
 
-def _run_chain(rs: Ruleset, chain: str, pkt: Packet, depth: int = 0) -> str | None:
-    """The final verdict ("accept"/"drop") a chain reaches, or None when it falls through (return)."""
+@attrs.frozen
+class TraceStep:
+    """One rule of *chain* that matched (its index and verdict), or the chain's end (``rule`` = its
+    length, ``verdict`` ""): back to the chain that jumped, or, for the base chain's own, the hook's policy."""
+
+    chain: str
+    rule: int
+    verdict: str
+
+    @property
+    def end(self) -> bool:
+        return not self.verdict
+
+
+@attrs.frozen
+class Trace:
+    """One base chain's handling of a packet: where its verdict map sent it and what it met there.
+
+    ``hook`` is ``"egress"`` or ``"ingress"`` (the forward hook's two base
+    chains) or ``"input"``; ``chain`` the chain the map names for the
+    interface (None: the interface is in no map, nothing filters it);
+    ``verdict`` ``"accept"`` or ``"drop"`` (a chain falling through accepts:
+    every base chain's policy is accept).
+    """
+
+    hook: str
+    chain: str | None
+    steps: tuple[TraceStep, ...] = ()
+    verdict: str = "accept"
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict != "drop"
+
+
+def _run_chain(
+    rs: Ruleset, chain: str, pkt: Packet, depth: int = 0, trace: list[TraceStep] | None = None
+) -> str | None:
+    """The final verdict ("accept"/"drop") a chain reaches, or None when it falls through (return).
+
+    With *trace*, every rule that matches and every end reached is appended to it."""
     if depth > 16:
         raise RecursionError(f"chain {chain}: jumps nest too deep")
-    for rule in rs.chains[chain].rules:
+    rules = rs.chains[chain].rules
+    for index, rule in enumerate(rules):
         if not _matches(rs, rule.match, pkt):
             continue
+        if trace is not None:
+            trace.append(TraceStep(chain, index, rule.verdict))
         if rule.verdict.startswith("jump "):
-            verdict = _run_chain(rs, rule.verdict[5:], pkt, depth + 1)
+            verdict = _run_chain(rs, rule.verdict[5:], pkt, depth + 1, trace)
             if verdict is not None:
                 return verdict
             continue
         if rule.verdict == "return":
             return None
         return rule.verdict
+    if trace is not None:
+        trace.append(TraceStep(chain, len(rules), ""))
     return None
+
+
+def _trace(rs: Ruleset, hook: str, chain: str | None, pkt: Packet) -> Trace:
+    if chain is None:
+        return Trace(hook, None)
+    steps: list[TraceStep] = []
+    verdict = _run_chain(rs, chain, pkt, trace=steps)
+    return Trace(hook, chain, tuple(steps), "drop" if verdict == "drop" else "accept")
+
+
+def trace_egress(rs: Ruleset, pkt: Packet) -> Trace:
+    """The forward hook's egress base chain (``iifname vmap @egress-pods``) for a packet from local pod ``iif``."""
+    return _trace(rs, "egress", rs.egress_map.get(pkt.iif) if pkt.iif else None, pkt)
+
+
+def trace_ingress(rs: Ruleset, pkt: Packet) -> Trace:
+    """The forward hook's ingress base chain (``oifname vmap @ingress-pods``) for a packet to local pod ``oif``."""
+    return _trace(rs, "ingress", rs.ingress_map.get(pkt.oif) if pkt.oif else None, pkt)
+
+
+def trace_input(rs: Ruleset, pkt: Packet) -> Trace:
+    """The input hook for a packet from local pod ``iif`` to this node's own address (link-local and
+    multicast destinations are accepted before the map: no chain)."""
+    if pkt.daddr.is_link_local or pkt.daddr.is_multicast:
+        return Trace("input", None)
+    return _trace(rs, "input", rs.node_map.get(pkt.iif) if pkt.iif else None, pkt)
 
 
 def input_verdict(rs: Ruleset, pkt: Packet) -> bool:

@@ -69,11 +69,12 @@ def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path)
         "admin",
         "api",
         "policy",
+        "policy-log",
         "bird",
         "bgp-sessions",
     ]
     names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
-    assert names == ["signals", "startup", "removals", "rpc", "health", "pods", "admin", "api", "policy"]
+    assert names == ["signals", "startup", "removals", "rpc", "health", "pods", "admin", "api", "policy", "policy-log"]
 
 
 def test_child_names_are_unique(tmp_path):
