@@ -391,15 +391,20 @@ class DenyLogService:
             with sock:
                 if attempt:
                     log.info("reading the denied-traffic log", extra={"op": "policy-denied"})
-                attempt = 0
                 if not started:
                     task_status.started()
                     started = True
+                began = trio.current_time()
                 failed = await self._read(sock)
+            # a socket that fails at once again and again is reopened with backoff, not in a loop
+            attempt = 0 if trio.current_time() - began > self.backoff.cap else attempt + 1
+            delay = self.backoff.delay(attempt - 1, self.rand()) if attempt else 0.0
             log.warning(
-                "the denied-traffic log socket failed: opening it again",
+                "the denied-traffic log socket failed: opening it again in %.1f s",
+                delay,
                 extra={"op": "policy-denied", "error": str(failed)[:300]},
             )
+            await trio.sleep(delay)
 
     async def _read(self, sock: socket.socket) -> OSError:
         """Read *sock* until it fails (the error)."""
