@@ -7,7 +7,8 @@ Exit codes: 0 ok; 1 problems found (check), refused (release), node not
 ready (status), nothing matched (pods with a filter), BGP not established or
 BIRD unreachable (bgp); 2 usage error or the agent unreachable.  ``policy
 explain``: 0 allowed, 1 denied, 2 cannot tell (why is printed), a usage error
-or the agent unreachable.
+or the agent unreachable; with ``--verify`` also 2 when the kernel could not
+be asked (why is printed) and 3 when the kernel disagrees with the explanation.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flock.policy import Explanation, Party, Query, Verdict, explanation_text
 from ._protocol import DEFAULT_ADMIN_SOCKET, AdminRefused, AdminUnreachable, ask
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNREACHABLE = 0, 1, 2
+EXIT_DISAGREES = 3  # policy explain --verify: the kernel did not do what the explanation says
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -362,12 +364,24 @@ def cmd_policy_explain(args: argparse.Namespace) -> tuple[dict[str, Any], str, i
         print(f"flockctl policy explain: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_UNREACHABLE) from None
     fields: dict[str, Any] = {"from": query.source, "to": query.destination, "family": query.family}
+    if args.verify:
+        fields["verify"] = True
     try:
         out = ask(args.socket, "policy-explain", port=port, protocol=protocol, **fields)
     except AdminRefused as exc:  # an agent without the op, or without a policy service: nothing known
         refused = Explanation(query, Party(query.source), Party(query.destination), Verdict.UNKNOWN, str(exc))
         out = refused.to_json()
     code = {v.value: v.exit_code for v in Verdict}.get(out["verdict"], Verdict.UNKNOWN.exit_code)
+    if args.verify:
+        if out.get("verify") is None:  # an agent from before --verify ignores the field
+            why = "cannot verify: this flock-agent cannot (it is older than --verify)"
+            out["verify"] = {"status": "not-verified", "why": why, "node": "", "probe": None}
+            out["verify"] |= {"egress": None, "ingress": None, "notes": []}
+        status = out["verify"]["status"]
+        if status == "disagrees":
+            code = EXIT_DISAGREES
+        elif status != "agrees":
+            code = Verdict.UNKNOWN.exit_code
     return out, explanation_text(out), code
 
 
@@ -429,13 +443,20 @@ def parser() -> argparse.ArgumentParser:
         "its node), and the ClusterNetworkPolicy and NetworkPolicy rules that decided, computed by the agent "
         "from the inputs it has applied, through the compiler that makes its ruleset, and checked against "
         "the reference evaluator (and, for this node's pods, against the ruleset in force).",
-        epilog="exit codes: 0 allowed; 1 denied; 2 cannot tell (why is printed), usage error or agent unreachable",
+        epilog="exit codes: 0 allowed; 1 denied; 2 cannot tell (why is printed), usage error or agent unreachable; "
+        "with --verify also 2 when the kernel could not be asked, 3 when it disagrees with the explanation",
     )
     s.add_argument("source", metavar="FROM", help="NS/POD, an address, or a node's name")
     s.add_argument("destination", metavar="TO", help="NS/POD, an address, or a node's name")
     s.add_argument("port", metavar="PORT/PROTO", type=port_protocol, help="80/TCP, 53/UDP, 3868/SCTP (default TCP)")
     s.add_argument(
         "--family", type=int, choices=(6, 4), help="IPv6 or IPv4 (default: an address's, else both ends' IPv6 first)"
+    )
+    s.add_argument(
+        "--verify",
+        action="store_true",
+        help="also send one real packet from FROM (a pod on this node) with nftables tracing on for it alone, "
+        "print the chains and rule handles it went through and hold them to the explanation (exit 3 if they part)",
     )
     s.set_defaults(run=cmd_policy_explain)
     return p

@@ -3,7 +3,9 @@
 Read-mostly: every op but ``ipam-release`` only reads NodeState, the store,
 the kernel (through the netlink worker's read-only inventory and CHECK),
 BIRD (``birdc -r``, restricted to show commands) and the policy service
-(``policy-explain``: its inputs, this node's attached pods and its ruleset).  ``ipam-release`` goes
+(``policy-explain``: its inputs, this node's attached pods and its ruleset;
+with ``verify``, one real packet from the source pod, traced by the kernel
+under a table of flock's own that is gone again afterwards).  ``ipam-release`` goes
 through the pod handler (its lock, the store, the IPAM, the kernel), exactly
 as a DEL would, and refuses an allocation whose network namespace is still
 there (a live pod or runtime attachment) unless ``force``.
@@ -27,7 +29,22 @@ import flock
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import NetlinkWorker, host_ifname, is_host_ifname
 from flock.pods import PodHandler
-from flock.policy import AgentView, ClusterNetworkPolicy, PolicyService, Query, Tier, explain
+from flock.policy import (
+    AgentView,
+    ClusterNetworkPolicy,
+    Explanation,
+    NftCommand,
+    PolicyService,
+    Query,
+    Ruleset,
+    Tier,
+    TraceError,
+    Tracer,
+    Verification,
+    explain,
+    verification_of,
+    verify_plan,
+)
 from flock.rpc.wire import SPOKEN_VERSIONS
 from flock.state import NodeState
 
@@ -201,6 +218,14 @@ class AdminOps:
     policy_watch: PolicyWatch | None = None
     started: float = attrs.field(factory=time.time)
     clock: Any = time.time
+    # --verify's: nft and the trace read in the node's namespace (the netlink worker's)
+    tracer: Tracer = attrs.field()
+    _verify_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)  # one trace table: one at a time
+
+    @tracer.default
+    def _node_tracer(self) -> Tracer:
+        netns = self.netlink.host_netns
+        return Tracer(NftCommand(("nsenter", f"--net={netns}", "nft") if netns else ("nft",)), netns)
 
     def policy_status(self) -> dict[str, Any] | None:
         """What ``table inet flock`` holds now and whether the last apply failed; with the
@@ -252,7 +277,7 @@ class AdminOps:
                 )
             except ValueError as exc:
                 raise OpRefused("invalid query", str(exc)) from None
-            return await self.policy_explain(query)
+            return await self.policy_explain(query, verify=request.get("verify") is True)
         raise OpRefused("unknown op", f"op={op[:32]!r}")
 
     # -- status ----------------------------------------------------------------
@@ -311,11 +336,12 @@ class AdminOps:
 
     # -- policy explain --------------------------------------------------------
 
-    def explain_view(self, policy: PolicyService) -> AgentView:
+    def explain_view(self, policy: PolicyService, own_addresses: frozenset = frozenset()) -> AgentView:
         """What the policy service knows now: its inputs (a snapshot), this node's attached pods as it
-        compiles them, and the ruleset it last handed to the kernel."""
+        compiles them, the ruleset it last handed to the kernel, and this node's own addresses."""
         local, _ = policy.local_pods(policy.local.allocations) if policy.local.allocations_loaded else ([], {})
         return AgentView(
+            own_addresses=own_addresses,
             node=policy.node,
             inputs=policy.inputs.snapshot(),
             local_pods={p.key: p for p in local},
@@ -325,14 +351,70 @@ class AdminOps:
             apply_error=policy.last_error,
         )
 
-    async def policy_explain(self, query: Query) -> dict[str, Any]:
+    async def policy_explain(self, query: Query, *, verify: bool = False) -> dict[str, Any]:
         """``flockctl policy explain`` (:func:`flock.policy.explain`): the view is taken at one instant
-        here; the compile (O(the cluster's pods), as a full compile's peers) runs on a worker thread."""
+        here; the compile (O(the cluster's pods), as a full compile's peers) runs on a worker thread.
+        With *verify*, the kernel is asked too (:meth:`policy_verify`): the reply's ``verify``."""
         if self.policy is None:
             raise OpRefused("no policy service", "this agent enforces no NetworkPolicy: there is nothing to explain")
-        view = self.explain_view(self.policy)
+        own = await self._own_addresses()
+        structure = self.policy.applied
+        view = self.explain_view(self.policy, own)
         explanation = await trio.to_thread.run_sync(explain, view, query)
-        return explanation.to_json()
+        doc = explanation.to_json()
+        if verify:
+            doc["verify"] = (await self.policy_verify(explanation, view, structure)).to_json()
+        return doc
+
+    async def _own_addresses(self) -> frozenset:
+        """This node's addresses (a pod reaching one meets its node's input hook, not the forward hook);
+        empty when netlink cannot say (explain then knows the node only from Node objects)."""
+        try:
+            return frozenset(await self.netlink.node_addresses())
+        except Exception as exc:  # KernelRefused and the like: explain without them, as before
+            log.warning("explain: cannot read this node's addresses", extra={"error": str(exc)[:200]})
+            return frozenset()
+
+    async def policy_verify(self, explanation: Explanation, view: AgentView, structure: Ruleset | None) -> Verification:
+        """``--verify``: the query's first packet, sent from inside the source pod (one of this node's) with
+        nftables tracing on for it alone (:class:`flock.policy.Tracer`), and the kernel's way held to
+        *explanation* (made from *view*, while the kernel held *structure*).  One at a time.
+
+        Error handling: what keeps the packet from being sent or traced is the answer ("not-verified",
+        why); the trace table's removal failing (nft's error) propagates: the op fails, and says so."""
+        assert self.policy is not None
+        node = view.node
+        plan = verify_plan(explanation, node)
+        if isinstance(plan, str):
+            return Verification("not-verified", plan, node)
+        netns = self._pod_netns(plan.iif)
+        if netns is None:
+            return Verification("not-verified", f"cannot verify: the network namespace of {plan.pod} is gone", node)
+        async with self._verify_lock:
+            try:
+                captured = await self.tracer.trace(plan, netns)
+            except TraceError as exc:
+                return Verification("not-verified", f"cannot verify: {exc.strerror or exc}", node)
+            if self.policy.applied is not structure:
+                why = "cannot verify: flock's ruleset changed while the packet was traced: run it again"
+                return Verification("not-verified", why, node, captured.flow)
+        result = verification_of(explanation, node, captured, view.ruleset)
+        log.info(
+            "policy explain --verify: a packet sent from a pod, traced",
+            extra={"op": "policy-verify", "pod": plan.pod, "flow": captured.flow.text(), "status": result.status},
+        )
+        return result
+
+    def _pod_netns(self, veth: str) -> str | None:
+        """The network namespace of this node's attachment behind host veth *veth* (None: none, or gone)."""
+        assert self.policy is not None
+        local = self.policy.local
+        if not local.allocations_loaded:
+            return None
+        for cid, alloc in local.allocations.items():
+            if self.policy.host_ifname(cid) == veth and netns_alive(alloc.netns):
+                return alloc.netns
+        return None
 
     # -- pods ------------------------------------------------------------------
 

@@ -3,6 +3,10 @@
 Request ``{"version": 1, "op": "status", ...}``; reply ``{"ok": true, "result": {...}}``
 or ``{"ok": false, "error": "...", "details": "..."}``.  Standard library only:
 flockctl's client side imports nothing else.
+
+``policy-explain`` takes ``from``, ``to``, ``port``, ``protocol``, ``family`` and, for
+``--verify``, ``"verify": true`` (the reply then has ``verify``; an agent from before
+it ignores the field, which flockctl reports as not verified).
 """
 
 from __future__ import annotations

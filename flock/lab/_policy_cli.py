@@ -1,10 +1,11 @@
 """The policy commands of ``flock-lab`` (their arguments and what they print).
 
 ``ns add|label``, ``pod label``, ``node label``, ``apply``, ``delete``,
-``probe``, ``matrix`` and ``policy wait``; :mod:`flock.lab.cli` adds them to
+``probe``, ``matrix``, ``explain`` and ``policy wait``; :mod:`flock.lab.cli` adds them to
 its parser and hands them their arguments.  Exit codes: 0 done (probe: connected), 1 refused or
 not as wanted (probe: blocked; policy wait: timed out), 2 the command could
-not do its job (probe, matrix and policy wait only; other commands exit 1).
+not do its job (probe, matrix, explain and policy wait only; other commands exit 1).
+``explain`` exits as ``flockctl policy explain``: 0 allowed, 1 denied, 2 cannot tell.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import trio
 
-from flock.lab._pods import parse_labels, pod_label
+from flock.lab._explain import Answer, Asked, blocked_by, explain, explain_all
+from flock.lab._plan import LabPlan
+from flock.lab._pods import load_pods, parse_labels, pod_label
 from flock.lab._policy import (
     POLICY_WAIT_S,
     apply,
@@ -27,10 +30,12 @@ from flock.lab._policy import (
     server_version,
     wait_applied,
 )
-from flock.lab._probe import matrix, probe, truth_tables
+from flock.lab._ports import PortSpec
+from flock.lab._probe import ProbeResult, matrix, probe, truth_tables
 from flock.lab._state import LabError, require_state
+from flock.policy import explanation_text
 
-COMMANDS = ("ns", "node", "apply", "delete", "probe", "matrix", "policy")
+COMMANDS = ("ns", "node", "apply", "delete", "probe", "matrix", "explain", "policy")
 EXIT_ERROR = 2
 
 
@@ -114,6 +119,25 @@ def add_commands(
         metavar="TARGET",
         help="probe these (NS/POD, a node name or an address) from every pod, instead of every pod",
     )
+    s.add_argument(
+        "--explain-all",
+        action="store_true",
+        help="ask the agents to explain every pair, not only the blocked ones (--json: each result's explanation)",
+    )
+    s = sub.add_parser(
+        "explain",
+        parents=[common],
+        help="flockctl policy explain, asked of the agent on the node that matters (the source pod's; "
+        "else the destination's): exit 0 allowed, 1 denied, 2 cannot tell",
+        description="May FROM open a connection to TO, and which policy and rule decide: `flockctl policy "
+        "explain` on the admin socket of the agent of the source pod's node (else of the destination pod's, "
+        "else of a node end's), printed as flockctl prints it; --json adds `asked`, the node asked.",
+        epilog="exit codes: 0 allowed; 1 denied; 2 cannot tell (why is printed) or no agent answers",
+    )
+    s.add_argument("source", metavar="FROM", help="NS/POD, a node name, an address or internet (up --internet)")
+    s.add_argument("target", metavar="TO", help="NS/POD, a node name, an address or internet")
+    s.add_argument("port", metavar="PORT/PROTO", help="80/TCP, 53/UDP, 3868/SCTP")
+    s.add_argument("--family", type=_family, default=None, help="6 or 4 (default: the agent's choice, IPv6 first)")
 
     policy = sub.add_parser("policy", help="NetworkPolicy and ClusterNetworkPolicy enforcement").add_subparsers(
         dest="policy_command", required=True
@@ -144,7 +168,7 @@ async def run_command(args: argparse.Namespace) -> int | None:
         return 0
     if args.command not in COMMANDS:
         return None
-    if args.command in ("probe", "matrix", "policy"):
+    if args.command in ("probe", "matrix", "explain", "policy"):
         try:
             return await _measure(args)
         except LabError as exc:
@@ -196,12 +220,29 @@ async def _measure(args: argparse.Namespace) -> int:
             return _error(args, "matrix: the lab has no pods (flock-lab pod add …)")
         if not ports:
             return _error(args, "matrix: no TCP or UDP port to probe (give --port PORT/PROTO)")
-        text = truth_tables(pods, ports, results, args.family, args.to or None)
-        _out(args, {"results": [r.to_json() for r in results]}, text)
+        explained = await _explain_results(plan, results, args.explain_all)
+        blocked = {(r.source, r.target, r.port) for r in results if not r.connected and not r.error}
+        causes = {key: blocked_by(a) for key, a in explained.items() if key in blocked}
+        text = truth_tables(pods, ports, results, args.family, args.to or None, causes)
+        docs = []
+        for r in results:
+            doc = r.to_json()
+            key = (r.source, r.target, r.port)
+            if key in causes:
+                doc["blocked_by"] = causes[key]
+            if args.explain_all:
+                answer = explained.get(key)
+                doc["explanation"] = answer.to_json() if isinstance(answer, Answer) else {"error": answer}
+            docs.append(doc)
+        _out(args, {"results": docs}, text)
         errors = [r for r in results if r.error]
         for r in errors[:5]:
             print(f"flock-lab: {r.source} → {r.target} {r.port}: {r.reason}", file=sys.stderr)
         return EXIT_ERROR if errors else 0
+    if args.command == "explain":
+        answer = await explain(plan, args.source, args.target, args.port, args.family)
+        _out(args, answer.to_json(), f"{explanation_text(answer.doc)}\nasked    the agent on {answer.node}")
+        return answer.exit_code
     target = await server_version(plan)
     applied: dict[str, int | None] = {}
     start = trio.current_time()
@@ -224,6 +265,22 @@ async def _measure(args: argparse.Namespace) -> int:
     )
     _out(args, doc, text)
     return 0 if doc["ok"] else 1
+
+
+async def _explain_results(
+    plan: LabPlan, results: list[ProbeResult], every: bool
+) -> dict[tuple[str, str, str], Answer | str]:
+    """The agents' explanations of the blocked results (*every*: of every result that was probed), by
+    (from, to, port): asked of what was probed, the target's address for a target that is no pod."""
+    wanted = [r for r in results if not r.error and (every or not r.connected)]
+    pods = load_pods(plan)
+    keys = {p.key for p in pods}
+    questions = [
+        Asked(r.source, r.target if r.target in keys else r.address, PortSpec.parse(r.port, named=False), r.family)
+        for r in wanted
+    ]
+    answers = await explain_all(plan, questions, pods)
+    return {(r.source, r.target, r.port): a for r, a in zip(wanted, answers, strict=True)}
 
 
 def _labels(labels: dict[str, str] | Any) -> str:

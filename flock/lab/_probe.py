@@ -17,7 +17,7 @@ import errno
 import ipaddress
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -225,10 +225,14 @@ def truth_tables(
     results: Sequence[ProbeResult],
     family: int,
     targets: Sequence[str] | None = None,
+    blocked_by: Mapping[tuple[str, str, str], str] | None = None,
 ) -> str:
     """One table per port, rows probing columns (the pods, or *targets*), as the upstream
-    e2e prints them: ``.`` connected, ``X`` blocked, ``?`` could not probe."""
+    e2e prints them: ``.`` connected, ``X`` blocked, ``?`` could not probe.  With *blocked_by*
+    ((from, to, port) → what blocked it), a blocked cell is ``X<n>``, and a legend under the
+    table says what each ``n`` is (one number per cause, the same in every table)."""
     by_key = {(r.source, r.target, r.port): r for r in results}
+    notes: dict[str, int] = {}  # cause → its number
     keys = [p.key for p in pods]
     columns = list(targets) if targets is not None else keys
     width = max([len(k) for k in keys + columns] + [4])
@@ -236,12 +240,23 @@ def truth_tables(
     for port in ports:
         lines.append(f"reachability on {port.label}, IPv{family} (row → column; . connected, X blocked, ? error)")
         lines.append("-" + " " * width + "".join(f"{k:>{width + 1}}" for k in columns))
+        used: list[int] = []
         for src in keys:
             cells = []
             for dst in columns:
                 r = by_key.get((src, dst, port.label))
-                cells.append("?" if r is None or r.error else "." if r.connected else "X")
+                cell = "?" if r is None or r.error else "." if r.connected else "X"
+                cause = (blocked_by or {}).get((src, dst, port.label)) if cell == "X" else None
+                if cause is not None:
+                    n = notes.setdefault(cause, len(notes) + 1)
+                    used += [] if n in used else [n]
+                    cell += str(n)
+                cells.append(cell)
             lines.append(f"{src:<{width + 1}}" + "".join(f"{c:>{width + 1}}" for c in cells))
+        if used:
+            lines.append("blocked by (as the agents explain it):")
+            causes = {n: cause for cause, n in notes.items()}
+            lines += [f"{n:>4}: {causes[n]}" for n in sorted(used)]
         lines.append("")
     connected = sum(r.connected for r in results)
     errors = sum(r.error for r in results)

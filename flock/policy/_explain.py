@@ -108,6 +108,8 @@ class AgentView:
     resource_version: int = 0  # how far the watchers reflect the cluster
     applied_resource_version: int = 0  # what the ruleset in force was made from
     apply_error: str | None = None  # nft refused the last ruleset (the kernel holds an older one)
+    # this node's own addresses (netlink): an address among them is this node, Nodes listed or not
+    own_addresses: frozenset[IPAddress] = frozenset()
 
     def inputs_json(self) -> dict[str, Any]:
         snap = self.inputs
@@ -299,6 +301,8 @@ def _resolve(text: str, view: AgentView, pods: Mapping[str, PolicyPod]) -> Party
             raise CannotTell(f"{address} is ambiguous: an address of nodes {', '.join(nodes[:5])}")
         if nodes:
             return Party(text, "node", address, node=nodes[0], addresses=(address,))
+        if address in view.own_addresses:  # this node's, known without Node objects
+            return Party(text, "node", address, node=view.node, addresses=(address,))
         return Party(text, "address", address, addresses=(address,))
     if "/" in text:
         pod = pods.get(text)
@@ -317,6 +321,11 @@ def _resolve(text: str, view: AgentView, pods: Mapping[str, PolicyPod]) -> Party
         if not node.addresses:
             raise CannotTell(f"node {text} has no address in its status")
         return Party(text, "node", node=text, addresses=node.addresses)
+    if text == view.node and view.own_addresses:
+        # this agent's node: its own addresses (link-local ones and the pods' gateways left out)
+        mine = tuple(sorted((a for a in view.own_addresses if not a.is_link_local), key=lambda a: (a.version != 6, a)))
+        if mine:
+            return Party(text, "node", node=text, addresses=mine)
     if not snap.nodes_known and (text == view.node or any(p.node == text for p in pods.values())):
         raise CannotTell(
             f"the addresses of node {text} are unknown: flock lists Nodes only while a ClusterNetworkPolicy "
@@ -754,11 +763,16 @@ def explanation_text(doc: Mapping[str, Any]) -> str:
         if d["applied"] is not None:
             agrees = "agrees" if d["applied"] == d["verdict"] else f"says {_verdict_word(d['applied'])}"
             lines.append(f"           the ruleset in force on {d['node']} {agrees}")
+        verified = (doc.get("verify") or {}).get(key)
+        if verified is not None:
+            lines += _kernel_lines(verified)
     if doc["verdict"] == Verdict.UNKNOWN.value:
         lines.append(f"verdict  CANNOT TELL: {doc['why']}")
     else:
         checked = " (the reference evaluator agrees)" if doc["reference"] is not None else ""
         lines.append(f"verdict  {_verdict_word(doc['verdict'])}{checked}")
+    if doc.get("verify") is not None:
+        lines += _verify_lines(doc["verify"])
     lines += [f"note     {note}" for note in doc["notes"]]
     inputs = doc["inputs"]
     if inputs:
@@ -767,3 +781,48 @@ def explanation_text(doc: Mapping[str, Any]) -> str:
             f"{inputs['applied_resource_version']} in force" + ("" if inputs["complete"] else "; not all listed yet")
         )
     return "\n".join(lines)
+
+
+# -- --verify: what the kernel did, next to the explanation -----------------------------------------
+
+
+def kernel_step_text(step: Mapping[str, Any]) -> str:
+    """One step of the kernel's walk (:meth:`flock.policy._trace.KernelStep.to_json`), as the chains line
+    writes the explanation's: ``chain[rule, handle H] verdict`` (``?``: no rule of the ruleset in force)."""
+    chain, part, verdict = step["chain"], step["part"], step["verdict"]
+    if part == "policy":
+        return f"{chain} policy {verdict}"
+    if part == "end":
+        return f"{chain}[{step['rule']}] end" if step["rule"] is not None else f"{chain} end"
+    if part == "base":
+        return f"{chain}[handle {step['handle']}] {verdict}"
+    rule = "?" if step["rule"] is None else step["rule"]
+    return f"{chain}[{rule}, handle {step['handle']}] {'log' if part == 'log' else verdict}"
+
+
+def _kernel_lines(check: Mapping[str, Any]) -> list[str]:
+    """A direction's kernel walk and whether it agrees (under its chains line)."""
+    walk, status = check["kernel"], check["status"]
+    if walk is None:
+        word = "agrees" if status == "agrees" else status.replace("-", " ").upper()
+        return [f"           kernel {word}: {check['why'] or 'no chain of flock filtered it'}"]
+    path = " → ".join(kernel_step_text(s) for s in walk["steps"]) or f"{walk['chain']}: no rule matched"
+    return [f"           kernel {'agrees' if status == 'agrees' else 'DISAGREES'}: {path}"]  # why: after the verdict
+
+
+def _verify_lines(verify: Mapping[str, Any]) -> list[str]:
+    """--verify's own lines, after the verdict."""
+    status, probe = verify["status"], verify["probe"]
+    if status == "agrees":
+        sent = ""
+        if probe is not None:
+            sent = (
+                f": one {probe['protocol']} packet {probe['from']} port {probe['sport']} → {probe['to']} port "
+                f"{probe['dport']}, traced on {verify['node']} (trace id {probe['trace_id']})"
+            )
+        lines = [f"kernel   agrees{sent}"]
+    elif status == "disagrees":
+        lines = [f"kernel   DISAGREES: {verify['why']}"]
+    else:
+        lines = [f"kernel   NOT VERIFIED: {verify['why']}"]
+    return lines + [f"note     {note}" for note in verify["notes"]]

@@ -17,7 +17,10 @@ say, probed with ``flock-lab matrix --to node1 --to node2``).
 
 :class:`Lab` drives one lab directory through ``flock-lab``'s command line
 (in this process), and :func:`model_lab` brings up the two-node lab with the
-model in it: what tests/lab's ``netpol`` stage shares.
+model in it: what tests/lab's ``netpol`` stage shares.  :meth:`Lab.check`
+measures with ``matrix --explain-all`` and also holds every probed pair's
+explanation (``flockctl policy explain``, asked of the source pod's agent) to
+what the probe met (:func:`explain_drift`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from flock.lab import LabPlan, load_pods
 from flock.lab.cli import main
 from flock.netlink._conntrack import forget
 from flock.netlink._nsenter import run_in_netns
+from flock.policy import explanation_text
 
 
 @attrs.frozen
@@ -222,9 +226,12 @@ class Lab:
         out = self.ok("policy", "wait", "--timeout", "30", "--json")
         assert json.loads(out)["ok"], out
 
-    def matrix(self, ports: Sequence[str], family: int = 6, targets: Sequence[str] = ()) -> list[dict[str, Any]]:
+    def matrix(
+        self, ports: Sequence[str], family: int = 6, targets: Sequence[str] = (), explain: bool = False
+    ) -> list[dict[str, Any]]:
+        """``matrix --json``'s results; with *explain* (``--explain-all``), each with the agents' ``explanation``."""
         self.forget_udp_flows()
-        args = ["matrix", "--json", "--family", str(family)]
+        args = ["matrix", "--json", "--family", str(family), *(["--explain-all"] if explain else [])]
         for p in ports:
             args += ["--port", p]
         for t in targets:
@@ -240,11 +247,26 @@ class Lab:
             run_in_netns(f"/run/netns/{node.netns}", functools.partial(forget, (), every_port="udp"))
 
     def check(self, want: Reachability, ports: Sequence[str] = ("80/TCP",), family: int = 6) -> None:
-        """Measure *want*'s table (pods to pods, or to ``want.targets``) and compare."""
-        results = self.matrix(ports, family, () if want.targets is None else want.targets)
+        """Measure *want*'s table (pods to pods, or to ``want.targets``) and compare; then hold the agents'
+        explanations of every probed pair (``flock-lab matrix --explain-all``) to what the probes met."""
+        results = self.matrix(ports, family, () if want.targets is None else want.targets, explain=True)
         problems = [m for p in ports for m in want.mismatches(results, p, family)]
         tables = "\n\n".join(want.table(results, p, family) for p in ports)
         assert not problems, f"{len(problems)} probes differ:\n" + "\n".join(problems[:20]) + "\n\n" + tables
+        drift = explain_drift(results)
+        more = "; ".join(d.splitlines()[0] for d in drift[3:])
+        assert not drift, (
+            f"{len(drift)} explanations disagree with the probes:\n"
+            + "\n\n".join(drift[:3])
+            + (f"\n\n… and {len(drift) - 3} more: {more}" if more else "")
+        )
+        self.verify_sample(results)
+
+    def verify_sample(self, results: Sequence[Mapping[str, Any]]) -> None:
+        """VERIFY PLUGS IN HERE: ``flockctl policy explain --verify`` (one real packet, traced by nftables)
+        of one blocked and one allowed pair of the matrix whose source is on the node asked.  ``--verify`` is
+        not in flockctl yet (see :func:`verify_pairs` for the pairs to verify); until it is, nothing runs here."""
+        del results
 
     def address(self, pod: str, family: int) -> str:
         (found,) = [p for p in load_pods(self.plan) if p.key == pod]
@@ -279,6 +301,39 @@ class Lab:
             for p in MODEL.pod_names:
                 self.ok("pod", "label", f"{ns}/{p}", f"pod={p}", "--remove", "role")
         self.wait()
+
+
+def explain_drift(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The results of ``matrix --explain-all`` whose explanation does not say what the probe met: each as
+    ``x/a → y/b 80/TCP IPv6: probe blocked, explain allowed (the agent on node1)`` and the explanation's text
+    (its path and chains), as flockctl prints it."""
+    drift = []
+    for r in results:
+        doc = r.get("explanation")
+        probed = "connected" if r["connected"] else "blocked"
+        head = f"{r['from']} → {r['to']} {r['port']} IPv{r['family']}: probe {probed}"
+        if not isinstance(doc, Mapping) or "error" in doc:
+            why = doc["error"] if isinstance(doc, Mapping) else "the matrix gave no explanation"
+            drift.append(f"{head}, not explained: {why}")
+            continue
+        said = doc.get("verdict")
+        if said == ("allowed" if r["connected"] else "denied"):
+            continue
+        drift.append(f"{head}, explain {said} (the agent on {doc.get('asked')})\n{explanation_text(doc)}")
+    return drift
+
+
+def verify_pairs(results: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One blocked and one allowed pair of a matrix (a pod reaching itself is neither: its packets never leave
+    its namespace), each explained by the agent on its source's node (what ``--verify`` sends from)."""
+    picked: dict[bool, Mapping[str, Any]] = {}
+    for r in results:
+        doc = r.get("explanation") or {}
+        source = doc.get("from") or {}
+        if r["from"] == r["to"] or source.get("kind") != "pod" or source.get("node") != doc.get("asked"):
+            continue
+        picked.setdefault(bool(r["connected"]), r)
+    return [picked[k] for k in (False, True) if k in picked]
 
 
 @contextlib.contextmanager

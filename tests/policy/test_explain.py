@@ -339,6 +339,23 @@ def test_a_node_reaching_its_own_pods_and_a_pod_itself_are_never_filtered() -> N
     assert ask(v, "default/client", "default/web").verdict is Verdict.DENIED
 
 
+def test_this_nodes_own_addresses_are_this_node_without_node_objects() -> None:
+    """Nodes are listed only while a ClusterNetworkPolicy has a nodes peer: the agent knows its own node's
+    addresses from the kernel all the same (the lab's e2e found a pod → own node answered by the forward hook)."""
+    deny_all = policy("default", "deny-all", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
+    own = frozenset({ip("2001:db8:ffff::1"), ip("192.0.2.11"), ip("fe80::1")})
+    v = attrs.evolve(view(policies=(deny_all,)), own_addresses=own)
+    for dst in ("2001:db8:ffff::1", NODE):  # by address, or by name
+        got = ask(v, "default/client", dst)
+        assert got.verdict is Verdict.ALLOWED and got.egress.hook == "input", got.text()
+        assert got.destination.kind == "node" and got.destination.node == NODE
+    got = ask(v, "2001:db8:ffff::1", "default/web")  # the node reaching its own pod: never filtered
+    assert got.verdict is Verdict.ALLOWED and got.ingress.decided_by == "own-node", got.text()
+    # without them (as before): an address no pod or node is known to have, through the forward hook
+    assert ask(view(policies=(deny_all,)), "default/client", "2001:db8:ffff::1").verdict is Verdict.DENIED
+    assert ask(v, "default/client", "2001:db8:ffff::2").verdict is Verdict.DENIED  # another node's: forward
+
+
 # ---- what cannot be told ----------------------------------------------------------------------------
 
 
