@@ -47,6 +47,7 @@ class Asked:
     target: str
     port: PortSpec
     family: int | None = None
+    verify: bool = False  # and send the first packet for real, traced by nftables (flockctl's --verify)
 
 
 @attrs.frozen
@@ -62,8 +63,16 @@ class Answer:
 
     @property
     def exit_code(self) -> int:
-        """flockctl's: 0 allowed, 1 denied, 2 cannot tell."""
-        return _EXIT_CODES.get(self.verdict, Verdict.UNKNOWN.exit_code)
+        """flockctl's: 0 allowed, 1 denied, 2 cannot tell; with --verify 3 when the kernel disagrees, and 2
+        when it could not be asked."""
+        code = _EXIT_CODES.get(self.verdict, Verdict.UNKNOWN.exit_code)
+        verify = self.doc.get("verify")
+        if isinstance(verify, Mapping):
+            if verify.get("status") == "disagrees":
+                return 3
+            if verify.get("status") != "agrees":
+                return Verdict.UNKNOWN.exit_code
+        return code
 
     def to_json(self) -> dict[str, Any]:
         return {**self.doc, "asked": self.node}
@@ -126,6 +135,8 @@ async def ask_node(node: NodePlan, asked: Asked) -> Answer:
         "port": asked.port.port,
         "protocol": asked.port.protocol,
     }
+    if asked.verify:
+        fields["verify"] = True
     request = functools.partial(ask, admin_socket(node), OP, timeout=EXPLAIN_TIMEOUT_S, **fields)
     try:
         doc = await trio.to_thread.run_sync(request)
@@ -136,12 +147,14 @@ async def ask_node(node: NodePlan, asked: Asked) -> Answer:
     return Answer(node.name, doc)
 
 
-async def explain(plan: LabPlan, source: str, target: str, port_text: str, family: int | None) -> Answer:
+async def explain(
+    plan: LabPlan, source: str, target: str, port_text: str, family: int | None, *, verify: bool = False
+) -> Answer:
     """``flock-lab explain FROM TO PORT/PROTO``: asked of the node that matters (see the module doc)."""
     pods = load_pods(plan)
     port = PortSpec.parse(port_text, named=False)
     node = node_to_ask(plan, pods, source, target)
-    asked = Asked(_lab_name(source, plan, family), _lab_name(target, plan, family), port, family)
+    asked = Asked(_lab_name(source, plan, family), _lab_name(target, plan, family), port, family, verify)
     return await ask_node(node, asked)
 
 

@@ -138,6 +138,11 @@ def add_commands(
     s.add_argument("target", metavar="TO", help="NS/POD, a node name, an address or internet")
     s.add_argument("port", metavar="PORT/PROTO", help="80/TCP, 53/UDP, 3868/SCTP")
     s.add_argument("--family", type=_family, default=None, help="6 or 4 (default: the agent's choice, IPv6 first)")
+    s.add_argument(
+        "--verify",
+        action="store_true",
+        help="and send the first packet for real, traced by nftables (exit 3 when the kernel disagrees)",
+    )
 
     policy = sub.add_parser("policy", help="NetworkPolicy and ClusterNetworkPolicy enforcement").add_subparsers(
         dest="policy_command", required=True
@@ -240,7 +245,7 @@ async def _measure(args: argparse.Namespace) -> int:
             print(f"flock-lab: {r.source} → {r.target} {r.port}: {r.reason}", file=sys.stderr)
         return EXIT_ERROR if errors else 0
     if args.command == "explain":
-        answer = await explain(plan, args.source, args.target, args.port, args.family)
+        answer = await explain(plan, args.source, args.target, args.port, args.family, verify=args.verify)
         _out(args, answer.to_json(), f"{explanation_text(answer.doc)}\nasked    the agent on {answer.node}")
         return answer.exit_code
     target = await server_version(plan)

@@ -263,10 +263,18 @@ class Lab:
         self.verify_sample(results)
 
     def verify_sample(self, results: Sequence[Mapping[str, Any]]) -> None:
-        """VERIFY PLUGS IN HERE: ``flockctl policy explain --verify`` (one real packet, traced by nftables)
-        of one blocked and one allowed pair of the matrix whose source is on the node asked.  ``--verify`` is
-        not in flockctl yet (see :func:`verify_pairs` for the pairs to verify); until it is, nothing runs here."""
-        del results
+        """``flock-lab explain --verify`` (one real packet, traced by nftables, held to the explanation) of one
+        blocked and one allowed pair of the matrix (:func:`verify_pairs`): the kernel must agree (exit 0/1)."""
+        for r in verify_pairs(results):
+            args = ["explain", r["from"], r["to"], r["port"], "--family", str(r["family"]), "--verify", "--json"]
+            code, out = self.run(*args)
+            doc = json.loads(out) if out.strip().startswith("{") else {}
+            verify = doc.get("verify") or {}
+            assert code in (0, 1) and verify.get("status") == "agrees", (
+                f"flock-lab {' '.join(args[:-1])}: exit {code}, the kernel {verify.get('status')}: "
+                f"{verify.get('why') or ''}\n{out[:3000]}"
+            )
+            assert (code == 0) == bool(r["connected"]), f"--verify says exit {code} where the probe met {r}"
 
     def address(self, pod: str, family: int) -> str:
         (found,) = [p for p in load_pods(self.plan) if p.key == pod]
