@@ -441,12 +441,7 @@ def _tier_chain(
     denials: dict[str, Denial] = {}
     for cnp in policies:
         rules_ = cnp.ingress if direction is Direction.INGRESS else cnp.egress
-        names = [r.name for r in rules_ if r.name]
-        for i, rule in enumerate(rules_):
-            # a rule's name labels its counters; unnamed, or a name the policy gives twice: its place too
-            label = f"{direction.value.lower()}[{i}]"
-            if rule.name:
-                label = rule.name if names.count(rule.name) == 1 else f"{rule.name} ({label})"
+        for rule, label in zip(rules_, rule_labels(cnp, direction), strict=True):
             rules = builder.cluster_rules(rule, direction)
             if log:
                 for j, r in enumerate(rules):
@@ -458,6 +453,20 @@ def _tier_chain(
             owners += [(cnp.name, label)] * len(rules)
     chain = Chain(name, tuple(body)) if body else None
     return _TierChain(chain, builder.specs, builder.static, tuple(owners), denials)
+
+
+def rule_labels(cnp: ClusterNetworkPolicy, direction: Direction) -> list[str]:
+    """What names each of *cnp*'s rules of *direction* in tier_rules, counters and logs: its name; unnamed,
+    or a name the policy gives twice, its place too ("egress[2]", "allow-dns (egress[2])")."""
+    rules = cnp.ingress if direction is Direction.INGRESS else cnp.egress
+    names = [r.name for r in rules if r.name]
+    out = []
+    for i, rule in enumerate(rules):
+        label = f"{direction.value.lower()}[{i}]"
+        if rule.name:
+            label = rule.name if names.count(rule.name) == 1 else f"{rule.name} ({label})"
+        out.append(label)
+    return out
 
 
 def _policy_chains(policy: NetworkPolicy, direction: Direction, families: tuple[int, ...], name: str) -> _PolicyChains:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +44,7 @@ import attrs
 from flock.fnv import fnv1a_32
 
 from ._cluster import Action, ClusterNetworkPolicy, Tier
-from ._compile import FAMILIES, Compiler, _RuleBuilder
+from ._compile import FAMILIES, Compiler, _RuleBuilder, rule_labels
 from ._inputs import _REQUIRED, PolicySnapshot
 from ._model import Direction, IPAddress, Namespace, NetworkPolicy, PolicyPod, Protocol
 from ._reference import Endpoint, _direction_allows, evaluate, tier_action
@@ -372,16 +371,12 @@ def _at(party: Party, family: int) -> Party:
 # -- naming what the packet met ---------------------------------------------------------------
 
 _ACTIONS = {"accept": Action.ACCEPT, "drop": Action.DENY, "return": Action.PASS}
-_LABEL_INDEX = re.compile(r"(?:ingress|egress)\[(\d+)\]\)?\Z")
 
 
 def _cnp_rule_index(cnp: ClusterNetworkPolicy, direction: Direction, label: str) -> int | None:
-    """The place of the rule the compiler labelled *label* ("name", "name (egress[2])" or "egress[2]")."""
-    found = _LABEL_INDEX.search(label)
-    if found:
-        return int(found.group(1))
-    rules = cnp.ingress if direction is Direction.INGRESS else cnp.egress
-    return next((i for i, r in enumerate(rules) if r.name == label), None)
+    """The place of the rule the compiler labelled *label* (labels are the compiler's own, never parsed:
+    a rule may well be named "block-ingress[0]")."""
+    return next((i for i, own in enumerate(rule_labels(cnp, direction)) if own == label), None)
 
 
 def np_rule_index(policy: NetworkPolicy, direction: Direction, chain: Chain, index: int) -> int | None:

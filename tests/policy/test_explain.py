@@ -496,3 +496,23 @@ def _named_rightly(direction, snap, namespaces, other, dst, port, proto) -> None
                 f"{rule.name} ("
             ), step
             assert rule.action.value == step.action or step.detail.startswith("fails closed"), step
+
+
+def test_a_rule_named_like_a_place_is_named_by_its_own_place() -> None:
+    """Rule names are free text: "block-ingress[0]" at place 1 is rule 1 (review: the label was parsed)."""
+    cnp = cluster_policy(
+        "odd-names",
+        {
+            "tier": "Admin",
+            "priority": 1,
+            "subject": {"namespaces": {}},
+            "ingress": [
+                {"name": "from-far", "action": "Accept", "from": [{"namespaces": {"matchLabels": {"team": "far"}}}]},
+                {"name": "block-ingress[0]", "action": "Deny", "from": [{"namespaces": {}}]},
+            ],
+        },
+    )  # fmt: skip
+    got = ask(view(cnps=(cnp,)), "default/client", "default/web", 81)
+    assert got.verdict is Verdict.DENIED, got.text()
+    assert steps(got.ingress)[0] == ("Admin", "Deny", "odd-names", "block-ingress[0]", 1)
+    assert "fails closed" not in got.text()
