@@ -34,6 +34,7 @@ from flock.policy import (
     ClusterNetworkPolicy,
     Explanation,
     NftCommand,
+    NftError,
     PolicyService,
     Query,
     Ruleset,
@@ -365,6 +366,15 @@ class AdminOps:
         if verify:
             doc["verify"] = (await self.policy_verify(explanation, view, structure)).to_json()
         return doc
+
+    async def forget_leftovers(self) -> None:
+        """At start: what a previous agent killed during ``--verify`` left in the kernel (the trace table) goes."""
+        if self.policy is None:
+            return
+        try:
+            await self.tracer.forget_leftovers()
+        except (NftError, TraceError, OSError) as exc:  # a table left tracing one flow: worth a warning, no more
+            log.warning("could not delete a trace table left behind", extra={"error": str(exc)[:300]})
 
     async def _own_addresses(self) -> frozenset:
         """This node's addresses (a pod reaching one meets its node's input hook, not the forward hook);

@@ -55,6 +55,7 @@ class AdminServer:
         return PrivateSocket(self.path, backlog=16, tighten_directory=False)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.ops.forget_leftovers()
         listener = await self._socket.listen()
         try:
             task_status.started()

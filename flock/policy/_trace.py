@@ -968,6 +968,10 @@ class Tracer:
         except OSError as exc:
             raise TraceError(exc.errno, f"cannot read flock's rules: {exc}") from None
 
+    async def forget_leftovers(self) -> None:
+        """Delete a trace table an agent killed in the middle of ``--verify`` left behind (start-up)."""
+        await self._drop_table()
+
     async def _drop_table(self) -> None:
         """Delete the trace table (there or not), whatever else is going on."""
         with trio.move_on_after(CLEANUP_S, shield=True) as scope:

@@ -255,3 +255,13 @@ async def test_the_op_says_why_it_cannot_verify(tmp_path):
     }
     assert here["verify"]["why"] == "cannot verify: the network namespace of x/web is gone"
     assert "verify" not in without
+
+
+def test_a_trace_table_left_by_a_killed_agent_goes_when_the_next_one_starts(lab) -> None:
+    """An agent killed in the middle of --verify leaves `inet flock-trace` (tracing one flow): the next one
+    deletes it before it serves flockctl."""
+    lab.node.run("nft", "add", "table", "inet", "flock-trace")
+    assert "flock-trace" in lab.node.run("nft", "list", "tables").stdout
+    agent = lab.agent()
+    agent.wait_ready()
+    wait_for("the stale trace table to go", lambda: "flock-trace" not in lab.node.run("nft", "list", "tables").stdout)
