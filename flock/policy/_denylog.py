@@ -62,6 +62,7 @@ import trio
 from flock.nursery import Backoff
 
 from ._backend import _enter_netns
+from ._counters import _attrs
 from ._inputs import InputJournal, PolicySource
 from ._metrics import DeniedCounters, DeniedKey
 from ._model import Direction, IPAddress, PolicyPod
@@ -87,7 +88,6 @@ _NFULNL_COPY_PACKET = 2
 _NFULA_PAYLOAD, _NFULA_PREFIX = 9, 10
 _NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
 _NLMSG_ERROR = 2
-_NLA_TYPE_MASK = 0x3FFF
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id (big-endian: the group)
 # Records are batched by the kernel for at most 50 ms (or 16 records): a denial shows well within a second.
@@ -145,15 +145,6 @@ class LoggedPacket:
     icmp: tuple[int, int] | None = None  # (type, code)
 
 
-def _nlattrs(view: memoryview, offset: int) -> Iterator[tuple[int, memoryview]]:
-    while offset + 4 <= len(view):
-        length, kind = struct.unpack_from("=HH", view, offset)
-        if length < 4:
-            return
-        yield kind & _NLA_TYPE_MASK, view[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-
-
 def parse_messages(data: bytes | memoryview) -> Iterator[LoggedPacket | None]:
     """The logged packets in a netlink datagram (None for a record that cannot be read)."""
     view = memoryview(data)
@@ -167,7 +158,7 @@ def parse_messages(data: bytes | memoryview) -> Iterator[LoggedPacket | None]:
         if kind == packet_kind and length >= _HEADER.size + _NFGEN.size:
             family = view[offset + _HEADER.size]
             prefix, payload = b"", None
-            for attr_kind, value in _nlattrs(view[offset : offset + length], _HEADER.size + _NFGEN.size):
+            for attr_kind, value in _attrs(view[offset : offset + length], _HEADER.size + _NFGEN.size):
                 if attr_kind == _NFULA_PREFIX:
                     prefix = bytes(value).split(b"\0", 1)[0]
                 elif attr_kind == _NFULA_PAYLOAD:
