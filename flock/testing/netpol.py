@@ -266,7 +266,10 @@ class Lab:
         """``flock-lab explain --verify`` (one real packet, traced by nftables, held to the explanation) of one
         blocked and one allowed pair of the matrix (:func:`verify_pairs`): the kernel must agree (exit 0/1)."""
         for r in verify_pairs(results):
-            args = ["explain", r["from"], r["to"], r["port"], "--family", str(r["family"]), "--verify", "--json"]
+            # the address the probe went to, as the matrix's explanation was asked (a node by name is known to
+            # explain only while Nodes are listed)
+            target = r["to"] if "/" in r["to"] else (r["explanation"].get("to") or {}).get("address") or r["to"]
+            args = ["explain", r["from"], target, r["port"], "--family", str(r["family"]), "--verify", "--json"]
             code, out = self.run(*args)
             doc = json.loads(out) if out.strip().startswith("{") else {}
             verify = doc.get("verify") or {}
