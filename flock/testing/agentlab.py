@@ -256,6 +256,16 @@ class Lab:
         conf = {"cniVersion": "1.1.0", "name": "flock-net", "type": "flock", "socket": str(self.socket), **config}
         return run_plugin(self.plugin, command, conf, self.tmp, **{k: v for k, v in env.items() if v})
 
+    def flockctl(self, *args: str, timeout: float = 60) -> tuple[int, str, dict]:
+        """The installed ``flockctl *args*`` on this lab's agent, as an operator runs it, and again with
+        ``--json``: (exit code, text, the JSON document; {} when it printed none)."""
+        run = [str(BIN / "flockctl"), *args, "--socket", str(self.socket.parent / "admin.sock")]
+        env = {k: v for k, v in os.environ.items() if k != "FLOCK_ADMIN_SOCKET"}
+        text = subprocess.run(run, capture_output=True, text=True, timeout=timeout, env=env)
+        as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=timeout, env=env)
+        assert as_json.returncode == text.returncode, (text, as_json)
+        return text.returncode, text.stdout + text.stderr, json.loads(as_json.stdout) if as_json.stdout else {}
+
     def rows(self) -> dict[str, Any]:
         store = SyncStore.open(self.state_dir)
         try:

@@ -57,12 +57,7 @@ def lab(tmp_path):
 
 def explain_only(lab, *args: str) -> tuple[int, str, dict]:
     """``flockctl policy explain *args*`` as an operator runs it: (exit code, text, the --json output)."""
-    run = [str(BIN / "flockctl"), "policy", "explain", *args, "--socket", str(lab.socket.parent / "admin.sock")]
-    env = {k: v for k, v in os.environ.items() if k != "FLOCK_ADMIN_SOCKET"}
-    text = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
-    as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=60, env=env)
-    assert as_json.returncode == text.returncode, (text, as_json)
-    return text.returncode, text.stdout + text.stderr, json.loads(as_json.stdout) if as_json.stdout else {}
+    return lab.flockctl("policy", "explain", *args)
 
 
 def verify(lab, *args: str) -> tuple[int, str, dict]:
