@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from flock import installer
-from flock.testing import PODS, pod_object
+from flock.apiserver import PODS, pod_object
 from flock.testing.agentlab import NODE, open_lab
 from flock.testing.benchkit import stats_ms
 from flock.testing.runtimes import Containerd

@@ -35,7 +35,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from flock.testing import NAMESPACES, NETWORKPOLICIES, PODS, namespace_object, network_policy_object, pod_object
+from flock.apiserver import NAMESPACES, NETWORKPOLICIES, PODS, namespace_object, network_policy_object, pod_object
 from flock.testing.agentlab import Lab, open_lab, wait_for
 
 LOG_DENIED = "flock.fritzlab.net/log-denied"

@@ -2,7 +2,7 @@
 
 So that a scale benchmark measures the agent and not the fake: loads N
 realistic pods (flock.testing.scale's generator: 4.2–6.0 KiB of JSON each,
-managedFields, env, probes, volumes) into ``python -m flock.testing.apiserver
+managedFields, env, probes, volumes) into ``python -m flock.apiserver
 --load`` (its own process) and reports its load time, the bytes of JSON it
 holds, its RSS, and the time (to the last byte, read by a plain client) of a
 whole unpaged list (``resourceVersion=0``, the watch cache), a paged list of
@@ -159,7 +159,7 @@ def main() -> None:
     files = pod_files(args.pods, args.cache)
     with tempfile.TemporaryDirectory() as work:
         out_path = Path(work) / "out"
-        argv = [sys.executable, "-m", "flock.testing.apiserver", "--host", HOST, "--port", "0"]
+        argv = [sys.executable, "-m", "flock.apiserver", "--host", HOST, "--port", "0"]
         for f in files:
             argv += ["--load", str(f)]
         with open(out_path, "wb") as out:

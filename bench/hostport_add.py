@@ -22,7 +22,7 @@ from pathlib import Path
 
 from stats import summary
 
-from flock.testing import PODS, pod_object
+from flock.apiserver import PODS, pod_object
 from flock.testing.agentlab import Lab, open_lab
 
 A = "flock.fritzlab.net/"

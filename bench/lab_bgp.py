@@ -22,8 +22,8 @@ import time
 import trio
 from labkit import emit, lab, stats_ms
 
+from flock.apiserver import PODS
 from flock.lab import LabPlan, api_client, established, fabric_has, graceful_restart_under_ping, pod_add, run_in
-from flock.testing import PODS
 
 ANYCAST = "2001:db8:53::53"
 POLL_S = 0.01

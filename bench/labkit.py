@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from flock.apiserver import PODS, pod_object
 from flock.lab import (
     CniParams,
     LabPlan,
@@ -29,7 +30,6 @@ from flock.lab import (
     load_procs,
     netns_path,
 )
-from flock.testing import PODS, pod_object
 from flock.testing.benchkit import lab, stats_ms  # noqa: F401  (the lab benches import them from here)
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from stats import parallel_rounds, rerun_in_node_namespace, summary  # bench/stats.py
 
+from flock.apiserver import NETWORKPOLICIES, NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.shim_bundle import build_shim
-from flock.testing import NETWORKPOLICIES, NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.testing.netns import netns_pool
 
 PLUGIN_DIR = "/usr/lib/cni"

@@ -4,7 +4,7 @@ average, managedFields included) over M nodes, with namespaces and one
 NetworkPolicy each.
 
 Everything runs in a "node" network namespace this script makes (it
-re-executes itself there): the API server (``python -m flock.testing.apiserver
+re-executes itself there): the API server (``python -m flock.apiserver
 --load``, its own process, on 127.0.0.1; the objects are written as JSON lines
 when its ``--load`` reads them, else as one JSON list), then flock-agent for
 node-00000 (what the ``flock-agent`` console script runs, ``--no-bird``),
@@ -155,11 +155,18 @@ def _write_part(shape: ClusterShape, path: str, part: int, parts: int, lines: bo
     return count
 
 
+def apiserver_module(env: dict[str, str]) -> str:
+    """The API server's module in *env*'s flock: ``flock.apiserver``, or ``flock.testing.apiserver``
+    in a --source from before it had a package of its own."""
+    found = subprocess.run([sys.executable, "-c", "import flock.apiserver"], capture_output=True, env=env)
+    return "flock.apiserver" if found.returncode == 0 else "flock.testing.apiserver"
+
+
 def loads_json_lines(env: dict[str, str]) -> bool:
     """Whether this API server's ``--load`` reads JSON lines (streamed: it never holds the
     whole file decoded), else it gets one JSON list."""
     usage = subprocess.run(
-        [sys.executable, "-m", "flock.testing.apiserver", "--help"], capture_output=True, text=True, env=env
+        [sys.executable, "-m", apiserver_module(env), "--help"], capture_output=True, text=True, env=env
     ).stdout
     return "json-lines" in usage.lower().replace(" ", "-")
 
@@ -229,12 +236,12 @@ class Api:
 
 
 class ApiServerProcess:
-    """``python -m flock.testing.apiserver --load …`` on 127.0.0.1, any free port."""
+    """``python -m flock.apiserver --load …`` on 127.0.0.1, any free port."""
 
     def __init__(self, work: Path, files: list[Path], env: dict[str, str], bookmark_interval: float) -> None:
         self.work = work
         self.out, self.log = work / "apiserver.out", work / "apiserver.log"
-        argv = [sys.executable, "-m", "flock.testing.apiserver", "--host", HOST, "--port", "0"]
+        argv = [sys.executable, "-m", apiserver_module(env), "--host", HOST, "--port", "0"]
         argv += ["--kubeconfig-out", str(work / "kubeconfig"), "--bookmark-interval", str(bookmark_interval)]
         for f in files:
             argv += ["--load", str(f)]

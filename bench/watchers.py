@@ -1,6 +1,6 @@
 """Pod informer at scale: 500 pods on this node, 5,000 on others.
 
-The fake API server runs as its own process (``python -m flock.testing.apiserver
+The fake API server runs as its own process (``python -m flock.apiserver
 --load``) so this process's RSS is the agent side only.  Measures the cost of
 importing the client stack, list+watch until ready, the RSS afterwards, the
 time from POSTing one more pod to the cache holding it, and, as a baseline in the same run, the same list
@@ -101,7 +101,7 @@ def main() -> None:
         [
             sys.executable,
             "-m",
-            "flock.testing.apiserver",
+            "flock.apiserver",
             "--port",
             "0",
             "--load",

@@ -9,8 +9,8 @@ from typing import Any
 import attrs
 import trio
 
+from flock.apiserver import Resource
 from flock.lab._nsio import http_in
-from flock.testing import Resource
 
 
 class ApiError(RuntimeError):

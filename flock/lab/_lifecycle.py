@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from flock.apiserver import NODECONFIGS, NODES, SECRETS, write_kubeconfig
 from flock.lab._api import ApiClient, ApiError
 from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
 from flock.lab._image import (
@@ -63,7 +64,6 @@ from flock.lab._ports import PortSpec
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
 from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_procs, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
-from flock.testing import NODECONFIGS, NODES, SECRETS, write_kubeconfig
 from flock.testing._nsthread import call_in_netns
 
 READY_DEADLINE_S = 60.0
@@ -267,7 +267,7 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
             (
                 sys.executable,
                 "-m",
-                "flock.testing.apiserver",
+                "flock.apiserver",
                 "--netns",
                 fab,
                 "--host",

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import trio
 
+from flock.apiserver import NAMESPACES, PODS, namespace_object, pod_object
 from flock.lab._api import ApiError
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import netns_path
@@ -27,7 +28,6 @@ from flock.lab._procs import ProcRef
 from flock.lab._runtime import CniParams, PluginOutcome, exec_conflist, load_conflist
 from flock.lab._state import LabError
 from flock.model import ANNOTATION_PREFIX
-from flock.testing import NAMESPACES, PODS, namespace_object, pod_object
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")

@@ -23,12 +23,12 @@ from typing import Any
 import trio
 import yaml
 
+from flock.apiserver import CLUSTERNETWORKPOLICIES, NAMESPACES, NETWORKPOLICIES, NODES, Resource, namespace_object
 from flock.lab._api import ApiError
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import http_in
 from flock.lab._plan import HEALTH_ADDRESS, LabPlan, NodePlan
 from flock.lab._state import LabError
-from flock.testing import CLUSTERNETWORKPOLICIES, NAMESPACES, NETWORKPOLICIES, NODES, Resource, namespace_object
 
 APPLIED_METRIC = "flock_policy_applied_resource_version"
 POLICY_WAIT_S = 30.0

@@ -18,12 +18,11 @@ from typing import Any
 import attrs
 import trio
 
+from flock.apiserver._resources import Resource
+from flock.apiserver._selectors import NOT_OLDER_THAN, FieldSelector, ListQuery, WatchQuery
+from flock.apiserver._status import StatusError
+from flock.apiserver._store import RESOURCE_VERSION_WAIT, ObjectStore, StoredObject, Subscription, WatchEvent, bookmark
 from flock.watchers import ListOptions, ListPage, TransientKubeError, error_for_status
-
-from ._resources import Resource
-from ._selectors import NOT_OLDER_THAN, FieldSelector, ListQuery, WatchQuery
-from ._status import StatusError
-from ._store import RESOURCE_VERSION_WAIT, ObjectStore, StoredObject, Subscription, WatchEvent, bookmark
 
 Object = Mapping[str, Any]
 _CHECKPOINT_EVERY = 100  # items handed on between checkpoints: a long list must not starve other tasks

@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import pytest
 
+from flock.apiserver import NODECONFIGS, ApiServer, nodeconfig_object
 from flock.store import SyncStore
-from flock.testing import NODECONFIGS, ApiServer, nodeconfig_object
 from flock.testing.netns import Netns, NetnsPool, netns_pool
 from flock.testing.shimrun import Outcome, build, run_plugin
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import attrs
 
-from ._resources import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, Resource
+from flock.apiserver._resources import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, Resource
 
 Object = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """This node's NodeConfig and pods, and the cluster's NetworkPolicies, Namespaces,
 Pods, ClusterNetworkPolicies and Nodes, from the API server (list+watch informers).
 
-The only package (with flock.testing) that imports asyncio or kubernetes-asyncio.
+The only package (with flock.apiserver and flock.testing) that imports asyncio or kubernetes-asyncio.
 The agent opens one client and hands the watchers to its supervisor::
 
     async with open_kube_client(args.kubeconfig) as kube:      # None: in-cluster

@@ -10,9 +10,10 @@ import pytest
 import trio
 
 from flock.agent import API_GATE, ApiLink, ClusterPods, node_state
+from flock.apiserver import NODECONFIGS, PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.nursery import ChildSpec
 from flock.pods import NotReady, PodLookupFailed
-from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
+from flock.testing import StoreSource
 from flock.watchers import ClientConfigError, TransientKubeError
 
 NODE = "host001"

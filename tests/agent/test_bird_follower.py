@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import trio
 
 from flock.agent import BirdFollower, bird_inputs
+from flock.apiserver import nodeconfig_object
 from flock.bird import BirdReloader, RenderSettings
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.state import Gate, NodeState
-from flock.testing import nodeconfig_object
 
 NODE = "host001"
 BGP = {"asn": 64512, "routerID": "192.0.2.11", "peers": [{"name": "tor1", "address": "2001:db8:ffff::1", "asn": 64500}]}

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from flock.apiserver import NODECONFIGS, PODS, nodeconfig_object, pod_object
 from flock.model import AllocationState
-from flock.testing import NODECONFIGS, PODS, nodeconfig_object, pod_object
 from flock.testing.agentlab import CIDR4, CIDR6, NODE, open_lab, wait_for
 
 pytestmark = pytest.mark.usefixtures("require_root")

@@ -8,9 +8,10 @@ import trio
 
 from flock import errors
 from flock.agent import PodWatcherLookup
+from flock.apiserver import PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.model import NodeConfig
 from flock.pods import POD_LOOKUP_DEADLINE_S
-from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
+from flock.testing import StoreSource
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher, TransientKubeError
 

@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.store import FILENAME, MIGRATIONS, SyncStore, backup_path
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import open_lab, wait_for
 
 pytestmark = pytest.mark.usefixtures("require_root")

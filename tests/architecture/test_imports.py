@@ -157,6 +157,10 @@ def test_the_blocker_really_blocks():
     assert out.returncode != 0 and "pyroute2" in out.stderr and "is blocked for this test" in out.stderr
 
 
+AGENT_SIDE = ("flock.agent", "flock.pods", "flock.watchers", "flock.store", "flock.bird", "flock.health")
+LAB_SIDE = ("flock.lab", "flock.testing", "flock.apiserver")
+
+
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -177,12 +181,44 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
         ("flock.ipam", ("flock.agent", "flock.pods", "flock.netlink", "flock.watchers", "flock.store", "flock.state")),
         # Everyone may raise a fault; faults depend on nothing.
         ("flock.faults", ("flock",)),
+        # NetworkPolicy: a pure compiler and its appliers; fed values, it asks nobody (issue 32).
+        (
+            "flock.policy",
+            (*AGENT_SIDE, "flock.state", "flock.ipam", "flock.netlink", "flock.rpc", "flock.ctl", *LAB_SIDE),
+        ),
+        # The lab's API server stands alone: nothing of the agent, the lab or the harnesses (issue 32).
+        ("flock.apiserver", (*AGENT_SIDE, "flock.policy", "flock.state", "flock.netlink", "flock.ctl", *LAB_SIDE)),
+        # The lab drives the API server and flock's processes, never a test harness.
+        ("flock.lab", ("flock.testing",)),
     ],
 )
 def test_layers_do_not_reach_what_they_must_not_know(layer, forbidden):
     graph = import_graph()
-    bad = sorted(m for m in reachable(graph, layer) if any(m == f or m.startswith(f + ".") for f in forbidden))
+    own = [m for m in graph if m == layer or m.startswith(layer + ".")]
+    bad = sorted(
+        m
+        for start in own
+        for m in reachable(graph, start)
+        if any(m == f or m.startswith(f + ".") for f in forbidden) and not (m == layer or m.startswith(layer + "."))
+    )
     assert bad == [], f"{layer} reaches {bad}"
+
+
+def test_the_harnesses_are_for_tests_alone():
+    """Nothing in flock but the harnesses themselves imports flock.testing: no arrow runs back up."""
+    graph = import_graph()
+    users = sorted(
+        m
+        for m, deps in graph.items()
+        if not m.startswith("flock.testing")
+        and any(d == "flock.testing" or d.startswith("flock.testing.") for d in deps)
+    )
+    assert users == []
+
+
+def test_the_layer_check_sees_a_forbidden_edge():
+    graph = {"a": {"a.x"}, "a.x": {"b.y"}, "b": set(), "b.y": set()}
+    assert reachable(graph, "a.x") == {"b.y"}
 
 
 # The CNI shim's modules (what the bundle holds) and the leaf they share (issue 26).

@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator, Sequence
 
 import trio
 
+from flock.apiserver import PODS, SECRETS, ObjectStore, nodeconfig_object, pod_object, secret_object
 from flock.bird import BirdInputs, BirdReloader, RenderSettings
 from flock.bird.anycast import follow_pod_readiness
 from flock.bird.passwords import BgpPasswords, resolve_passwords
 from flock.bird.sessions import SessionMonitor, parse_protocols, session_problems
 from flock.model import Allocation, NodeConfig
-from flock.testing import PODS, SECRETS, ObjectStore, StoreSource, nodeconfig_object, pod_object, secret_object
+from flock.testing import StoreSource
 from flock.watchers import PodWatcher
 
 NS = "flock-system"

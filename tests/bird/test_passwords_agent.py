@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import stat
 
-from flock.testing import NODECONFIGS, SECRETS, secret_object
+from flock.apiserver import NODECONFIGS, SECRETS, secret_object
 from flock.testing.agentlab import NODE, open_lab, wait_for
 
 AGENT_NS = "flock-system"

@@ -27,10 +27,10 @@ import pytest
 import trio
 
 from flock import installer
+from flock.apiserver import PODS, pod_object
 from flock.lab import LabPlan, down, up
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import in_netns, netns_path
-from flock.testing import PODS, pod_object
 
 DRIVER_SOURCE = Path(__file__).parent / "libcni" / "driver.go"
 DEBIAN_GOPATH = "/usr/share/gocode"

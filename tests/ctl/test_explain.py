@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import trio
 
+from flock.apiserver import NETWORKPOLICIES, PODS, network_policy_object, pod_object
 from flock.ctl import AdminOps, OpRefused, Peer
 from flock.ctl._cli import port_protocol
 from flock.fnv import fnv1a_32
@@ -19,7 +20,6 @@ from flock.netlink import NetlinkWorker
 from flock.pods import PodHandler
 from flock.policy import Kind, Namespace, NetworkPolicy, PolicyInputs, PolicyPod, PolicyService
 from flock.state import NodeState
-from flock.testing import NETWORKPOLICIES, PODS, network_policy_object, pod_object
 from flock.testing.agentlab import BIN, NODE, open_lab, wait_for
 from flock.testing.pods import MemoryAllocations, MemoryKernel
 from flock.testing.policy import MemoryApplier, MemoryLocalPods, MemoryWatermark

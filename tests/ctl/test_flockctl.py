@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from flock.testing import (
+from flock.apiserver import (
     CLUSTERNETWORKPOLICIES,
     NODECONFIGS,
     PODS,

@@ -13,6 +13,7 @@ import attrs
 import pytest
 import trio
 
+from flock.apiserver import cluster_network_policy_object, nodeconfig_object, pod_object
 from flock.ctl import ADMIN_PROTOCOL_VERSION, AdminOps, AdminServer
 from flock.ctl._apicheck import cross_check
 from flock.ctl._cli import policy_lines
@@ -23,7 +24,6 @@ from flock.netlink import NetlinkWorker
 from flock.pods import PodHandler
 from flock.policy import ClusterNetworkPolicy
 from flock.state import NodeState
-from flock.testing import cluster_network_policy_object, nodeconfig_object, pod_object
 from flock.testing.pods import MemoryAllocations, MemoryKernel
 
 NODE = "host001"

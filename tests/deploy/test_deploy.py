@@ -2,7 +2,7 @@
 
 Kubernetes objects validate against the API schemas bundled in
 kubernetes-validate (no network); NodeConfig instances validate against the
-CRD's own openAPIV3Schema as the apiserver would (flock/testing/k8s_schema.py:
+CRD's own openAPIV3Schema as the apiserver would (flock/apiserver/k8s_schema.py:
 jsonschema with RE2 patterns, list-map keys, and the CEL rules), and must agree
 with flock.model.NodeConfig on what is valid.
 """
@@ -30,8 +30,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flock import installer
+from flock.apiserver import k8s_schema
 from flock.model import InvalidObject, NodeConfig
-from flock.testing import k8s_schema
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = (

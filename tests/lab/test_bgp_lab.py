@@ -23,11 +23,11 @@ from pathlib import Path
 
 import trio
 
+from flock.apiserver import PODS, SECRETS
 from flock.lab import LabPlan, birdc, down, established, fabric_has, graceful_restart_under_ping, pod_add, up
 from flock.lab._lifecycle import HEALTH_ADDRESS, api_client
 from flock.lab._nsio import http_in, run_in
 from flock.lab._plan import AGENT_NAMESPACE, BGP_SECRET
-from flock.testing import PODS, SECRETS
 
 ANYCAST = "2001:db8:53::53"
 # Bounds for what the fabric must see; generous for a loaded CI machine. The

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import trio
 
+from flock.apiserver import NODECONFIGS
 from flock.lab import LabPlan, LabPod, NodePlan, api_client, down, pod_add, pod_del, run_in, status, status_text
 from flock.lab._plan import BRIDGE, INTERNET4, INTERNET6, INTERNET_LINK, UPLINK
 from flock.lab._ports import PortSpec
@@ -35,7 +36,6 @@ from flock.lab._state import require_state
 from flock.lab.cli import main
 from flock.model import ANNOTATION_PREFIX
 from flock.netlink import host_ifname
-from flock.testing import NODECONFIGS
 
 pytestmark = pytest.mark.netpol
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import trio
 
+from flock.apiserver import node_object
 from flock.lab import LabPlan
 from flock.lab._lifecycle import api_client, build_network, down, process_specs
 from flock.lab._nsio import http_in
 from flock.lab._state import LabState
-from flock.testing import node_object
 
 
 def test_kubeconfig_reaches_the_lab_apiserver_from_the_host(

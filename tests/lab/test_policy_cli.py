@@ -15,14 +15,7 @@ import pytest
 import trio
 
 import flock.lab._policy as lab_policy
-from flock.lab._api import ApiError
-from flock.lab._lifecycle import ensure_node, process_specs
-from flock.lab._plan import NODE_PORTS, LabPlan
-from flock.lab._ports import PortSpec
-from flock.lab._probe import ProbeResult, truth_tables
-from flock.lab._state import LabState
-from flock.lab.cli import build_parser, main
-from flock.testing import (
+from flock.apiserver import (
     CLUSTERNETWORKPOLICIES,
     NAMESPACES,
     NETWORKPOLICIES,
@@ -31,6 +24,13 @@ from flock.testing import (
     Resource,
     StatusError,
 )
+from flock.lab._api import ApiError
+from flock.lab._lifecycle import ensure_node, process_specs
+from flock.lab._plan import NODE_PORTS, LabPlan
+from flock.lab._ports import PortSpec
+from flock.lab._probe import ProbeResult, truth_tables
+from flock.lab._state import LabState
+from flock.lab.cli import build_parser, main
 from flock.testing.netpol import MODEL, Reachability
 from flock.testing.netpol import NODES as MODEL_NODES
 

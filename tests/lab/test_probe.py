@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from flock.apiserver import NAMESPACES, NETWORKPOLICIES
 from flock.lab._podserver import start_server, stop_server
 from flock.lab._policy import _resource_of, read_documents
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, probe_all, probe_one, truth_tables
 from flock.lab._procs import is_running
 from flock.lab._state import LabError
-from flock.testing import NAMESPACES, NETWORKPOLICIES
 from flock.testing.netns import Netns, NetnsPool
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flock.apiserver import k8s_schema
 from flock.model import MTU_DEFAULT, MTU_MAX, MTU_MIN, InvalidObject, NodeConfig, UplinkMtu
-from flock.testing import k8s_schema
 
 CRD = Path(__file__).parents[2] / "deploy" / "crd-nodeconfig.yaml"
 

@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.rpc.wire import MAX_REQUEST_BYTES
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import open_lab
 
 pytestmark = pytest.mark.usefixtures("require_root")

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.model import AllocationState
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import open_lab
 
 pytestmark = pytest.mark.usefixtures("require_root")

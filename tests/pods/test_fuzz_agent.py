@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flock.apiserver import PODS, pod_object
 from flock.netlink import host_ifname
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import CIDR6, open_lab, wait_for
 
 pytestmark = pytest.mark.usefixtures("require_root")

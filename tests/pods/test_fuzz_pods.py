@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flock import errors
+from flock.apiserver import nodeconfig_object, pod_object
 from flock.ipam import AnnotationError, parse_request
 from flock.model import AllocationState, NodeConfig, PodInfo
 from flock.pods import ADDRESS_EXHAUSTED, CHECK_FAILED, PodHandler
 from flock.rpc import Request
-from flock.testing import nodeconfig_object, pod_object
 from flock.testing.pods import CONFIG, MemoryAllocations, MemoryKernel, serving_handler
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

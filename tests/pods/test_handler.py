@@ -12,10 +12,11 @@ import pytest
 import trio
 
 from flock import errors
+from flock.apiserver import PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.pods import ADD_DEADLINE_S, ADDRESS_EXHAUSTED, CHECK_FAILED, KeyedLocks, PodHandler
 from flock.rpc import Request
-from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
+from flock.testing import StoreSource
 from flock.testing.pods import MemoryAllocations, MemoryKernel, fake_macs, request, serving_handler
 from flock.watchers import PodWatcher
 

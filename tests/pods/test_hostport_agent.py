@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from flock.testing import PODS, pod_object
+from flock.apiserver import PODS, pod_object
 from flock.testing.agentlab import Lab, open_lab, wait_for
 from flock.testing.netns import Netns
 from flock.testing.policy_net import SERVER, probe, stop

@@ -13,13 +13,14 @@ import pytest
 import trio
 
 from flock import errors
+from flock.apiserver import PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.model import Allocation, AllocationState, NodeConfig, PortMapping
 from flock.pods import HOST_PORT_IN_USE, MAX_PORT_MAPPINGS, HostPortClaims, HostPortInUse, InvalidNetworkConfig
 from flock.pods import port_mappings as parse
 from flock.policy._model import Protocol
 from flock.policy._ruleset import HostPort
 from flock.policy._service import hostports_of
-from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
+from flock.testing import StoreSource
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.ipam import fnv1a_64
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import CIDR6, open_lab, wait_for
 
 pytestmark = pytest.mark.usefixtures("require_root", "require_bird")

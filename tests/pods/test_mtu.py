@@ -9,13 +9,13 @@ import logging
 import attrs
 import trio
 
+from flock.apiserver import nodeconfig_object
 from flock.faults import KernelRefused
 from flock.model import MTU_DEFAULT, Allocation, NodeConfig, UplinkMtu
 from flock.pods import ADD_GATE, NodeBringUp
 from flock.pods._bringup import UPLINK_MTU_REFRESH_S
 from flock.rpc import Request
 from flock.state import NodeState, PodMtu, pod_mtu
-from flock.testing import nodeconfig_object
 from flock.testing.pods import CONFIG, MemoryKernel, serving_handler
 
 NODE = "host001"

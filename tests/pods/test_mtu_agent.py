@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from flock.testing import NODECONFIGS, PODS, pod_object
+from flock.apiserver import NODECONFIGS, PODS, pod_object
 from flock.testing.agentlab import NODE, open_lab, wait_for
 
 pytestmark = pytest.mark.usefixtures("require_root")

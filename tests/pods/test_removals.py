@@ -13,10 +13,11 @@ import pytest
 import trio
 
 from flock import errors
+from flock.apiserver import PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.model import NodeConfig
 from flock.pods import PodHandler, VethRemovals
 from flock.pods._removals import QUIET_S
-from flock.testing import PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
+from flock.testing import StoreSource
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request, serving_handler
 from flock.watchers import PodWatcher
 

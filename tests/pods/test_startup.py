@@ -11,10 +11,11 @@ import random
 import trio
 
 from flock import errors
+from flock.apiserver import NODECONFIGS, PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.pods import ADD_GATE, NodeBringUp, PodHandler
 from flock.state import NODECONFIG_GATE, Gate, NodeState
-from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object
+from flock.testing import StoreSource
 from flock.testing.pods import MemoryAllocations, MemoryKernel, request
 from flock.watchers import NodeConfigWatcher, PodWatcher
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flock.testing import NAMESPACES, NETWORKPOLICIES, PODS, namespace_object, network_policy_object, pod_object
+from flock.apiserver import NAMESPACES, NETWORKPOLICIES, PODS, namespace_object, network_policy_object, pod_object
 from flock.testing._nsthread import call_in_netns
 from flock.testing.agentlab import open_lab, wait_for
 

@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from flock import installer
-from flock.testing import NODECONFIGS
+from flock.apiserver import NODECONFIGS
 from flock.testing.agentlab import NODE, AgentProcess, Lab, open_lab
 
 

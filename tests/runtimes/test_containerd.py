@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc  # type: ignore[import-untyped]
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.model import PortMapping
 from flock.netlink import host_ifname
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import NODE, wait_for
 from flock.testing.policy_net import probe, stop
 from flock.testing.runtimes import Containerd, CriClient, CriPortMapping, missing_tools

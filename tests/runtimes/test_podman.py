@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from flock import installer
+from flock.apiserver import PODS, pod_object
 from flock.model import PortMapping
 from flock.netlink import host_ifname
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import NODE, wait_for
 from flock.testing.policy_net import probe, stop
 from flock.testing.runtimes import Podman

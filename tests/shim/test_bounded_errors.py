@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.errors import MAX_ERROR_BYTES
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import open_lab
 from flock.testing.shimrun import Outcome, run_plugin
 

@@ -7,9 +7,9 @@ import ipaddress
 import pytest
 import trio
 
+from flock.apiserver import nodeconfig_object
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.state import NODECONFIG_GATE, Gate, NodeState, gated
-from flock.testing import nodeconfig_object
 
 NODE = "host001"
 ip = ipaddress.ip_address

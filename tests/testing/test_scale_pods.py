@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from flock.apiserver import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, ObjectStore
 from flock.model import NodeConfig, PodInfo
 from flock.policy import Namespace, NetworkPolicy, PolicyPod
-from flock.testing import NAMESPACES, NETWORKPOLICIES, NODECONFIGS, PODS, ObjectStore
 from flock.testing.scale import (
     LOCAL_CIDR6,
     Churn,

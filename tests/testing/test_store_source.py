@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import trio
 
-from flock.testing import NODECONFIGS, PODS, ObjectStore, StatusError, StoreSource, nodeconfig_object, pod_object
-from flock.testing._server import load_objects
+from flock.apiserver import NODECONFIGS, PODS, ObjectStore, StatusError, nodeconfig_object, pod_object
+from flock.apiserver._server import load_objects
+from flock.testing import StoreSource
 from flock.watchers import (
     INITIAL_EVENTS_END,
     KubeApiError,

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
+from flock.apiserver import PODS, pod_object
 from flock.model import DEFAULT_NETWORK, PortMapping
 from flock.store import FILENAME
-from flock.testing import PODS, pod_object
 from flock.testing.agentlab import BIN, NODE, AgentProcess, Lab, open_lab
 from flock.testing.netns import Netns
 from flock.testing.releases import (

@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from flock.nursery import Backoff
-from flock.policy import ClusterNetworkPolicy, Kind, PolicyInputs, PolicyNode, Tier
-from flock.testing import (
+from flock.apiserver import (
     CLUSTERNETWORKPOLICIES,
     NAMESPACES,
     NETWORKPOLICIES,
@@ -24,12 +22,13 @@ from flock.testing import (
     PODS,
     ApiServer,
     ObjectStore,
-    StoreSource,
     cluster_network_policy_object,
     namespace_object,
     node_object,
-    serving,
 )
+from flock.nursery import Backoff
+from flock.policy import ClusterNetworkPolicy, Kind, PolicyInputs, PolicyNode, Tier
+from flock.testing import StoreSource, serving
 from flock.watchers import CRD_RETRY_SECONDS, InformerSettings, PolicyWatcher, open_kube_client
 
 SETTINGS = InformerSettings(watch_seconds=60, request_seconds=5, relist_seconds=600, backoff=Backoff(jitter=0.0))

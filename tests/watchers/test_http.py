@@ -18,9 +18,10 @@ import pytest
 import trio
 from kubernetes_asyncio.client import Configuration
 
+from flock.apiserver import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object
 from flock.model import PodInfo
 from flock.nursery import Backoff
-from flock.testing import NODECONFIGS, PODS, ApiServer, nodeconfig_object, pod_object, serving
+from flock.testing import serving
 from flock.watchers import (
     ClientConfigError,
     InformerSettings,

@@ -18,21 +18,20 @@ import attrs
 import pytest
 import trio
 
-from flock.nursery import Backoff
-from flock.policy import Kind, Namespace, NetworkPolicy, PolicyInputs, PolicySnapshot
-from flock.testing import (
+from flock.apiserver import (
     NAME_LABEL,
     NAMESPACES,
     NETWORKPOLICIES,
     PODS,
     ApiServer,
     ObjectStore,
-    StoreSource,
     namespace_object,
     network_policy_object,
     pod_object,
-    serving,
 )
+from flock.nursery import Backoff
+from flock.policy import Kind, Namespace, NetworkPolicy, PolicyInputs, PolicySnapshot
+from flock.testing import StoreSource, serving
 from flock.watchers import (
     ChangeType,
     InformerSettings,

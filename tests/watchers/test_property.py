@@ -14,9 +14,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flock.apiserver import PODS, ObjectStore, pod_object
 from flock.model import PodInfo
 from flock.nursery import Backoff
-from flock.testing import PODS, ObjectStore, StoreSource, pod_object, serving
+from flock.testing import StoreSource, serving
 from flock.watchers import InformerSettings, PodWatcher
 
 NODE = "host001"

@@ -17,10 +17,11 @@ import attrs
 import pytest
 import trio
 
+from flock.apiserver import PODS, ApiServer, ObjectStore, pod_object
 from flock.model import PodInfo
 from flock.nursery import Backoff
 from flock.policy import PolicyPod
-from flock.testing import PODS, ApiServer, ObjectStore, StoreSource, pod_object, serving
+from flock.testing import StoreSource, serving
 from flock.watchers import InformerSettings, ListOptions, ListPage, PodWatcher, open_kube_client
 from flock.watchers._values import PodRecord, PodTransform, Shared
 

@@ -15,8 +15,9 @@ import attrs
 import pytest
 import trio
 
+from flock.apiserver import NODECONFIGS, PODS, ObjectStore, nodeconfig_object, pod_object
 from flock.nursery import Backoff
-from flock.testing import NODECONFIGS, PODS, ObjectStore, StoreSource, nodeconfig_object, pod_object, serving
+from flock.testing import StoreSource, serving
 from flock.watchers import ChangeType, InformerSettings, ListPage, NodeConfigWatcher, PodWatcher
 
 NODE = "host001"

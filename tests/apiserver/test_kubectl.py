@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flock.testing import ApiServer
+from flock.apiserver import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]
 

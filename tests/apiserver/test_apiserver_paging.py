@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from flock.testing import PODS, ApiServer, pod_object
-from flock.testing._status import EXPIRED_LIST, INCONSISTENT_CONTINUE
+from flock.apiserver import PODS, ApiServer, pod_object
+from flock.apiserver._status import EXPIRED_LIST, INCONSISTENT_CONTINUE
 
 WATCH_LIST = {"watch": "1", "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
 

@@ -2,9 +2,9 @@
 
 :data:`SCHEMA` is the CRD's ``openAPIV3Schema`` (deploy/crd-clusternetworkpolicy.yaml)
 without its descriptions, written out so the fake API server needs no file
-from deploy/ (tests/testing checks that the two are equal); :data:`RULES` are
+from deploy/ (tests/apiserver checks that the two are equal); :data:`RULES` are
 its CEL rules in Python.  :func:`admit_cluster_network_policy` prunes and
-validates an object with them (:mod:`flock.testing._structural`).
+validates an object with them (:mod:`flock.apiserver._structural`).
 
 Like the real API server, it does not check label selectors' syntax: the
 CRD's schema says only that keys, operators and values are strings.
@@ -234,5 +234,5 @@ check_rules(SCHEMA, RULES)
 
 
 def admit_cluster_network_policy(obj: dict[str, Any]) -> dict[str, Any]:
-    """*obj* pruned and validated as the CRD says; raises :class:`flock.testing._status.Invalid`."""
+    """*obj* pruned and validated as the CRD says; raises :class:`flock.apiserver._status.Invalid`."""
     return admit_object(SCHEMA, RULES, obj)

@@ -10,7 +10,7 @@ loop; every public method is thread-safe and may be called from Trio::
 
 As a process (the lab)::
 
-    python -m flock.testing.apiserver --host 2001:db8::1 --port 6443 --kubeconfig-out /tmp/kc
+    python -m flock.apiserver --host 2001:db8::1 --port 6443 --kubeconfig-out /tmp/kc
 
 (the lab's: ``--netns NAME`` binds host:port inside that namespace, ``--also-listen
 127.0.0.1:0`` serves the process's own namespace too, and the kubeconfig then points there)
@@ -33,8 +33,7 @@ import signal
 import sys
 
 from ._http import HttpFrontend
-from ._resources import NODECONFIGS, PODS, SECRETS
-from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
+from ._server import load_objects, write_kubeconfig
 from ._store import DEFAULT_HISTORY, ObjectStore
 
 
@@ -85,7 +84,7 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flock.testing.apiserver", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flock.apiserver", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (IPv4 or IPv6)")
     parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
     parser.add_argument("--netns", help="bind --host/--port inside this network namespace (a name under /run/netns)")
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["NODECONFIGS", "PODS", "SECRETS", "ApiServer", "kubeconfig", "load_objects", "main", "write_kubeconfig"]
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from flock.testing import PODS, SECRETS, ApiServer, nodeconfig_object, pod_object, secret_object
+from flock.apiserver import PODS, SECRETS, ApiServer, nodeconfig_object, pod_object, secret_object
 from flock.watchers import KubeClient, ListOptions, open_kube_client
 
 
@@ -244,7 +244,7 @@ async def test_standalone_process_on_ipv6_loopback(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "flock.testing.apiserver",
+        "flock.apiserver",
         "--host",
         "::1",
         "--port",

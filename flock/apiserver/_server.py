@@ -2,7 +2,7 @@
 
 In a test, :class:`ApiServer` runs the server on a thread with its own asyncio
 loop; every public method is thread-safe and may be called from Trio.  See
-:mod:`flock.testing.apiserver` for the command line the lab uses.
+:mod:`flock.apiserver` for the command line the lab uses.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ApiServer:
 
     ``stop()`` then ``start()`` is a server restart: same port, same objects and
     history (etcd survives), every connection cut.  Lists and watches follow
-    kube-apiserver 1.32's rules (see :class:`flock.testing._selectors.ListQuery`
+    kube-apiserver 1.32's rules (see :class:`flock.apiserver._selectors.ListQuery`
     and ``WatchQuery``); *watch_list* False is a server with the WatchList feature
     gate off, *paged_cache_lists* one whose watch cache pages (1.33+).
     """

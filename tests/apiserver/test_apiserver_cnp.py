@@ -14,7 +14,7 @@ import yaml
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from flock.testing import (
+from flock.apiserver import (
     CLUSTERNETWORKPOLICIES,
     ApiServer,
     StatusError,
@@ -22,7 +22,7 @@ from flock.testing import (
     k8s_schema,
     node_object,
 )
-from flock.testing._cnp import SCHEMA
+from flock.apiserver._cnp import SCHEMA
 from flock.watchers import KubeClient, open_kube_client
 
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "crd-clusternetworkpolicy.yaml"
@@ -204,7 +204,7 @@ def test_the_servers_schema_is_the_deployed_crds() -> None:
     "spec", [VALID, *(spec for spec, _, _ in BAD if spec is not INGRESS_NODES and spec is not DUPLICATE_NETWORKS)]
 )
 def test_the_server_and_the_crd_agree_on_what_is_valid(spec: dict[str, Any]) -> None:
-    # The CRD checked by an independent implementation (jsonschema + cel-python, flock.testing.k8s_schema).
+    # The CRD checked by an independent implementation (jsonschema + cel-python, flock.apiserver.k8s_schema).
     obj = cluster_network_policy_object("p", spec)
     with ApiServer() as api:
         try:

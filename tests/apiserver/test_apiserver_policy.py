@@ -12,7 +12,7 @@ import trio
 from kubernetes_asyncio.client import CoreV1Api, NetworkingV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from flock.testing import (
+from flock.apiserver import (
     NAME_LABEL,
     NAMESPACES,
     NETWORKPOLICIES,
@@ -165,7 +165,7 @@ async def test_network_policy_crud_defaults_and_generation(tmp_path: Path) -> No
 )
 def test_network_policy_validation_names_the_field(spec: dict[str, Any], field: str) -> None:
     with ApiServer() as api:
-        from flock.testing import StatusError
+        from flock.apiserver import StatusError
 
         with pytest.raises(StatusError) as exc:
             api.create(NETWORKPOLICIES, network_policy_object("x", "bad", spec))

@@ -17,7 +17,7 @@ for the schema keywords flock's CRDs use:
    module has no function for fails when it is loaded, not when an object
    happens to reach it.
 
-The first refusal raises :class:`flock.testing._status.Invalid` with the
+The first refusal raises :class:`flock.apiserver._status.Invalid` with the
 field path and the API server's wording ("Required value", "Unsupported
 value", "Too many", …); the real server lists every error at once, this one
 names the first.  ``format`` is not checked.

@@ -1,7 +1,7 @@
 """The fake API server's HTTP front end (aiohttp.web), with fault injection.
 
 Runs on an asyncio loop; :class:`flock.testing.ApiServer` gives it a thread of
-its own, and ``python -m flock.testing.apiserver`` runs it as a process.
+its own, and ``python -m flock.apiserver`` runs it as a process.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import attrs
 import yaml
 from aiohttp import web
 
+from flock.testing._nsthread import call_in_netns
+
 from . import _discovery
-from ._nsthread import call_in_netns
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
@@ -36,7 +37,7 @@ from ._store import (
 )
 from ._tables import table, wants_table
 
-log = logging.getLogger("flock.testing.apiserver")
+log = logging.getLogger("flock.apiserver")
 
 # kube-apiserver's --min-request-timeout: a watch without timeoutSeconds ends after about this long.
 DEFAULT_WATCH_SECONDS = 1800.0

@@ -12,9 +12,10 @@ key order (``namespace/name``, etcd's); a read decodes only what it returns,
 and list bodies and watch events are joined from those bytes.  150,000 pods
 of 5–6 KiB hold about their JSON's size.
 
-Reads at an older version (a continue token's, an Exact list's) are the
-state then: the current objects with every change since undone from the
-history, as etcd's MVCC read at that revision gives.
+Reads (a list, a watch's initial objects) go through :mod:`._lists`: at an
+older version (a continue token's, an Exact list's) they are the state then,
+the current objects with every change since undone from the history, as
+etcd's MVCC read at that revision gives.
 
 Watchers are plain callbacks called under the lock, in resourceVersion order;
 they must not block (the HTTP server hands the event to its loop with
@@ -24,22 +25,21 @@ they must not block (the HTTP server hands the event to its loop with
 from __future__ import annotations
 
 import base64
-import bisect
 import collections
 import copy
 import datetime
-import heapq
 import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ._admission import admit, invalid
 from ._crds import check_custom
+from ._lists import NODE_FIELD, Change, Collection, ListResult, StoredObject, encode, read_version, select
 from ._patch import (
     APPLY_PATCH,
     JSON_PATCH,
@@ -59,10 +59,9 @@ from ._selectors import (
     FieldValues,
     ListPlan,
     WatchQuery,
-    encode_continue,
     field_values,
 )
-from ._status import StatusError, expired, expired_list, inconsistent_continue, too_large
+from ._status import StatusError, expired, too_large
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
@@ -70,27 +69,6 @@ DEFAULT_HISTORY = 10_000
 # The watch cache's wait for a resourceVersion it has not seen yet (the cacher's blockTimeout).
 RESOURCE_VERSION_WAIT = 3.0
 _BULK_CHUNK = 1000  # bulk_create commits this many objects per hold of the lock
-_NODE_FIELD = "spec.nodeName"  # indexed, as the watch cache indexes pods by node
-
-
-def encode(obj: Any) -> bytes:
-    """Compact JSON, UTF-8, as kube-apiserver writes it."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-@attrs.frozen(slots=True, weakref_slot=False)
-class StoredObject:
-    """One version of an object: its JSON and what selectors read (see :func:`field_values`)."""
-
-    key: str  # "namespace/name", or "name" for a cluster-scoped kind
-    data: bytes
-    resource_version: int
-    fields: FieldValues
-
-    def decode(self) -> dict[str, Any]:
-        """A private copy of the object."""
-        result: dict[str, Any] = json.loads(self.data)
-        return result
 
 
 @attrs.frozen(slots=True, weakref_slot=False)
@@ -145,39 +123,6 @@ def added_events(objects: Iterable[StoredObject]) -> bytes:
     return b"".join(b'{"type":"ADDED","object":' + obj.data + b"}\n" for obj in objects)
 
 
-@attrs.frozen
-class ListResult:
-    """One list answer: its items (in key order) and its ``metadata``."""
-
-    items: list[StoredObject]
-    resource_version: int
-    continue_: str = ""
-    remaining_item_count: int | None = None
-
-    def chunks(self, resource: Resource, batch: int = 500) -> Iterator[bytes]:
-        """The response body, *batch* items a chunk (so a big one is written as it is made)."""
-        meta: dict[str, Any] = {"resourceVersion": str(self.resource_version)}
-        if self.continue_:
-            meta["continue"] = self.continue_
-        if self.remaining_item_count is not None:
-            meta["remainingItemCount"] = self.remaining_item_count
-        head = {"kind": resource.list_kind, "apiVersion": resource.api_version, "metadata": meta}
-        yield encode(head)[:-1] + b',"items":['
-        for i in range(0, len(self.items), batch):
-            yield (b"," if i else b"") + b",".join(obj.data for obj in self.items[i : i + batch])
-        yield b"]}"
-
-
-@attrs.frozen(slots=True, weakref_slot=False)
-class _Change:
-    rv: int
-    resource: Resource
-    type: str
-    key: str
-    old: StoredObject | None
-    new: StoredObject  # for DELETED: the object as deleted (at the deletion's version)
-
-
 @attrs.define(eq=False)
 class Subscription:
     """One open watch: which objects it sees and where its events go.
@@ -207,7 +152,7 @@ class Subscription:
             return False
         return self._matches(obj.fields)
 
-    def event_for(self, change: _Change) -> WatchEvent | None:
+    def event_for(self, change: Change) -> WatchEvent | None:
         """The event this watch gets for *change*: an object entering the
         selection is ADDED, one leaving it is DELETED (as kube-apiserver does)."""
         if change.resource != self.resource:
@@ -237,52 +182,14 @@ class Subscription:
 
 
 @attrs.define(eq=False)
-class _Collection:
-    """The objects of one resource: by key, the keys sorted, and the keys by node."""
-
-    objects: dict[str, StoredObject] = attrs.field(factory=dict)
-    keys: list[str] = attrs.field(factory=list)
-    node_field: int | None = None  # index of spec.nodeName in the kind's field values
-    by_node: dict[str, set[str]] = attrs.field(factory=dict)
-
-    def put(self, obj: StoredObject, *, sort: bool = True) -> None:
-        old = self.objects.get(obj.key)
-        self.objects[obj.key] = obj
-        if old is None:
-            if sort:
-                bisect.insort(self.keys, obj.key)
-            else:
-                self.keys.append(obj.key)
-        if self.node_field is not None:
-            node = obj.fields[self.node_field]
-            if old is not None and old.fields[self.node_field] != node:
-                self._unindex(old)
-            self.by_node.setdefault(node, set()).add(obj.key)
-
-    def remove(self, key: str) -> None:
-        old = self.objects.pop(key)
-        del self.keys[bisect.bisect_left(self.keys, key)]
-        if self.node_field is not None:
-            self._unindex(old)
-
-    def _unindex(self, obj: StoredObject) -> None:
-        assert self.node_field is not None
-        node = obj.fields[self.node_field]
-        keys = self.by_node[node]
-        keys.discard(obj.key)
-        if not keys:
-            del self.by_node[node]
-
-
-@attrs.define(eq=False)
 class ObjectStore:
     """Objects of every known resource, with etcd-like resourceVersions."""
 
     history_limit: int = DEFAULT_HISTORY
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _rv: int = attrs.field(init=False, default=1)
-    _collections: dict[Resource, _Collection] = attrs.field(init=False, factory=dict)
-    _history: collections.deque[_Change] = attrs.field(init=False, factory=collections.deque)
+    _collections: dict[Resource, Collection] = attrs.field(init=False, factory=dict)
+    _history: collections.deque[Change] = attrs.field(init=False, factory=collections.deque)
     _oldest: int = attrs.field(init=False, default=1)  # versions below this are compacted
     _subscriptions: set[Subscription] = attrs.field(init=False, factory=set)
     _unserved: set[Resource] = attrs.field(init=False, factory=set)  # CRDs not installed
@@ -327,7 +234,7 @@ class ObjectStore:
         return [obj.decode() for obj in result.items], result.resource_version
 
     def read(self, resource: Resource, namespace: str | None, selector: FieldSelector, plan: ListPlan) -> ListResult:
-        """One list answer as *plan* says (see :meth:`flock.testing._selectors.ListQuery.plan`).
+        """One list answer as *plan* says (see :meth:`flock.apiserver._selectors.ListQuery.plan`).
 
         Raises StatusError: 504 "Too large resource version" for a version not reached yet
         (retry after 1 s when the watch cache answers, which has waited for it); 410 Expired
@@ -335,19 +242,7 @@ class ObjectStore:
         at the latest version).
         """
         with self._lock:
-            current = self._rv
-            if plan.at is not None:
-                if plan.at > current:
-                    raise too_large(plan.at, current)
-                if plan.at < self._oldest:
-                    if plan.continued:
-                        raise inconsistent_continue(encode_continue(-1, plan.start))
-                    raise expired_list()
-                at = plan.at
-            else:
-                if plan.minimum > current:
-                    raise too_large(plan.minimum, current, 1 if plan.from_cache else 0)
-                at = current
+            at = read_version(plan, self._rv, self._oldest)
             return self._select_locked(resource, namespace, selector, at, plan.start, plan.limit)
 
     # ---- writes --------------------------------------------------------------
@@ -401,7 +296,7 @@ class ObjectStore:
         patch_type: str = MERGE_PATCH,
     ) -> dict[str, Any]:
         """Apply a patch of *patch_type* (default a JSON merge patch, RFC 7386: maps merge, null
-        deletes, lists are replaced; see :mod:`flock.testing._patch` for the others).
+        deletes, lists are replaced; see :mod:`flock.apiserver._patch` for the others).
 
         A ``metadata.resourceVersion`` in the patched object is a precondition (409 when stale).
         """
@@ -438,7 +333,7 @@ class ObjectStore:
     def apply(
         self, resource: Resource, name: str, applied: Mapping[str, Any], manager: str, namespace: str | None = None
     ) -> tuple[dict[str, Any], bool]:
-        """Server-side apply by *manager* (simplified: see :mod:`flock.testing._patch`); creates the
+        """Server-side apply by *manager* (simplified: see :mod:`flock.apiserver._patch`); creates the
         object when it is absent.  Returns the object and whether it was created."""
         if not isinstance(applied, Mapping):
             raise StatusError(400, f"an applied configuration must be an object, got {type(applied).__name__}")
@@ -613,78 +508,22 @@ class ObjectStore:
 
     # ---- internals -------------------------------------------------------------
 
-    def _collection(self, resource: Resource) -> _Collection:
+    def _collection(self, resource: Resource) -> Collection:
         if resource in self._unserved:
             raise _not_served()
         found = self._collections.get(resource)
         if found is None:
             fields = SUPPORTED_FIELDS.get(resource.kind, ())
-            node = fields.index(_NODE_FIELD) if _NODE_FIELD in fields else None
-            found = self._collections[resource] = _Collection(node_field=node)
+            node = fields.index(NODE_FIELD) if NODE_FIELD in fields else None
+            found = self._collections[resource] = Collection(node_field=node)
         return found
 
     def _select_locked(
         self, resource: Resource, namespace: str | None, selector: FieldSelector, at: int, start: str, limit: int
     ) -> ListResult:
-        """The matching objects as of *at* from key *start* (relative to *namespace*'s prefix)
-        on, at most *limit* (0: all), in key order, with the continue token for the rest."""
-        coll = self._collection(resource)
-        prefix = f"{namespace}/" if namespace and resource.namespaced else ""
-        low = prefix + start
-        high = prefix[:-1] + "0" if prefix else None  # "0" follows "/": the end of the namespace's keys
-        # What changed after `at`, undone: each key changed since → its version then (None: absent).
-        overlay: dict[str, StoredObject | None] = {}
-        if at < self._rv:
-            for change in reversed(self._history):
-                if change.rv <= at:
-                    break
-                if change.resource == resource:
-                    overlay[change.key] = change.old
-
-        def at_version(key: str) -> StoredObject | None:
-            return overlay[key] if key in overlay else coll.objects.get(key)
-
-        def in_range(key: str) -> bool:
-            return key >= low and (high is None or key < high)
-
-        keys = coll.keys
-        first = bisect.bisect_left(keys, low)
-        end = len(keys) if high is None else bisect.bisect_left(keys, high)
-        node = selector.required(_NODE_FIELD) if coll.node_field is not None else None
-        if node is not None:
-            # The node index: only that node's keys (now, or changed since `at`) can match.
-            candidates: Iterable[str] = sorted(k for k in coll.by_node.get(node, set()) | overlay.keys() if in_range(k))
-        else:
-            gone = sorted(k for k, v in overlay.items() if v is not None and k not in coll.objects and in_range(k))
-            candidates = heapq.merge(keys[first:end], gone) if gone else keys[first:end]
-        matches = selector.matcher(resource.kind)
-        items: list[StoredObject] = []
-        last = ""
-        more = False
-        for key in candidates:
-            obj = at_version(key)
-            if obj is None:
-                continue
-            if limit and len(items) >= limit:
-                more = True
-                break
-            if matches(obj.fields):
-                items.append(obj)
-                last = key
-        if node is not None and limit and len(items) >= limit and not more:
-            # etcd pages by key, whatever matches: any key after the last item means more.
-            after = bisect.bisect_right(keys, last)
-            more = after < end or any(v is not None and k > last and in_range(k) for k, v in overlay.items())
-        if not more:
-            return ListResult(items, at)
-        remaining = None
-        if selector.empty:
-            present = end - first  # keys in range now, then as of `at`
-            for key, then in overlay.items():
-                if in_range(key):
-                    present += (then is not None) - (key in coll.objects)
-            remaining = present - limit
-        return ListResult(items, at, encode_continue(at, last[len(prefix) :] + "\x00"), remaining)
+        return select(
+            self._collection(resource), self._history, self._rv, resource, namespace, selector, at, start, limit
+        )
 
     def _commit(
         self, resource: Resource, key: str, kind: str, old: StoredObject | None, new: dict[str, Any]
@@ -704,7 +543,7 @@ class ObjectStore:
             coll.remove(stored.key)
         else:
             coll.put(stored, sort=sort)
-        change = _Change(self._rv, resource, kind, stored.key, old, stored)
+        change = Change(self._rv, resource, kind, stored.key, old, stored)
         self._history.append(change)
         while len(self._history) > self.history_limit:
             self._oldest = self._history.popleft().rv

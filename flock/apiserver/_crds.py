@@ -4,7 +4,7 @@ The fake server serves its custom resources (NodeConfig, ClusterNetworkPolicy)
 whether or not a CRD object exists for them.  Once one is stored (``kubectl
 apply -k deploy``), objects of that resource are also checked against the
 stored CRD's ``openAPIV3Schema`` for their version, CEL rules included, by
-:mod:`flock.testing.k8s_schema` (jsonschema and cel-python, imported only
+:mod:`flock.apiserver.k8s_schema` (jsonschema and cel-python, imported only
 then: the test extra), and a refusal is the API server's 422.
 """
 

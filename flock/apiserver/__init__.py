@@ -1,0 +1,108 @@
+"""The lab's Kubernetes API server: a stand-in for kube-apiserver (1.32) over real HTTP.
+
+No kube-apiserver can run on the machines flock is built and tested on, so flock
+holds its own, faithful where flock, kubectl and kubernetes-asyncio look.  The
+lab runs it as a process (``python -m flock.apiserver``, see :mod:`.__main__`),
+kubectl reaches it through ``flock-lab kubeconfig``; tests run it on a thread
+(:class:`ApiServer`) or use its storage directly (:class:`ObjectStore`).  It
+imports nothing of flock's agent, lab or test harnesses.
+
+What it implements of the real kube-apiserver, and what it does not:
+
+=============================  ===============================================================
+implemented                    how faithfully
+=============================  ===============================================================
+kinds                          Pod, Namespace, Node, Secret, NetworkPolicy, NodeConfig,
+                               ClusterNetworkPolicy (upstream's CRD), and deploy/'s other
+                               kinds (CRDs, ServiceAccounts, ConfigMaps, DaemonSets, RBAC
+                               objects: stored and listed, not acted on) (:mod:`._resources`)
+verbs                          get, list, watch, create, update, patch, delete, and the
+                               ``status`` subresource where upstream has one
+resourceVersion                one counter for every kind (etcd's revision); 409 on a stale
+                               update; ``generation`` counts spec changes; uid and
+                               creationTimestamp set on create (:mod:`._store`)
+lists                          paged (``limit``/``continue``, etcd's continue token and 410
+                               "inconsistent continue"), ``resourceVersion`` with
+                               ``resourceVersionMatch`` (Exact, NotOlderThan) validated and
+                               defaulted as 1.32, answered from the watch cache or "etcd"
+                               as 1.32 decides; reads at an older version are the state then
+                               (MVCC) (:mod:`._selectors`, :mod:`._lists`)
+watches                        from a version (history replayed; 410 when compacted), from
+                               now, WatchList (``sendInitialEvents``, the initial-events-end
+                               bookmark), BOOKMARKs, ``timeoutSeconds``, objects entering or
+                               leaving a field selector as ADDED/DELETED
+field selectors                the fields upstream supports for the kinds held
+                               (``spec.nodeName`` indexed, as the watch cache indexes pods)
+PATCH                          merge, JSON, strategic merge (built-in kinds) and server-side
+                               apply with ``managedFields`` (:mod:`._patch`)
+validation and defaulting      upstream's rules for the fields flock reads, 422 ``Invalid``
+                               naming the field (:mod:`._admission`); custom resources
+                               pruned and checked against their CRD's schema and CEL rules
+                               (:mod:`._crds`, :mod:`._cnp`, :mod:`.k8s_schema`)
+Secrets                        ``stringData`` folded into base64 ``data``; values never echoed
+kubectl                        aggregated and legacy discovery, OpenAPI v3 documents,
+                               server-side printing (``Table``, ``-o wide``) (:mod:`._discovery`,
+                               :mod:`._tables`)
+faults (not upstream)          dropped connections, injected errors, compaction, pause
+                               (``POST /flock-testing/...``) for the client's tests
+=============================  ===============================================================
+
+Not implemented: authentication and authorization (any bearer token is
+accepted; RBAC objects are stored, never enforced), label selectors on lists
+and watches (400, saying so), ``dryRun`` (400; ``kubectl --dry-run=client``
+works), graceful deletion, finalizers and garbage collection (a delete is
+immediate), admission webhooks, API aggregation, pod subresources (exec, logs,
+port-forward, binding, eviction), Events, protobuf and CBOR (JSON only), and
+any controller (the lab plays the controllers it needs).
+"""
+
+from ._admission import NAME_LABEL
+from ._objects import (
+    cluster_network_policy_object,
+    namespace_object,
+    network_policy_object,
+    node_object,
+    nodeconfig_object,
+    pod_object,
+    secret_object,
+)
+from ._resources import (
+    CLUSTERNETWORKPOLICIES,
+    NAMESPACES,
+    NETWORKPOLICIES,
+    NODECONFIGS,
+    NODES,
+    PODS,
+    RESOURCES,
+    SECRETS,
+    Resource,
+)
+from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
+from ._status import StatusError
+from ._store import ObjectStore
+
+__all__ = [
+    "CLUSTERNETWORKPOLICIES",
+    "NAMESPACES",
+    "NAME_LABEL",
+    "NETWORKPOLICIES",
+    "NODECONFIGS",
+    "NODES",
+    "PODS",
+    "RESOURCES",
+    "SECRETS",
+    "ApiServer",
+    "ObjectStore",
+    "Resource",
+    "StatusError",
+    "cluster_network_policy_object",
+    "kubeconfig",
+    "load_objects",
+    "namespace_object",
+    "network_policy_object",
+    "node_object",
+    "nodeconfig_object",
+    "pod_object",
+    "secret_object",
+    "write_kubeconfig",
+]
