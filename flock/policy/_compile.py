@@ -86,16 +86,34 @@ def selector_set(
     return f"p-{_id('pods', scope, ns_selector, pod_selector)}-{family}"
 
 
+@attrs.frozen(cache_hash=True)
+class PeerSelection:
+    """The pods a pod/namespace-selector peer picks: those *pod_selector* picks (None: all) in *scope* (the
+    policy's namespace, for a peer without a namespace selector) or in the namespaces *namespace_selector* picks."""
+
+    scope: str | None
+    namespace_selector: LabelSelector | None
+    pod_selector: LabelSelector | None
+
+    @property
+    def parts(self) -> tuple[str | None, LabelSelector | None, LabelSelector | None]:
+        """What set names hash: the tuple this was before it was a value (a running table's names stay)."""
+        return (self.scope, self.namespace_selector, self.pod_selector)
+
+
 # Whose named ports a named-port set holds: every pod's (None), this node's ("local"), or those of the pods a
-# peer selector picks (its key: scope, namespace selector, pod selector).
-NamedScope: TypeAlias = str | tuple[str | None, LabelSelector | None, LabelSelector | None] | None
+# peer selector picks.
+NamedScope: TypeAlias = str | PeerSelection | None
 LOCAL = "local"
 
 
 def service_set(named: tuple[tuple[str, Protocol], ...], family: int, scope: NamedScope = None) -> str:
     """The set of (address, protocol, port) of the pods of *scope* declaring one of the *named* ports."""
     ports = tuple((n, p.value) for n, p in named)
-    return f"n-{_id('named', ports) if scope is None else _id('named', ports, scope)}-{family}"
+    if scope is None:
+        return f"n-{_id('named', ports)}-{family}"
+    where = scope.parts if isinstance(scope, PeerSelection) else scope
+    return f"n-{_id('named', ports, where)}-{family}"
 
 
 NamedEntries = dict[tuple[str, Protocol], list[tuple[IPAddress, Protocol, int]]]
@@ -271,9 +289,47 @@ def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], .
     return tuple(merged)
 
 
-# What a set's elements are computed from: ("pods", scope, namespace selector, pod selector, family)
-# or ("named", ((port name, protocol), ...), family, NamedScope).  Blocks and port sets are static.
-SetSpec = tuple
+# What a dynamic set's elements are computed from, and its name.  Blocks, networks and port sets are static.
+
+
+@attrs.frozen(cache_hash=True)
+class PodsSpec:
+    """The addresses of *family* of the pods *peer* picks."""
+
+    peer: PeerSelection
+    family: int
+
+    @property
+    def name(self) -> str:
+        return selector_set(self.peer.scope, self.peer.namespace_selector, self.peer.pod_selector, self.family)
+
+
+@attrs.frozen(cache_hash=True)
+class NodesSpec:
+    """The addresses of *family* of the nodes *selector* picks."""
+
+    selector: LabelSelector
+    family: int
+
+    @property
+    def name(self) -> str:
+        return node_set(self.selector, self.family)
+
+
+@attrs.frozen(cache_hash=True)
+class NamedPortsSpec:
+    """(address, protocol, port) of *family* of the pods of *scope* declaring one of *ports* (name, protocol)."""
+
+    ports: tuple[tuple[str, Protocol], ...]
+    family: int
+    scope: NamedScope
+
+    @property
+    def name(self) -> str:
+        return service_set(self.ports, self.family, self.scope)
+
+
+SetSpec: TypeAlias = PodsSpec | NodesSpec | NamedPortsSpec
 
 
 @attrs.define(eq=False)
@@ -294,12 +350,12 @@ class _RuleBuilder:
 
     def selector_sets(self, policy: NetworkPolicy, peer: Peer) -> list[tuple[int, str, NamedScope]]:
         scope = policy.namespace if peer.namespace_selector is None else None
-        key: NamedScope = (scope, peer.namespace_selector, peer.pod_selector)
-        names: list[tuple[int, str, NamedScope]] = [
-            (f, selector_set(scope, peer.namespace_selector, peer.pod_selector, f), key) for f in self.families
-        ]
-        for family, name, _ in names:
-            self.specs[name] = ("pods", scope, peer.namespace_selector, peer.pod_selector, family)
+        selection = PeerSelection(scope, peer.namespace_selector, peer.pod_selector)
+        names: list[tuple[int, str, NamedScope]] = []
+        for family in self.families:
+            spec = PodsSpec(selection, family)
+            self.specs[spec.name] = spec
+            names.append((family, spec.name, selection))
         return names
 
     def block_set(self, block: IPBlock) -> tuple[int, str, NamedScope]:
@@ -308,9 +364,9 @@ class _RuleBuilder:
         return (block.cidr.version, aset.name, None)
 
     def service_set(self, named: tuple[tuple[str, Protocol], ...], family: int, scope: NamedScope) -> str:
-        name = service_set(named, family, scope)
-        self.specs[name] = ("named", named, family, scope)
-        return name
+        spec = NamedPortsSpec(named, family, scope)
+        self.specs[spec.name] = spec
+        return spec.name
 
     def port_match(self, plan: _PortPlan) -> Match:
         if len(plan.numeric) == 1:
@@ -362,10 +418,11 @@ class _RuleBuilder:
             selector = peer.selector
             if selector is not None:
                 ns_sel, pod_sel = selector
+                selection = PeerSelection(None, ns_sel, pod_sel)
                 for f in self.families:
-                    name = selector_set(None, ns_sel, pod_sel, f)
-                    self.specs[name] = ("pods", None, ns_sel, pod_sel, f)
-                    targets.append((f, name, (None, ns_sel, pod_sel), verdict))
+                    pods = PodsSpec(selection, f)
+                    self.specs[pods.name] = pods
+                    targets.append((f, pods.name, selection, verdict))
             elif peer.nodes is not None and not self.nodes_known:
                 # Nodes not listed (yet, or not allowed): any address may be a selected node's. Failing
                 # closed, an Accept matches nothing here and a Deny or Pass denies every address.
@@ -373,9 +430,9 @@ class _RuleBuilder:
                     targets.append((None, None, _NO_PODS, "drop"))
             elif peer.nodes is not None:
                 for f in FAMILIES:
-                    name = node_set(peer.nodes, f)
-                    self.specs[name] = ("nodes", peer.nodes, f)
-                    targets.append((f, name, _NO_PODS, verdict))
+                    nodes = NodesSpec(peer.nodes, f)
+                    self.specs[nodes.name] = nodes
+                    targets.append((f, nodes.name, _NO_PODS, verdict))
             else:
                 for f in FAMILIES:
                     nets = tuple(n for n in peer.networks if n.version == f)
@@ -662,36 +719,37 @@ class Compiler:
         node_list = list(nodes)
         service_sets: dict[str, ServiceSet] = {}
         address_sets = dict(layout.address_sets)
-        selected: dict[tuple[object, ...], list[_Group]] = {}
+        selected: dict[PeerSelection, list[_Group]] = {}
 
-        def select(key: tuple[str | None, LabelSelector | None, LabelSelector | None]) -> list[_Group]:
-            members = selected.get(key)
+        def select(peer: PeerSelection) -> list[_Group]:
+            members = selected.get(peer)
             if members is None:
-                members = selected[key] = peers.select(*key)
+                members = selected[peer] = peers.select(peer.scope, peer.namespace_selector, peer.pod_selector)
             return members
 
         local_named = _named_ports(locals_)
         for name, spec in layout.specs.items():
-            if spec[0] == "pods":
-                _, scope, ns_sel, pod_sel, family = spec
-                addresses = (a for g in select((scope, ns_sel, pod_sel)) for a in g.addresses if a.version == family)
+            family = spec.family
+            if isinstance(spec, PodsSpec):
+                addresses = (a for g in select(spec.peer) for a in g.addresses if a.version == family)
                 address_sets[name] = AddressSet(name, family, False, frozenset(addresses))
                 continue
-            if spec[0] == "nodes":
-                _, selector, family = spec
+            if isinstance(spec, NodesSpec):
+                selector = spec.selector
                 found = (
                     a for n in node_list if selector.matches(n.label_map) for a in n.addresses if a.version == family
                 )
                 address_sets[name] = AddressSet(name, family, False, frozenset(found))
                 continue
-            _, named, family, where = spec
+            named, where = spec.ports, spec.scope
             entries: Iterable[Iterable[tuple[IPAddress, Protocol, int]]]
             if where is None:
                 entries = (peers.named.get(key, ()) for key in named)
-            elif where == LOCAL:
-                entries = (local_named.get(key, ()) for key in named)
-            else:
+            elif isinstance(where, PeerSelection):
                 entries = (g.named.get(key, ()) for g in select(where) for key in named)
+            else:
+                assert where == LOCAL
+                entries = (local_named.get(key, ()) for key in named)
             elements = frozenset(m for es in entries for m in es if m[0].version == family)
             service_sets[name] = ServiceSet(name, family, elements)
         return layout.ruleset(address_sets, service_sets)

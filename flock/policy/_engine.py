@@ -44,7 +44,21 @@ from collections.abc import Iterable
 import attrs
 
 from ._cluster import PolicyNode
-from ._compile import FAMILIES, LOCAL, Compiler, Layout, NamedScope, check_local, node_set, selector_set, service_set
+from ._compile import (
+    FAMILIES,
+    LOCAL,
+    Compiler,
+    Layout,
+    NamedPortsSpec,
+    NamedScope,
+    NodesSpec,
+    PeerSelection,
+    PodsSpec,
+    check_local,
+    node_set,
+    selector_set,
+    service_set,
+)
 from ._inputs import InputChanges, PolicySource
 from ._model import LabelSelector, Namespace, PolicyPod, Protocol
 from ._peers import Element, Filled, NamedPorts, Pair, Peers, Selector, family
@@ -97,7 +111,7 @@ class PolicyEngine:
     _overrides: dict[str, PolicyPod] = attrs.field(init=False, factory=dict)  # local pods by key
     # Maintained sets (the ones the ruleset uses, and until the next change is handed over, the ones it
     # used then), and where a pod finds the selectors it may match: namespace or None → pair or None →
-    _selectors: dict[tuple[object, ...], Selector] = attrs.field(init=False, factory=dict)
+    _selectors: dict[PeerSelection, Selector] = attrs.field(init=False, factory=dict)
     _selector_index: dict[str | None, dict[Pair | None, list[Selector]]] = attrs.field(init=False, factory=dict)
     # named-port sets by (ports, scope); the cluster-wide and the local ones by port (a selector keeps its own)
     _named: dict[tuple[tuple[tuple[str, Protocol], ...], NamedScope], NamedPorts] = attrs.field(
@@ -400,14 +414,14 @@ class PolicyEngine:
         )
         specs = layout.specs.values() if layout is not None else ()
         for spec in specs:
-            if spec[0] == "pods" and spec[1:4] not in self._selectors:
-                self._add_selector(spec[1:4])
-            elif spec[0] == "nodes" and spec[1] not in self._node_selectors:
-                selector = spec[1]
+            if isinstance(spec, PodsSpec) and spec.peer not in self._selectors:
+                self._add_selector(spec.peer)
+            elif isinstance(spec, NodesSpec) and spec.selector not in self._node_selectors:
+                selector = spec.selector
                 self._node_selectors[selector] = NodeSelector({f: node_set(selector, f) for f in FAMILIES}, selector)
         for spec in specs:
-            if spec[0] == "named" and (spec[1], spec[3]) not in self._named:
-                self._add_named(spec[1], spec[3])  # (after the selectors: a restricted one joins its selector)
+            if isinstance(spec, NamedPortsSpec) and (spec.ports, spec.scope) not in self._named:
+                self._add_named(spec.ports, spec.scope)  # (after the selectors: a restricted one joins its selector)
         self._locals, self._families = locals_, families
         self._structure, self._filled = self._build(layout)
 
@@ -429,32 +443,26 @@ class PolicyEngine:
         address_sets: dict[str, AddressSet] = dict(layout.address_sets)
         service_sets: dict[str, ServiceSet] = {}
         for name, spec in layout.specs.items():
-            if spec[0] == "pods":
-                family_ = spec[4]
-                filled[name] = (self._selectors[spec[1:4]], family_)
-                address_sets[name] = AddressSet(name, family_)
-            elif spec[0] == "nodes":
-                family_ = spec[2]
-                filled[name] = (self._node_selectors[spec[1]], family_)
-                address_sets[name] = AddressSet(name, family_)
+            if isinstance(spec, PodsSpec):
+                filled[name] = (self._selectors[spec.peer], spec.family)
+                address_sets[name] = AddressSet(name, spec.family)
+            elif isinstance(spec, NodesSpec):
+                filled[name] = (self._node_selectors[spec.selector], spec.family)
+                address_sets[name] = AddressSet(name, spec.family)
             else:
-                family_ = spec[2]
-                filled[name] = (self._named[(spec[1], spec[3])], family_)
-                service_sets[name] = ServiceSet(name, family_)
+                filled[name] = (self._named[(spec.ports, spec.scope)], spec.family)
+                service_sets[name] = ServiceSet(name, spec.family)
         return layout.ruleset(address_sets, service_sets), filled
 
-    def _add_selector(self, key: tuple[object, ...]) -> None:
-        scope, ns_sel, pod_sel = key
-        assert scope is None or isinstance(scope, str)
-        assert ns_sel is None or isinstance(ns_sel, LabelSelector)
-        assert pod_sel is None or isinstance(pod_sel, LabelSelector)
+    def _add_selector(self, peer: PeerSelection) -> None:
+        scope, ns_sel, pod_sel = peer.scope, peer.namespace_selector, peer.pod_selector
         selector = Selector(
             {f: selector_set(scope, ns_sel, pod_sel, f) for f in FAMILIES}, scope=scope, ns_sel=ns_sel, pod_sel=pod_sel
         )
-        self._selectors[key] = selector
+        self._selectors[peer] = selector
         self._selector_index.setdefault(selector.namespace, {}).setdefault(selector.pair, []).append(selector)
 
-    def _drop_selector(self, key: tuple[object, ...]) -> None:
+    def _drop_selector(self, key: PeerSelection) -> None:
         selector = self._selectors.pop(key)
         by_pair = self._selector_index[selector.namespace]
         same = by_pair[selector.pair]
@@ -465,7 +473,7 @@ class PolicyEngine:
                 del self._selector_index[selector.namespace]
 
     def _add_named(self, named: tuple[tuple[str, Protocol], ...], scope: NamedScope) -> None:
-        selector = self._selectors[scope] if isinstance(scope, tuple) else None
+        selector = self._selectors[scope] if isinstance(scope, PeerSelection) else None
         ports = NamedPorts(
             {f: service_set(named, f, scope) for f in FAMILIES},
             ports=frozenset(named),
@@ -486,7 +494,8 @@ class PolicyEngine:
             ports.selector.named.remove(ports)
             return
         index = self._local_named_index if ports.local else self._named_index
-        for port in key[0]:
+        named, _ = key
+        for port in named:
             same = index[port]
             same.remove(ports)
             if not same:

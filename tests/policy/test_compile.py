@@ -27,7 +27,8 @@ from flock.policy import (
     pod_chain,
     policy_chain,
 )
-from flock.policy._model import Direction
+from flock.policy._compile import LOCAL, NamedPortsSpec, NodesSpec, PeerSelection, PodsSpec, _RuleBuilder
+from flock.policy._model import Direction, LabelSelector
 from flock.policy._nft import RenderError, render_full, render_rule, render_update
 
 
@@ -223,3 +224,61 @@ def test_block_prefixes_are_the_cidr_minus_excepts(base: int, plen: int, excepts
             assert any(point in n for n in prefixes) == block.contains(point)
     for a, b in itertools.pairwise(prefixes):
         assert not a.overlaps(b)
+
+
+# ---- set specs: what fills a dynamic set, as values the engine keys its maintained sets by ---------
+
+WEB_SELECTOR = LabelSelector((("app", "web"),))
+PROD = LabelSelector((("env", "prod"),))
+HTTP = (("http", Protocol.TCP),)
+
+
+def test_set_specs_are_frozen_hashable_values_named_as_before() -> None:
+    """Equal specs are one dict key; a spec cannot change under the key; and a spec's set name is what the
+    positional tuples it replaced gave (a running table's sets keep their names across an upgrade)."""
+    shop_web = PeerSelection("shop", None, WEB_SELECTOR)
+    prod_web = PeerSelection(None, PROD, WEB_SELECTOR)
+    specs = {
+        PodsSpec(shop_web, 6): "p-8bd3be5c9a9ea14f-6",
+        PodsSpec(prod_web, 4): "p-9952093ab0876953-4",
+        NodesSpec(LabelSelector((("zone", "a"),)), 6): "h-d1855963e9be9436-6",
+        NamedPortsSpec(HTTP, 6, None): "n-8e0969e9b822489f-6",
+        NamedPortsSpec(HTTP, 6, LOCAL): "n-80504701eb9e1881-6",
+        NamedPortsSpec(HTTP, 4, prod_web): "n-3dd4c7f046b80c66-4",
+    }
+    assert {spec.name: name for spec, name in specs.items()} == {name: name for name in specs.values()}
+    assert PodsSpec(PeerSelection("shop", None, LabelSelector((("app", "web"),))), 6) in specs
+    assert NamedPortsSpec(HTTP, 4, PeerSelection(None, PROD, WEB_SELECTOR)) in specs
+    assert NamedPortsSpec(HTTP, 4, prod_web) != NamedPortsSpec(HTTP, 6, prod_web)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        PodsSpec(shop_web, 6).family = 4  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        shop_web.scope = "other"  # type: ignore[misc]
+
+
+def test_a_rule_leaves_specs_under_their_own_names() -> None:
+    """An egress rule to a selector peer on a named port: the peer's address sets and its named-port sets
+    (restricted to the peer's pods), each a spec under the name the rule matches on."""
+    policy = NetworkPolicy.from_object(
+        {
+            "metadata": {"namespace": "shop", "name": "to-web"},
+            "spec": {
+                "podSelector": {},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "http"}]}],
+            },
+        }
+    )
+    builder = _RuleBuilder((6, 4))
+    rules = builder.rules(policy, policy.egress[0], Direction.EGRESS)
+    peer = PeerSelection("shop", None, WEB_SELECTOR)
+    assert set(builder.specs.values()) == {
+        PodsSpec(peer, 6),
+        PodsSpec(peer, 4),
+        NamedPortsSpec(HTTP, 6, peer),
+        NamedPortsSpec(HTTP, 4, peer),
+    }
+    assert all(name == spec.name for name, spec in builder.specs.items())
+    assert {(r.match.daddr, r.match.service) for r in rules} == {
+        (PodsSpec(peer, f).name, NamedPortsSpec(HTTP, f, peer).name) for f in (6, 4)
+    }
