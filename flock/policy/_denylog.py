@@ -52,16 +52,15 @@ import os
 import random
 import socket
 import struct
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import attrs
 import trio
 
+from flock.netns import call_in_netns
 from flock.nursery import Backoff
 
-from ._backend import _enter_netns
 from ._counters import _attrs
 from ._inputs import InputJournal, PolicySource
 from ._metrics import DeniedCounters, DeniedKey
@@ -228,8 +227,9 @@ def open_nflog(group: int = DENY_LOG_GROUP, netns: str | None = None) -> socket.
     """A non-blocking netlink socket bound to nflog *group* in the network namespace *netns* (a path;
     None: this thread's).  Blocking; raises OSError (:class:`NflogUnavailable` when the bind is refused).
 
-    The namespace is entered on a thread of its own, which ends with the call: the socket stays in
-    the namespace it was made in, usable from any thread."""
+    The namespace is entered on a thread of its own, which ends with the call
+    (:func:`flock.netns.call_in_netns`): the socket stays in the namespace it was made in, usable from
+    any thread."""
 
     def make() -> socket.socket:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
@@ -241,23 +241,7 @@ def open_nflog(group: int = DENY_LOG_GROUP, netns: str | None = None) -> socket.
             raise
         return sock
 
-    if netns is None:
-        return make()
-    outcome: list[socket.socket | BaseException] = []
-
-    def in_netns() -> None:
-        try:
-            _enter_netns(netns)
-            outcome.append(make())
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            outcome.append(exc)
-
-    thread = threading.Thread(target=in_netns, name="flock-nflog", daemon=True)
-    thread.start()
-    thread.join()
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    return call_in_netns(netns, make, name="flock-nflog")
 
 
 async def nflog_socket(group: int = DENY_LOG_GROUP, netns: str | None = None) -> socket.socket:

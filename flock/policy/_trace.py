@@ -44,14 +44,15 @@ import ipaddress
 import os
 import socket
 import struct
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import attrs
 import trio
 
-from ._backend import NftBackend, NftError, _enter_netns
+from flock.netns import call_in_netns
+
+from ._backend import NftBackend, NftError
 from ._counters import _HEADER, _attrs, _request
 from ._explain import DirectionVerdict, Explanation, Verdict, kernel_step_text
 from ._model import IPAddress, Protocol
@@ -789,26 +790,8 @@ def verify(explanation: Explanation, here: str, kernel: KernelTrace) -> Verifica
 
 
 def _call_in_netns(netns: str | None, fn: Callable[[], T]) -> T:
-    """``fn()`` on a thread of its own that first enters *netns* (a path; None: stays here) and then
-    ends: what *fn* makes (a socket) stays in that namespace, usable from any thread.  Blocking."""
-    if netns is None:
-        return fn()
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            _enter_netns(netns)
-            outcome.append((True, fn()))
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="flock-trace", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    """``fn()`` on a fresh thread that enters *netns* (a path) and ends (None: on this thread).  Blocking."""
+    return call_in_netns(netns, fn, name="flock-trace")
 
 
 def _netlink() -> socket.socket:

@@ -18,8 +18,9 @@ import attrs
 import yaml
 from aiohttp import web
 
+from flock.netns import call_in_netns
+
 from . import _discovery
-from ._nsthread import call_in_netns
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
