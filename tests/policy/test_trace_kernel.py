@@ -43,7 +43,8 @@ from flock.policy import (
 from flock.policy import PolicyNode as ClusterNode  # a Node as policy sees it (not the test's node)
 from flock.policy._apply import NftApplier, nft_available
 from flock.policy._backend import NftCommand
-from flock.policy._trace import TRACE_TABLE, Captured, Flow
+from flock.policy._nfnetlink import Flow
+from flock.policy._trace import TRACE_TABLE, Captured
 from flock.testing.netns import NetnsPool
 from flock.testing.policy_net import Pod, PolicyNode
 
