@@ -18,7 +18,7 @@ import attrs
 import yaml
 from aiohttp import web
 
-from flock.testing._nsthread import call_in_netns
+from flock.netns import call_in_netns
 
 from . import _discovery
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH

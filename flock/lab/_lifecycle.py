@@ -64,7 +64,7 @@ from flock.lab._ports import PortSpec
 from flock.lab._procs import ProcRef, is_running, proc_ref, reap_if_child, signal_if_running
 from flock.lab._state import PROCS_FILE, LabError, LabState, keeper_running, load_procs, load_state, process_refs
 from flock.lab.keeper import STOP_GRACE_S, ProcessSpec
-from flock.testing._nsthread import call_in_netns
+from flock.netns import call_in_netns
 
 READY_DEADLINE_S = 60.0
 # BOOKMARKs move every agent's watches on while nothing changes: `policy wait` needs no more than this.

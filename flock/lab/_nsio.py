@@ -3,8 +3,9 @@
 Commands run under ``nsenter --net`` (network namespace only, as a container
 runtime runs a CNI plugin on its node).  A TCP connection into a namespace is
 made on a fresh OS thread that enters the namespace, creates and connects the
-socket and ends, so no thread that other work reuses ever changes namespace;
-the socket keeps its namespace wherever it is used afterwards.
+socket and ends (:func:`flock.netns.call_in_netns`), so no thread that other
+work reuses ever changes namespace; the socket keeps its namespace wherever it
+is used afterwards.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import http.client
 import json
 import socket
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
 
-from flock.testing._nsthread import call_in_netns
+from flock.netns import call_in_netns
 
 NETNS_DIR = "/run/netns"
 
@@ -41,14 +42,9 @@ async def run_in(
     )
 
 
-def _on_fresh_thread_in(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
-    """``make()`` on a new OS thread that first enters *netns*; the thread then ends (blocking)."""
-    return call_in_netns(netns, make)
-
-
 def connect_in(netns: str, host: str, port: int, connect_timeout: float) -> socket.socket:
     """A TCP socket connected to host:port from inside *netns* (blocking)."""
-    return _on_fresh_thread_in(netns, lambda: socket.create_connection((host, port), timeout=connect_timeout))
+    return call_in_netns(netns, lambda: socket.create_connection((host, port), timeout=connect_timeout))
 
 
 def socket_in(netns: str, family: int, kind: int) -> socket.socket:
@@ -59,7 +55,7 @@ def socket_in(netns: str, family: int, kind: int) -> socket.socket:
         sock.setblocking(False)
         return sock
 
-    return _on_fresh_thread_in(netns, make)
+    return call_in_netns(netns, make)
 
 
 def http_in(

@@ -9,6 +9,9 @@ here starts a fresh ``threading.Thread`` that enters the namespace, runs the
 function and exits: the namespace switch dies with that thread.  Objects the
 function creates stay bound to the namespace they were created in (a netlink
 socket, an open ``/proc/sys/net`` file), so the caller may use them anywhere.
+The thread and ``setns`` themselves are :mod:`flock.netns`'s, flock's one way
+into a namespace; what is here is the agent's: pod namespaces checked before
+use, and a missing one named as such.
 
 :class:`NetnsThread` saves the thread start on the hot path (a pod's socket
 on every ADD): one long-lived thread enters the namespace per call and
@@ -18,11 +21,8 @@ back home exits instead of serving again.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import fcntl
-import functools
 import os
 import queue
 import stat
@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 
 import attrs
 
+from flock.netns import CLONE_NEWNET, call_in_netns, setns
+
 T = TypeVar("T")
 
-CLONE_NEWNET = 0x40000000
 # linux/nsfs.h: _IO(0xb7, 0x3).  Only nsfs implements it, so an answer proves
 # the fd is a namespace; the value says which kind.
 NS_GET_NSTYPE = 0xB703
@@ -147,20 +148,6 @@ def _file_kind(mode: int) -> str:
     return "regular file"
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if hasattr(os, "setns"):  # Python 3.12+
-        os.setns(fd, CLONE_NEWNET)
-        return
-    if _libc().setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
 def open_netns(path: str) -> int:
     """An O_RDONLY fd on the namespace file at *path*; NetnsMissing if gone."""
     try:
@@ -173,7 +160,7 @@ def _call_in(fd: int, fn: Callable[[], Any]) -> tuple[bool, Any]:
     """Enter the namespace *fd* (this thread only) and call *fn*: (True, its
     result) or (False, the exception, to be re-raised on the caller's thread)."""
     try:
-        _setns(fd)
+        setns(fd)
         return True, fn()
     except BaseException as exc:  # handed to the caller's thread, re-raised there
         return False, exc
@@ -190,26 +177,27 @@ def run_in_netns(netns: str | int | None, fn: Callable[[], T]) -> T:
         return fn()
     path = netns if isinstance(netns, str) else f"fd {netns}"
     fd = open_netns(netns) if isinstance(netns, str) else netns
-    outcome: list = []
-
-    def enter_and_run() -> None:
-        outcome.append(_call_in(fd, fn))
-
     try:
-        thread = threading.Thread(target=enter_and_run, name="flock-netns", daemon=True)
-        thread.start()
-        thread.join()
+        return call_in_netns(fd, fn)
+    except OSError as exc:
+        _raise_missing(exc, path)
+        raise
     finally:
         if isinstance(netns, str):
             os.close(fd)
-    return _unwrap(outcome, path)
+
+
+def _raise_missing(exc: OSError, path: str) -> None:
+    """EINVAL (from setns: *path* is no network namespace any more) as NetnsMissing."""
+    if exc.errno == errno.EINVAL:
+        raise NetnsMissing(errno.EINVAL, "not a network namespace", path) from exc
 
 
 def _unwrap(outcome: list, path: str) -> Any:
     ok, value = outcome[0]
     if not ok:
-        if isinstance(value, OSError) and value.errno == errno.EINVAL:
-            raise NetnsMissing(errno.EINVAL, "not a network namespace", path) from value
+        if isinstance(value, OSError):
+            _raise_missing(value, path)
         raise value
     return value
 
@@ -322,7 +310,7 @@ class NetnsThread:
             else:
                 outcome.append(_call_in(fd, fn))
                 try:
-                    _setns(home)
+                    setns(home)
                     at_home = _identity(THREAD_NETNS) == home_id
                 except OSError:
                     pass

@@ -111,6 +111,7 @@ from ._model import (
     Protocol,
     Requirement,
 )
+from ._nfnetlink import Flow
 from ._reference import Endpoint, evaluate
 from ._ruleset import (
     EGRESS_MAP,
@@ -148,11 +149,8 @@ from ._simulate import (
 from ._trace import (
     TRACE_TABLE,
     Captured,
-    Flow,
     KernelTrace,
     Target,
-    TraceError,
-    Tracer,
     Verification,
     kernel_trace,
     place_rules,
@@ -160,6 +158,7 @@ from ._trace import (
     verify,
     verify_plan,
 )
+from ._tracer import TraceError, Tracer
 
 __all__ = [
     "DENY_LOG_GROUP",

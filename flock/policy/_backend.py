@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import ctypes.util
 import functools
 import json
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -32,6 +30,8 @@ from typing import Any, Protocol, TypeVar
 import attrs
 import trio
 
+from flock.netns import enter_netns
+
 from ._counters import add_counter, finish, rule_counters
 
 log = logging.getLogger("flock.policy")
@@ -39,21 +39,6 @@ log = logging.getLogger("flock.policy")
 LIBNFTABLES = "libnftables.so.1"
 T = TypeVar("T")
 _TRIM_AFTER = 1 << 20  # script bytes: after a larger one the nft thread returns its freed memory to the system
-
-
-_CLONE_NEWNET = 0x40000000
-
-
-def _enter_netns(path: str) -> None:
-    """setns(2) this thread into the network namespace at *path* (Python 3.11 has no os.setns)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns {path}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
 
 
 class NftError(RuntimeError):
@@ -141,7 +126,7 @@ class LibNftables:
         lib = self._lib
         try:
             if self._netns is not None:
-                _enter_netns(self._netns)
+                enter_netns(self._netns)  # this thread serves nothing else
             ctx = lib.nft_ctx_new(0)
             if not ctx:
                 raise OSError("nft_ctx_new failed")

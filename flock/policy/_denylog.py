@@ -52,20 +52,30 @@ import os
 import random
 import socket
 import struct
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import attrs
 import trio
 
+from flock.netns import call_in_netns
 from flock.nursery import Backoff
 
-from ._backend import _enter_netns
-from ._counters import _attrs
 from ._inputs import InputJournal, PolicySource
 from ._metrics import DeniedCounters, DeniedKey
 from ._model import Direction, IPAddress, PolicyPod
+from ._nfnetlink import (
+    NFGEN,
+    NLM_F_ACK,
+    NLMSG_ERROR,
+    SUBSYS_ULOG,
+    attribute,
+    attributes,
+    error_code,
+    messages,
+    netfilter_socket,
+    request,
+)
 from ._nft import DENY_LOG_GROUP
 from ._ruleset import Denial, Ruleset
 from ._service import LocalPods
@@ -78,18 +88,12 @@ TIDY_EVERY_S = 30.0  # how often an idle reader lets go of what only logging nee
 COPY_RANGE = 128  # bytes of each packet: IPv6 header, extension headers, ports
 OPEN_BACKOFF = Backoff(initial=1.0, factor=2.0, cap=300.0, jitter=0.2)
 
-# linux/netfilter/nfnetlink.h, nfnetlink_log.h
-NETLINK_NETFILTER = 12
-_NFNL_SUBSYS_ULOG = 4
+# linux/netfilter/nfnetlink_log.h (the messages and attributes themselves: ._nfnetlink)
 _NFULNL_MSG_PACKET, _NFULNL_MSG_CONFIG = 0, 1
 _NFULA_CFG_CMD, _NFULA_CFG_MODE, _NFULA_CFG_TIMEOUT, _NFULA_CFG_QTHRESH = 1, 2, 4, 5
 _NFULNL_CFG_CMD_BIND = 1
 _NFULNL_COPY_PACKET = 2
 _NFULA_PAYLOAD, _NFULA_PREFIX = 9, 10
-_NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
-_NLMSG_ERROR = 2
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr
-_NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id (big-endian: the group)
 # Records are batched by the kernel for at most 50 ms (or 16 records): a denial shows well within a second.
 _FLUSH_CS = 5
 _QUEUE_THRESHOLD = 16
@@ -110,24 +114,19 @@ class NflogUnavailable(OSError):
 # -- the wire: pure -----------------------------------------------------------------------------
 
 
-def _attr(kind: int, data: bytes) -> bytes:
-    return struct.pack("=HH", 4 + len(data), kind) + data + b"\0" * (-len(data) % 4)
-
-
-def config_message(group: int, seq: int, attribute: bytes) -> bytes:
-    """One NFULNL_MSG_CONFIG request for *group* (acknowledged)."""
-    body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + attribute
-    kind = (_NFNL_SUBSYS_ULOG << 8) | _NFULNL_MSG_CONFIG
-    return _HEADER.pack(_HEADER.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_ACK, seq, 0) + body
+def config_message(group: int, seq: int, setting: bytes) -> bytes:
+    """One NFULNL_MSG_CONFIG request for *group* (acknowledged) carrying the attribute *setting*."""
+    body = NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + setting  # res_id: the group
+    return request((SUBSYS_ULOG << 8) | _NFULNL_MSG_CONFIG, NLM_F_ACK, seq, body)
 
 
 def bind_messages(group: int) -> list[bytes]:
     """Bind *group*, copy each packet's first :data:`COPY_RANGE` bytes, deliver within 50 ms."""
     return [
-        config_message(group, 1, _attr(_NFULA_CFG_CMD, bytes([_NFULNL_CFG_CMD_BIND]))),
-        config_message(group, 2, _attr(_NFULA_CFG_MODE, struct.pack(">IBB", COPY_RANGE, _NFULNL_COPY_PACKET, 0))),
-        config_message(group, 3, _attr(_NFULA_CFG_QTHRESH, struct.pack(">I", _QUEUE_THRESHOLD))),
-        config_message(group, 4, _attr(_NFULA_CFG_TIMEOUT, struct.pack(">I", _FLUSH_CS))),
+        config_message(group, 1, attribute(_NFULA_CFG_CMD, bytes([_NFULNL_CFG_CMD_BIND]))),
+        config_message(group, 2, attribute(_NFULA_CFG_MODE, struct.pack(">IBB", COPY_RANGE, _NFULNL_COPY_PACKET, 0))),
+        config_message(group, 3, attribute(_NFULA_CFG_QTHRESH, struct.pack(">I", _QUEUE_THRESHOLD))),
+        config_message(group, 4, attribute(_NFULA_CFG_TIMEOUT, struct.pack(">I", _FLUSH_CS))),
     ]
 
 
@@ -147,24 +146,20 @@ class LoggedPacket:
 
 def parse_messages(data: bytes | memoryview) -> Iterator[LoggedPacket | None]:
     """The logged packets in a netlink datagram (None for a record that cannot be read)."""
-    view = memoryview(data)
-    offset = 0
-    packet_kind = (_NFNL_SUBSYS_ULOG << 8) | _NFULNL_MSG_PACKET
-    while offset + _HEADER.size <= len(view):
-        length, kind, _, _, _ = _HEADER.unpack_from(view, offset)
-        if length < _HEADER.size or offset + length > len(view):
+    packet_kind = (SUBSYS_ULOG << 8) | _NFULNL_MSG_PACKET
+    for message in messages(data):
+        if message is None:
             yield None
             return
-        if kind == packet_kind and length >= _HEADER.size + _NFGEN.size:
-            family = view[offset + _HEADER.size]
+        if message.kind == packet_kind and len(message.payload) >= NFGEN.size:
+            family = message.payload[0]
             prefix, payload = b"", None
-            for attr_kind, value in _attrs(view[offset : offset + length], _HEADER.size + _NFGEN.size):
+            for attr_kind, value in attributes(message.payload, NFGEN.size):
                 if attr_kind == _NFULA_PREFIX:
                     prefix = bytes(value).split(b"\0", 1)[0]
                 elif attr_kind == _NFULA_PAYLOAD:
                     payload = value
             yield parse_packet(prefix.decode("ascii", "replace"), family, payload) if payload is not None else None
-        offset += (length + 3) & ~3
 
 
 def parse_packet(prefix: str, family: int, packet: bytes | memoryview) -> LoggedPacket | None:
@@ -206,33 +201,34 @@ def parse_packet(prefix: str, family: int, packet: bytes | memoryview) -> Logged
 
 
 def _bind(sock: socket.socket, group: int) -> None:
-    sock.bind((0, 0))
     for seq, message in enumerate(bind_messages(group), 1):
         sock.send(message)
-        while True:  # its acknowledgement (records may come between once the group is bound)
-            reply = sock.recv(_RECV_BUFFER)
-            if len(reply) < _HEADER.size + 4:
-                continue
-            _, kind, _, reply_seq, _ = _HEADER.unpack_from(reply)
-            if kind != _NLMSG_ERROR or reply_seq != seq:
-                continue
-            code = -struct.unpack_from("=i", reply, _HEADER.size)[0]
-            if code == errno.EPERM:  # what the kernel answers for a group another socket has bound
-                raise NflogUnavailable(code, f"nflog group {group} is bound by another socket of this namespace")
-            if code:
-                raise NflogUnavailable(code, f"nflog group {group}: {os.strerror(code)}")
-            break
+        while (code := _acknowledgement(sock.recv(_RECV_BUFFER), seq)) is None:
+            pass  # records may come before it once the group is bound
+        if code == errno.EPERM:  # what the kernel answers for a group another socket has bound
+            raise NflogUnavailable(code, f"nflog group {group} is bound by another socket of this namespace")
+        if code:
+            raise NflogUnavailable(code, f"nflog group {group}: {os.strerror(code)}")
+
+
+def _acknowledgement(reply: bytes, seq: int) -> int | None:
+    """The errno (0: none) answering request *seq* in *reply* (None: no answer to it there)."""
+    for message in messages(reply):
+        if message is not None and message.kind == NLMSG_ERROR and message.seq == seq and len(message.payload) >= 4:
+            return error_code(message.payload)
+    return None
 
 
 def open_nflog(group: int = DENY_LOG_GROUP, netns: str | None = None) -> socket.socket:
     """A non-blocking netlink socket bound to nflog *group* in the network namespace *netns* (a path;
     None: this thread's).  Blocking; raises OSError (:class:`NflogUnavailable` when the bind is refused).
 
-    The namespace is entered on a thread of its own, which ends with the call: the socket stays in
-    the namespace it was made in, usable from any thread."""
+    The namespace is entered on a thread of its own, which ends with the call
+    (:func:`flock.netns.call_in_netns`): the socket stays in the namespace it was made in, usable from
+    any thread."""
 
     def make() -> socket.socket:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
+        sock = netfilter_socket()
         try:
             _bind(sock, group)
             sock.setblocking(False)
@@ -241,23 +237,7 @@ def open_nflog(group: int = DENY_LOG_GROUP, netns: str | None = None) -> socket.
             raise
         return sock
 
-    if netns is None:
-        return make()
-    outcome: list[socket.socket | BaseException] = []
-
-    def in_netns() -> None:
-        try:
-            _enter_netns(netns)
-            outcome.append(make())
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            outcome.append(exc)
-
-    thread = threading.Thread(target=in_netns, name="flock-nflog", daemon=True)
-    thread.start()
-    thread.join()
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    return call_in_netns(netns, make, name="flock-nflog")
 
 
 async def nflog_socket(group: int = DENY_LOG_GROUP, netns: str | None = None) -> socket.socket:

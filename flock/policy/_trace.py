@@ -1,312 +1,45 @@
-"""``flockctl policy explain --verify``: one real packet, traced by the kernel, held to the explanation.
+"""``flockctl policy explain --verify``, the pure half: the kernel's trace of one packet held to the explanation.
 
-The packet: the query's first packet (a TCP SYN, an SCTP INIT, one UDP
-datagram) from a socket made in the source pod's network namespace, bound to
-its address and a source port the kernel picks.  Only a pod on this node can
-send it (:func:`verify_plan` says why not otherwise).
+What to send (:func:`verify_plan`): the query's first packet from a socket in
+the source pod's network namespace (a :class:`Target`); only a pod on this
+node can send it.  :class:`flock.policy._tracer.Tracer` sends it with tracing
+on for it alone and hands back what the kernel showed (:class:`Captured`):
+the trace events (:class:`flock.policy._nfnetlink.TraceEvent`: chain, rule
+handle, verdict) and the rules of ``table inet flock`` at the time
+(:class:`flock.policy._nfnetlink.KernelRule`).
 
-Tracing that packet alone: a table of flock's own, ``inet flock-trace``
-(:func:`trace_table`), sets ``meta nftrace`` in prerouting (priority -350,
-before conntrack) for exactly its 5-tuple from the pod's veth (a TCP packet
-only when it is a SYN), and two empty chains at the end of the forward and
-input hooks (priority 1000) mark that it got through flock's chains there.
-The kernel reports every rule a traced packet meets to the netfilter trace
-group (``NFNLGRP_NFTRACE``); a netlink socket of the node's namespace, bound
-to the group *before* the table goes in, reads them (:func:`parse_trace`):
-chain, rule handle, verdict.  The rules' handles are named by a netlink dump
-of ``table inet flock`` (:func:`parse_rules`, :func:`place_rules`): the
-compiled rule each one is (a logged drop is two kernel rules: its log rule,
-then the drop), or a base chain's fixed rule, or none of flock's.
+Here, all of it pure:
 
-Why netlink rather than ``nft monitor trace``: nft caches the whole ruleset
-first, set elements included (130 MiB and most of a second at 200,000
-elements, in the agent's cgroup, for every --verify), subscribes only some
-time after it starts (a packet sent before is never shown), and buffers its
-output in a pipe; 1.0.6 has no JSON for traces.  ``nft -f`` is used only for
-the trace table's two small transactions.
-
-Afterwards nothing stays: the trace table is deleted (also on cancellation:
-shielded), the sockets closed, the probe's conntrack entry deleted.
-
-:func:`kernel_trace` turns the events into the walk of each of flock's base
-chains (``egress``, ``ingress`` in the forward hook, ``input``) and
-:func:`verify` holds each walk to the explanation's trace of that direction:
-the same rules in the same order and the same deciding rule, or the two part
-and it says where.  Pure but for the last section (:class:`Tracer` and the
-netlink it reads and writes).
+- :func:`place_rules` names each kernel rule by its handle: the compiled rule
+  it is (a logged drop is two kernel rules: its log rule, then the drop), a
+  base chain's fixed rule, or none of flock's;
+- :func:`kernel_trace` turns the events into the walk of each of flock's base
+  chains (``egress``, ``ingress`` in the forward hook, ``input``) and the hooks
+  the packet got through (the trace table's end chains, :data:`TRACE_END_CHAINS`);
+- :func:`verify` holds each walk to the explanation's trace of that direction:
+  the same rules in the same order and the same deciding rule, or the two
+  part and it says where (:func:`verification_of` for a :class:`Captured`).
 """
 
 from __future__ import annotations
 
-import errno
-import functools
-import ipaddress
-import os
-import socket
-import struct
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
-import trio
 
-from ._backend import NftBackend, NftError, _enter_netns
-from ._counters import _HEADER, _attrs, _request
 from ._explain import DirectionVerdict, Explanation, Verdict, kernel_step_text
 from ._model import IPAddress, Protocol
-from ._nft import EGRESS_CHAIN, FAMILY, INGRESS_CHAIN, INPUT_CHAIN, TABLE, _addr, _name, _port
+from ._nfnetlink import Flow, KernelRule, TraceEvent
+from ._nft import EGRESS_CHAIN, INGRESS_CHAIN, INPUT_CHAIN, TABLE
 from ._ruleset import Ruleset
 
-T = TypeVar("T")
-
-TRACE_TABLE = "flock-trace"
-TRACE_WAIT_S = 2.0  # how long the kernel has, once the packet is sent, to show what became of it
-CLEANUP_S = 10.0  # the trace table's removal, shielded from cancellation
-PROBE_PAYLOAD = b"flock policy explain --verify\n"  # what a UDP probe carries
+TRACE_TABLE = "flock-trace"  # the table that traces the probe (``inet``, made by the tracer)
+TRACE_END_CHAINS = {"fwd-end": "forward", "in-end": "input"}  # the trace table's markers → the hook they close
 _BASE_CHAINS = (EGRESS_CHAIN, INGRESS_CHAIN, INPUT_CHAIN)
-_END_CHAINS = {"fwd-end": "forward", "in-end": "input"}  # the trace table's markers → the hook they close
-PROTOCOL_NUMBERS = {Protocol.TCP: 6, Protocol.UDP: 17, Protocol.SCTP: 132}
-_L4 = {6: "tcp", 17: "udp", 132: "sctp"}
-
-# linux/netfilter/nfnetlink.h, nf_tables.h, nfnetlink_conntrack.h
-NETLINK_NETFILTER = 12
-NFNLGRP_NFTRACE = 9
-_SOL_NETLINK, _NETLINK_ADD_MEMBERSHIP = 270, 1
-_SUBSYS_CTNETLINK, _SUBSYS_NFTABLES = 1, 10
-_NFT_MSG_NEWRULE, _NFT_MSG_TRACE = 6, 17
-_IPCTNL_MSG_CT_DELETE = 2
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP_INTR = 0x1, 0x4, 0x10
-_NLA_F_NESTED = 0x8000
-_NFTA_TRACE_TABLE, _NFTA_TRACE_CHAIN, _NFTA_TRACE_RULE_HANDLE, _NFTA_TRACE_TYPE = 1, 2, 3, 4
-_NFTA_TRACE_VERDICT, _NFTA_TRACE_ID = 5, 6
-_NFTA_TRACE_NETWORK_HEADER, _NFTA_TRACE_TRANSPORT_HEADER = 8, 9
-_NFTA_TRACE_NFPROTO, _NFTA_TRACE_POLICY = 15, 16
-_TRACE_TYPES = {1: "policy", 2: "return", 3: "rule"}
-_NFTA_VERDICT_CODE, _NFTA_VERDICT_CHAIN = 1, 2
-_VERDICTS = {0: "drop", 1: "accept", 2: "stolen", 3: "queue", 4: "repeat", 5: "stop"}
-_VERDICTS |= {-1: "continue", -2: "break", -3: "jump", -4: "goto", -5: "return"}
-_NFTA_RULE_CHAIN, _NFTA_RULE_HANDLE, _NFTA_RULE_EXPRESSIONS = 2, 3, 4
-_NFTA_LIST_ELEM, _NFTA_EXPR_NAME, _NFTA_EXPR_DATA = 1, 1, 2
-_NFTA_IMMEDIATE_DREG, _NFTA_IMMEDIATE_DATA, _NFTA_DATA_VERDICT = 1, 2, 2
-_NFTA_LOOKUP_DREG = 3
-_NFT_REG_VERDICT = 0
-_NFPROTO_IPV4, _NFPROTO_IPV6 = 2, 10
-_CTA_TUPLE_ORIG, _CTA_TUPLE_IP, _CTA_TUPLE_PROTO = 1, 1, 2
-_CTA_IP_V4_SRC, _CTA_IP_V6_SRC = 1, 3  # the destinations follow each
-_CTA_PROTO_NUM, _CTA_PROTO_SRC_PORT, _CTA_PROTO_DST_PORT = 1, 2, 3
-_DUMP_ATTEMPTS = 3
 
 
-class TraceError(OSError):
-    """The packet could not be sent or traced (the message says what failed): nothing verified."""
-
-
-# -- the wire: pure -----------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Flow:
-    """A packet's 5-tuple (``protocol``: the IP protocol number)."""
-
-    saddr: IPAddress
-    daddr: IPAddress
-    protocol: int
-    sport: int
-    dport: int
-
-    def text(self) -> str:
-        proto = _L4.get(self.protocol, str(self.protocol)).upper()
-        return f"{proto} {_at(self.saddr, self.sport)} → {_at(self.daddr, self.dport)}"
-
-
-def _at(address: IPAddress, port: int) -> str:
-    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
-
-
-@attrs.frozen
-class TraceEvent:
-    """One trace message: a rule that matched (``handle`` set: its verdict, ``continue`` for one that
-    decides nothing), a chain left at its end (no handle; ``kind`` "rule", "return" on kernels before 6.x),
-    or a base chain's policy (``kind`` "policy").  The first event of each base chain a packet enters
-    carries the packet."""
-
-    trace_id: int
-    table: str
-    chain: str
-    kind: str  # "rule", "return", "policy"
-    verdict: str  # "accept", "drop", "continue", "return", "jump <chain>", "goto <chain>"
-    handle: int | None = None
-    packet: Flow | None = None
-
-
-def _messages(data: bytes) -> Iterator[tuple[int, int, int, memoryview]]:
-    """(type, flags, seq, payload) of each netlink message in *data*."""
-    view = memoryview(data)
-    offset = 0
-    while offset + _HEADER.size <= len(view):
-        length, kind, flags, seq, _ = _HEADER.unpack_from(view, offset)
-        if length < _HEADER.size or offset + length > len(view):
-            return
-        yield kind, flags, seq, view[offset + _HEADER.size : offset + length]
-        offset += (length + 3) & ~3
-
-
-def _string(value: memoryview) -> str:
-    return bytes(value).split(b"\0", 1)[0].decode(errors="replace")
-
-
-def _verdict(value: memoryview) -> str:
-    fields = dict(_attrs(value))
-    code = struct.unpack(">i", fields[_NFTA_VERDICT_CODE])[0] if _NFTA_VERDICT_CODE in fields else 1
-    word = _VERDICTS.get(code, f"verdict {code}")
-    chain = fields.get(_NFTA_VERDICT_CHAIN)
-    return f"{word} {_string(chain)}" if chain is not None and word in ("jump", "goto") else word
-
-
-def _packet(nfproto: int, network: bytes, transport: bytes) -> Flow | None:
-    try:
-        if nfproto == _NFPROTO_IPV6 and len(network) >= 40:
-            saddr: IPAddress = ipaddress.IPv6Address(network[8:24])
-            daddr: IPAddress = ipaddress.IPv6Address(network[24:40])
-            protocol = network[6]
-        elif nfproto == _NFPROTO_IPV4 and len(network) >= 20:
-            saddr, daddr, protocol = (
-                ipaddress.IPv4Address(network[12:16]),
-                ipaddress.IPv4Address(network[16:20]),
-                network[9],
-            )
-        else:
-            return None
-    except ValueError:
-        return None
-    sport, dport = struct.unpack(">HH", transport[:4]) if len(transport) >= 4 else (0, 0)
-    return Flow(saddr, daddr, protocol, sport, dport)
-
-
-def parse_trace(data: bytes) -> list[TraceEvent]:
-    """The trace events in *data* (what one read of the trace group's socket returned)."""
-    events = []
-    for kind, _, _, payload in _messages(data):
-        if kind != (_SUBSYS_NFTABLES << 8) | _NFT_MSG_TRACE:
-            continue
-        fields = dict(_attrs(payload, 4))
-        if _NFTA_TRACE_ID not in fields or _NFTA_TRACE_CHAIN not in fields:
-            continue
-        kind_code = struct.unpack(">I", fields[_NFTA_TRACE_TYPE])[0] if _NFTA_TRACE_TYPE in fields else 0
-        if _NFTA_TRACE_VERDICT in fields:
-            verdict = _verdict(fields[_NFTA_TRACE_VERDICT])
-        elif _NFTA_TRACE_POLICY in fields:
-            verdict = _VERDICTS.get(struct.unpack(">i", fields[_NFTA_TRACE_POLICY])[0], "accept")
-        else:
-            verdict = "continue"
-        handle = fields.get(_NFTA_TRACE_RULE_HANDLE)
-        packet = None
-        if _NFTA_TRACE_NETWORK_HEADER in fields:
-            nfproto = struct.unpack(">I", fields[_NFTA_TRACE_NFPROTO])[0] if _NFTA_TRACE_NFPROTO in fields else 0
-            transport = bytes(fields.get(_NFTA_TRACE_TRANSPORT_HEADER, b""))
-            packet = _packet(nfproto, bytes(fields[_NFTA_TRACE_NETWORK_HEADER]), transport)
-        events.append(
-            TraceEvent(
-                struct.unpack(">I", fields[_NFTA_TRACE_ID])[0],
-                _string(fields.get(_NFTA_TRACE_TABLE, memoryview(b""))),
-                _string(fields[_NFTA_TRACE_CHAIN]),
-                _TRACE_TYPES.get(kind_code, "rule"),
-                verdict,
-                int.from_bytes(handle, "big") if handle is not None and len(handle) == 8 else None,
-                packet,
-            )
-        )
-    return events
-
-
-@attrs.frozen
-class KernelRule:
-    """One rule of the table as the kernel holds it: its chain, handle, what it does (``accept``,
-    ``drop``, ``return``, ``jump <chain>``, ``goto <chain>``, ``vmap``, ``log``; "" none of these) and
-    its expressions' names."""
-
-    chain: str
-    handle: int
-    action: str
-    expressions: tuple[str, ...] = ()
-
-
-def _kernel_rule(payload: memoryview) -> KernelRule | None:
-    chain, handle, action, names = None, None, "", []
-    for kind, value in _attrs(payload, 4):
-        if kind == _NFTA_RULE_CHAIN:
-            chain = _string(value)
-        elif kind == _NFTA_RULE_HANDLE and len(value) == 8:
-            handle = int.from_bytes(value, "big")
-        elif kind == _NFTA_RULE_EXPRESSIONS:
-            for elem_kind, elem in _attrs(value):
-                if elem_kind != _NFTA_LIST_ELEM:
-                    continue
-                expr = dict(_attrs(elem))
-                name = _string(expr.get(_NFTA_EXPR_NAME, memoryview(b"")))
-                names.append(name)
-                data = dict(_attrs(expr.get(_NFTA_EXPR_DATA, memoryview(b""))))
-                if name == "log":
-                    action = "log"
-                elif name == "lookup" and _register(data.get(_NFTA_LOOKUP_DREG)) == _NFT_REG_VERDICT:
-                    action = "vmap"
-                elif name == "immediate" and _register(data.get(_NFTA_IMMEDIATE_DREG)) == _NFT_REG_VERDICT:
-                    verdict = dict(_attrs(data.get(_NFTA_IMMEDIATE_DATA, memoryview(b"")))).get(_NFTA_DATA_VERDICT)
-                    if verdict is not None:
-                        action = _verdict(verdict)
-    if chain is None or handle is None:
-        return None
-    return KernelRule(chain, handle, action, tuple(names))
-
-
-def _register(value: memoryview | None) -> int | None:
-    return struct.unpack(">I", value)[0] if value is not None and len(value) == 4 else None
-
-
-def parse_rules(data: bytes, seq: int) -> tuple[list[KernelRule], bool, bool]:
-    """The rules in one read of a rule dump answering request *seq*: (rules, done, interrupted).
-    Raises OSError for the kernel's refusal."""
-    rules: list[KernelRule] = []
-    done = interrupted = False
-    for kind, flags, msg_seq, payload in _messages(data):
-        if msg_seq != seq:
-            continue
-        if kind == _NLMSG_DONE:
-            done = True
-        elif kind == _NLMSG_ERROR:
-            code = -struct.unpack_from("=i", payload)[0]
-            if code:
-                raise OSError(code, f"nftables rule dump: {os.strerror(code)}")
-        elif kind == (_SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWRULE:
-            interrupted = interrupted or bool(flags & _NLM_F_DUMP_INTR)
-            rule = _kernel_rule(payload)
-            if rule is not None:
-                rules.append(rule)
-    return rules, done, interrupted
-
-
-def conntrack_delete_message(flow: Flow, seq: int) -> bytes:
-    """ctnetlink's request deleting the conntrack entry whose original direction is *flow* (acknowledged)."""
-
-    def attr(kind: int, data: bytes) -> bytes:
-        return struct.pack("=HH", 4 + len(data), kind) + data + b"\0" * (-len(data) % 4)
-
-    src = _CTA_IP_V6_SRC if flow.saddr.version == 6 else _CTA_IP_V4_SRC
-    ip = attr(src, flow.saddr.packed) + attr(src + 1, flow.daddr.packed)
-    proto = attr(_CTA_PROTO_NUM, bytes([flow.protocol]))
-    proto += attr(_CTA_PROTO_SRC_PORT, struct.pack(">H", flow.sport)) + attr(
-        _CTA_PROTO_DST_PORT, struct.pack(">H", flow.dport)
-    )
-    tuple_ = attr(_CTA_TUPLE_IP | _NLA_F_NESTED, ip) + attr(_CTA_TUPLE_PROTO | _NLA_F_NESTED, proto)
-    family = socket.AF_INET6 if flow.saddr.version == 6 else socket.AF_INET
-    body = struct.pack("=BBH", family, 0, 0) + attr(_CTA_TUPLE_ORIG | _NLA_F_NESTED, tuple_)
-    kind = (_SUBSYS_CTNETLINK << 8) | _IPCTNL_MSG_CT_DELETE
-    return _HEADER.pack(_HEADER.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_ACK, seq, 0) + body
-
-
-# -- the trace table: pure ------------------------------------------------------------------------
+# -- what to send and what came back: values ------------------------------------------------------
 
 
 @attrs.frozen
@@ -322,38 +55,16 @@ class Target:
     dport: int
 
 
-def trace_table(target: Target, sport: int) -> str:
-    """The nft transaction that (re)makes ``inet flock-trace`` for the packet from *sport*."""
-    ip = "ip6" if target.saddr.version == 6 else "ip"
-    proto = _L4[PROTOCOL_NUMBERS[target.protocol]]
-    match = (
-        f'iifname "{_name(target.iif)}" {ip} saddr {_addr(target.saddr)} {ip} daddr {_addr(target.daddr)} '
-        f"meta l4proto {proto} th sport {_port(sport)} th dport {_port(target.dport)}"
-    )
-    if target.protocol is Protocol.TCP:
-        match += " tcp flags & (syn | ack) == syn"  # the SYN alone, not what follows it
-    t = f"{FAMILY} {TRACE_TABLE}"
-    return "\n".join(
-        [
-            f"add table {t}",
-            f"delete table {t}",
-            f"table {t} {{",
-            "\tchain pre {",
-            "\t\ttype filter hook prerouting priority -350; policy accept;",
-            f"\t\t{match} meta nftrace set 1",
-            "\t}",
-            *(
-                line
-                for chain, hook in _END_CHAINS.items()
-                for line in (f"\tchain {chain} {{", f"\t\ttype filter hook {hook} priority 1000; policy accept;", "\t}")
-            ),
-            "}",
-            "",
-        ]
-    )
+@attrs.frozen
+class Captured:
+    """What one traced packet left: its flow, the trace events read, ``table inet flock``'s rules when it
+    was sent, whether they changed meanwhile, and whether trace messages were lost (the socket full)."""
 
-
-DROP_TRACE_TABLE = f"add table {FAMILY} {TRACE_TABLE}\ndelete table {FAMILY} {TRACE_TABLE}\n"
+    flow: Flow
+    events: tuple[TraceEvent, ...]
+    rules: tuple[KernelRule, ...]
+    changed: bool = False
+    lost: bool = False
 
 
 # -- naming the kernel's rules: pure --------------------------------------------------------------
@@ -537,8 +248,8 @@ def kernel_trace(events: Iterable[TraceEvent], flow: Flow, places: Places) -> Ke
             current = event.chain if event.table == TABLE and event.chain in _BASE_CHAINS else None
             steps = []
         if event.table == TRACE_TABLE:
-            if event.chain in _END_CHAINS:
-                passed.add(_END_CHAINS[event.chain])
+            if event.chain in TRACE_END_CHAINS:
+                passed.add(TRACE_END_CHAINS[event.chain])
             continue
         if current is not None and event.table == TABLE:
             if event.handle is None and event.kind != "policy" and event.chain == current:
@@ -717,7 +428,7 @@ class Verification:
             else {
                 "from": str(flow.saddr),
                 "to": str(flow.daddr),
-                "protocol": _L4.get(flow.protocol, str(flow.protocol)).upper(),
+                "protocol": flow.protocol_name,
                 "sport": flow.sport,
                 "dport": flow.dport,
                 "trace_id": f"{self.trace_id:08x}" if self.trace_id is not None else None,
@@ -783,218 +494,6 @@ def verify(explanation: Explanation, here: str, kernel: KernelTrace) -> Verifica
         return Verification("agrees", "", here, flow, checks, tuple(notes), kernel.trace_id)
     why = "; ".join(c.why for c in checks if c.why) or "cannot verify"
     return Verification("not-verified", why, here, flow, checks, tuple(notes), kernel.trace_id)
-
-
-# -- the kernel ---------------------------------------------------------------------------------------
-
-
-def _call_in_netns(netns: str | None, fn: Callable[[], T]) -> T:
-    """``fn()`` on a thread of its own that first enters *netns* (a path; None: stays here) and then
-    ends: what *fn* makes (a socket) stays in that namespace, usable from any thread.  Blocking."""
-    if netns is None:
-        return fn()
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            _enter_netns(netns)
-            outcome.append((True, fn()))
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="flock-trace", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
-
-
-def _netlink() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
-    sock.bind((0, 0))
-    return sock
-
-
-def trace_socket() -> socket.socket:
-    """A non-blocking netlink socket of this thread's namespace, a member of the trace group."""
-    sock = _netlink()
-    try:
-        sock.setsockopt(_SOL_NETLINK, _NETLINK_ADD_MEMBERSHIP, NFNLGRP_NFTRACE)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def dump_rules(table: str = TABLE) -> list[KernelRule]:
-    """Every rule of ``inet <table>`` in chain order ([]: no table), with one netlink dump (no set elements).
-    Blocking: run it on a thread in the table's namespace."""
-    with _netlink() as sock:
-        for seq in range(1, _DUMP_ATTEMPTS + 1):
-            sock.send(_request(table, seq))
-            rules: list[KernelRule] = []
-            interrupted = False
-            while True:
-                got, done, cut = parse_rules(sock.recv(1 << 20), seq)
-                rules += got
-                interrupted = interrupted or cut
-                if done:
-                    break
-            if not interrupted:
-                break
-        return rules
-
-
-def forget_flow(flow: Flow) -> bool:
-    """Delete the conntrack entry of *flow* in this thread's namespace (False: there was none).  Blocking."""
-    with _netlink() as sock:
-        sock.send(conntrack_delete_message(flow, 1))
-        for kind, _, seq, payload in _messages(sock.recv(1 << 16)):
-            if kind == _NLMSG_ERROR and seq == 1:
-                code = -struct.unpack_from("=i", payload)[0]
-                if code in (errno.ENOENT, 0):
-                    return code == 0
-                raise OSError(code, f"conntrack delete: {os.strerror(code)}")
-    return False
-
-
-def _probe_socket(target: Target) -> socket.socket:
-    family = socket.AF_INET6 if target.saddr.version == 6 else socket.AF_INET
-    kind, proto = {
-        Protocol.TCP: (socket.SOCK_STREAM, 0),
-        Protocol.UDP: (socket.SOCK_DGRAM, 0),
-        Protocol.SCTP: (socket.SOCK_STREAM, socket.IPPROTO_SCTP),
-    }[target.protocol]
-    sock = socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
-    try:
-        sock.setblocking(False)
-        if target.protocol is not Protocol.UDP:  # closed at once, with no lingering handshake
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.bind((str(target.saddr), 0))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _send(sock: socket.socket, target: Target) -> None:
-    address = (str(target.daddr), target.dport)
-    if target.protocol is Protocol.UDP:
-        sock.sendto(PROBE_PAYLOAD, address)
-        return
-    code = sock.connect_ex(address)
-    if code not in (0, errno.EINPROGRESS):
-        raise OSError(code, os.strerror(code))
-
-
-@attrs.frozen
-class Captured:
-    """What one traced packet left: its flow, the trace events read, ``table inet flock``'s rules when it
-    was sent, whether they changed meanwhile, and whether trace messages were lost (the socket full)."""
-
-    flow: Flow
-    events: tuple[TraceEvent, ...]
-    rules: tuple[KernelRule, ...]
-    changed: bool = False
-    lost: bool = False
-
-
-@attrs.define(eq=False)
-class Tracer:
-    """Sends the probe for a :class:`Target` and reads what the kernel did with it.
-
-    *nft* runs the trace table's transactions in the node's network namespace *node_netns* (a path; None:
-    the agent's own), where the trace group and the rules are read too.  *wait*: how long the kernel has,
-    once the packet is sent, to show its fate (the packet's last event ends the wait sooner).
-
-    Error handling: a packet that cannot be sent or traced raises :class:`TraceError` (nothing verified);
-    the trace table's removal failing propagates as :class:`flock.policy.NftError`.  Cleanup runs on every
-    way out, cancellation included (shielded, at most :data:`CLEANUP_S`).
-    """
-
-    nft: NftBackend
-    node_netns: str | None = None
-    wait: float = TRACE_WAIT_S
-
-    async def _in_node(self, fn: Callable[[], T]) -> T:
-        return await trio.to_thread.run_sync(_call_in_netns, self.node_netns, fn)
-
-    async def trace(self, target: Target, pod_netns: str) -> Captured:
-        """Send *target*'s packet from *pod_netns* (the source pod's network namespace, a path) and trace it."""
-        try:
-            probe = await trio.to_thread.run_sync(_call_in_netns, pod_netns, functools.partial(_probe_socket, target))
-        except OSError as exc:
-            raise TraceError(exc.errno, f"cannot make the probe's socket in {target.pod}'s namespace: {exc}") from None
-        flow = Flow(target.saddr, target.daddr, PROTOCOL_NUMBERS[target.protocol], probe.getsockname()[1], target.dport)
-        try:
-            try:
-                listener = trio.socket.from_stdlib_socket(await self._in_node(trace_socket))
-            except OSError as exc:
-                raise TraceError(exc.errno, f"cannot read the kernel's trace: {exc}") from None
-            with listener:
-                before = tuple(await self._rules())
-                try:
-                    await self.nft.run(trace_table(target, flow.sport))
-                except NftError as exc:  # one transaction, refused: nothing of it is in
-                    raise TraceError(errno.EINVAL, f"nft refused the trace table: {exc.stderr.strip()[:300]}") from None
-                except BaseException:  # cancelled while nft ran: it may be in
-                    await self._drop_table()
-                    raise
-                try:
-                    try:
-                        _send(probe, target)
-                    except OSError as exc:
-                        raise TraceError(exc.errno, f"{target.pod} cannot send the packet: {exc}") from None
-                    events, lost = await self._collect(listener, flow)
-                finally:
-                    await self._drop_table()
-                after = tuple(await self._rules())
-        finally:
-            probe.close()
-            with trio.move_on_after(CLEANUP_S, shield=True):
-                try:
-                    await self._in_node(functools.partial(forget_flow, flow))
-                except OSError:
-                    pass  # no conntrack here (nothing to forget); an entry would expire on its own
-        return Captured(flow, tuple(events), before, after != before, lost)
-
-    async def _rules(self) -> list[KernelRule]:
-        try:
-            return await self._in_node(dump_rules)
-        except OSError as exc:
-            raise TraceError(exc.errno, f"cannot read flock's rules: {exc}") from None
-
-    async def forget_leftovers(self) -> None:
-        """Delete a trace table an agent killed in the middle of ``--verify`` left behind (start-up)."""
-        await self._drop_table()
-
-    async def _drop_table(self) -> None:
-        """Delete the trace table (there or not), whatever else is going on."""
-        with trio.move_on_after(CLEANUP_S, shield=True) as scope:
-            await self.nft.run(DROP_TRACE_TABLE)
-        if scope.cancelled_caught:
-            raise NftError(-1, f"table {FAMILY} {TRACE_TABLE} not removed within {CLEANUP_S:g} s: delete it by hand")
-
-    async def _collect(self, listener: trio.socket.SocketType, flow: Flow) -> tuple[list[TraceEvent], bool]:
-        events: list[TraceEvent] = []
-        lost = False
-        with trio.move_on_after(self.wait):
-            while True:
-                try:
-                    data = await listener.recv(1 << 16)
-                except OSError as exc:
-                    if exc.errno != errno.ENOBUFS:
-                        raise TraceError(exc.errno, f"reading the kernel's trace: {exc}") from None
-                    lost = True  # messages dropped: the socket was full
-                    continue
-                events += parse_trace(data)
-                if kernel_trace(events, flow, Places()).complete:
-                    break
-        return events, lost
 
 
 def verification_of(explanation: Explanation, here: str, captured: Captured, ruleset: Ruleset | None) -> Verification:

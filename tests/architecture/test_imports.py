@@ -226,17 +226,37 @@ SHIM = ("flock.cni_fastpath", "flock.cni_shim", "flock.rpc.wire", "flock.rpc.cni
 LEAF = "flock.cni_common"
 
 
-def test_the_shims_shared_values_are_in_a_leaf():
-    """flock.cni_common imports nothing from flock, and only the standard library's modules."""
+# Leaves of the standard library alone: the shim's shared values (the shim stands alone), and the one way
+# into a network namespace (the lab and its API server use it without pyroute2 or the netlink layer).
+STDLIB_LEAVES = (LEAF, "flock.netns")
+
+
+@pytest.mark.parametrize("leaf", STDLIB_LEAVES)
+def test_a_stdlib_leaf_imports_only_the_standard_library(leaf):
+    """flock.cni_common and flock.netns import nothing from flock, and only the standard library's modules."""
     graph = import_graph()
-    assert graph[LEAF] == set()
-    path = ROOT / "cni_common.py"
+    assert graph[leaf] == set()
+    path = ROOT.parent.joinpath(*leaf.split(".")).with_suffix(".py")
     imported = {
         alias.name if isinstance(node, ast.Import) else node.module or ""
         for node in _imports(ast.parse(path.read_text()))
         for alias in node.names
     }
     assert imported and all(name.split(".")[0] in sys.stdlib_module_names for name in imported), imported
+
+
+def test_flock_enters_a_network_namespace_in_one_place():
+    """``os.setns`` / libc's ``setns`` is called in flock.netns alone: every other module enters a namespace
+    through it (the shim's flock.cni_common only checks that an fd is one)."""
+    callers = sorted(
+        module_name(path)
+        for path in ROOT.rglob("*.py")
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "setns" and not isinstance(node.ctx, ast.Store)
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    )
+    assert callers == ["flock.netns"], callers
 
 
 def test_the_shim_modules_form_no_cycle():

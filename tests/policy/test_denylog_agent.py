@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flock.apiserver import NAMESPACES, NETWORKPOLICIES, PODS, namespace_object, network_policy_object, pod_object
-from flock.testing._nsthread import call_in_netns
+from flock.netns import call_in_netns
 from flock.testing.agentlab import open_lab, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("require_root")]

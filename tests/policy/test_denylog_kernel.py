@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from flock.model import Allocation
+from flock.netns import call_in_netns
 from flock.policy import (
     ClusterNetworkPolicy,
     Kind,
@@ -48,7 +49,6 @@ from flock.policy._denylog import (
 from flock.policy._metrics import DeniedCounters
 from flock.policy._model import Direction
 from flock.policy._ruleset import Denial
-from flock.testing._nsthread import call_in_netns
 from flock.testing.netns import NetnsPool
 from flock.testing.policy import MemoryLocalPods
 from flock.testing.policy_net import Pod, PolicyNode

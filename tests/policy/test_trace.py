@@ -37,17 +37,10 @@ from flock.policy import (
     verify,
     verify_plan,
 )
+from flock.policy._nfnetlink import KernelRule, TraceEvent, conntrack_delete_message, parse_rules, parse_trace
 from flock.policy._nft import RenderError
-from flock.policy._trace import (
-    KernelRule,
-    KernelStep,
-    KernelWalk,
-    TraceEvent,
-    conntrack_delete_message,
-    parse_rules,
-    parse_trace,
-    trace_table,
-)
+from flock.policy._trace import KernelStep, KernelWalk
+from flock.policy._tracer import trace_table
 
 NODE = "n1"
 # The keys of the --verify part of `flockctl policy explain --json` (add keys deliberately, never rename).

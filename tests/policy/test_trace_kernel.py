@@ -19,6 +19,7 @@ import attrs
 import pytest
 import trio
 
+from flock.netns import call_in_netns
 from flock.policy import (
     AgentView,
     ClusterNetworkPolicy,
@@ -42,7 +43,8 @@ from flock.policy import (
 from flock.policy import PolicyNode as ClusterNode  # a Node as policy sees it (not the test's node)
 from flock.policy._apply import NftApplier, nft_available
 from flock.policy._backend import NftCommand
-from flock.policy._trace import TRACE_TABLE, Captured, Flow, _call_in_netns
+from flock.policy._nfnetlink import Flow
+from flock.policy._trace import TRACE_TABLE, Captured
 from flock.testing.netns import NetnsPool
 from flock.testing.policy_net import Pod, PolicyNode
 
@@ -137,7 +139,7 @@ def conntrack_of(node: PolicyNode, flow: Flow) -> list[object]:
         finally:
             ct.close()
 
-    return _call_in_netns(node.node.path, dump)
+    return call_in_netns(node.node.path, dump)
 
 
 def children(*names: str) -> list[str]:
