@@ -226,7 +226,7 @@ def store_too_new_reason(settings: AgentSettings, exc: StoreTooNew) -> str:
     )
     return (
         f"{exc.details} (this is flock-agent {__version__}). This agent touches nothing until that is resolved: "
-        f'roll forward to the release that wrote the database (README "Upgrading"), {restore}'
+        f'roll forward to the release that wrote the database ("Upgrading", docs/upgrading.md), {restore}'
     )
 
 

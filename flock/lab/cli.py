@@ -1,4 +1,4 @@
-"""``flock-lab``: the command line of the lab (see README and ``flock-lab --help``)."""
+"""``flock-lab``: the command line of the lab (see docs/lab.md and ``flock-lab --help``)."""
 
 from __future__ import annotations
 

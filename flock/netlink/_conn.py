@@ -86,7 +86,7 @@ async def rtnl(netns: str | int | None) -> AsyncIterator[AsyncIPRoute]:
 
 PROC_SYS = "/proc/sys"
 # A container without privilege has /proc/sys mounted read-only; the DaemonSet
-# mounts the host's /proc/sys/net here instead (deploy/README.md).  Any view of
+# mounts the host's /proc/sys/net here instead (docs/install.md, "Privileges").  Any view of
 # /proc/sys/net shows the network namespace of the thread that opens the file.
 HOST_PROC_SYS = "/host/proc/sys"
 

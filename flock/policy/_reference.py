@@ -12,7 +12,7 @@ with it.  https://kubernetes.io/docs/concepts/services-networking/network-polici
   peers matches (no peers: everyone) and one of its ports matches (no ports:
   every port and protocol).
 - A node and its own pods may always talk (kubelet probes).
-Choices where the documentation is not precise (also in the README):
+Choices where the documentation is not precise (also in docs/policy.md):
 - ipBlock matches by address alone, pod addresses included (as Calico).
 - A named port matches only a destination that is a known pod declaring a
   containerPort of that name and protocol, on that port number.
@@ -23,7 +23,7 @@ per direction: the Admin tier's policies by ascending priority, each one's
 rules in written order — the first rule that matches decides: Accept allows,
 Deny denies, Pass skips the rest of the tier; then NetworkPolicy, which decides
 whenever it isolates the pod; then the Baseline tier the same way; then allow.
-flock's choices where the CRD leaves room (also in the README):
+flock's choices where the CRD leaves room (also in docs/policy.md):
 - Equal priorities within a tier: by name.
 - A rule flock cannot read fails closed: Accept matches nothing, Deny and Pass deny everything.
 - A node reaching its own pods is always allowed (kubelet probes, as for

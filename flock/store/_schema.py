@@ -224,7 +224,7 @@ def prepare(
     if version >= 1:
         _check_table(path, conn)  # before a migration alters it: a foreign file is named as such
     if 1 <= version < known and any(READABLE_BY.get(t, t) > usable_by for t in range(version + 1, known + 1)):
-        # Older code will not open the file after this: keep a copy it can use (README "Upgrading": rollback).
+        # Older code will not open the file after this: keep a copy it can use (docs/upgrading.md, "Rollback").
         _backup(path, conn, version)
     for target, migrate in enumerate(migrations[version:], start=version + 1):
         try:

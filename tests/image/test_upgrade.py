@@ -433,7 +433,7 @@ async def test_rolling_upgrade_and_rollback_lose_nothing(image, old_image, capsy
                 late = await identities(plan)
                 await trio.sleep(1)
 
-                # Rollback: this tree → the previous release with its own manifest, the README's way.
+                # Rollback: this tree → the previous release with its own manifest, docs/upgrading.md's way.
                 a = drill.now()
                 rollouts["downgrade"] = await flock_lab(
                     plan, "upgrade", "--image", old_tag, "--manifest-ref", PREVIOUS_RELEASE

@@ -417,7 +417,7 @@ def test_allocations_survive_an_upgrade_and_a_rollback(lab: Lab, previous: Path,
     ):
         assert ok(cni(lab, old_shim, "CHECK", cid, ns, pod, prevResult=result, **conf)).stdout == "", cid
         assert ok(cni(lab, old_shim, "ADD", cid, ns, pod, **conf)).json == result, cid
-    # README "Upgrading": 0.1.0 does not know hostPorts; they stop answering until the upgrade is redone.
+    # docs/upgrading.md, "Rollback": 0.1.0 does not know hostPorts; they stop answering until the upgrade is redone.
     assert host_ports(lab) == set()
     # DEL through the previous release: the hostPort pod and the other network's.
     assert ok(cni(lab, old_shim, "DEL", "c0ffee02", web1, "web-1", **main)).stdout == ""

@@ -9,7 +9,7 @@ dirs are the node's: the installed ``flock`` plugin and conflist, with
 Debian's ``loopback`` copied next to the plugin (containerd 1.6 runs
 loopback from its single ``bin_dir``).
 
-Settings this machine needs (see README "Runtimes"): ``restrict_oom_score_adj``
+Settings this machine needs (see docs/runtimes.md): ``restrict_oom_score_adj``
 (root here lacks CAP_SYS_RESOURCE), ``ip_pref = "ipv6"`` (containerd reports
 IPv4 as the primary pod IP otherwise), the stream server on port 0.
 """
