@@ -1,0 +1,51 @@
+"""The service proxy (kube-proxy's job, nftables mode): Services and EndpointSlices → table ``inet flock-services``.
+
+Pure layers, not yet wired into the agent:
+
+- :mod:`._model`: :class:`Service`, :class:`EndpointSlice` (validating ``from_object``);
+- :mod:`._select`: endpoint choice per Service port and family, as kube-proxy's ``CategorizeEndpoints``;
+- :mod:`._compile`: :func:`compile_table` → :class:`ServicesTable` (the desired table as a value);
+- :mod:`._nft`: :func:`render_full` and :func:`render_update` (old → new, one transaction).
+"""
+
+from ._compile import NodeView, ServicesConfig, compile_table
+from ._model import (
+    Endpoint,
+    EndpointPort,
+    EndpointSlice,
+    Family,
+    Service,
+    ServicePort,
+    ServiceType,
+    TrafficPolicy,
+)
+from ._nft import render_full, render_update
+from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
+from ._table import TABLE, AffinitySet, HealthCheck, ServicesTable, Skeleton
+
+__all__ = [
+    "TABLE",
+    "AffinitySet",
+    "Backend",
+    "Categorized",
+    "Endpoint",
+    "EndpointPort",
+    "EndpointSlice",
+    "Family",
+    "HealthCheck",
+    "NodeView",
+    "PortPolicy",
+    "Service",
+    "ServicePort",
+    "ServiceType",
+    "ServicesConfig",
+    "ServicesTable",
+    "Skeleton",
+    "TrafficPolicy",
+    "backends",
+    "categorize",
+    "compile_table",
+    "port_policy",
+    "render_full",
+    "render_update",
+]
