@@ -75,10 +75,23 @@ def _in_pools(ip: IPAddress, pools: tuple[IPNetwork, ...]) -> bool:
 class _Builder:
     chains: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     sets: dict[str, AffinitySet] = attrs.field(factory=dict)
-    elements: dict[str, set[tuple[str, str | None]]] = attrs.field(factory=dict)
+    elements: dict[str, dict[str, str | None]] = attrs.field(factory=dict)
+    owners: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    conflicts: list[str] = attrs.field(factory=list)
+    owner: str = ""  # the Service whose elements are being added
 
     def element(self, base: str, family: Family, key: str, verdict: str | None = None) -> None:
-        self.elements.setdefault(_nft.per_family(base, family), set()).add((key, verdict))
+        """Add an element; a map key another Service already holds stays that Service's (first by name wins)."""
+        name = _nft.per_family(base, family)
+        elements = self.elements.setdefault(name, {})
+        if verdict is not None:
+            # service-ips and no-endpoint-services share one key space (as do the nodeport maps)
+            space = name.removeprefix("no-endpoint-").removeprefix("service-")
+            holder = self.owners.setdefault((space, key), self.owner)
+            if holder != self.owner:
+                self.conflicts.append(f"{self.owner}: {key} in {name} is {holder}'s")
+                return
+        elements[key] = verdict
 
 
 def compile_table(
@@ -94,7 +107,7 @@ def compile_table(
             by_service.setdefault((eps.namespace, eps.service), []).append(eps)
     b = _Builder()
     for name in _nft.skeleton_names():  # every skeleton map and set is in the value, empty or not
-        b.elements[name] = set()
+        b.elements[name] = {}
     for ip in node.addresses:
         b.element(_nft.NODE_IPS, family_of(ip), _nft.address(ip))
     for net in config.pod_cidrs:
@@ -103,6 +116,7 @@ def compile_table(
     for svc in sorted(services, key=lambda s: (s.namespace, s.name)):
         if not svc.proxied:
             continue
+        b.owner = svc.key
         local_ready: set[tuple[IPAddress, int]] = set()
         svc_slices = by_service.get((svc.namespace, svc.name), [])
         for family in svc.ip_families:
@@ -119,8 +133,9 @@ def compile_table(
         skeleton=config.skeleton,
         chains=b.chains,
         affinity_sets=b.sets,
-        elements={name: frozenset(e) for name, e in b.elements.items()},
+        elements={name: frozenset(e.items()) for name, e in b.elements.items()},
         health_checks=health,
+        conflicts=tuple(b.conflicts),
     )
 
 

@@ -53,3 +53,6 @@ class ServicesTable:
     # map or set name (one of the skeleton's) → its elements: (key, verdict) for maps, (key, None) for sets
     elements: Mapping[str, frozenset[tuple[str, str | None]]] = attrs.field(factory=dict)
     health_checks: Mapping[int, HealthCheck] = attrs.field(factory=dict)
+    # map keys two Services claim (an externalIP:port shared, a hand-made EndpointSlice…): the first by
+    # namespace/name keeps the key; the rest are reported here, for the caller to log (not rendered)
+    conflicts: tuple[str, ...] = attrs.field(default=(), eq=False)

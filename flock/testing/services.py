@@ -6,6 +6,7 @@ go through the models' ``from_object`` exactly as the watchers will.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -116,3 +117,42 @@ def endpoint_slice(
 
 def slice_port(name: str = "", port: int = 80, protocol: str = "TCP") -> dict[str, Any]:
     return {"name": name, "port": port, "protocol": protocol}
+
+
+def random_cluster(rng: random.Random, *, max_services: int = 5) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A few dual-stack Services (affinity, Local policies, NodePorts, a shared externalIP at times) and
+    their EndpointSlices with random conditions and nodes: for properties over pairs of states."""
+    services, slices = [], []
+    for i in range(rng.randint(0, max_services)):
+        kw: dict[str, Any] = {}
+        if rng.random() < 0.3:
+            kw["affinity_timeout"] = rng.choice([60, 600])
+        if rng.random() < 0.3:
+            kw["etp"] = "Local"
+        if rng.random() < 0.2:
+            kw["itp"] = "Local"
+        node_port = 30000 + i if rng.random() < 0.5 else None
+        services.append(
+            service(
+                f"s{i}",
+                [f"fd00:96::{i + 1}", f"203.0.113.{i + 1}"],
+                [port("http", 80, target=8080, node_port=node_port), port("dns", 53, protocol="UDP")],
+                type="NodePort" if node_port else "ClusterIP",
+                external_ips=["198.51.100.7"] if rng.random() < 0.2 else (),
+                **kw,
+            )
+        )
+        for family, fmt in (("IPv6", "2001:db8:10::{}"), ("IPv4", "192.0.2.{}")):
+            endpoints = [
+                endpoint(
+                    fmt.format(j + 1),
+                    rng.choice(["node-a", "node-b"]),
+                    ready=rng.random() < 0.7,
+                    serving=rng.choice([None, True, False]),
+                    terminating=rng.choice([None, True]),
+                )
+                for j in range(rng.randint(0, 3))
+            ]
+            ports = [slice_port("http", 8080), slice_port("dns", 5353, "UDP")]
+            slices.append(endpoint_slice(f"s{i}", endpoints, ports, address_type=family))
+    return services, slices
