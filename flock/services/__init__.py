@@ -1,9 +1,56 @@
-"""Services: flock's service proxy (issue 33), in nftables, off unless configured.
+"""The service proxy (kube-proxy's job, nftables mode): Services and EndpointSlices → table ``inet flock-services``.
 
-So far: :func:`find_kube_proxy` — the proxy never turns on while kube-proxy's
-own tables, chains or IPVS interface are on the node (:mod:`._kubeproxy`).
+Pure layers, not yet wired into the agent:
+
+- :mod:`._model`: :class:`Service`, :class:`EndpointSlice` (validating ``from_object``);
+- :mod:`._select`: endpoint choice per Service port and family, as kube-proxy's ``CategorizeEndpoints``;
+- :mod:`._compile`: :func:`compile_table` → :class:`ServicesTable` (the desired table as a value);
+- :mod:`._nft`: :func:`render_full` and :func:`render_update` (old → new, one transaction);
+- :mod:`._kubeproxy`: :func:`find_kube_proxy` — the proxy never turns on while kube-proxy's own
+  tables, chains or IPVS interface are on the node.
 """
 
+from ._compile import NodeView, ServicesConfig, compile_table
 from ._kubeproxy import find_kube_proxy, kube_proxy_traces
+from ._model import (
+    Endpoint,
+    EndpointPort,
+    EndpointSlice,
+    Family,
+    Service,
+    ServicePort,
+    ServiceType,
+    TrafficPolicy,
+)
+from ._nft import render_full, render_update
+from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
+from ._table import TABLE, AffinitySet, HealthCheck, ServicesTable, Skeleton
 
-__all__ = ["find_kube_proxy", "kube_proxy_traces"]
+__all__ = [
+    "TABLE",
+    "AffinitySet",
+    "Backend",
+    "Categorized",
+    "Endpoint",
+    "EndpointPort",
+    "EndpointSlice",
+    "Family",
+    "HealthCheck",
+    "NodeView",
+    "PortPolicy",
+    "Service",
+    "ServicePort",
+    "ServiceType",
+    "ServicesConfig",
+    "ServicesTable",
+    "Skeleton",
+    "TrafficPolicy",
+    "backends",
+    "categorize",
+    "compile_table",
+    "find_kube_proxy",
+    "kube_proxy_traces",
+    "port_policy",
+    "render_full",
+    "render_update",
+]

@@ -1,0 +1,312 @@
+"""nft text for the services table: statement builders, the whole table, and the update from one table to the next.
+
+Statements are built from :mod:`ipaddress` values, ints, :class:`Protocol`
+members and names from :mod:`._names`; the builders check their arguments'
+types, so a string from the API cannot become nft syntax by mistake.
+
+- :func:`render_full` replaces the table in one transaction (``add table``
+  so the ``delete`` cannot fail, ``delete table``, then the table).  Chains
+  are declared before any rule refers to them, and map elements come last.
+- :func:`render_update` turns one :class:`ServicesTable` into the next in one
+  transaction touching only what differs: new sets and chains are declared
+  first, changed chains are flushed and refilled, map and set elements are
+  deleted and added, and only then are chains and sets nothing refers to any
+  more flushed and deleted.  An endpoint turning unready in a Service with
+  several endpoints is the service chain's flush and its one ``numgen`` rule
+  (plus its masquerade rule), and the endpoint chain's flush and delete: a
+  handful of lines whatever the size of the table.  ``None`` when the
+  skeleton changed (then the caller renders the whole table).
+
+Kernel note: the endpoint chain is deleted in the same transaction as the
+rule and map element that referred to it, which kernels since 6.2 accept;
+kube-proxy defers such deletes by a second on older kernels.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Iterator, Mapping
+
+from flock.policy import Protocol
+
+from ._model import Family, IPAddress
+from ._table import AffinitySet, ServicesTable, Skeleton
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# The skeleton's own names (generated names all start with a kind, a family digit and '-').
+SERVICE_IPS = "service-ips"
+SERVICE_NODEPORTS = "service-nodeports"
+NO_ENDPOINT_SERVICES = "no-endpoint-services"
+NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
+CLUSTER_IPS = "cluster-ips"
+NODE_IPS = "node-ips"
+POD_CIDRS = "pod-cidrs"
+MARK_CHAIN = "mark-for-masquerade"
+REJECT_CHAIN = "reject-services"
+SERVICES_CHAIN = "services"
+CHECK_CHAIN = "endpoints-check"
+MASQUERADING_CHAIN = "masquerading"
+
+CHUNK = 500  # elements per ``add element`` line: bounded lines for nft's parser
+
+
+def per_family(base: str, family: Family) -> str:
+    return f"{base}{family.version}"
+
+
+def skeleton_names() -> dict[str, str]:
+    """Each per-family map and set of the skeleton → its nft type."""
+    names = {}
+    for f in Family:
+        addr = f"ipv{f.version}_addr"
+        names[per_family(SERVICE_IPS, f)] = f"map:{addr} . inet_proto . inet_service : verdict"
+        names[per_family(NO_ENDPOINT_SERVICES, f)] = f"map:{addr} . inet_proto . inet_service : verdict"
+        names[per_family(SERVICE_NODEPORTS, f)] = "map:inet_proto . inet_service : verdict"
+        names[per_family(NO_ENDPOINT_NODEPORTS, f)] = "map:inet_proto . inet_service : verdict"
+        names[per_family(CLUSTER_IPS, f)] = f"set:{addr}"
+        names[per_family(NODE_IPS, f)] = f"set:{addr}"
+        names[per_family(POD_CIDRS, f)] = f"interval:{addr}"
+    return names
+
+
+# --- statement builders (used by the compiler) ---------------------------------------------------------------
+
+
+def ip_kw(family: Family) -> str:
+    return "ip" if family is Family.IPV4 else "ip6"
+
+
+def address(ip: IPAddress) -> str:
+    if not isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address):
+        raise TypeError(f"an address, not {type(ip).__name__}")
+    return str(ip)
+
+
+def network(net: IPNetwork) -> str:
+    if not isinstance(net, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        raise TypeError(f"a network, not {type(net).__name__}")
+    return str(net)
+
+
+def _port(port: int) -> str:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"a port number, not {port!r}")
+    return str(port)
+
+
+def proto(protocol: Protocol) -> str:
+    return {Protocol.TCP: "tcp", Protocol.UDP: "udp", Protocol.SCTP: "sctp"}[protocol]
+
+
+def service_key(ip: IPAddress, protocol: Protocol, port: int) -> str:
+    return f"{address(ip)} . {proto(protocol)} . {_port(port)}"
+
+
+def nodeport_key(protocol: Protocol, port: int) -> str:
+    return f"{proto(protocol)} . {_port(port)}"
+
+
+def goto(chain: str) -> str:
+    return f"goto {chain}"
+
+
+def masquerade_unless_pod(family: Family, cluster_ip: IPAddress) -> str:
+    """ClusterIP traffic from outside the pod CIDRs (the node itself, a routed client) is masqueraded."""
+    kw = ip_kw(family)
+    return f"{kw} daddr {address(cluster_ip)} {kw} saddr != @{per_family(POD_CIDRS, family)} jump {MARK_CHAIN}"
+
+
+def masquerade() -> str:
+    return f"jump {MARK_CHAIN}"
+
+
+def masquerade_from(family: Family, ip: IPAddress) -> str:
+    """Hairpin: an endpoint reaching itself through its Service answers the node, not itself."""
+    return f"{ip_kw(family)} saddr {address(ip)} jump {MARK_CHAIN}"
+
+
+def pods_short_circuit(family: Family, chain: str) -> str:
+    return f"{ip_kw(family)} saddr @{per_family(POD_CIDRS, family)} goto {chain}"
+
+
+def node_masquerade() -> str:
+    return f"fib saddr type local jump {MARK_CHAIN}"
+
+
+def node_short_circuit(chain: str) -> str:
+    return f"fib saddr type local goto {chain}"
+
+
+def affinity_goto(family: Family, set_name: str, chain: str) -> str:
+    return f"{ip_kw(family)} saddr @{set_name} goto {chain}"
+
+
+def affinity_update(family: Family, set_name: str) -> str:
+    return f"update @{set_name} {{ {ip_kw(family)} saddr }}"
+
+
+def spread(chains: Iterable[str]) -> str:
+    """One of *chains* at random, per new connection."""
+    chains = list(chains)
+    if not chains:
+        raise ValueError("spread over no chains")
+    if len(chains) == 1:
+        return goto(chains[0])
+    arms = ", ".join(f"{i} : goto {c}" for i, c in enumerate(chains))
+    return f"numgen random mod {len(chains)} vmap {{ {arms} }}"
+
+
+def dnat(family: Family, protocol: Protocol, ip: IPAddress, port: int) -> str:
+    target = f"{address(ip)}:{_port(port)}" if family is Family.IPV4 else f"[{address(ip)}]:{_port(port)}"
+    return f"meta l4proto {proto(protocol)} dnat {ip_kw(family)} to {target}"
+
+
+# --- rendering -----------------------------------------------------------------------------------------------
+
+
+def _qualified(sk: Skeleton) -> str:
+    return f"inet {sk.table}"
+
+
+def _skeleton_decls(sk: Skeleton) -> list[str]:
+    lines = []
+    for name, spec in skeleton_names().items():
+        kind, typ = spec.split(":", 1)
+        if kind == "map":
+            lines.append(f"\tmap {name} {{ type {typ}; }}")
+        elif kind == "interval":
+            lines.append(f"\tset {name} {{ type {typ}; flags interval; }}")
+        else:
+            lines.append(f"\tset {name} {{ type {typ}; }}")
+    mark = f"0x{sk.masquerade_mark:x}"
+    chains: list[tuple[str, list[str]]] = [
+        (MARK_CHAIN, [f"meta mark set meta mark | {mark}"]),
+        (
+            MASQUERADING_CHAIN,
+            [f"meta mark & {mark} == 0 return", f"meta mark set meta mark ^ {mark}", "masquerade fully-random"],
+        ),
+        (REJECT_CHAIN, ["meta l4proto tcp reject with tcp reset", "reject"]),
+    ]
+    services, check = [], []
+    for f in Family:
+        kw = ip_kw(f)
+        services.append(f"{kw} daddr . meta l4proto . th dport vmap @{per_family(SERVICE_IPS, f)}")
+        services.append(
+            f"{kw} daddr @{per_family(NODE_IPS, f)} meta l4proto . th dport vmap @{per_family(SERVICE_NODEPORTS, f)}"
+        )
+        check.append(f"{kw} daddr . meta l4proto . th dport vmap @{per_family(NO_ENDPOINT_SERVICES, f)}")
+        check.append(
+            f"{kw} daddr @{per_family(NODE_IPS, f)} meta l4proto . th dport vmap "
+            f"@{per_family(NO_ENDPOINT_NODEPORTS, f)}"
+        )
+    for f in Family:  # a ClusterIP on a port no Service has: refused, not routed on
+        check.append(f"{ip_kw(f)} daddr @{per_family(CLUSTER_IPS, f)} goto {REJECT_CHAIN}")
+    chains += [(SERVICES_CHAIN, services), (CHECK_CHAIN, check)]
+    for name, rules in chains:
+        lines.append(f"\tchain {name} {{")
+        lines.extend(f"\t\t{r}" for r in rules)
+        lines.append("\t}")
+    base = [
+        # -100 is dstnat (nft 1.0.6 knows the name in prerouting only)
+        ("nat-prerouting", "nat", "prerouting", "-100", f"jump {SERVICES_CHAIN}"),
+        ("nat-output", "nat", "output", "-100", f"jump {SERVICES_CHAIN}"),
+        ("nat-postrouting", "nat", "postrouting", "srcnat", f"jump {MASQUERADING_CHAIN}"),
+        ("filter-input", "filter", "input", _priority(sk.filter_priority), f"ct state new jump {CHECK_CHAIN}"),
+        ("filter-forward", "filter", "forward", _priority(sk.filter_priority), f"ct state new jump {CHECK_CHAIN}"),
+        ("filter-output", "filter", "output", _priority(sk.filter_priority), f"ct state new jump {CHECK_CHAIN}"),
+    ]
+    for name, typ, hook, prio, rule in base:
+        lines.append(f"\tchain {name} {{")
+        lines.append(f"\t\ttype {typ} hook {hook} priority {prio}; policy accept;")
+        lines.append(f"\t\t{rule}")
+        lines.append("\t}")
+    return lines
+
+
+def _priority(offset: int) -> str:
+    if not offset:
+        return "filter"
+    return f"filter {'+' if offset > 0 else '-'} {abs(int(offset))}"
+
+
+def _set_decl(name: str, s: AffinitySet, table: str = "") -> str:
+    where = f"{table} {name}" if table else name
+    return f"set {where} {{ type ipv{s.family.version}_addr; flags dynamic,timeout; timeout {int(s.timeout)}s; }}"
+
+
+def _chunks(items: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+def _element(key: str, verdict: str | None) -> str:
+    return key if verdict is None else f"{key} : {verdict}"
+
+
+def _element_lines(t: str, verb: str, name: str, elements: Iterable[tuple[str, str | None]]) -> list[str]:
+    items = [_element(k, v) for k, v in sorted(elements, key=lambda e: (e[0], e[1] or ""))]
+    if verb == "delete":  # a map element is deleted by its key
+        items = [k for k, _ in sorted(elements, key=lambda e: (e[0], e[1] or ""))]
+    return [f"{verb} element {t} {name} {{ {', '.join(chunk)} }}" for chunk in _chunks(items)]
+
+
+def render_full(table: ServicesTable) -> str:
+    """The whole table, replacing whatever ``inet <table>`` held, in one transaction."""
+    sk = table.skeleton
+    t = _qualified(sk)
+    lines = [f"add table {t}", f"delete table {t}", f"table {t} {{"]
+    lines.extend(f"\t{_set_decl(name, s)}" for name, s in sorted(table.affinity_sets.items()))
+    lines.extend(f"\tchain {name} {{ }}" for name in sorted(table.chains))  # declared before any rule names them
+    lines.extend(_skeleton_decls(sk))
+    lines.append("}")
+    if any(table.chains.values()):  # the rules, once every chain and set they name exists
+        lines.append(f"table {t} {{")
+        for name, rules in sorted(table.chains.items()):
+            if rules:
+                lines.append(f"\tchain {name} {{")
+                lines.extend(f"\t\t{r}" for r in rules)
+                lines.append("\t}")
+        lines.append("}")
+    for name, elements in sorted(table.elements.items()):
+        lines.extend(_element_lines(t, "add", name, elements))
+    return "\n".join(lines) + "\n"
+
+
+def render_update(old: ServicesTable, new: ServicesTable) -> str | None:
+    """The one transaction that turns *old* (what the kernel holds) into *new*; "" when equal; None: replace all."""
+    if old.skeleton != new.skeleton:
+        return None
+    t = _qualified(new.skeleton)
+    lines: list[str] = []
+    for name, s in sorted(new.affinity_sets.items()):
+        if old.affinity_sets.get(name) != s:
+            if name in old.affinity_sets:
+                return None  # a set's type cannot change in place (names carry the timeout: not expected)
+            lines.append(f"add {_set_decl(name, s, t)}")
+    lines.extend(f"add chain {t} {name}" for name in sorted(new.chains.keys() - old.chains.keys()))
+    for name, rules in sorted(new.chains.items()):
+        before = old.chains.get(name)
+        if before == rules:
+            continue
+        if before:
+            lines.append(f"flush chain {t} {name}")
+        lines.extend(f"add rule {t} {name} {r}" for r in rules)
+    deletes: list[str] = []
+    adds: list[str] = []
+    for name in sorted(old.elements.keys() | new.elements.keys()):
+        was, now = old.elements.get(name, frozenset()), new.elements.get(name, frozenset())
+        # a key whose verdict changed is deleted and added again
+        deletes.extend(_element_lines(t, "delete", name, was - now))
+        adds.extend(_element_lines(t, "add", name, now - was))
+    lines.extend(deletes)
+    lines.extend(adds)
+    gone = sorted(old.chains.keys() - new.chains.keys())
+    lines.extend(f"flush chain {t} {name}" for name in gone if old.chains[name])
+    lines.extend(f"delete chain {t} {name}" for name in gone)
+    lines.extend(f"delete set {t} {name}" for name in sorted(old.affinity_sets.keys() - new.affinity_sets.keys()))
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def element_counts(table: ServicesTable) -> Mapping[str, int]:
+    return {name: len(e) for name, e in table.elements.items()}
