@@ -1,0 +1,207 @@
+"""The service proxy's loop (virtual time, an nft that records): off removes the table, kube-proxy
+keeps it off and says why, nothing from half a view, changes as small updates, a refusal retried
+as a whole replacement; the healthCheckNodePort answers as kube-proxy's (real sockets, root)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+from collections.abc import Iterator
+
+import attrs
+import pytest
+import trio
+
+from flock.netns import call_in_netns
+from flock.policy import NftError
+from flock.services import EndpointSlice, NodeView, Service, ServicesConfig
+from flock.services._health import HealthChecks, health_answer
+from flock.services._inputs import ENDPOINT_SLICES, SERVICES, ServiceInputs
+from flock.services._proxy import DROP_TABLE, ServiceProxy
+from flock.services._table import HealthCheck
+from flock.testing.netns import Netns, netns_pool
+from flock.testing.services import endpoint, endpoint_slice, port, service, slice_port
+
+NODE = NodeView("node-a", (ipaddress.ip_address("2001:db8:ffff::101"),))
+WEB = Service.from_object(service("web", ["fd00:10:96::a"], [port("http", 80)]))
+
+
+def web_slice(*ready: bool) -> EndpointSlice:
+    eps = [endpoint(f"2001:db8:0:1::{i + 1:x}", ready=r) for i, r in enumerate(ready)]
+    return EndpointSlice.from_object(endpoint_slice("web", eps, [slice_port("http", 8080)]))
+
+
+@attrs.define
+class RecordingNft:
+    """An nft that keeps every script it is given; refuses the next *refuse* ones."""
+
+    scripts: list[str] = attrs.field(factory=list)
+    times: list[float] = attrs.field(factory=list)  # when each script went in (trio's clock)
+    refuse: int = 0
+
+    async def run(self, script: str | bytes) -> str:
+        text = script.decode() if isinstance(script, bytes) else script
+        if self.refuse:
+            self.refuse -= 1
+            raise NftError(1, "Error: Could not process rule: No such file or directory")
+        self.scripts.append(text)
+        self.times.append(trio.current_time())
+        return ""
+
+    async def counters(self, table: str) -> dict[str, tuple[int, int]]:
+        return {}
+
+
+@attrs.define
+class World:
+    inputs: ServiceInputs = attrs.field(factory=ServiceInputs)
+    nft: RecordingNft = attrs.field(factory=RecordingNft)
+    notes: list[str | None] = attrs.field(factory=list)
+    traces: list[str] = attrs.field(factory=list)
+
+    async def node(self) -> NodeView:
+        return NODE
+
+    async def kube_proxy(self) -> list[str]:
+        return list(self.traces)
+
+    def proxy(self, **kw: object) -> ServiceProxy:
+        return ServiceProxy(
+            self.inputs,
+            self.nft,
+            self.node,
+            lambda: ServicesConfig(pod_cidrs=(ipaddress.ip_network("2001:db8::/48"),)),
+            self.kube_proxy,
+            self.notes.append,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+async def test_off_removes_an_earlier_table_and_does_nothing_else(world: World, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        await nursery.start(world.proxy(enabled=False).run)
+        world.inputs.replace(SERVICES, {WEB.key: WEB})
+        world.inputs.replace(ENDPOINT_SLICES, {})
+        await trio.sleep(120)
+        nursery.cancel_scope.cancel()
+    assert world.nft.scripts == [DROP_TABLE]
+
+
+async def test_kube_proxy_keeps_it_off_and_named_until_it_is_gone(world: World, autojump_clock):
+    world.traces = ["nftables table ip kube-proxy (kube-proxy's nftables mode)"]
+    world.inputs.replace(SERVICES, {WEB.key: WEB})
+    world.inputs.replace(ENDPOINT_SLICES, {"default/web-ipv6": web_slice(True)})
+    proxy = world.proxy(recheck_s=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(100)
+        assert world.nft.scripts == []  # nothing changed beside kube-proxy
+        assert world.notes and world.notes[-1] is not None and "kube-proxy is on this node" in world.notes[-1]
+        assert "table ip kube-proxy" in world.notes[-1]
+        world.traces = []  # the operator removed kube-proxy and its rules
+        await trio.sleep(31)
+        assert world.notes[-1] is None
+        assert len(world.nft.scripts) == 1 and "table inet flock-services" in world.nft.scripts[0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_nothing_is_applied_from_half_a_view_then_changes_are_small_updates(world: World, autojump_clock):
+    proxy = world.proxy()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        world.inputs.replace(SERVICES, {WEB.key: WEB})
+        await trio.sleep(5)
+        assert world.nft.scripts == []  # the slices are not listed yet: web would refuse connections
+        world.inputs.replace(ENDPOINT_SLICES, {"default/web-ipv6": web_slice(True, True)})
+        await trio.sleep(0.1)
+        assert len(world.nft.scripts) == 1
+        full = world.nft.scripts[0]
+        assert "delete table inet flock-services" in full and "fd00:10:96::a" in full
+        world.inputs.set(ENDPOINT_SLICES, "default/web-ipv6", web_slice(True, False))  # one endpoint unready
+        await trio.sleep(0.1)
+        assert len(world.nft.scripts) == 2
+        update = world.nft.scripts[1]
+        assert "delete table" not in update and 0 < update.count("\n") <= 8, update
+        assert proxy.applied_generation == world.inputs.generation
+        world.inputs.set(ENDPOINT_SLICES, "default/web-ipv6", web_slice(True, False))  # the same again: no change
+        await trio.sleep(60)
+        assert len(world.nft.scripts) == 2  # the node's addresses were read again, nothing to apply
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_transaction_is_retried_whole_with_backoff_and_noted(world: World, autojump_clock):
+    world.inputs.replace(SERVICES, {WEB.key: WEB})
+    world.inputs.replace(ENDPOINT_SLICES, {"default/web-ipv6": web_slice(True)})
+    proxy = world.proxy()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(0.1)
+        world.nft.refuse = 3
+        world.inputs.set(ENDPOINT_SLICES, "default/web-ipv6", web_slice(False))
+        start = trio.current_time()
+        await trio.sleep(5)
+        assert world.nft.refuse == 0 and len(world.nft.scripts) == 2
+        waited = world.nft.times[1] - start
+        assert 0.8 * 1.4 <= waited <= 1.2 * 1.4  # three refusals: backoff 0.2 + 0.4 + 0.8 s (±20 % jitter)
+        assert "delete table inet flock-services" in world.nft.scripts[1]  # replaced whole, not patched
+        refused = [n for n in world.notes if n is not None]
+        assert len(refused) == 3 and all("nft refused the table" in n for n in refused)
+        assert world.notes[-1] is None
+        nursery.cancel_scope.cancel()
+
+
+def test_the_health_answer_is_kube_proxys():
+    check = HealthCheck("shop", "web", 2)
+    head, body = health_answer(check).split(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"X-Load-Balancing-Endpoint-Weight: 2" in head
+    assert json.loads(body) == {
+        "service": {"namespace": "shop", "name": "web"},
+        "localEndpoints": 2,
+        "serviceProxyHealthy": True,
+    }
+    assert health_answer(HealthCheck("shop", "web", 0)).startswith(b"HTTP/1.1 503 Service Unavailable")
+
+
+@pytest.fixture
+def node_ns(require_root) -> Iterator[Netns]:
+    with netns_pool("fl-hc-") as pool:
+        ns = pool.create("node")
+        ns.ip("addr", "add", "2001:db8:ffff::101/64", "dev", "lo", "nodad")
+        ns.ip("addr", "add", "192.0.2.11/32", "dev", "lo")
+        yield ns
+
+
+def _get(ns: Netns, host: str, port: int) -> bytes:
+    def get() -> bytes:
+        with socket.create_connection((host, port), timeout=5) as conn:
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: node\r\n\r\n")
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+            return answer
+
+    return call_in_netns(ns.path, get)
+
+
+async def test_health_check_ports_open_answer_and_close_with_the_services(node_ns: Netns):
+    checks = HealthChecks(node_ns.path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(checks.run)
+        checks.update({31001: HealthCheck("shop", "web", 1), 31002: HealthCheck("shop", "idle", 0)})
+        await trio.sleep(0.2)
+        ok = await trio.to_thread.run_sync(_get, node_ns, "2001:db8:ffff::101", 31001)
+        assert ok.startswith(b"HTTP/1.1 200 OK") and json.loads(ok.split(b"\r\n\r\n")[1])["localEndpoints"] == 1
+        none = await trio.to_thread.run_sync(_get, node_ns, "192.0.2.11", 31002)  # IPv4 too
+        assert none.startswith(b"HTTP/1.1 503")
+        checks.update({31002: HealthCheck("shop", "idle", 3)})
+        await trio.sleep(0.2)
+        assert (await trio.to_thread.run_sync(_get, node_ns, "192.0.2.11", 31002)).startswith(b"HTTP/1.1 200")
+        with pytest.raises(ConnectionRefusedError):
+            await trio.to_thread.run_sync(_get, node_ns, "2001:db8:ffff::101", 31001)
+        nursery.cancel_scope.cancel()
