@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +37,9 @@ class AgentSettings:
     admin_socket: Path | None = None  # flockctl's socket (None: admin.sock beside --socket)
     # The CNI network name flock-install-cni wrote (--network-name): rows stored before schema v2 take it.
     network_name: str = DEFAULT_NETWORK
+    service_proxy: bool = False  # flock translates Services (kube-proxy's job); off: its table is removed
+    # externalIPs and load-balancer addresses are translated only inside these (CVE-2020-8554)
+    service_external_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
     @property
     def admin_path(self) -> Path:
@@ -55,6 +59,13 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464")
     return host, int(port)
+
+
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text[:64]!r}: expected a CIDR ({exc})") from None
 
 
 def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
@@ -114,6 +125,22 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         help="the network name flock-install-cni was given (default: $FLOCK_NETWORK_NAME or %(default)s): "
         "allocations stored before flock recorded one (schema v1) take it",
     )
+    parser.add_argument(
+        "--service-proxy",
+        action="store_true",
+        default=environ.get("FLOCK_SERVICE_PROXY", "").lower() in ("1", "true", "yes"),
+        help="translate Services in nftables (table inet flock-services) instead of kube-proxy; refused while "
+        "kube-proxy's rules are on the node (default: $FLOCK_SERVICE_PROXY, else off; off removes the table)",
+    )
+    parser.add_argument(
+        "--service-external-cidr",
+        action="append",
+        type=_network,
+        default=[],
+        metavar="CIDR",
+        help="externalIPs and load-balancer addresses are translated only inside these (repeatable; "
+        "none: no such address is translated)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -148,5 +175,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         admin_socket=args.admin_socket,
         namespace=args.namespace,
         network_name=args.network_name,
+        service_proxy=args.service_proxy,
+        service_external_cidrs=tuple(args.service_external_cidr),
     )
     return settings, args

@@ -17,9 +17,13 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
     │   ├── pod-watcher         every pod, watched once: this node's → pod lookups for ADD, all → PolicyInputs
     │   ├── policy-watchers     NetworkPolicy, Namespace, ClusterNetworkPolicy, Node while needed (cluster-wide) → PolicyInputs
+    │   ├── service-watchers    Service, EndpointSlice (cluster-wide) → ServiceInputs (--service-proxy only)
     │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── policy-log              the kernel's log of policy drops (nflog) → a line per denied flow, counters
+    ├── services                flock.services.ServiceProxy: Services → table inet flock-services (--service-proxy;
+    │                           off: the table removed; refused beside kube-proxy)
+    ├── health-checks           healthCheckNodePorts of eTP Local Services, as kube-proxy answers them (proxy on)
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
     └── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
 
@@ -68,6 +72,7 @@ from ._cli import AgentSettings
 from ._crash import CrashPoint
 from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import Agent, FatalStartError, check_state_dir
+from ._services import services_part
 from ._startup import StartupWatch
 
 log = logging.getLogger("flock.agent")
@@ -103,6 +108,9 @@ def compose(
         watchers = (*watchers, bgp_passwords(settings.namespace, state))
     policy_inputs = PolicyInputs()
     policy_link = PolicyLink(policy_inputs)
+    service_proxy = services_part(settings, state, netlink, default_backend(settings.host_netns))
+    if settings.service_proxy:
+        watchers = (*watchers, service_proxy.watchers)
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)
     policy_metrics = PolicyMetrics(metrics.registry)
     policy = PolicyService(
@@ -190,6 +198,8 @@ def compose(
         ChildSpec("api", api.run),
         ChildSpec("policy", policy.run),
         ChildSpec("policy-log", denied_log.run),
+        # Services (--service-proxy): table inet flock-services; off, it only removes that table.
+        *service_proxy.children(),
     ]
     if settings.bird:
         reloader = BirdReloader(

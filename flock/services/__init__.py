@@ -11,6 +11,8 @@ Pure layers, not yet wired into the agent:
 """
 
 from ._compile import NodeView, ServicesConfig, compile_table
+from ._health import HealthChecks
+from ._inputs import ENDPOINT_SLICES, SERVICES, ServiceInputs
 from ._kubeproxy import find_kube_proxy, kube_proxy_traces
 from ._model import (
     Endpoint,
@@ -23,10 +25,13 @@ from ._model import (
     TrafficPolicy,
 )
 from ._nft import render_full, render_update
+from ._proxy import ServiceProxy
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
 from ._table import TABLE, AffinitySet, HealthCheck, ServicesTable, Skeleton
 
 __all__ = [
+    "ENDPOINT_SLICES",
+    "SERVICES",
     "TABLE",
     "AffinitySet",
     "Backend",
@@ -36,10 +41,13 @@ __all__ = [
     "EndpointSlice",
     "Family",
     "HealthCheck",
+    "HealthChecks",
     "NodeView",
     "PortPolicy",
     "Service",
+    "ServiceInputs",
     "ServicePort",
+    "ServiceProxy",
     "ServiceType",
     "ServicesConfig",
     "ServicesTable",

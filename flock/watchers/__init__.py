@@ -46,6 +46,7 @@ from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._policy import CRD_RETRY_SECONDS, PolicyWatcher
 from ._secrets import SecretWatcher, decode_secret
+from ._services import ServiceWatcher
 from ._source import KubeSource
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "ResourceExpired",
     "ResourceVersionTooLarge",
     "SecretWatcher",
+    "ServiceWatcher",
     "TransientKubeError",
     "decode_secret",
     "error_for_status",

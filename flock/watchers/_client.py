@@ -9,7 +9,14 @@ from typing import Any
 
 import attrs
 import trio
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi, NetworkingV1Api
+from kubernetes_asyncio.client import (
+    ApiClient,
+    Configuration,
+    CoreV1Api,
+    CustomObjectsApi,
+    DiscoveryV1Api,
+    NetworkingV1Api,
+)
 
 from ._bridge import AsyncioBridge, open_bridge
 from ._config import in_cluster_configuration, kubeconfig_configuration
@@ -94,6 +101,24 @@ class KubeClient:
             return await core.read_node(name, **kw)
 
         return KubeSource(self.bridge, "nodes", core.list_node, get_node)
+
+    def services(self) -> KubeSource:
+        """Every Service (the service proxy translates them all: a client may be anywhere)."""
+        core = CoreV1Api(self.api_client)
+
+        async def get_service(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await core.read_namespaced_service(name, namespace or "default", **kw)
+
+        return KubeSource(self.bridge, "services", core.list_service_for_all_namespaces, get_service)
+
+    def endpoint_slices(self) -> KubeSource:
+        """discovery.k8s.io/v1 EndpointSlices in every namespace (a Service's endpoints, anywhere)."""
+        discovery = DiscoveryV1Api(self.api_client)
+
+        async def get_slice(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await discovery.read_namespaced_endpoint_slice(name, namespace or "default", **kw)
+
+        return KubeSource(self.bridge, "endpointslices", discovery.list_endpoint_slice_for_all_namespaces, get_slice)
 
     async def list_plain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Every Pod and every NodeConfig in the cluster, once, as plain dicts (flockctl's ipam check).

@@ -4,6 +4,7 @@ import os
 import signal
 import stat
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -70,11 +71,15 @@ def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path)
         "api",
         "policy",
         "policy-log",
+        "services",  # off by default: it only removes table inet flock-services
         "bird",
         "bgp-sessions",
     ]
+    on = attrs.evolve(in_tmp(tmp_path), service_proxy=True)
+    names = [c.name for c in compose(on, store=MemoryAllocations()).children]
+    assert names[names.index("policy-log") + 1 :][:2] == ["services", "health-checks"]
     names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
-    assert names == ["signals", "startup", "removals", "rpc", "health", "pods", "admin", "api", "policy", "policy-log"]
+    assert names[-2:] == ["policy-log", "services"]
 
 
 def test_child_names_are_unique(tmp_path):

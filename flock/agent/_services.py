@@ -1,0 +1,86 @@
+"""The service proxy in the agent: the watchers it needs, the proxy, its health check ports.
+
+Built by :func:`flock.agent.compose` from :class:`AgentSettings`:
+
+- ``--service-proxy`` off (the default): one child, ``services``, removes ``table inet
+  flock-services`` if an earlier run left it, and idles; no watcher runs.
+- on: the API link runs a :class:`flock.watchers.ServiceWatcher` (every Service and
+  EndpointSlice → :class:`ServiceInputs`); ``services`` is the :class:`ServiceProxy` (refused
+  while kube-proxy is on the node, see :mod:`flock.services._kubeproxy`); ``health-checks``
+  answers the healthCheckNodePorts of this node's ``externalTrafficPolicy: Local`` Services.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Sequence
+
+import attrs
+
+from flock.netlink import NetlinkWorker
+from flock.nursery import ChildSpec
+from flock.policy import NftBackend
+from flock.services import HealthChecks, NodeView, ServiceInputs, ServiceProxy, ServicesConfig, find_kube_proxy
+from flock.state import NodeState
+from flock.watchers import KubeClient, ServiceWatcher
+
+from ._cli import AgentSettings
+
+NOTE = "service-proxy"
+
+
+def _usable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """An address a NodePort answers on: the node's own, reachable from elsewhere."""
+    return not (address.is_link_local or address.is_loopback or address.is_multicast or address.is_unspecified)
+
+
+@attrs.define(eq=False)
+class ServicesPart:
+    """What the composition root adds for Services: children, an API watcher factory, the inputs."""
+
+    inputs: ServiceInputs
+    proxy: ServiceProxy
+    health: HealthChecks | None
+
+    def watchers(self, client: KubeClient) -> Sequence[ChildSpec]:
+        return [
+            ChildSpec("service-watchers", ServiceWatcher(client.services(), client.endpoint_slices(), self.inputs).run)
+        ]
+
+    def children(self) -> list[ChildSpec]:
+        children = [ChildSpec("services", self.proxy.run)]
+        if self.health is not None:
+            children.append(ChildSpec("health-checks", self.health.run))
+        return children
+
+
+def services_part(
+    settings: AgentSettings, state: NodeState, netlink: NetlinkWorker, backend: NftBackend
+) -> ServicesPart:
+    inputs = ServiceInputs()
+
+    async def node() -> NodeView:
+        addresses = sorted((a for a in await netlink.node_addresses() if _usable(a)), key=lambda a: (a.version, a))
+        return NodeView(settings.node, tuple(addresses))
+
+    def config() -> ServicesConfig:
+        nodeconfig = state.nodeconfig
+        pods: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+        if nodeconfig is not None:
+            blocks = (nodeconfig.cidr6, *((nodeconfig.cidr4,) if nodeconfig.cidr4 is not None else ()))
+            pods = tuple(dict.fromkeys((*blocks, *nodeconfig.cluster_ranges)))
+        return ServicesConfig(pod_cidrs=pods, external_pools=settings.service_external_cidrs)
+
+    health = HealthChecks(settings.host_netns) if settings.service_proxy else None
+    proxy = ServiceProxy(
+        inputs=inputs,
+        backend=backend,
+        node=node,
+        config=config,
+        kube_proxy=functools.partial(find_kube_proxy, settings.host_netns),
+        note=functools.partial(state.set_note, NOTE),
+        enabled=settings.service_proxy,
+        on_applied=(lambda table: health.update(table.health_checks)) if health is not None else None,
+    )
+    return ServicesPart(inputs, proxy, health)
