@@ -180,6 +180,7 @@ def compose(
             bird_socket=settings.bird_socket if settings.bird else None,
             policy=policy,
             policy_watch=policy_link,
+            services=service_proxy.proxy,
         ),
     )
     services = [

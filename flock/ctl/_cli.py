@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flock.policy import Explanation, Party, Query, Verdict, explanation_text
+from flock.services._view import view_text
 
 from ._protocol import DEFAULT_ADMIN_SOCKET, AdminRefused, AdminUnreachable, ask
 
@@ -112,6 +113,9 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     pol = st.get("policy")
     if pol is not None:
         lines.extend(policy_lines(pol))
+    proxy = st.get("service_proxy")
+    if proxy is not None:
+        lines.append(service_proxy_line(proxy))
     ag = st["agent"]
     lines.append("")
     lines.append(
@@ -119,6 +123,50 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         f"CNI wire v{','.join(map(str, ag['cni_wire_versions']))}  admin v{ag['admin_protocol_version']}"
     )
     return st, "\n".join(lines), EXIT_OK if st["ready"] else EXIT_PROBLEMS
+
+
+def service_proxy_line(proxy: dict[str, Any]) -> str:
+    """``status``'s and ``services``' line on the service proxy."""
+    line = f"services    {proxy['state']}"
+    if proxy["enabled"]:
+        line += f": {proxy['services']} Services, {proxy['endpoint_slices']} EndpointSlices"
+    if proxy["conflicts"]:
+        line += f"; {len(proxy['conflicts'])} address conflicts: " + "; ".join(proxy["conflicts"][:3])
+    return line
+
+
+def cmd_services(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    out = ask(args.socket, "services", **({"service": args.service} if args.service else {}))
+    lines = [service_proxy_line(out["proxy"])] if out["proxy"] is not None else ["services    no service proxy"]
+    if out.get("node_addresses"):
+        lines.append(f"            NodePorts answer on {', '.join(out['node_addresses'])}")
+    if args.service:
+        lines += ["", *(view_text(view) for view in out["services"])]
+    elif out["services"]:
+        rows = []
+        for view in out["services"]:
+            ports = ",".join(
+                f"{p['port']}{':' + str(p['node_port']) if p['node_port'] else ''}/{p['protocol']}"
+                for p in view["ports"]
+            )
+            chosen = sum(
+                1 for p in view["ports"] for fam in p["families"].values() for ep in fam["endpoints"] if ep["chosen"]
+            )
+            refused = any(fam["outcome"].startswith("refused") for p in view["ports"] for fam in p["families"].values())
+            rows.append(
+                [
+                    f"{view['namespace']}/{view['name']}",
+                    view["type"],
+                    ",".join(view["cluster_ips"]) or "None",
+                    ",".join(view["external_addresses"]) or "-",
+                    ports or "-",
+                    "refused (no endpoints)" if refused else str(chosen),
+                ]
+            )
+        lines += ["", table(rows, ["SERVICE", "TYPE", "CLUSTER-IPS", "EXTERNAL", "PORTS", "ENDPOINTS CHOSEN"])]
+    proxy = out["proxy"]
+    ok = proxy is not None and (proxy["state"] in ("in sync", "applying") or not proxy["enabled"])
+    return out, "\n".join(lines), EXIT_OK if ok else EXIT_PROBLEMS
 
 
 def policy_lines(pol: dict[str, Any]) -> list[str]:
@@ -432,6 +480,13 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_ipam_release)
     s = sub.add_parser("bgp", parents=[common], help="BGP sessions, announced and learned routes (from BIRD)")
     s.set_defaults(run=cmd_bgp)
+    s = sub.add_parser(
+        "services",
+        parents=[common],
+        help="what this node translates for each Service: addresses, ports, endpoints chosen and why",
+    )
+    s.add_argument("service", nargs="?", metavar="NS/NAME", help="one Service in detail")
+    s.set_defaults(run=cmd_services)
     policy = sub.add_parser("policy", help="NetworkPolicy and ClusterNetworkPolicy: explain").add_subparsers(
         dest="policy", required=True, metavar="SUBCOMMAND"
     )

@@ -47,6 +47,8 @@ from flock.policy import (
     verify_plan,
 )
 from flock.rpc.wire import SPOKEN_VERSIONS
+from flock.services import ServiceProxy
+from flock.services._view import services_view
 from flock.state import NodeState
 
 from ._pools import cidr_usage, pool_report
@@ -217,6 +219,7 @@ class AdminOps:
     bird_socket: Path | None = None  # None: no BIRD on this node
     policy: PolicyService | None = None
     policy_watch: PolicyWatch | None = None
+    services: ServiceProxy | None = None  # the service proxy (on or off); None: an agent without one
     started: float = attrs.field(factory=time.time)
     clock: Any = time.time
     # --verify's: nft and the trace read in the node's namespace (the netlink worker's)
@@ -267,6 +270,11 @@ class AdminOps:
             return await self.ipam_release(target, force=request.get("force") is True, peer=peer)
         if op == "bgp":
             return await self.bgp()
+        if op == "services":
+            only = request.get("service")
+            if only is not None and (not isinstance(only, str) or only.count("/") != 1 or len(only) > 320):
+                raise OpRefused("invalid service", f"service={str(only)[:64]!r}: expected NAMESPACE/NAME")
+            return await self.services_view(only)
         if op == "policy-explain":
             try:
                 query = Query.parse(
@@ -314,6 +322,7 @@ class AdminOps:
                 "sessions": [{k: s[k] for k in ("name", "neighbor", "state", "info")} for s in bgp["sessions"]],
             },
             "policy": self.policy_status(),
+            "service_proxy": self.service_proxy_status(),
             "agent": {
                 "version": flock.__version__,
                 "pid": os.getpid(),
@@ -321,6 +330,47 @@ class AdminOps:
                 "cni_wire_versions": list(SPOKEN_VERSIONS),
                 "admin_protocol_version": ADMIN_PROTOCOL_VERSION,
             },
+        }
+
+    def service_proxy_status(self) -> dict[str, Any] | None:
+        """Whether the service proxy is on, and where it stands (``status`` and ``services``)."""
+        proxy = self.services
+        if proxy is None:
+            return None
+        inputs = proxy.inputs
+        notes = [n for n in self.state.notes() if n.startswith("service proxy")]
+        if not proxy.enabled:
+            state = "off (flock-agent --service-proxy turns it on)"
+        elif notes:
+            state = notes[0]
+        elif not inputs.complete:
+            state = "waiting for the Service and EndpointSlice lists"
+        elif proxy.applied_generation == inputs.generation:
+            state = "in sync"
+        else:
+            state = "applying"
+        return {
+            "enabled": proxy.enabled,
+            "state": state,
+            "services": len(inputs.services),
+            "endpoint_slices": len(inputs.slices),
+            "conflicts": list(proxy.conflicts),
+        }
+
+    async def services_view(self, only: str | None) -> dict[str, Any]:
+        proxy = self.services
+        if proxy is None or not proxy.enabled:
+            return {"proxy": self.service_proxy_status(), "services": []}
+        node = await proxy.node()
+        found = services_view(proxy.inputs.services, proxy.inputs.slices, node, proxy.config(), only)
+        if only is not None and not found:
+            raise OpRefused(
+                "no such Service", f"{only[:128]} is not among the {len(proxy.inputs.services)} this node knows"
+            )
+        return {
+            "proxy": self.service_proxy_status(),
+            "node_addresses": [str(a) for a in node.addresses],
+            "services": found,
         }
 
     def veth_removals(self) -> dict[str, int]:
