@@ -23,8 +23,10 @@ from flock.testing.agentlab import BIN, CIDR4, CIDR6, NODE, open_lab, wait_for
 # The keys of every --json output: scripts rely on them (add keys deliberately, never rename).
 STATUS_KEYS = {
     "agent", "allocations", "bgp", "exhausted", "gates", "mtu", "node", "nodeconfig", "nodeconfig_deleted",
-    "nodeconfig_refused", "not_ready", "notes", "policy", "pools", "queued_deletes", "ready", "veth_removals",
+    "nodeconfig_refused", "not_ready", "notes", "policy", "pools", "queued_deletes", "ready", "service_proxy",
+    "veth_removals",
 }  # fmt: skip
+SERVICE_PROXY_KEYS = {"conflicts", "enabled", "endpoint_slices", "services", "state"}
 AGENT_KEYS = {"admin_protocol_version", "cni_wire_versions", "pid", "uptime_s", "version"}
 NODECONFIG_KEYS = {"asn", "cidr4", "cidr6", "families", "ip_algo", "name", "peers", "resource_version", "router_id"}
 POOL_KEYS = {"anycast", "cidr", "default", "family", "free", "largest_free", "usable", "used"}
@@ -97,6 +99,8 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     assert st["veth_removals"] == {"pending": 0, "failures": 0}
     assert set(st) == STATUS_KEYS and set(st["agent"]) == AGENT_KEYS and set(st["nodeconfig"]) == NODECONFIG_KEYS
     assert set(st["policy"]) == POLICY_KEYS and st["policy"]["error"] is None, st["policy"]
+    assert set(st["service_proxy"]) == SERVICE_PROXY_KEYS and not st["service_proxy"]["enabled"]
+    assert "services    off (flock-agent --service-proxy turns it on)" in text
     assert all(set(p) == POOL_KEYS for p in st["pools"]) and len(st["pools"]) == 2
     assert st["ready"] and st["node"] == NODE and st["allocations"] == {"pending": 0, "committed": 2}
     assert st["agent"]["cni_wire_versions"] and st["agent"]["admin_protocol_version"] == 1
