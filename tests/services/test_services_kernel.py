@@ -351,3 +351,43 @@ def test_an_incremental_update_takes_an_endpoint_out_and_back(world: World) -> N
     world.apply(world.compile())
     for family in (0, 1):
         assert names(connect(world.pods["c"].netns, WEB[family], 80, "tcp", n=24)) == {"a", "b"}
+
+
+def test_network_policy_holds_behind_a_cluster_ip(settled: World) -> None:
+    """A Service is never a way around a policy: translated in prerouting, the connection meets the
+    backend's ingress rules in ``inet flock``'s forward chain with the backend's own address."""
+    from flock.policy import Namespace, NetworkPolicy, PolicyPod, compile_ruleset
+    from flock.policy._nft import render_full as render_policy
+
+    w = settled
+    only_b_to_a = NetworkPolicy.from_object(
+        {
+            "metadata": {"namespace": "default", "name": "only-b-to-a"},
+            "spec": {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}]}]},
+        }
+    )  # fmt: skip
+    pods = [
+        PolicyPod(
+            "default",
+            name,
+            {"app": name},
+            tuple(ipaddress.ip_address(a) for a in PODS[name]),
+            node=NODE,
+            host_veth=pod.veth,
+        )
+        for name, pod in w.pods.items()
+    ]
+    ruleset = compile_ruleset([only_b_to_a], [Namespace("default", {})], pods, pods)
+    nft(w.node.node, render_policy(ruleset))
+    try:
+        for family in (0, 1):
+            # solo's one endpoint is pod a: c is refused the ClusterIP as it is refused a itself (dropped: no answer)
+            assert connect(w.pods["c"].netns, SOLO[family], 80, "tcp") == ["timeout"]
+            assert connect(w.pods["c"].netns, PODS["a"][family], BACKEND_TCP, "tcp") == ["timeout"]
+            # b may reach a, through the Service too, and a sees b's own address
+            assert connect(w.pods["b"].netns, SOLO[family], 80, "tcp") == [f"a {PODS['b'][family]}"]
+        # web's endpoints are a and b: from c only b ever answers
+        assert names(connect(w.pods["c"].netns, WEB[0], 80, "tcp", 6)) <= {"b", "timeout"}
+    finally:
+        nft(w.node.node, "delete table inet flock\n")
+    assert connect(w.pods["c"].netns, SOLO[0], 80, "tcp") == [f"a {PODS['c'][0]}"]  # and without it, c gets in
