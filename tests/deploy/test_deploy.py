@@ -520,6 +520,8 @@ def test_rbac_grants_only_read_on_what_the_agent_watches():
             ("networking.k8s.io", "networkpolicies"),
             ("policy.networking.k8s.io", "clusternetworkpolicies"),
             ("flock.fritzlab.net", "nodeconfigs"),
+            ("", "services"),  # the service proxy (--service-proxy)
+            ("discovery.k8s.io", "endpointslices"),
         )
         for verb in ("get", "list", "watch")
     } | {("", "nodes", "list"), ("", "nodes", "watch")}
