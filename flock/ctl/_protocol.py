@@ -7,6 +7,9 @@ flockctl's client side imports nothing else.
 ``policy-explain`` takes ``from``, ``to``, ``port``, ``protocol``, ``family`` and, for
 ``--verify``, ``"verify": true`` (the reply then has ``verify``; an agent from before
 it ignores the field, which flockctl reports as not verified).
+
+``services`` takes an optional ``service`` (``NAMESPACE/NAME``); an agent from before it
+answers "unknown op".
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ DEFAULT_ADMIN_SOCKET = Path("/run/flock/admin.sock")
 # Replies carry every allocation of a node: generous, but bounded.
 MAX_REQUEST_BYTES = 64 << 10
 MAX_REPLY_BYTES = 64 << 20
-OPS = ("status", "pods", "ipam-show", "ipam-check", "ipam-release", "bgp", "policy-explain")
+OPS = ("status", "pods", "ipam-show", "ipam-check", "ipam-release", "bgp", "policy-explain", "services")
 
 
 class AdminUnreachable(Exception):
