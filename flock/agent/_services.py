@@ -81,6 +81,6 @@ def services_part(
         kube_proxy=functools.partial(find_kube_proxy, settings.host_netns),
         note=functools.partial(state.set_note, NOTE),
         enabled=settings.service_proxy,
-        on_applied=(lambda table: health.update(table.health_checks)) if health is not None else None,
+        on_health=health.update if health is not None else None,
     )
     return ServicesPart(inputs, proxy, health)

@@ -1,18 +1,24 @@
 """The service proxy (kube-proxy's job, nftables mode): Services and EndpointSlices → table ``inet flock-services``.
 
-Pure layers, not yet wired into the agent:
+Pure layers, and the loop that applies them (:class:`ServiceProxy`):
 
 - :mod:`._model`: :class:`Service`, :class:`EndpointSlice` (validating ``from_object``);
 - :mod:`._select`: endpoint choice per Service port and family, as kube-proxy's ``CategorizeEndpoints``;
-- :mod:`._compile`: :func:`compile_table` → :class:`ServicesTable` (the desired table as a value);
+- :mod:`._compile`: :func:`compile_table` → :class:`ServicesTable` (the desired table as a value), from
+  one :class:`ServicePiece` per Service (:func:`compile_service`);
+- :mod:`._engine`: :class:`ServicesEngine` — the table kept change by change (only the Services the
+  written keys touch are compiled again), each change a :class:`TableDelta`; held to compile_table;
+- :mod:`._counters`: :func:`service_connections` — the kernel's per-chain counters → per Service port;
 - :mod:`._nft`: :func:`render_full` and :func:`render_update` (old → new, one transaction);
 - :mod:`._kubeproxy`: :func:`find_kube_proxy` — the proxy never turns on while kube-proxy's own
   tables, chains or IPVS interface are on the node.
 """
 
-from ._compile import NodeView, ServicesConfig, compile_table
+from ._compile import NodeView, ServicePiece, ServicesConfig, compile_service, compile_table
+from ._counters import ServicePortCounts, ServicePortKey, service_connections
+from ._engine import ServicesEngine, TableDelta
 from ._health import HealthChecks
-from ._inputs import ENDPOINT_SLICES, SERVICES, ServiceInputs
+from ._inputs import ENDPOINT_SLICES, SERVICES, ServiceChanges, ServiceInputs, ServiceJournal
 from ._kubeproxy import find_kube_proxy, kube_proxy_traces
 from ._model import (
     Endpoint,
@@ -27,7 +33,7 @@ from ._model import (
 from ._nft import render_full, render_update
 from ._proxy import ServiceProxy
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
-from ._table import TABLE, AffinitySet, HealthCheck, ServicesTable, Skeleton
+from ._table import TABLE, AffinitySet, CountedChain, HealthCheck, ServicesTable, Skeleton
 
 __all__ = [
     "ENDPOINT_SLICES",
@@ -36,6 +42,7 @@ __all__ = [
     "AffinitySet",
     "Backend",
     "Categorized",
+    "CountedChain",
     "Endpoint",
     "EndpointPort",
     "EndpointSlice",
@@ -45,20 +52,29 @@ __all__ = [
     "NodeView",
     "PortPolicy",
     "Service",
+    "ServiceChanges",
     "ServiceInputs",
+    "ServiceJournal",
+    "ServicePiece",
     "ServicePort",
+    "ServicePortCounts",
+    "ServicePortKey",
     "ServiceProxy",
     "ServiceType",
     "ServicesConfig",
+    "ServicesEngine",
     "ServicesTable",
     "Skeleton",
+    "TableDelta",
     "TrafficPolicy",
     "backends",
     "categorize",
+    "compile_service",
     "compile_table",
     "find_kube_proxy",
     "kube_proxy_traces",
     "port_policy",
     "render_full",
     "render_update",
+    "service_connections",
 ]

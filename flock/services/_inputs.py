@@ -6,17 +6,23 @@ proxy (:class:`flock.services.ServiceProxy`)::
 
     # watcher, after each (re)list:  inputs.replace(SERVICES, {s.key: s for s in services})  (also marks listed)
     # watcher, per watch event:      inputs.set(SERVICES, key, value) / inputs.delete(SERVICES, key)
-    # proxy:                         generation = inputs.generation; read inputs.services / inputs.slices;
-    #                                then generation = await inputs.wait_generation(generation)
+    # proxy:                         journal = inputs.journal(); read inputs.services / inputs.slices whole;
+    #                                then per change: generation = await inputs.wait_generation(generation);
+    #                                keys = journal.drain() (what was written since), read those keys
 
 Setting an equal value is no change (no wake-up).  The proxy applies nothing
 until both kinds are listed (:attr:`ServiceInputs.complete`): a table made
 from half a view would refuse connections to Services whose slices are still
 on their way.
+
+A :class:`ServiceJournal` (:meth:`ServiceInputs.journal`) names the keys
+written since its last drain, so a reader's work follows what changed, not
+the size of the cluster; it holds a key once however often it was written.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +36,35 @@ ENDPOINT_SLICES = "EndpointSlice"
 KINDS = (SERVICES, ENDPOINT_SLICES)
 
 
+@attrs.frozen
+class ServiceChanges:
+    """The keys written since a journal's previous drain (a key written and written back is listed too)."""
+
+    services: frozenset[str] = frozenset()
+    slices: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.services or self.slices)
+
+
+@attrs.define(eq=False)
+class ServiceJournal:
+    """The keys written to one :class:`ServiceInputs` since the last :meth:`drain`; forgotten by the
+    inputs once its reader drops it."""
+
+    _keys: dict[str, set[str]] = attrs.field(init=False, factory=lambda: {k: set() for k in KINDS})
+
+    def record(self, kind: str, key: str) -> None:
+        self._keys[kind].add(key)
+
+    def drain(self) -> ServiceChanges:
+        keys = self._keys
+        if not (keys[SERVICES] or keys[ENDPOINT_SLICES]):
+            return ServiceChanges()
+        self._keys = {k: set() for k in KINDS}
+        return ServiceChanges(frozenset(keys[SERVICES]), frozenset(keys[ENDPOINT_SLICES]))
+
+
 @attrs.define(eq=False)
 class ServiceInputs:
     """Services and EndpointSlices by ``namespace/name``, with one change counter."""
@@ -39,6 +74,7 @@ class ServiceInputs:
     generation: int = 0
     _listed: set[str] = attrs.field(factory=set)
     _changed: trio.Event = attrs.field(factory=trio.Event)
+    _journals: weakref.WeakSet[ServiceJournal] = attrs.field(init=False, factory=weakref.WeakSet)
 
     @property
     def complete(self) -> bool:
@@ -52,21 +88,40 @@ class ServiceInputs:
         table: dict[str, Any] = self.services if kind == SERVICES else self.slices
         if table.get(key) != value:
             table[key] = value
+            self._note(kind, key)
             self._bump()
 
     def delete(self, kind: str, key: str) -> None:
         table: dict[str, Any] = self.services if kind == SERVICES else self.slices
         if table.pop(key, None) is not None:
+            self._note(kind, key)
             self._bump()
 
     def replace(self, kind: str, values: Mapping[str, Service | EndpointSlice]) -> None:
-        """What one full read found: the kind's values, and the kind marked listed."""
+        """What one full read found: the kind's values, and the kind marked listed.
+
+        A value equal to the one held stays the one held, and only the keys that differ are journalled."""
         table: dict[str, Any] = self.services if kind == SERVICES else self.slices
-        if table != values or kind not in self._listed:
-            table.clear()
-            table.update(values)
-            self._listed.add(kind)
+        changed = kind not in self._listed
+        for key, value in values.items():
+            before = table.get(key)
+            if before is None or (before is not value and before != value):
+                table[key] = value
+                self._note(kind, key)
+                changed = True
+        for key in [k for k in table if k not in values]:
+            del table[key]
+            self._note(kind, key)
+            changed = True
+        self._listed.add(kind)
+        if changed:
             self._bump()
+
+    def journal(self) -> ServiceJournal:
+        """A journal of the writes from now on (take it together with a whole read of the values)."""
+        journal = ServiceJournal()
+        self._journals.add(journal)
+        return journal
 
     def unlisted(self, kind: str) -> None:
         """The kind is no longer watched: nothing may be applied from it until it is listed again."""
@@ -79,6 +134,10 @@ class ServiceInputs:
         while self.generation <= seen:
             await self._changed.wait()
         return self.generation
+
+    def _note(self, kind: str, key: str) -> None:
+        for journal in self._journals:
+            journal.record(kind, key)
 
     def _bump(self) -> None:
         self.generation += 1

@@ -21,6 +21,7 @@ from ._model import Family
 
 _UNSAFE = re.compile(r"[^a-z0-9.-]")
 TAIL_MAX = 40
+PORT_CHAIN_KINDS = ("svc", "loc", "pick", "lpick", "ext", "rej")
 
 
 def _hash(*parts: object) -> str:
@@ -42,8 +43,10 @@ def _prefix(kind: str, family: Family) -> str:
 
 
 def port_chain(kind: str, family: Family, namespace: str, name: str, protocol: Protocol, port: int) -> str:
-    """``svc`` (cluster endpoints), ``loc`` (this node's endpoints) or ``ext`` (external addresses) chain."""
-    assert kind in ("svc", "loc", "ext")
+    """A chain of one Service port and family: ``svc`` / ``loc`` (the counted entries for cluster / this
+    node's endpoints), ``pick`` / ``lpick`` (their endpoint choice, rewritten as endpoints change), ``ext``
+    (external addresses) or ``rej`` (the counted way to refusal when the port has no usable endpoint)."""
+    assert kind in PORT_CHAIN_KINDS
     h = _hash(kind, family.value, namespace, name, protocol.value, port)
     return f"{_prefix(kind, family)}-{h}-{service_tail(namespace, name, protocol, port)}"
 

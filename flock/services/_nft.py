@@ -107,6 +107,11 @@ def nodeport_key(protocol: Protocol, port: int) -> str:
     return f"{proto(protocol)} . {_port(port)}"
 
 
+def counter() -> str:
+    """A rule counting what enters its chain (first in a NAT chain: new connections only)."""
+    return "counter"
+
+
 def goto(chain: str) -> str:
     return f"goto {chain}"
 

@@ -9,20 +9,24 @@ cluster's Services and EndpointSlices say.
   :data:`RECHECK_S` (an operator switching over removes kube-proxy and its rules, and the proxy
   turns on by itself).
 - On: nothing is applied until both kinds are listed (a half view would refuse connections to
-  Services whose slices are on their way); then each change of the inputs is compiled
-  (:func:`compile_table`) and applied as the difference from what the kernel holds
-  (:func:`render_update`: an endpoint flip is a handful of lines) in one transaction; a refused
-  transaction is retried with backoff as a whole replacement, noted while it lasts.  The node's
-  addresses (NodePorts answer on them) are read again every :data:`RECHECK_S`.  The table stays
-  when the agent stops: connections keep working across a restart, and the next agent replaces
-  it in one transaction.
+  Services whose slices are on their way); then the table is loaded whole, and each change of the
+  inputs (the keys the inputs' journal names) is followed by a :class:`ServicesEngine`, which
+  compiles again only the Services those keys touch and applies the difference (an endpoint flip
+  is a handful of lines) in one transaction; a refused transaction is retried with backoff as a
+  whole replacement, noted while it lasts.  The node's addresses (NodePorts answer on them) are read
+  again every :data:`RECHECK_S`, the config at each change; a change of either compiles every
+  Service again and applies the difference.  The table stays when the agent stops: connections keep
+  working across a restart, and the next agent replaces it in one transaction.
+
+Error handling: nft refusals are retried here (backoff, noted); anything else propagates to the
+supervisor, which restarts the proxy — its first transaction then replaces the table whole.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -30,10 +34,11 @@ import trio
 from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
-from ._compile import NodeView, ServicesConfig, compile_table
+from ._compile import NodeView, ServicesConfig
+from ._engine import ServicesEngine
 from ._inputs import ServiceInputs
 from ._nft import render_full, render_update
-from ._table import TABLE, ServicesTable
+from ._table import TABLE, HealthCheck, ServicesTable
 
 log = logging.getLogger("flock.services")
 
@@ -46,8 +51,12 @@ DROP_TABLE = f"add table inet {TABLE}\ndelete table inet {TABLE}\n"
 @attrs.define(eq=False)
 class ServiceProxy:
     """*node*: this node's name and addresses (read again every :data:`RECHECK_S`); *config*: the
-    pod CIDRs and the address pools (read at each compile); *note*: sets or clears (None) the
-    proxy's note; *kube_proxy*: what of kube-proxy is on the node (empty: nothing)."""
+    pod CIDRs and the address pools (read at each change); *note*: sets or clears (None) the
+    proxy's note; *kube_proxy*: what of kube-proxy is on the node (empty: nothing).
+
+    *on_health*: the health checks, each time they change once in the kernel (cheap: prefer it).
+    *on_applied*: each whole table once in the kernel — built for the call, in time proportional to
+    the table, on every change: for tests and tools, not for a large cluster's hot path."""
 
     inputs: ServiceInputs
     backend: NftBackend
@@ -59,8 +68,10 @@ class ServiceProxy:
     recheck_s: float = RECHECK_S
     backoff: Backoff = APPLY_BACKOFF
     rand: Callable[[], float] = random.random
-    on_applied: Callable[[ServicesTable], None] | None = None  # each table once in the kernel (health checks)
-    applied: ServicesTable | None = attrs.field(init=False, default=None)  # what the kernel holds
+    on_applied: Callable[[ServicesTable], None] | None = None
+    on_health: Callable[[Mapping[int, HealthCheck]], None] | None = None
+    engine: ServicesEngine | None = attrs.field(init=False, default=None)  # the table the kernel holds (or will)
+    in_kernel: bool = attrs.field(init=False, default=False)  # the kernel holds exactly the engine's table
     applied_generation: int = attrs.field(init=False, default=-1)
     conflicts: tuple[str, ...] = attrs.field(init=False, default=())
 
@@ -91,21 +102,43 @@ class ServiceProxy:
         attempt = 0
         node = await self.node()
         node_read = trio.current_time()
+        journal = self.inputs.journal()  # with the whole read below, in the same step
+        engine = self.engine = ServicesEngine(node, self.config())
+        services, slices = self.inputs.services, self.inputs.slices
+        engine.update(services, slices, services.keys(), slices.keys())
+        self.in_kernel = False
+        health_changed = True
         while True:
             generation = self.inputs.generation
             if trio.current_time() - node_read >= self.recheck_s:
                 node, node_read = await self.node(), trio.current_time()
-            table = compile_table(self.inputs.services.values(), self.inputs.slices.values(), node, self.config())
+            config = self.config()
+            changes = journal.drain()
+            script: str | None = ""
+            if node != engine.node or config != engine.config:
+                # every Service compiled again; the difference found by comparing whole tables (rare)
+                before = engine.table() if self.in_kernel else None
+                engine.update(self.inputs.services, self.inputs.slices, changes.services, changes.slices)
+                engine.rebuild(node, config)
+                health_changed = True
+                script = render_update(before, engine.table()) if before is not None else None
+            elif changes:
+                delta = engine.update(self.inputs.services, self.inputs.slices, changes.services, changes.slices)
+                health_changed |= delta.health_changed
+                script = delta.script()
+            if script is None:
+                self.in_kernel = False  # the skeleton changed: replace the table whole
             try:
-                await self._apply(table)
+                await self._apply(engine, script, health_changed)
             except NftError as exc:
-                self.applied = None  # what the kernel holds is not known: replace it whole next time
+                self.in_kernel = False  # what the kernel holds is not known: replace it whole next time
                 delay = self.backoff.delay(attempt, self.rand())
                 attempt += 1
                 self.note(f"service proxy: nft refused the table, retrying in {delay:.1f} s: {str(exc)[:200]}")
                 log.error("services table refused", extra={"op": "services", "error": str(exc)[:500]})
                 await trio.sleep(delay)
                 continue
+            health_changed = False
             if attempt:
                 self.note(None)
                 attempt = 0
@@ -113,17 +146,22 @@ class ServiceProxy:
             with trio.move_on_after(max(0.0, node_read + self.recheck_s - trio.current_time())):
                 await self.inputs.wait_generation(generation)
 
-    async def _apply(self, table: ServicesTable) -> None:
-        script = render_full(table) if self.applied is None else render_update(self.applied, table)
-        if script is None:
-            script = render_full(table)  # the skeleton changed
+    async def _apply(self, engine: ServicesEngine, script: str | None, health_changed: bool) -> None:
+        """Bring the kernel to the engine's table: *script* when the kernel held the table before this
+        change, else the whole table."""
+        table = None
+        if not self.in_kernel:
+            table = engine.table()
+            script = render_full(table)
         if script:
             await self.backend.run(script)
             log.debug("services table applied", extra={"op": "services", "lines": script.count("\n")})
-        self.applied = table
+        self.in_kernel = True
         if self.on_applied is not None:
-            self.on_applied(table)
-        conflicts = tuple(table.conflicts)
+            self.on_applied(table if table is not None else engine.table())
+        if health_changed and self.on_health is not None:
+            self.on_health(engine.health_checks)
+        conflicts = engine.conflicts
         if conflicts != self.conflicts:
             self.conflicts = conflicts
             for conflict in conflicts:

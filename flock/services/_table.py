@@ -45,6 +45,17 @@ class HealthCheck:
     local_endpoints: int
 
 
+@attrs.frozen
+class CountedChain:
+    """What a counted chain counts: new connections of one Service port sent to an endpoint
+    (``connections``), or refused or dropped for want of one (``rejected``)."""
+
+    namespace: str
+    service: str
+    port: str  # the port's name, or its number when the Service's only port has none
+    kind: str  # "connections" or "rejected"
+
+
 @attrs.frozen(eq=True)
 class ServicesTable:
     skeleton: Skeleton = attrs.field(factory=Skeleton)
@@ -56,3 +67,5 @@ class ServicesTable:
     # map keys two Services claim (an externalIP:port shared, a hand-made EndpointSlice…): the first by
     # namespace/name keeps the key; the rest are reported here, for the caller to log (not rendered)
     conflicts: tuple[str, ...] = attrs.field(default=(), eq=False)
+    # the chains whose counter rule counts a Service port's connections (derived from the chains: not compared)
+    counted: Mapping[str, CountedChain] = attrs.field(factory=dict, eq=False)

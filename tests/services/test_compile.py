@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flock.services import (
+    CountedChain,
     EndpointSlice,
     NodeView,
     Service,
@@ -62,9 +63,15 @@ def test_a_cluster_ip_with_two_endpoints() -> None:
     assert verdicts(t, "service-ips6") == {"fd00:96::10 . tcp . 80": f"goto {svc_chain}"}
     assert t.elements["cluster-ips6"] == {("fd00:96::10", None)}
     assert t.elements["no-endpoint-services6"] == frozenset()
-    rules = t.chains[svc_chain]
-    assert rules[0] == "ip6 daddr fd00:96::10 ip6 saddr != @pod-cidrs6 jump mark-for-masquerade"
-    assert re.fullmatch(r"numgen random mod 2 vmap \{ 0 : goto ep6-\S+, 1 : goto ep6-\S+ \}", rules[1])
+    (pick,) = [c for c in t.chains if c.startswith("pick6-")]
+    assert t.chains[svc_chain] == (
+        "counter",  # the Service port's new connections (kept while endpoints come and go)
+        "ip6 daddr fd00:96::10 ip6 saddr != @pod-cidrs6 jump mark-for-masquerade",
+        f"goto {pick}",
+    )
+    assert t.counted[svc_chain] == CountedChain("default", "web", "http", "connections")
+    (rule,) = t.chains[pick]
+    assert re.fullmatch(r"numgen random mod 2 vmap \{ 0 : goto ep6-\S+, 1 : goto ep6-\S+ \}", rule)
     ep_chains = sorted(c for c in t.chains if c.startswith("ep6-"))
     assert len(ep_chains) == 2
     assert {t.chains[c][-1] for c in ep_chains} == {
@@ -79,15 +86,19 @@ def test_no_endpoints_rejects_and_unready_is_no_endpoint() -> None:
     t = compile_objs(
         [svc(node_port=30080, type="NodePort")], [eps("web", objects.endpoint("2001:db8:10::1", ready=False))]
     )
-    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": "goto reject-services"}
-    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": "goto reject-services"}
-    assert t.elements["service-ips6"] == frozenset() and t.chains == {}
+    (refused,) = t.chains
+    assert t.chains[refused] == ("counter", "goto reject-services") and refused.startswith("rej6-")
+    assert t.counted[refused] == CountedChain("default", "web", "http", "rejected")
+    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": f"goto {refused}"}
+    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": f"goto {refused}"}
+    assert t.elements["service-ips6"] == frozenset()
 
 
 def test_internal_local_without_local_endpoints_drops() -> None:
     t = compile_objs([svc(itp="Local")], [eps("web", objects.endpoint("2001:db8:10::1", "node-b"))])
-    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": "drop"}
-    assert t.chains == {}
+    (refused,) = t.chains
+    assert t.chains[refused] == ("counter", "drop")
+    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": f"goto {refused}"}
 
 
 def test_external_local_short_circuits_pods_and_the_node_and_drops_the_rest() -> None:
@@ -103,7 +114,9 @@ def test_external_local_short_circuits_pods_and_the_node_and_drops_the_rest() ->
         f"fib saddr type local goto {cluster}",
     )  # and no goto to a local chain: there is no local endpoint
     assert verdicts(t, "service-nodeports6") == {"tcp . 30080": f"goto {ext}"}
-    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": "drop"}
+    (refused,) = [c for c in t.chains if c.startswith("rej6-")]
+    assert t.chains[refused] == ("counter", "drop")
+    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": f"goto {refused}"}
     assert t.health_checks[32000].local_endpoints == 0
     t2 = compile_objs(
         [svc(type="NodePort", node_port=30080, etp="Local", health_check_node_port=32000)],
@@ -139,8 +152,8 @@ def test_client_ip_affinity() -> None:
         [eps("web", objects.endpoint("2001:db8:10::1"), objects.endpoint("2001:db8:10::2"))],
     )
     assert len(t.affinity_sets) == 2 and all(s.timeout == 600 for s in t.affinity_sets.values())
-    (cluster,) = [c for c in t.chains if c.startswith("svc6-")]
-    assert sum(r.startswith("ip6 saddr @aff6-") for r in t.chains[cluster]) == 2
+    (pick,) = [c for c in t.chains if c.startswith("pick6-")]
+    assert sum(r.startswith("ip6 saddr @aff6-") for r in t.chains[pick]) == 2
     text = render_full(t)
     assert "flags dynamic,timeout; timeout 600s;" in text
 
@@ -181,20 +194,21 @@ def test_an_endpoint_flip_at_a_thousand_services_is_a_handful_of_lines() -> None
     update = render_update(before, after)
     assert update is not None
     lines = update.splitlines()
-    assert len(lines) == 5, update  # service chain: flush + masquerade + numgen; endpoint chain: flush + delete
-    assert lines[0].startswith("flush chain inet flock-services svc6-") and "default/s500/tcp/80" in lines[0]
-    assert "numgen random mod 2" in lines[2]
-    assert lines[3].startswith("flush chain") and lines[4].startswith("delete chain")
+    assert len(lines) == 4, update  # the pick chain: flush + numgen; the endpoint chain: flush + delete
+    assert lines[0].startswith("flush chain inet flock-services pick6-") and "default/s500/tcp/80" in lines[0]
+    assert "numgen random mod 2" in lines[1]
+    assert lines[2].startswith("flush chain") and lines[3].startswith("delete chain")
     assert render_update(after, after) == ""
     back = render_update(after, before)
-    assert back is not None and len(back.splitlines()) == 6  # add chain, its three rules, service chain rewrite…
+    assert back is not None and len(back.splitlines()) == 5  # add chain, its two rules, pick chain rewrite
     # a Service's last endpoint going away: elements move from service-ips to no-endpoint-services
     _, none_left = _cluster(1000, unready={(7, 0), (7, 1), (7, 2)})
     empty = render_update(before, compile_table(services, none_left, NODE, CONFIG))
     assert empty is not None and len(empty.splitlines()) <= 16
-    assert (
-        "add element inet flock-services no-endpoint-services6 { fd00:96::8 . tcp . 80 : goto reject-services }"
-        in empty
+    assert re.search(
+        r"^add element inet flock-services no-endpoint-services6 \{ fd00:96::8 \. tcp \. 80 : goto rej6-\S+ \}$",
+        empty,
+        re.MULTILINE,
     )
 
 

@@ -15,7 +15,7 @@ import trio
 
 from flock.netns import call_in_netns
 from flock.policy import NftError
-from flock.services import EndpointSlice, NodeView, Service, ServicesConfig
+from flock.services import EndpointSlice, NodeView, Service, ServiceChanges, ServicesConfig, compile_table
 from flock.services._health import HealthChecks, health_answer
 from flock.services._inputs import ENDPOINT_SLICES, SERVICES, ServiceInputs
 from flock.services._proxy import DROP_TABLE, ServiceProxy
@@ -154,6 +154,64 @@ async def test_a_refused_transaction_is_retried_whole_with_backoff_and_noted(wor
         assert len(refused) == 3 and all("nft refused the table" in n for n in refused)
         assert world.notes[-1] is None
         nursery.cancel_scope.cancel()
+
+
+async def test_changes_follow_the_journal_health_checks_when_they_change_config_as_a_difference(
+    world: World, autojump_clock
+):
+    local = Service.from_object(
+        service("local", ["fd00:10:96::b"], [port("http", 80, node_port=30080)], type="NodePort", etp="Local",
+                health_check_node_port=32000)
+    )  # fmt: skip
+    local_slice = EndpointSlice.from_object(
+        endpoint_slice("local", [endpoint("2001:db8:0:2::1")], [slice_port("http", 8080)])
+    )
+    world.inputs.replace(SERVICES, {WEB.key: WEB, local.key: local})
+    world.inputs.replace(ENDPOINT_SLICES, {"default/web-ipv6": web_slice(True), "default/local-ipv6": local_slice})
+    health: list[dict[int, HealthCheck]] = []
+    pods = [ipaddress.ip_network("2001:db8::/48")]
+    proxy = world.proxy(on_health=lambda checks: health.append(dict(checks)))
+    proxy.config = lambda: ServicesConfig(pod_cidrs=tuple(pods))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(0.1)
+        assert health == [{32000: HealthCheck("default", "local", 1)}]
+        world.inputs.set(ENDPOINT_SLICES, "default/web-ipv6", web_slice(True, True))  # web only: no health change
+        await trio.sleep(0.1)
+        assert len(world.nft.scripts) == 2 and "local" not in world.nft.scripts[1] and len(health) == 1
+        assert proxy.engine is not None and proxy.in_kernel
+        moved = attrs.evolve(local_slice, endpoints=(attrs.evolve(local_slice.endpoints[0], node_name="node-b"),))
+        world.inputs.set(ENDPOINT_SLICES, "default/local-ipv6", moved)  # its endpoint went to another node
+        await trio.sleep(0.1)
+        assert health[-1] == {32000: HealthCheck("default", "local", 0)}
+        pods.append(ipaddress.ip_network("192.0.2.0/24"))  # the config changes: read again at the next wake-up
+        await trio.sleep(31)
+        assert len(world.nft.scripts) == 4
+        assert "delete table" not in world.nft.scripts[3] and "192.0.2.0/24" in world.nft.scripts[3]
+        assert proxy.engine.table() == compile_table(
+            world.inputs.services.values(), world.inputs.slices.values(), NODE, proxy.config()
+        )
+        nursery.cancel_scope.cancel()
+
+
+def test_the_journal_names_each_key_written_once_and_a_relist_only_what_differs():
+    inputs = ServiceInputs()
+    inputs.set(SERVICES, WEB.key, WEB)
+    journal = inputs.journal()
+    assert not journal.drain()
+    other = attrs.evolve(WEB, name="other")
+    inputs.set(SERVICES, WEB.key, WEB)  # equal: no write
+    inputs.set(ENDPOINT_SLICES, "default/web-ipv6", web_slice(True))
+    inputs.set(ENDPOINT_SLICES, "default/web-ipv6", web_slice(False))
+    inputs.delete(SERVICES, "default/nothing")
+    assert journal.drain() == ServiceChanges(frozenset(), frozenset({"default/web-ipv6"}))
+    generation = inputs.generation
+    inputs.replace(SERVICES, {WEB.key: WEB, other.key: other})
+    inputs.replace(ENDPOINT_SLICES, {})
+    assert journal.drain() == ServiceChanges(frozenset({other.key}), frozenset({"default/web-ipv6"}))
+    assert inputs.generation == generation + 2
+    inputs.replace(SERVICES, {WEB.key: WEB, other.key: other})  # listed again, nothing new
+    assert not journal.drain() and inputs.generation == generation + 2
 
 
 def test_the_health_answer_is_kube_proxys():

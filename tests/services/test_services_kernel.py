@@ -14,6 +14,7 @@ first exercises the incremental path too.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import shutil
@@ -26,15 +27,20 @@ from typing import Any
 import attrs
 import pytest
 
+from flock.netns import call_in_netns
+from flock.policy._counters import rule_counters
 from flock.services import (
+    TABLE,
     EndpointSlice,
     NodeView,
     Service,
+    ServicePortCounts,
     ServicesConfig,
     ServicesTable,
     compile_table,
     render_full,
     render_update,
+    service_connections,
 )
 from flock.testing import services as objects
 from flock.testing.netns import Netns, NetnsPool
@@ -336,8 +342,8 @@ def test_the_node_itself_reaches_a_cluster_ip(settled: World, family: int) -> No
 def test_an_incremental_update_takes_an_endpoint_out_and_back(world: World) -> None:
     world.apply(world.compile())
     script = world.apply(world.compile({"a": {}, "b": {"ready": False}}))
-    # per port and family (2 × 2): the service chain's flush and two rules, the endpoint chain's flush and delete
-    assert script.count("\n") == 4 * 5, script
+    # per port and family (2 × 2): the pick chain's flush and its rule, the endpoint chain's flush and delete
+    assert script.count("\n") == 4 * 4, script
     for family in (0, 1):
         assert names(connect(world.pods["c"].netns, WEB[family], 80, "tcp", n=12)) == {"a"}
         assert names(connect(world.pods["c"].netns, WEB[family], 53, "udp", n=4)) == {"a"}
@@ -391,3 +397,23 @@ def test_network_policy_holds_behind_a_cluster_ip(settled: World) -> None:
     finally:
         nft(w.node.node, "delete table inet flock\n")
     assert connect(w.pods["c"].netns, SOLO[0], 80, "tcp") == [f"a {PODS['c'][0]}"]  # and without it, c gets in
+
+
+def test_connections_are_counted_per_service_port_across_an_endpoint_flip(settled: World) -> None:
+    def counts() -> dict[tuple[str, str, str], ServicePortCounts]:
+        per_chain = call_in_netns(settled.node.node.path, functools.partial(rule_counters, TABLE))
+        assert settled.applied is not None
+        return service_connections(per_chain, settled.applied.counted)
+
+    web, empty = ("default", "web", "http"), ("default", "empty", "http")
+    before = counts()
+    client = settled.pods["c"].netns
+    assert len(connect(client, WEB[0], 80, "tcp", n=5) + connect(client, WEB[1], 80, "tcp", n=3)) == 8
+    script = settled.apply(settled.compile({"a": {}, "b": {"ready": False}}))
+    assert "flush chain inet flock-services svc" not in script  # only the pick chains: the counters stay
+    assert names(connect(client, WEB[0], 80, "tcp", n=4)) == {"a"}
+    assert connect(client, EMPTY[1], 80, "tcp", n=2) == ["refused"] * 2
+    after = counts()
+    assert after[web].connections - before[web].connections == 12
+    assert after[web].rejected == 0
+    assert after[empty].rejected - before[empty].rejected == 2 and after[empty].connections == 0

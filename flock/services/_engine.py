@@ -1,0 +1,332 @@
+"""The services table kept up to date change by change: work in proportion to what changed.
+
+:class:`ServicesEngine` holds each Service's compiled piece (:func:`compile_service`: its chains,
+affinity sets, claims on the shared maps' keys, ClusterIP members, health check) and the table
+they add up to.  Given the keys of the Services and EndpointSlices written since the last call
+(:class:`flock.services.ServiceJournal`), :meth:`ServicesEngine.update` recompiles only the
+Services those keys touch — a Service's own key, and for a slice the Service its
+``kubernetes.io/service-name`` label names (the old and the new one when the label changed) — and
+returns a :class:`TableDelta`: the table's touched names before and after, which
+:func:`render_update` turns into one transaction (an endpoint turning unready: a handful of lines).
+
+It is held to :func:`compile_table`, the reference: after any sequence of updates,
+:meth:`ServicesEngine.table` equals ``compile_table`` of the same inputs, including which Service
+keeps a map key two claim (the first by namespace/name; when it goes, the next takes over), which
+Service's health check a shared healthCheckNodePort answers for (the last, as compile_table lets
+it overwrite), and the conflicts reported.
+
+A change of the node's addresses or of the config (:meth:`ServicesEngine.rebuild`) recompiles
+every Service; :meth:`table` builds the whole value (for a full load or a comparison), in time
+proportional to the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from . import _nft
+from ._compile import NodeView, ServicePiece, ServicesConfig, compile_service, key_space, node_members, slice_owner
+from ._model import EndpointSlice, Service
+from ._table import AffinitySet, CountedChain, HealthCheck, ServicesTable
+
+ServiceId = tuple[str, str]  # (namespace, name): the order compile_table gives Services
+_ABSENT = object()
+
+
+def _maps_of(space: str) -> tuple[str, str]:
+    family = space[-1]
+    if space.startswith("nodeports"):
+        return (f"{_nft.SERVICE_NODEPORTS}{family}", f"{_nft.NO_ENDPOINT_NODEPORTS}{family}")
+    return (f"{_nft.SERVICE_IPS}{family}", f"{_nft.NO_ENDPOINT_SERVICES}{family}")
+
+
+@attrs.frozen
+class TableDelta:
+    """What one update touched: *before* and *after* hold only the touched chains, sets and elements
+    (each as it was and as it is), so ``render_update(before, after)`` is the change as one transaction."""
+
+    before: ServicesTable
+    after: ServicesTable
+    health_changed: bool = False
+    services: int = 0  # Services recompiled
+
+    def script(self) -> str:
+        """The transaction ("" when nothing changed in the kernel's view)."""
+        text = _nft.render_update(self.before, self.after)
+        assert text is not None, "the skeleton does not change in an update"
+        return text
+
+
+@attrs.define(eq=False)
+class _Touched:
+    """The value each touched name had before the update (``_ABSENT``: it had none)."""
+
+    chains: dict[str, object] = attrs.field(factory=dict)
+    sets: dict[str, object] = attrs.field(factory=dict)
+    elements: dict[tuple[str, str], object] = attrs.field(factory=dict)
+    health: bool = False
+
+
+@attrs.define(eq=False)
+class ServicesEngine:
+    """The services table of *node* under *config*, as pieces per Service and the sum of them."""
+
+    node: NodeView
+    config: ServicesConfig
+    _services: dict[ServiceId, Service] = attrs.field(init=False, factory=dict)
+    _service_keys: dict[str, ServiceId] = attrs.field(init=False, factory=dict)  # inputs key → id
+    _slices: dict[str, EndpointSlice] = attrs.field(init=False, factory=dict)  # the slices that feed a Service
+    _slices_of: dict[ServiceId, dict[str, EndpointSlice]] = attrs.field(init=False, factory=dict)
+    _pieces: dict[ServiceId, ServicePiece] = attrs.field(init=False, factory=dict)
+    # the table, summed
+    _chains: dict[str, tuple[str, ...]] = attrs.field(init=False, factory=dict)
+    _sets: dict[str, AffinitySet] = attrs.field(init=False, factory=dict)
+    _counted: dict[str, CountedChain] = attrs.field(init=False, factory=dict)
+    _elements: dict[str, dict[str, str | None]] = attrs.field(init=False, factory=dict)
+    _members: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)  # set element → holders
+    _claimants: dict[tuple[str, str], set[ServiceId]] = attrs.field(init=False, factory=dict)  # (space, key)
+    _health_claimants: dict[int, set[ServiceId]] = attrs.field(init=False, factory=dict)
+    _health: dict[int, HealthCheck] = attrs.field(init=False, factory=dict)
+    _conflicts: dict[ServiceId, tuple[str, ...]] = attrs.field(init=False, factory=dict)
+    _touched: _Touched = attrs.field(init=False, factory=_Touched)
+
+    def __attrs_post_init__(self) -> None:
+        self._reset_sums()
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    @property
+    def health_checks(self) -> Mapping[int, HealthCheck]:
+        return dict(self._health)
+
+    @property
+    def counted(self) -> Mapping[str, CountedChain]:
+        return self._counted
+
+    @property
+    def conflicts(self) -> tuple[str, ...]:
+        """As compile_table reports them: by Service (namespace, name), each in the order of its claims."""
+        return tuple(c for sid in sorted(self._conflicts) for c in self._conflicts[sid])
+
+    def table(self) -> ServicesTable:
+        """The whole table as a value (a copy: proportional to the table)."""
+        return ServicesTable(
+            skeleton=self.config.skeleton,
+            chains=dict(self._chains),
+            affinity_sets=dict(self._sets),
+            elements={name: frozenset(e.items()) for name, e in self._elements.items()},
+            health_checks=dict(self._health),
+            conflicts=self.conflicts,
+            counted=dict(self._counted),
+        )
+
+    # --- changing --------------------------------------------------------------------------------------------
+
+    def update(
+        self,
+        services: Mapping[str, Service],
+        slices: Mapping[str, EndpointSlice],
+        service_keys: Iterable[str],
+        slice_keys: Iterable[str],
+    ) -> TableDelta:
+        """Follow the written keys (*services*, *slices*: the inputs now); the touched part of the table."""
+        dirty: set[ServiceId] = set()
+        for key in service_keys:
+            old = self._service_keys.pop(key, None)
+            if old is not None:
+                self._services.pop(old, None)
+                dirty.add(old)
+            svc = services.get(key)
+            if svc is not None:
+                sid = (svc.namespace, svc.name)
+                self._service_keys[key] = sid
+                self._services[sid] = svc
+                dirty.add(sid)
+        for key in slice_keys:
+            before = self._slices.pop(key, None)
+            if before is not None:
+                owner = slice_owner(before)
+                assert owner is not None
+                held = self._slices_of[owner]
+                del held[key]
+                if not held:
+                    del self._slices_of[owner]
+                dirty.add(owner)
+            eps = slices.get(key)
+            owner = slice_owner(eps) if eps is not None else None
+            if eps is not None and owner is not None:
+                self._slices[key] = eps
+                self._slices_of.setdefault(owner, {})[key] = eps
+                dirty.add(owner)
+        for sid in sorted(dirty):
+            self._recompile(sid)
+        return self._delta(len(dirty))
+
+    def rebuild(self, node: NodeView, config: ServicesConfig) -> TableDelta:
+        """Another node view or config: every Service compiled again (the delta is still the difference)."""
+        for name, member in node_members(self.node, self.config):
+            self._member(name, member, -1)
+        self.node, self.config = node, config
+        for name, member in node_members(node, config):
+            self._member(name, member, +1)
+        for sid in sorted(self._pieces.keys() | self._services.keys()):
+            self._recompile(sid)
+        return self._delta(len(self._services))
+
+    def _reset_sums(self) -> None:
+        for name in _nft.skeleton_names():
+            self._elements[name] = {}
+        for name, member in node_members(self.node, self.config):
+            self._member(name, member, +1)
+        self._touched = _Touched()
+
+    def _delta(self, services: int) -> TableDelta:
+        touched, self._touched = self._touched, _Touched()
+        skeleton = self.config.skeleton
+        before_chains = {n: v for n, v in touched.chains.items() if v is not _ABSENT}
+        before_sets = {n: v for n, v in touched.sets.items() if v is not _ABSENT}
+        before_elements: dict[str, set[tuple[str, str | None]]] = {}
+        after_elements: dict[str, set[tuple[str, str | None]]] = {}
+        for (name, key), verdict in touched.elements.items():
+            if verdict is not _ABSENT:
+                before_elements.setdefault(name, set()).add((key, verdict))  # type: ignore[arg-type]
+            now = self._elements[name]
+            if key in now:
+                after_elements.setdefault(name, set()).add((key, now[key]))
+        before = ServicesTable(
+            skeleton=skeleton,
+            chains=before_chains,  # type: ignore[arg-type]
+            affinity_sets=before_sets,  # type: ignore[arg-type]
+            elements={n: frozenset(e) for n, e in before_elements.items()},
+        )
+        after = ServicesTable(
+            skeleton=skeleton,
+            chains={n: self._chains[n] for n in touched.chains if n in self._chains},
+            affinity_sets={n: self._sets[n] for n in touched.sets if n in self._sets},
+            elements={n: frozenset(e) for n, e in after_elements.items()},
+        )
+        return TableDelta(before, after, touched.health, services)
+
+    def _recompile(self, sid: ServiceId) -> None:
+        svc = self._services.get(sid)
+        new = None
+        if svc is not None:
+            new = compile_service(svc, self._slices_of.get(sid, {}).values(), self.node, self.config)
+        old = self._pieces.pop(sid, None)
+        if new is not None:
+            self._pieces[sid] = new
+        self._swap(sid, old, new)
+
+    def _swap(self, sid: ServiceId, old: ServicePiece | None, new: ServicePiece | None) -> None:
+        touched = self._touched
+        old_chains = old.chains if old is not None else {}
+        new_chains = new.chains if new is not None else {}
+        for name in old_chains.keys() - new_chains.keys():
+            touched.chains.setdefault(name, self._chains.get(name, _ABSENT))
+            self._chains.pop(name, None)
+            self._counted.pop(name, None)
+        for name, rules in new_chains.items():
+            if self._chains.get(name) != rules:
+                touched.chains.setdefault(name, self._chains.get(name, _ABSENT))
+                self._chains[name] = rules
+        if new is not None:
+            self._counted.update(new.counted)
+        old_sets = old.sets if old is not None else {}
+        new_sets = new.sets if new is not None else {}
+        for name in old_sets.keys() - new_sets.keys():
+            touched.sets.setdefault(name, self._sets.get(name, _ABSENT))
+            self._sets.pop(name, None)
+        for name, s in new_sets.items():
+            if self._sets.get(name) != s:
+                touched.sets.setdefault(name, self._sets.get(name, _ABSENT))
+                self._sets[name] = s
+        old_members = old.members if old is not None else frozenset()
+        new_members = new.members if new is not None else frozenset()
+        for name, member in old_members - new_members:
+            self._member(name, member, -1)
+        for name, member in new_members - old_members:
+            self._member(name, member, +1)
+        # map keys: a key's space is held by its first claimant; settle every space this Service touches
+        old_spaces = {(key_space(name), key) for name, key, _ in old.claims} if old is not None else set()
+        new_spaces = {(key_space(name), key) for name, key, _ in new.claims} if new is not None else set()
+        for space in old_spaces - new_spaces:
+            claimants = self._claimants[space]
+            claimants.discard(sid)
+            if not claimants:
+                del self._claimants[space]
+        for space in new_spaces - old_spaces:
+            self._claimants.setdefault(space, set()).add(sid)
+        rivals: set[ServiceId] = {sid}
+        for space in old_spaces | new_spaces:
+            self._settle(space)
+            rivals.update(self._claimants.get(space, ()))
+        for rival in rivals:
+            self._conflicts_of(rival)
+        # health checks: a port two Services name answers for the last of them (compile_table's overwrite)
+        old_health = old.health[0] if old is not None and old.health is not None else None
+        new_health = new.health[0] if new is not None and new.health is not None else None
+        if old_health is not None and old_health != new_health:
+            holders = self._health_claimants[old_health]
+            holders.discard(sid)
+            if not holders:
+                del self._health_claimants[old_health]
+        if new_health is not None:
+            self._health_claimants.setdefault(new_health, set()).add(sid)
+        for port in {old_health, new_health} - {None}:
+            assert port is not None
+            holding = self._health_claimants.get(port)
+            check = None
+            if holding:
+                piece = self._pieces[max(holding)]
+                assert piece.health is not None
+                check = piece.health[1]
+            if self._health.get(port) != check:
+                touched.health = True
+                if check is None:
+                    del self._health[port]
+                else:
+                    self._health[port] = check
+
+    def _member(self, name: str, member: str, step: int) -> None:
+        count = self._members.get((name, member), 0) + step
+        if count:
+            self._members[(name, member)] = count
+        else:
+            del self._members[(name, member)]
+        if (count == 0) != (member not in self._elements[name]):
+            self._touched.elements.setdefault((name, member), self._elements[name].get(member, _ABSENT))
+            if count:
+                self._elements[name][member] = None
+            else:
+                del self._elements[name][member]
+
+    def _settle(self, space: tuple[str, str]) -> None:
+        """Make the maps of *space* hold its winner's entries for its key (none when nobody claims it)."""
+        kind, key = space
+        claimants = self._claimants.get(space)
+        entries = self._pieces[min(claimants)].entries if claimants else {}
+        for name in _maps_of(kind):
+            now = self._elements[name]
+            want = entries.get((name, key), _ABSENT)
+            have = now.get(key, _ABSENT)
+            if want != have:
+                self._touched.elements.setdefault((name, key), have)
+                if want is _ABSENT:
+                    del now[key]
+                else:
+                    now[key] = want  # type: ignore[assignment]
+
+    def _conflicts_of(self, sid: ServiceId) -> None:
+        piece = self._pieces.get(sid)
+        found: list[str] = []
+        if piece is not None:
+            for name, key, _ in piece.claims:
+                holder = min(self._claimants[(key_space(name), key)])
+                if holder != sid:
+                    found.append(f"{sid[0]}/{sid[1]}: {key} in {name} is {holder[0]}/{holder[1]}'s")
+        if found:
+            self._conflicts[sid] = tuple(found)
+        else:
+            self._conflicts.pop(sid, None)
