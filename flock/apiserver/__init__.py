@@ -12,10 +12,17 @@ What it implements of the real kube-apiserver, and what it does not:
 =============================  ===============================================================
 implemented                    how faithfully
 =============================  ===============================================================
-kinds                          Pod, Namespace, Node, Secret, NetworkPolicy, NodeConfig,
-                               ClusterNetworkPolicy (upstream's CRD), and deploy/'s other
-                               kinds (CRDs, ServiceAccounts, ConfigMaps, DaemonSets, RBAC
-                               objects: stored and listed, not acted on) (:mod:`._resources`)
+kinds                          Pod, Namespace, Node, Secret, NetworkPolicy, Service,
+                               EndpointSlice, NodeConfig, ClusterNetworkPolicy (upstream's
+                               CRD), and deploy/'s other kinds (CRDs, ServiceAccounts,
+                               ConfigMaps, DaemonSets, RBAC objects: stored and listed, not
+                               acted on) (:mod:`._resources`)
+Service allocation             ClusterIPs from ``--service-cluster-ip-range`` (one CIDR or two:
+                               dual-stack, ipFamilyPolicy and ipFamilies as upstream), NodePorts
+                               from 30000-32767 and healthCheckNodePort, random free or the
+                               requested one checked, under the store's lock; kept on update,
+                               released on delete; upstream's defaults, validation and messages
+                               (:mod:`._services`, :mod:`._service_alloc`, :mod:`._endpointslices`)
 verbs                          get, list, watch, create, update, patch, delete, and the
                                ``status`` subresource where upstream has one
 resourceVersion                one counter for every kind (etcd's revision); 409 on a stale
@@ -40,7 +47,7 @@ validation and defaulting      upstream's rules for the fields flock reads, 422 
                                pruned and checked against their CRD's schema and CEL rules
                                (:mod:`._crds`, :mod:`._cnp`, :mod:`.k8s_schema`)
 Secrets                        ``stringData`` folded into base64 ``data``; values never echoed
-kubectl                        aggregated and legacy discovery, OpenAPI v3 documents,
+kubectl                        aggregated and legacy discovery, OpenAPI v3 documents (v2: empty),
                                server-side printing (``Table``, ``-o wide``) (:mod:`._discovery`,
                                :mod:`._tables`)
 faults (not upstream)          dropped connections, injected errors, compaction, pause
@@ -53,7 +60,10 @@ and watches (400, saying so), ``dryRun`` (400; ``kubectl --dry-run=client``
 works), graceful deletion, finalizers and garbage collection (a delete is
 immediate), admission webhooks, API aggregation, pod subresources (exec, logs,
 port-forward, binding, eviction), Events, protobuf and CBOR (JSON only), and
-any controller (the lab plays the controllers it needs).
+any controller (the lab plays the controllers it needs: no EndpointSlice
+controller, no LoadBalancer controller, no ServiceCIDR/IPAddress objects, no
+``--service-node-port-range`` flag, and a Service's errors come one at a time
+where upstream lists them all).
 """
 
 from ._admission import NAME_LABEL
@@ -68,6 +78,7 @@ from ._objects import (
 )
 from ._resources import (
     CLUSTERNETWORKPOLICIES,
+    ENDPOINTSLICES,
     NAMESPACES,
     NETWORKPOLICIES,
     NODECONFIGS,
@@ -75,6 +86,7 @@ from ._resources import (
     PODS,
     RESOURCES,
     SECRETS,
+    SERVICES,
     Resource,
 )
 from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
@@ -83,6 +95,7 @@ from ._store import ObjectStore
 
 __all__ = [
     "CLUSTERNETWORKPOLICIES",
+    "ENDPOINTSLICES",
     "NAMESPACES",
     "NAME_LABEL",
     "NETWORKPOLICIES",
@@ -91,6 +104,7 @@ __all__ = [
     "PODS",
     "RESOURCES",
     "SECRETS",
+    "SERVICES",
     "ApiServer",
     "ObjectStore",
     "Resource",

@@ -12,7 +12,8 @@ As a process (the lab)::
 
     python -m flock.apiserver --host 2001:db8::1 --port 6443 --kubeconfig-out /tmp/kc
 
-(the lab's: ``--netns NAME`` binds host:port inside that namespace, ``--also-listen
+(``--service-cluster-ip-range fd00:10:96::/112,192.0.2.192/27``: where Services' ClusterIPs
+come from, the first family primary; the lab's: ``--netns NAME`` binds host:port inside that namespace, ``--also-listen
 127.0.0.1:0`` serves the process's own namespace too, and the kubeconfig then points there)
 
 It prints one JSON line ``{"url": …, "kubeconfig": …}`` once it serves (after
@@ -34,11 +35,15 @@ import sys
 
 from ._http import HttpFrontend
 from ._server import load_objects, write_kubeconfig
+from ._service_alloc import DEFAULT_SERVICE_CLUSTER_IP_RANGE
 from ._store import DEFAULT_HISTORY, ObjectStore
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    store = ObjectStore(history_limit=args.history)
+    try:
+        store = ObjectStore(history_limit=args.history, service_cluster_ip_range=args.service_cluster_ip_range)
+    except ValueError as exc:
+        raise SystemExit(f"--service-cluster-ip-range: {exc}") from None
     # This process owns the collector: none while loading (every decoded object is garbage at
     # once, and collections would scan the ones kept), then what was loaded is left out of
     # later collections (gc.freeze), which would otherwise walk every stored object.
@@ -115,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         "--paged-cache-lists",
         action="store_true",
         help='page lists at resourceVersion "0" too (1.33+); by default they are answered whole, as 1.32 does',
+    )
+    parser.add_argument(
+        "--service-cluster-ip-range",
+        default=DEFAULT_SERVICE_CLUSTER_IP_RANGE,
+        metavar="CIDR[,CIDR]",
+        help="where Services' ClusterIPs come from: one CIDR, or two of different families for dual-stack "
+        f"(the first is the primary family; default {DEFAULT_SERVICE_CLUSTER_IP_RANGE})",
     )
     parser.add_argument(
         "--history", type=int, default=DEFAULT_HISTORY, help="changes kept (older versions are compacted)"

@@ -4,8 +4,11 @@ Validation follows ``pkg/apis/core/validation`` and ``pkg/apis/networking/valida
 for the fields flock reads (labels, label selectors, NetworkPolicy peers and
 ports, a Node's status.addresses); defaulting follows the v1 defaulters (a
 NetworkPolicy's ``policyTypes`` and port protocols, a Namespace's finalizer and
-phase).  A ClusterNetworkPolicy, a custom resource, is pruned and checked
-against its CRD's schema and CEL rules instead (:mod:`._cnp`).  The API server also
+phase).  A Service is defaulted here and validated by the store with its allocations
+(:mod:`._services`, :mod:`._service_alloc`); an EndpointSlice is checked as
+``pkg/apis/discovery/validation`` does (:mod:`._endpointslices`).  A ClusterNetworkPolicy,
+a custom resource, is pruned and checked against its CRD's schema and CEL rules instead
+(:mod:`._cnp`).  The API server also
 labels every Namespace with ``kubernetes.io/metadata.name: <name>``, overriding
 whatever the client sent, so ``namespaceSelector`` can select by name.
 
@@ -21,23 +24,25 @@ from typing import Any
 
 from ._cnp import admit_cluster_network_policy
 from ._crds import admit_crd
+from ._endpointslices import admit_endpoint_slice
 from ._resources import (
     CLUSTERNETWORKPOLICIES,
     CUSTOMRESOURCEDEFINITIONS,
+    ENDPOINTSLICES,
     NAMESPACES,
     NETWORKPOLICIES,
     NODES,
     PODS,
+    SERVICES,
     Resource,
 )
+from ._services import default_service
 from ._status import Invalid, StatusError
+from ._validation import is_label_key, is_port, is_port_name, label
 
 NAME_LABEL = "kubernetes.io/metadata.name"
 
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
-_PORT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?\Z")
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _PROTOCOLS = ("TCP", "UDP", "SCTP")
 _POLICY_TYPES = ("Ingress", "Egress")
@@ -73,6 +78,10 @@ def admit(resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
             _node(obj)
         elif resource == CUSTOMRESOURCEDEFINITIONS:
             admit_crd(obj)
+        elif resource == SERVICES:
+            default_service(obj)  # validated by the store with its allocations (see _service_alloc)
+        elif resource == ENDPOINTSLICES:
+            admit_endpoint_slice(obj)
         elif resource.requires_spec:
             if not isinstance(obj.get("spec"), dict):
                 raise Invalid("spec", obj.get("spec"), "Required value")
@@ -134,12 +143,12 @@ def _pod(spec: dict[str, Any]) -> None:
             if not isinstance(p, dict):
                 raise Invalid(where, p, "must be an object")
             port = p.get("containerPort")
-            if not _is_port(port):
+            if not is_port(port):
                 raise Invalid(f"{where}.containerPort", port, "must be between 1 and 65535, inclusive")
             p.setdefault("protocol", "TCP")
             if p["protocol"] not in _PROTOCOLS:
                 raise Invalid(f"{where}.protocol", p["protocol"], f"supported values: {', '.join(_PROTOCOLS)}")
-            if "name" in p and not _is_port_name(p["name"]):
+            if "name" in p and not is_port_name(p["name"]):
                 raise Invalid(f"{where}.name", p["name"], "must be an IANA_SVC_NAME (at most 15 characters)")
 
 
@@ -190,13 +199,13 @@ def _policy_port(port: Any, where: str) -> None:
     if port["protocol"] not in _PROTOCOLS:
         raise Invalid(f"{where}.protocol", port["protocol"], f"supported values: {', '.join(_PROTOCOLS)}")
     value = port.get("port")
-    if value is not None and not (_is_port(value) or _is_port_name(value)):
+    if value is not None and not (is_port(value) or is_port_name(value)):
         raise Invalid(f"{where}.port", value, "must be a port number (1-65535) or an IANA_SVC_NAME")
     end = port.get("endPort")
     if end is not None:
-        if not _is_port(value):
+        if not is_port(value):
             raise Invalid(f"{where}.endPort", end, "may not be specified when `port` is not a number")
-        if not _is_port(end) or end < value:
+        if not is_port(end) or end < value:
             raise Invalid(f"{where}.endPort", end, "must be a port number not less than `port`")
 
 
@@ -245,7 +254,7 @@ def _selector(sel: Any, where: str, *, required: bool) -> None:
     if not isinstance(labels, dict):
         raise Invalid(f"{where}.matchLabels", labels, "must be a map of strings")
     for key, value in labels.items():
-        _label(key, value, f"{where}.matchLabels")
+        label(key, value, f"{where}.matchLabels")
     exprs = sel.get("matchExpressions") or []
     if not isinstance(exprs, list):
         raise Invalid(f"{where}.matchExpressions", exprs, "must be a list")
@@ -254,7 +263,7 @@ def _selector(sel: Any, where: str, *, required: bool) -> None:
         if not isinstance(expr, dict):
             raise Invalid(at, expr, "must be an object")
         key, op, values = expr.get("key"), expr.get("operator"), expr.get("values")
-        if not _is_label_key(key):
+        if not is_label_key(key):
             raise Invalid(f"{at}.key", key, "must be a valid label key")
         if op not in _OPERATORS:
             raise Invalid(f"{at}.operator", op, f"not a valid selector operator ({', '.join(_OPERATORS)})")
@@ -276,35 +285,6 @@ def _check_string_map(meta: dict[str, Any], key: str, *, label_map: bool) -> Non
         raise Invalid(f"metadata.{key}", value, "must be a map of strings")
     for k, v in value.items():
         if label_map:
-            _label(k, v, "metadata.labels")
+            label(k, v, "metadata.labels")
         elif not isinstance(v, str):
             raise Invalid(f"metadata.{key}", {k: v}, "values must be strings")
-
-
-def _label(key: Any, value: Any, where: str) -> None:
-    if not _is_label_key(key):
-        raise Invalid(where, key, "a label key is an optional DNS-subdomain prefix and '/', then 1-63 characters")
-    if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-        raise Invalid(f"{where}[{key}]", value, "a label value is at most 63 letters, digits, '-', '_', '.'")
-
-
-def _is_label_key(key: Any) -> bool:
-    if not isinstance(key, str):
-        return False
-    prefix, sep, name = key.rpartition("/")
-    if sep and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
-        return False
-    return bool(_LABEL_NAME.match(name))
-
-
-def _is_port(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
-
-
-def _is_port_name(value: Any) -> bool:
-    return (
-        isinstance(value, str)
-        and bool(_PORT_NAME.match(value))
-        and "--" not in value
-        and any(c.isalpha() for c in value)
-    )

@@ -139,6 +139,28 @@ def _aggregated_resource(res: Resource) -> dict[str, Any]:
     return entry
 
 
+# ---- OpenAPI v2 ---------------------------------------------------------------------
+
+_TITLE, _VERSION = "Kubernetes", "v1.32.0-flock-testing"
+
+
+def openapi_v2_document() -> dict[str, Any]:
+    """``GET /openapi/v2`` as JSON: a Swagger 2.0 document with no paths and no definitions."""
+    return {"swagger": "2.0", "info": {"title": _TITLE, "version": _VERSION}, "paths": {}, "definitions": {}}
+
+
+def _proto_string(field: int, text: str) -> bytes:
+    data = text.encode()
+    return bytes([field << 3 | 2, len(data)]) + data
+
+
+# The same document as client-go asks for it (gnostic's openapi_v2.Document in protobuf:
+# swagger = 1, info = 2 {title = 1, version = 2}).
+_INFO = _proto_string(1, _TITLE) + _proto_string(2, _VERSION)
+OPENAPI_V2_PROTOBUF = _proto_string(1, "2.0") + bytes([2 << 3 | 2, len(_INFO)]) + _INFO
+OPENAPI_V2_PROTOBUF_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+
+
 # ---- OpenAPI v3 ---------------------------------------------------------------------
 
 # kubectl asks the OpenAPI v3 document of a kind's group version whether its PATCH takes

@@ -205,10 +205,11 @@ class HttpFrontend:
         )
 
     def _add_discovery_routes(self, app: web.Application) -> None:
-        """/api, /apis and every group version (see :mod:`._discovery`); no OpenAPI document:
-        ``/openapi/v2`` and ``/openapi/v3`` answer 404, which kubectl reads as "this server
-        publishes no schema" (it then validates nothing client-side and computes strategic
-        merge patches from its own compiled-in types)."""
+        """/api, /apis and every group version, and the OpenAPI documents (see :mod:`._discovery`):
+        v3's name every kind's paths and their ``fieldValidation`` (so kubectl leaves validation
+        to the server), v2's is empty (no schema: kubectl validates nothing client-side, computes
+        strategic merge patches from its compiled-in types, and a kind the server does not serve
+        gets kubectl's own "no matches for kind" rather than "failed to download openapi")."""
 
         def aggregated_or(legacy: dict[str, Any], core: bool) -> Any:
             async def handler(request: web.Request) -> web.Response:
@@ -250,6 +251,13 @@ class HttpFrontend:
                 raise StatusError(404, "the server could not find the requested resource")
             return _json(found)
 
+        async def openapi_v2(request: web.Request) -> web.Response:
+            if "protobuf" in request.headers.get("Accept", ""):
+                body, kind = _discovery.OPENAPI_V2_PROTOBUF, _discovery.OPENAPI_V2_PROTOBUF_TYPE
+                return web.Response(body=body, headers={"Content-Type": kind})
+            return _json(_discovery.openapi_v2_document())
+
+        app.router.add_get("/openapi/v2", openapi_v2)
         app.router.add_get("/openapi/v3", openapi)
         app.router.add_get("/openapi/v3/api/{version}", openapi_group_version)
         app.router.add_get("/openapi/v3/apis/{group}/{version}", openapi_group_version)

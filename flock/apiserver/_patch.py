@@ -41,6 +41,7 @@ MERGE_KEYS: dict[tuple[str, ...], str] = {
     ("spec", "volumes"): "name",
     ("spec", "imagePullSecrets"): "name",
     ("spec", "hostAliases"): "ip",
+    ("spec", "ports"): "port",  # a Service's
     ("containers", "*", "ports"): "containerPort",
     ("containers", "*", "env"): "name",
     ("containers", "*", "volumeMounts"): "mountPath",

@@ -100,6 +100,23 @@ CLUSTERNETWORKPOLICIES = Resource(
 NODES = Resource(
     group="", version="v1", plural="nodes", kind="Node", namespaced=False, short_names=("no",), status_subresource=True
 )
+SERVICES = Resource(
+    group="",
+    version="v1",
+    plural="services",
+    kind="Service",
+    namespaced=True,
+    short_names=("svc",),
+    status_subresource=True,
+)
+ENDPOINTSLICES = Resource(
+    group="discovery.k8s.io",
+    version="v1",
+    plural="endpointslices",
+    kind="EndpointSlice",
+    namespaced=True,
+    requires_spec=False,  # addressType, endpoints and ports are top-level
+)
 # What deploy/'s kustomization holds besides flock's own kinds: stored and listed, checked only
 # for what every object needs (name, labels, annotations; a CRD's names, a DaemonSet's spec).
 CUSTOMRESOURCEDEFINITIONS = Resource(
@@ -162,6 +179,8 @@ RESOURCES = (
     NETWORKPOLICIES,
     CLUSTERNETWORKPOLICIES,
     NODES,
+    SERVICES,
+    ENDPOINTSLICES,
     CUSTOMRESOURCEDEFINITIONS,
     SERVICEACCOUNTS,
     CONFIGMAPS,

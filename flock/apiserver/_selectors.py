@@ -30,7 +30,9 @@ SUPPORTED_FIELDS = {
     "NetworkPolicy": ("metadata.name", "metadata.namespace"),
     "Secret": ("metadata.name", "metadata.namespace", "type"),
     "ClusterNetworkPolicy": ("metadata.name", "metadata.namespace"),  # a custom resource's two
-    "Node": ("metadata.name",),  # (and spec.unschedulable, which nothing here selects by)
+    "Node": ("metadata.name",),
+    "Service": ("metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"),
+    "EndpointSlice": ("metadata.name", "metadata.namespace"),  # (and spec.unschedulable, which nothing here selects by)
     # deploy/'s other kinds (kubectl delete's wait watches by metadata.name)
     **{
         kind: ("metadata.name", "metadata.namespace")

@@ -24,6 +24,7 @@ import attrs
 from ._http import HttpFrontend
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector
+from ._service_alloc import DEFAULT_SERVICE_CLUSTER_IP_RANGE
 from ._status import StatusError
 from ._store import RESOURCE_VERSION_WAIT, NewObject, ObjectStore, prepare_new
 
@@ -58,13 +59,20 @@ class ApiServer:
     history (etcd survives), every connection cut.  Lists and watches follow
     kube-apiserver 1.32's rules (see :class:`flock.apiserver._selectors.ListQuery`
     and ``WatchQuery``); *watch_list* False is a server with the WatchList feature
-    gate off, *paged_cache_lists* one whose watch cache pages (1.33+).
+    gate off, *paged_cache_lists* one whose watch cache pages (1.33+).  *service_cluster_ip_range*
+    is kube-apiserver's ``--service-cluster-ip-range`` (one CIDR or two, comma-separated) for the
+    store made here (a *store* given has its own).
     """
 
     host: str = "127.0.0.1"
     port: int = 0
     bookmark_interval: float = 1.0
-    store: ObjectStore = attrs.field(factory=ObjectStore)
+    service_cluster_ip_range: str = attrs.field(default=DEFAULT_SERVICE_CLUSTER_IP_RANGE, kw_only=True)
+    store: ObjectStore = attrs.field(
+        default=attrs.Factory(
+            lambda self: ObjectStore(service_cluster_ip_range=self.service_cluster_ip_range), takes_self=True
+        )
+    )
     watch_list: bool = True  # the WatchList feature gate (see HttpFrontend)
     paged_cache_lists: bool = False  # lists at "0" honour limit (1.33's cache snapshots)
     resource_version_wait: float = RESOURCE_VERSION_WAIT  # the watch cache's wait for a future version
@@ -121,7 +129,9 @@ class ApiServer:
         whose etcd was wiped (resourceVersions start over)."""
         self.stop()
         if empty:
-            self.store = ObjectStore(history_limit=self.store.history_limit)
+            self.store = ObjectStore(
+                history_limit=self.store.history_limit, service_cluster_ip_range=self.store.service_cluster_ip_range
+            )
             self._frontend.store = self.store
         self.start()
 

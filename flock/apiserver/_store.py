@@ -39,6 +39,7 @@ import attrs
 
 from ._admission import admit, invalid
 from ._crds import check_custom
+from ._endpointslices import check_update as check_endpoint_slice_update
 from ._lists import NODE_FIELD, Change, Collection, ListResult, StoredObject, encode, read_version, select
 from ._patch import (
     APPLY_PATCH,
@@ -51,7 +52,7 @@ from ._patch import (
     merge_patch,
     strategic_merge_patch,
 )
-from ._resources import CUSTOMRESOURCEDEFINITIONS, SECRETS, Resource
+from ._resources import CUSTOMRESOURCEDEFINITIONS, ENDPOINTSLICES, SECRETS, SERVICES, Resource
 from ._selectors import (
     INITIAL_EVENTS_END,
     SUPPORTED_FIELDS,
@@ -61,7 +62,9 @@ from ._selectors import (
     WatchQuery,
     field_values,
 )
-from ._status import StatusError, expired, too_large
+from ._service_alloc import DEFAULT_SERVICE_CLUSTER_IP_RANGE, ServiceAllocator
+from ._services import default_ip_modes, validate_load_balancer_status
+from ._status import Invalid, StatusError, expired, too_large
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
@@ -183,9 +186,15 @@ class Subscription:
 
 @attrs.define(eq=False)
 class ObjectStore:
-    """Objects of every known resource, with etcd-like resourceVersions."""
+    """Objects of every known resource, with etcd-like resourceVersions.
+
+    *service_cluster_ip_range*: kube-apiserver's ``--service-cluster-ip-range``, one CIDR or two
+    (one a family, the first primary), where Services' ClusterIPs come from (see
+    :mod:`._service_alloc`); a bad one → ValueError.
+    """
 
     history_limit: int = DEFAULT_HISTORY
+    service_cluster_ip_range: str = DEFAULT_SERVICE_CLUSTER_IP_RANGE
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _rv: int = attrs.field(init=False, default=1)
     _collections: dict[Resource, Collection] = attrs.field(init=False, factory=dict)
@@ -193,6 +202,11 @@ class ObjectStore:
     _oldest: int = attrs.field(init=False, default=1)  # versions below this are compacted
     _subscriptions: set[Subscription] = attrs.field(init=False, factory=set)
     _unserved: set[Resource] = attrs.field(init=False, factory=set)  # CRDs not installed
+    # What the stored Services hold (ClusterIPs, NodePorts), kept by every commit of one.
+    _allocations: ServiceAllocator = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._allocations = ServiceAllocator.from_text(self.service_cluster_ip_range)
 
     @property
     def resource_version(self) -> int:
@@ -255,6 +269,7 @@ class ObjectStore:
             if key in self._collection(resource).objects:
                 raise _already_exists(resource, new["metadata"]["name"])
             self._check_custom_locked(resource, new)
+            self._admit_new_locked(resource, key, new)
             return self._commit(resource, key, "ADDED", None, new)
 
     def bulk_create(self, resource: Resource, objects: Iterable[dict[str, Any]], namespace: str | None = None) -> int:
@@ -362,6 +377,7 @@ class ObjectStore:
                 return self._replace_locked(resource, new), False
             _created(new)
             self._check_custom_locked(resource, new)
+            self._admit_new_locked(resource, key, new)
             return self._commit(resource, key, "ADDED", None, new), True
 
     def crd(self, resource: Resource) -> dict[str, Any] | None:
@@ -387,7 +403,7 @@ class ObjectStore:
             new["status"] = copy.deepcopy(status)
             if resource_version:
                 new["metadata"]["resourceVersion"] = resource_version
-            return self._replace_locked(resource, admitted(resource, new, namespace, owned=True))
+            return self._replace_locked(resource, admitted(resource, new, namespace, owned=True), status=True)
 
     def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         with self._lock:
@@ -543,6 +559,8 @@ class ObjectStore:
             coll.remove(stored.key)
         else:
             coll.put(stored, sort=sort)
+        if resource == SERVICES:
+            self._allocations.record(stored.key, None if kind == "DELETED" else stored.decode())
         change = Change(self._rv, resource, kind, stored.key, old, stored)
         self._history.append(change)
         while len(self._history) > self.history_limit:
@@ -558,6 +576,8 @@ class ObjectStore:
                 for obj in objects:
                     if obj.key in coll.objects:
                         raise _already_exists(resource, obj.name)
+                    if resource == SERVICES:
+                        obj = self._allocated_locked(resource, obj)
                     self._rv += 1
                     data = obj.data.replace(_PENDING_JSON, b'"%d"' % self._rv, 1)
                     self._commit_stored(
@@ -567,6 +587,12 @@ class ObjectStore:
                 coll.keys.sort()
         return len(objects)
 
+    def _allocated_locked(self, resource: Resource, obj: NewObject) -> NewObject:
+        """A prepared Service with its addresses and ports (loaded Services are allocated as created ones)."""
+        new = json.loads(obj.data)
+        self._admit_new_locked(resource, obj.key, new)
+        return NewObject(obj.key, obj.name, encode(new), field_values(new, resource.kind))
+
     def _check_custom_locked(self, resource: Resource, new: Mapping[str, Any]) -> None:
         """A custom resource whose CRD object is stored: checked against its schema (see :mod:`._crds`)."""
         if not resource.custom:
@@ -575,7 +601,31 @@ class ObjectStore:
         if crd is not None:
             check_custom(resource, crd.decode(), new)
 
-    def _replace_locked(self, resource: Resource, new: dict[str, Any]) -> dict[str, Any]:
+    def _admit_new_locked(self, resource: Resource, key: str, new: dict[str, Any]) -> None:
+        """What a new object needs of the others: a Service's addresses and ports."""
+        if resource == SERVICES:
+            try:
+                self._allocations.admit_create(key, new)
+            except Invalid as exc:
+                raise invalid(resource, new["metadata"]["name"], exc.field, exc.value, exc.why) from None
+
+    def _admit_change_locked(
+        self, resource: Resource, key: str, new: dict[str, Any], old: dict[str, Any], *, status: bool
+    ) -> None:
+        """An update's checks against the object before it (*status*: a write of the status subresource)."""
+        try:
+            if resource == SERVICES and status:
+                new["spec"] = old["spec"]
+                default_ip_modes(new)
+                validate_load_balancer_status(new)
+            elif resource == SERVICES:
+                self._allocations.admit_update(key, new, old)
+            elif resource == ENDPOINTSLICES:
+                check_endpoint_slice_update(new, old)
+        except Invalid as exc:
+            raise invalid(resource, new["metadata"]["name"], exc.field, exc.value, exc.why) from None
+
+    def _replace_locked(self, resource: Resource, new: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
         meta = new["metadata"]
         key = _key(resource, meta.get("namespace"), meta["name"])
         stored = self._collection(resource).objects.get(key)
@@ -593,9 +643,10 @@ class ObjectStore:
             )
         meta["uid"] = old["metadata"]["uid"]
         meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        self._admit_change_locked(resource, key, new, old, status=status)
         # As kube-apiserver: the generation counts changes of the desired state (spec), not of metadata or status.
         generation = old["metadata"].get("generation", 1)
-        meta["generation"] = generation + 1 if new.get("spec") != old.get("spec") else generation
+        meta["generation"] = generation + 1 if _desired(resource, new) != _desired(resource, old) else generation
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return old  # a write that changes nothing is no change: no new version, no event
@@ -652,6 +703,13 @@ def prepare_new(resource: Resource, obj: dict[str, Any], namespace: str | None =
     return NewObject(
         _key(resource, meta.get("namespace"), meta["name"]), meta["name"], encode(new), field_values(new, resource.kind)
     )
+
+
+def _desired(resource: Resource, obj: Mapping[str, Any]) -> Any:
+    """What ``generation`` counts changes of: the spec (an EndpointSlice's: its endpoints, ports and type)."""
+    if resource == ENDPOINTSLICES:
+        return obj.get("addressType"), obj.get("endpoints"), obj.get("ports")
+    return obj.get("spec")
 
 
 def _key(resource: Resource, namespace: str | None, name: str) -> str:

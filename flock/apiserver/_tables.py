@@ -24,6 +24,7 @@ from ._resources import (
     CONFIGMAPS,
     CUSTOMRESOURCEDEFINITIONS,
     DAEMONSETS,
+    ENDPOINTSLICES,
     NAMESPACES,
     NETWORKPOLICIES,
     NODECONFIGS,
@@ -33,6 +34,7 @@ from ._resources import (
     ROLES,
     SECRETS,
     SERVICEACCOUNTS,
+    SERVICES,
     Column,
     Resource,
 )
@@ -172,6 +174,67 @@ def _status_int(field: str) -> Callable[[Obj], int]:
     return lambda o: int((o.get("status") or {}).get(field) or 0)
 
 
+def _service_cluster_ip(service: Obj) -> str:
+    ips = (service.get("spec") or {}).get("clusterIPs") or []
+    return str(ips[0]) if ips else _NONE
+
+
+def _service_external_ip(service: Obj) -> str:
+    """``getServiceExternalIP`` (the server prints wide: no ``...`` truncation)."""
+    spec = service.get("spec") or {}
+    external = [str(ip) for ip in spec.get("externalIPs") or []]
+    kind = spec.get("type")
+    if kind in ("ClusterIP", "NodePort"):
+        return ",".join(external) or _NONE
+    if kind == "LoadBalancer":
+        ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+        balancer = sorted({str(i.get("ip") or i.get("hostname")) for i in ingress if i.get("ip") or i.get("hostname")})
+        return ",".join([*balancer, *external]) or "<pending>"
+    if kind == "ExternalName":
+        return str(spec.get("externalName") or "")
+    return "<unknown>"
+
+
+def _service_ports(service: Obj) -> str:
+    """``makePortString``: ``80/TCP``, ``80:31234/TCP`` with a NodePort."""
+    pieces = []
+    for port in (service.get("spec") or {}).get("ports") or []:
+        node = port.get("nodePort") or 0
+        middle = f":{node}" if node > 0 else ""
+        pieces.append(f"{port.get('port')}{middle}/{port.get('protocol', '')}")
+    return ",".join(pieces) or _NONE
+
+
+def _service_selector(service: Obj) -> str:
+    """``labels.FormatLabels``."""
+    selector = (service.get("spec") or {}).get("selector") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or _NONE
+
+
+def _first_three(items: Sequence[str]) -> str:
+    """``listWithMoreString`` of at most three items."""
+    shown = ",".join(items[:3])
+    if len(items) > 3:
+        return f"{shown} + {len(items) - 3} more..."
+    return shown or "<unset>"
+
+
+def _slice_ports(endpoint_slice: Obj) -> str:
+    listed = []
+    for port in endpoint_slice.get("ports") or []:
+        if port.get("port") is not None:
+            listed.append(str(port["port"]))
+        elif port.get("name") is not None:
+            listed.append(str(port["name"]))
+        else:
+            listed.append("*")
+    return _first_three(listed)
+
+
+def _slice_endpoints(endpoint_slice: Obj) -> str:
+    return _first_three([str(a) for e in endpoint_slice.get("endpoints") or [] for a in e.get("addresses") or []])
+
+
 def _role_ref(binding: Obj) -> str:
     ref = binding.get("roleRef") or {}
     return f"{ref.get('kind', '')}/{ref.get('name', '')}"
@@ -206,6 +269,22 @@ _BUILT_IN: dict[Resource, tuple[_Printed, ...]] = {
     NETWORKPOLICIES: (
         _NAME_COLUMN,
         _col("Pod-Selector", "string", lambda p: _selector_text((p.get("spec") or {}).get("podSelector"))),
+        _AGE_COLUMN,
+    ),
+    SERVICES: (
+        _NAME_COLUMN,
+        _col("Type", "string", lambda s: (s.get("spec") or {}).get("type") or ""),
+        _col("Cluster-IP", "string", _service_cluster_ip),
+        _col("External-IP", "string", _service_external_ip),
+        _col("Port(s)", "string", _service_ports),
+        _AGE_COLUMN,
+        _col("Selector", "string", _service_selector, priority=1),
+    ),
+    ENDPOINTSLICES: (
+        _NAME_COLUMN,
+        _col("AddressType", "string", lambda e: e.get("addressType") or ""),
+        _col("Ports", "string", _slice_ports),
+        _col("Endpoints", "string", _slice_endpoints),
         _AGE_COLUMN,
     ),
     SECRETS: (

@@ -2,8 +2,8 @@
 discovery, tables, get/create/apply (client- and server-side)/label/annotate/delete on every
 kind, the server's validation as kubectl prints it, and ``kubectl kustomize deploy`` accepted whole.
 
-One server for the module; each kubectl call takes about 50-100 ms.  Skipped when kubectl is
-not installed (CI installs it).
+One server for the module; each kubectl call takes about 50-100 ms.  Fails (never skips) when kubectl is
+not installed (every machine here has one, CI's included).
 """
 
 from __future__ import annotations
@@ -236,3 +236,92 @@ def test_kustomize_deploy_and_examples_are_accepted(kubectl: Kubectl, api: ApiSe
         kind = doc["kind"].lower()
         ns = ["-n", doc["metadata"]["namespace"]] if "namespace" in doc["metadata"] else []
         kubectl.run("get", kind, doc["metadata"]["name"], *ns)
+
+
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "web", "namespace": "shop"},
+    "spec": {"type": "NodePort", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80}]},
+}
+ENDPOINT_SLICE = {
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSlice",
+    "metadata": {"name": "web-1", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+    "addressType": "IPv6",
+    "endpoints": [
+        {"addresses": [f"2001:db8::{i}"], "conditions": {"ready": True}, "nodeName": "node1"} for i in range(1, 6)
+    ],
+    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+}
+
+
+@pytest.mark.parametrize("server_side", [False, True], ids=["client-side", "server-side"])
+def test_services_with_kubectl(kubectl: Kubectl, server_side: bool) -> None:
+    apply = ["apply", "--server-side"] if server_side else ["apply"]
+    kubectl.run(*apply, "-f", "-", stdin=json.dumps(SERVICE))
+    first = kubectl.json("get", "svc", "web", "-n", "shop")
+    node_port = first["spec"]["ports"][0]["nodePort"]
+    assert 30000 <= node_port <= 32767 and first["spec"]["clusterIP"].startswith("fd00:10:96::")
+    # Applied again with a change: the allocations stay (kubectl's patch omits them).
+    changed = _merge(SERVICE, {"spec": {"selector": {"app": "web2"}}})
+    kubectl.run(*apply, "-f", "-", stdin=json.dumps(changed))
+    again = kubectl.json("get", "svc", "web", "-n", "shop")
+    assert (
+        again["spec"]["ports"][0]["nodePort"] == node_port and again["spec"]["clusterIP"] == first["spec"]["clusterIP"]
+    )
+    head, row = kubectl.run("get", "svc", "-n", "shop", "-o", "wide").stdout.splitlines()[:2]
+    assert head.split() == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE", "SELECTOR"]
+    assert row.split()[:5] == ["web", "NodePort", first["spec"]["clusterIP"], "<none>", f"80:{node_port}/TCP"]
+    assert row.split()[-1] == "app=web2"
+    kubectl.run("delete", "svc", "web", "-n", "shop")
+    assert kubectl.run("get", "svc", "web", "-n", "shop", check=False).returncode == 1
+
+
+def test_service_errors_and_load_balancer_as_kubectl_prints_them(kubectl: Kubectl, api: ApiServer) -> None:
+    bad = _merge(
+        SERVICE, {"metadata": {"name": "bad"}, "spec": {"ports": [{"name": "http", "port": 80, "nodePort": 8080}]}}
+    )
+    proc = kubectl.run("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert proc.returncode == 1 and 'The Service "bad" is invalid' in proc.stderr
+    assert "provided port is not in the valid range. The range of valid ports is 30000-32767" in proc.stderr
+    lb = _merge(SERVICE, {"metadata": {"name": "lb"}, "spec": {"type": "LoadBalancer"}})
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(lb))
+    assert kubectl.run("get", "svc", "lb", "-n", "shop", "--no-headers").stdout.split()[3] == "<pending>"
+    ingress = {"status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}}}
+    kubectl.run("patch", "svc", "lb", "-n", "shop", "--subresource=status", "--type=merge", "-p", json.dumps(ingress))
+    assert kubectl.run("get", "svc", "lb", "-n", "shop", "--no-headers").stdout.split()[3] == "198.51.100.9"
+    kubectl.run("delete", "svc", "lb", "-n", "shop")
+
+
+def test_endpoint_slices_with_kubectl(kubectl: Kubectl) -> None:
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(ENDPOINT_SLICE))
+    head, row = kubectl.run("get", "endpointslices", "-n", "shop", "-o", "wide").stdout.splitlines()[:2]
+    assert head.split() == ["NAME", "ADDRESSTYPE", "PORTS", "ENDPOINTS", "AGE"]
+    assert row.split()[:4] == ["web-1", "IPv6", "8080", "2001:db8::1,2001:db8::2,2001:db8::3"]
+    assert "+ 2 more..." in row
+    kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(_merge(ENDPOINT_SLICE, {"ports": []})))
+    assert kubectl.json("get", "endpointslice", "web-1", "-n", "shop")["ports"] == []
+    moved = _merge(ENDPOINT_SLICE, {"addressType": "IPv4", "endpoints": [{"addresses": ["192.0.2.1"]}]})
+    proc = kubectl.run("apply", "-f", "-", stdin=json.dumps(moved), check=False)
+    assert proc.returncode == 1 and "addressType" in proc.stderr and "field is immutable" in proc.stderr
+    kubectl.run("delete", "-f", "-", stdin=json.dumps(ENDPOINT_SLICE))
+    lines = kubectl.run("api-resources", "--no-headers").stdout.splitlines()
+    assert any(line.split()[:2] == ["services", "svc"] for line in lines)
+    assert any(line.split()[:2] == ["endpointslices", "discovery.k8s.io/v1"] for line in lines)
+
+
+@pytest.mark.parametrize("server_side", [False, True], ids=["client-side", "server-side"])
+def test_a_kind_not_served_is_no_match(kubectl: Kubectl, server_side: bool) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "shop"}}
+    ingress = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": "web", "namespace": "shop"},
+    }
+    for obj, kind, version in ((deployment, "Deployment", "apps/v1"), (ingress, "Ingress", "networking.k8s.io/v1")):
+        args = ["apply", "--server-side"] if server_side else ["apply"]
+        proc = kubectl.run(*args, "-f", "-", stdin=json.dumps(obj), check=False)
+        assert proc.returncode == 1 and "failed to download openapi" not in proc.stderr
+        assert "resource mapping not found for name" in proc.stderr
+        assert f'no matches for kind "{kind}" in version "{version}"' in proc.stderr
