@@ -49,3 +49,27 @@ def test_off_removes_a_table_an_earlier_run_left(lab: Lab):
     wait_for("the services table to go", lambda: "table inet flock-services" not in tables(lab))
     _, _, st = lab.flockctl("status")
     assert not st["service_proxy"]["enabled"] and st["service_proxy"]["state"].startswith("off")
+
+
+def test_a_service_applied_to_the_api_server_is_in_the_nodes_table(lab: Lab):
+    from flock.apiserver import ENDPOINTSLICES, SERVICES
+    from flock.testing.services import endpoint, endpoint_slice, port, slice_port
+
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "default", "name": "web"}}
+    svc["spec"] = {"selector": {"app": "web"}, "ports": [port("http", 80, target=8080)]}
+    created = lab.api.create(SERVICES, svc)
+    cluster_ip = created["spec"]["clusterIP"]  # allocated by the API server, from its service range
+    lab.api.create(
+        ENDPOINTSLICES, endpoint_slice("web", [endpoint("2001:db8:0:1::7", "node-x")], [slice_port("http", 8080)])
+    )
+    agent = lab.agent(FLOCK_SERVICE_PROXY="true")
+    agent.wait_ready()
+    wait_for(
+        "the Service in the node's table",
+        lambda: cluster_ip in lab.node.run("nft", "list", "table", "inet", "flock-services", check=False).stdout,
+    )
+    code, text, out = lab.flockctl("services", "default/web")
+    assert code == 0, text
+    assert out["proxy"]["state"] == "in sync" and out["services"][0]["cluster_ips"] == [cluster_ip]
+    [family] = out["services"][0]["ports"][0]["families"].values()
+    assert [(e["address"], e["chosen"], e["why"]) for e in family["endpoints"]] == [("2001:db8:0:1::7", True, "ready")]
