@@ -35,8 +35,8 @@ from ._model import (
     PolicyPod,
     Protocol,
     _addresses,
-    _is_port_name,
     _labels_field,
+    is_port_name,
 )
 
 KIND = "ClusterNetworkPolicy"
@@ -330,7 +330,7 @@ def _protocols(raw: Any) -> tuple[ClusterPort, ...]:
         where = f"protocols[{i}]"
         field, value = _one_field(entry, where, "a protocol match")
         if field == "destinationNamedPort":
-            if not isinstance(value, str) or not _is_port_name(value):
+            if not isinstance(value, str) or not is_port_name(value):
                 raise _Unreadable(f"{where}.destinationNamedPort: {_brief(value)!r} is not a port name")
             port = ClusterPort(named=value)
         elif field in _PROTOCOLS:

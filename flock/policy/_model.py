@@ -254,7 +254,7 @@ class PolicyPort:
                 port = int(port)  # intstr given as a string of digits
             if isinstance(port, int) and not 1 <= port <= 65535:
                 raise InvalidObject(kind, name, f"{field}.port", port, "a port number 1-65535")
-            if isinstance(port, str) and not _is_port_name(port):
+            if isinstance(port, str) and not is_port_name(port):
                 raise InvalidObject(kind, name, f"{field}.port", port[:64], "an IANA_SVC_NAME (1-15 a-z0-9-)")
         if end_port is not None:
             if isinstance(end_port, bool) or not isinstance(end_port, int):
@@ -268,7 +268,7 @@ class PolicyPort:
         return cls(protocol, port, end_port)
 
 
-def _is_port_name(text: str) -> bool:
+def is_port_name(text: str) -> bool:
     """IANA_SVC_NAME as Kubernetes validates it: 1-15 of a-z0-9-, a letter, no leading/trailing/double '-'."""
     return (
         0 < len(text) <= 15
@@ -479,7 +479,7 @@ class PolicyPod:
                     continue
                 if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
                     continue
-                if _is_port_name(cp["name"]):
+                if is_port_name(cp["name"]):
                     ports.append(NamedPort(cp["name"], proto, number))
         phase = status.get("phase")
         return cls(

@@ -25,6 +25,7 @@ import attrs
 
 from flock.model import InvalidObject
 from flock.policy import Protocol
+from flock.policy._model import is_port_name
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -69,18 +70,6 @@ def _text(kind: str, name: str, field: str, raw: Any, pattern: re.Pattern[str], 
     if not isinstance(raw, str) or not pattern.match(raw):
         raise InvalidObject(kind, name, field, raw, expected)
     return raw
-
-
-def _is_port_name(text: str) -> bool:
-    """IANA_SVC_NAME (a container port name a targetPort may refer to)."""
-    return (
-        0 < len(text) <= 15
-        and all(c.isascii() and (c.islower() or c.isdigit() or c == "-") for c in text)
-        and any(c.isalpha() for c in text)
-        and not text.startswith("-")
-        and not text.endswith("-")
-        and "--" not in text
-    )
 
 
 def _address(kind: str, name: str, field: str, raw: Any) -> IPAddress:
@@ -163,7 +152,7 @@ class ServicePort:
         elif isinstance(target, str) and target.isdigit():
             target = _port_number(kind, service, f"{field}.targetPort", int(target))
         elif isinstance(target, str):
-            if not _is_port_name(target):
+            if not is_port_name(target):
                 raise InvalidObject(kind, service, f"{field}.targetPort", target, "a port number or an IANA_SVC_NAME")
         else:
             target = _port_number(kind, service, f"{field}.targetPort", target)
