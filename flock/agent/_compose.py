@@ -108,7 +108,7 @@ def compose(
         watchers = (*watchers, bgp_passwords(settings.namespace, state))
     policy_inputs = PolicyInputs()
     policy_link = PolicyLink(policy_inputs)
-    service_proxy = services_part(settings, state, netlink, default_backend(settings.host_netns))
+    service_proxy = services_part(settings, state, netlink, default_backend(settings.host_netns), metrics.registry)
     if settings.service_proxy:
         watchers = (*watchers, service_proxy.watchers)
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)

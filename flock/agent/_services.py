@@ -17,11 +17,20 @@ import ipaddress
 from collections.abc import Sequence
 
 import attrs
+from prometheus_client import CollectorRegistry
 
 from flock.netlink import NetlinkWorker
 from flock.nursery import ChildSpec
 from flock.policy import NftBackend
-from flock.services import HealthChecks, NodeView, ServiceInputs, ServiceProxy, ServicesConfig, find_kube_proxy
+from flock.services import (
+    HealthChecks,
+    NodeView,
+    ServiceInputs,
+    ServiceMetrics,
+    ServiceProxy,
+    ServicesConfig,
+    find_kube_proxy,
+)
 from flock.state import NodeState
 from flock.watchers import KubeClient, ServiceWatcher
 
@@ -56,7 +65,11 @@ class ServicesPart:
 
 
 def services_part(
-    settings: AgentSettings, state: NodeState, netlink: NetlinkWorker, backend: NftBackend
+    settings: AgentSettings,
+    state: NodeState,
+    netlink: NetlinkWorker,
+    backend: NftBackend,
+    registry: CollectorRegistry | None = None,
 ) -> ServicesPart:
     inputs = ServiceInputs()
 
@@ -82,5 +95,6 @@ def services_part(
         note=functools.partial(state.set_note, NOTE),
         enabled=settings.service_proxy,
         on_health=health.update if health is not None else None,
+        metrics=ServiceMetrics(registry) if registry is not None and settings.service_proxy else None,
     )
     return ServicesPart(inputs, proxy, health)

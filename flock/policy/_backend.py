@@ -32,7 +32,7 @@ import trio
 
 from flock.netns import enter_netns
 
-from ._counters import add_counter, finish, rule_counters
+from ._counters import add_counter, element_counters, finish, rule_counters
 
 log = logging.getLogger("flock.policy")
 
@@ -56,6 +56,13 @@ class NftBackend(Protocol):
 
     async def counters(self, table: str) -> dict[str, tuple[int, int]]:
         """Packets and bytes per chain of ``inet <table>`` (summed over the chain's counted rules; {}: no table)."""
+        ...
+
+    async def element_counters(
+        self, table: str, name: str, decode: Callable[[bytes], str | None]
+    ) -> dict[str, tuple[int, int]]:
+        """Packets and bytes per element of the counted set or map *name* of ``inet <table>``, by key in nft's
+        text (``a . b . c``; *decode* turns the kernel's key bytes into it, None: skip); {}: no such set."""
         ...
 
 
@@ -82,6 +89,36 @@ class NftCommand:
                 nbytes = sum(int(c.get("bytes", 0)) for c in counters if isinstance(c, dict))
                 add_counter(totals, rule["chain"], packets, nbytes)
         return finish(totals)
+
+    async def element_counters(
+        self, table: str, name: str, decode: Callable[[bytes], str | None]
+    ) -> dict[str, tuple[int, int]]:
+        try:
+            listing = await self._nft(["-j", "list", "set", "inet", table, name], b"")
+        except NftError:
+            try:
+                listing = await self._nft(["-j", "list", "map", "inet", table, name], b"")
+            except NftError:
+                return {}
+        found: dict[str, tuple[int, int]] = {}
+        for item in json.loads(listing).get("nftables", []):
+            body = item.get("set") or item.get("map")
+            if not isinstance(body, dict):
+                continue
+            for element in body.get("elem", []):
+                # a counted element: {"elem": {"val": key, "counter": {...}}}, or [{"elem": ...}, data] in a map
+                elem = element[0] if isinstance(element, list) and element else element
+                inner = elem.get("elem") if isinstance(elem, dict) else None
+                if not isinstance(inner, dict) or not isinstance(inner.get("counter"), dict):
+                    continue
+                value = inner.get("val")
+                parts = value.get("concat", []) if isinstance(value, dict) else [value]
+                counter = inner["counter"]
+                found[" . ".join(str(p) for p in parts)] = (
+                    int(counter.get("packets", 0)),
+                    int(counter.get("bytes", 0)),
+                )
+        return found
 
     async def _nft(self, args: list[str], stdin: bytes) -> str:
         argv = [*self.command, *args]
@@ -172,6 +209,17 @@ class LibNftables:
     async def counters(self, table: str) -> dict[str, tuple[int, int]]:
         # On the nft thread: in its network namespace, and never while a transaction is under way.
         return await trio.to_thread.run_sync(self._call, lambda _ctx: rule_counters(table))
+
+    async def element_counters(
+        self, table: str, name: str, decode: Callable[[bytes], str | None]
+    ) -> dict[str, tuple[int, int]]:
+        raw = await trio.to_thread.run_sync(self._call, lambda _ctx: element_counters(table, name))
+        found = {}
+        for key, counts in raw.items():
+            text = decode(key)
+            if text is not None:
+                found[text] = counts
+        return found
 
     def close(self) -> None:
         self._requests.put(None)

@@ -10,7 +10,10 @@ Chains of ClusterNetworkPolicy tiers (``ta-``, ``tb-``) inline the rules of
 several policies: their counters are also given rule by rule, as
 ``"<chain>#<i>"`` for the chain's *i*-th counted rule.
 
-The dump is walked with :mod:`._nfnetlink`'s messages and attributes, as
+:func:`element_counters` reads the counters of one set's elements (a set or
+map declared with ``counter``) the same way, with a set element dump.
+
+The dumps are walked with :mod:`._nfnetlink`'s messages and attributes, as
 ``--verify``'s tracer walks it.  Call :func:`rule_counters` on a thread
 inside the network namespace whose table it reads (the socket belongs to the
 namespace it is opened in).
@@ -33,9 +36,12 @@ from ._nfnetlink import (
     error_code,
     expressions,
     is_rule,
+    is_setelem,
     messages,
     netfilter_socket,
     rule_dump_request,
+    set_elements,
+    setelem_dump_request,
     string,
 )
 
@@ -62,6 +68,13 @@ class DumpError(OSError):
     """The kernel refused the rule dump (errno)."""
 
 
+def _counter(data: dict[int, memoryview]) -> tuple[int, int]:
+    p, b = data.get(_NFTA_COUNTER_PACKETS, b""), data.get(_NFTA_COUNTER_BYTES, b"")
+    if len(p) != 8 or len(b) != 8:
+        raise DumpError(errno.EPROTO, "a counter expression without its 64-bit packets and bytes")
+    return int.from_bytes(p, "big"), int.from_bytes(b, "big")
+
+
 def _rule(payload: memoryview) -> tuple[str, int, int, bool] | None:
     """(chain, packets, bytes, counted) of one rule message's payload (after nfgenmsg)."""
     chain, packets, nbytes, counted = None, 0, 0, False
@@ -72,12 +85,10 @@ def _rule(payload: memoryview) -> tuple[str, int, int, bool] | None:
             for name, counter in expressions(value):
                 if name != "counter":
                     continue
-                p, b = counter.get(_NFTA_COUNTER_PACKETS, b""), counter.get(_NFTA_COUNTER_BYTES, b"")
-                if len(p) != 8 or len(b) != 8:
-                    raise DumpError(errno.EPROTO, "a counter expression without its 64-bit packets and bytes")
+                p, b = _counter(counter)
                 counted = True
-                packets += int.from_bytes(p, "big")
-                nbytes += int.from_bytes(b, "big")
+                packets += p
+                nbytes += b
     return (chain, packets, nbytes, counted) if chain is not None else None
 
 
@@ -118,3 +129,44 @@ def rule_counters(table: str) -> dict[str, tuple[int, int]]:
             if not interrupted:
                 return totals
         return _dump(sock, table, _ATTEMPTS)[0]
+
+
+def _element_dump(sock: socket.socket, table: str, name: str, seq: int) -> tuple[dict[bytes, tuple[int, int]], bool]:
+    sock.send(setelem_dump_request(table, name, seq))
+    found: dict[bytes, tuple[int, int]] = {}
+    interrupted = False
+    while True:
+        for message in messages(sock.recv(1 << 20)):
+            if message is None:
+                raise DumpError(errno.EPROTO, "a truncated netlink message")
+            if message.seq != seq:
+                continue
+            if message.kind == NLMSG_DONE:
+                return found, interrupted
+            if message.kind == NLMSG_ERROR:
+                code = error_code(message.payload)
+                if code == errno.ENOENT:
+                    return {}, False  # no such table or set
+                if code:
+                    raise DumpError(code, f"nftables set element dump: {os.strerror(code)}")
+                continue
+            interrupted = interrupted or bool(message.flags & NLM_F_DUMP_INTR)
+            if not is_setelem(message):
+                continue
+            for key, exprs in set_elements(message.payload):
+                for expr, data in exprs:
+                    if expr == "counter":
+                        found[key] = _counter(data)
+
+
+def element_counters(table: str, name: str) -> dict[bytes, tuple[int, int]]:
+    """Packets and bytes per element of set or map *name* of ``inet <table>``, by the element's key as the
+    kernel holds it ({}: no such set, or its elements carry no counter).
+
+    Blocking: run it on a thread in the table's network namespace."""
+    with netfilter_socket() as sock:
+        for seq in range(1, _ATTEMPTS):
+            found, interrupted = _element_dump(sock, table, name, seq)
+            if not interrupted:
+                return found
+        return _element_dump(sock, table, name, _ATTEMPTS)[0]

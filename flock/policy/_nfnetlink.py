@@ -9,7 +9,8 @@ what the kernel's own formats say:
 - nf_tables: the trace group's events (:func:`parse_trace`), a rule dump of
   one table (:func:`rule_dump_request`, :func:`parse_rules`), read by the
   tracer of ``--verify`` (:mod:`._tracer`) and the rule counters
-  (:mod:`._counters`);
+  (:mod:`._counters`), and a dump of one set's elements
+  (:func:`setelem_dump_request`, :func:`set_elements`) for its element counters;
 - ctnetlink: deleting one flow's conntrack entry (:func:`conntrack_delete_message`).
 
 The deny-log reader (:mod:`._denylog`) speaks nfnetlink_log with the same
@@ -45,7 +46,10 @@ HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
 NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id (big-endian)
 L4_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}  # the IP protocols a probe can be
 
-_NFT_MSG_NEWRULE, _NFT_MSG_GETRULE, _NFT_MSG_TRACE = 6, 7, 17
+_NFT_MSG_NEWRULE, _NFT_MSG_GETRULE, _NFT_MSG_NEWSETELEM, _NFT_MSG_GETSETELEM, _NFT_MSG_TRACE = 6, 7, 12, 13, 17
+_NFTA_SET_ELEM_LIST_TABLE, _NFTA_SET_ELEM_LIST_SET, _NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
+_NFTA_SET_ELEM_KEY, _NFTA_SET_ELEM_EXPR, _NFTA_SET_ELEM_EXPRESSIONS = 1, 7, 11
+_NFTA_DATA_VALUE = 1
 _IPCTNL_MSG_CT_DELETE = 2
 _NFTA_TRACE_TABLE, _NFTA_TRACE_CHAIN, _NFTA_TRACE_RULE_HANDLE, _NFTA_TRACE_TYPE = 1, 2, 3, 4
 _NFTA_TRACE_VERDICT, _NFTA_TRACE_ID = 5, 6
@@ -246,6 +250,42 @@ def rule_dump_request(table: str, seq: int) -> bytes:
     """``NFT_MSG_GETRULE``: dump every rule of ``inet <table>`` (no set elements)."""
     body = NFGEN.pack(NFPROTO_INET, 0, 0) + attribute(NFTA_RULE_TABLE, table.encode() + b"\0")
     return request((SUBSYS_NFTABLES << 8) | _NFT_MSG_GETRULE, NLM_F_DUMP, seq, body)
+
+
+def setelem_dump_request(table: str, name: str, seq: int) -> bytes:
+    """``NFT_MSG_GETSETELEM``: dump the elements of set (or map) *name* of ``inet <table>``."""
+    body = (
+        NFGEN.pack(NFPROTO_INET, 0, 0)
+        + attribute(_NFTA_SET_ELEM_LIST_TABLE, table.encode() + b"\0")
+        + attribute(_NFTA_SET_ELEM_LIST_SET, name.encode() + b"\0")
+    )
+    return request((SUBSYS_NFTABLES << 8) | _NFT_MSG_GETSETELEM, NLM_F_DUMP, seq, body)
+
+
+def is_setelem(message: Message) -> bool:
+    """*message* is a batch of elements of a set element dump (``NFT_MSG_NEWSETELEM``)."""
+    return message.kind == (SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWSETELEM
+
+
+def set_elements(payload: memoryview) -> Iterator[tuple[bytes, list[tuple[str, dict[int, memoryview]]]]]:
+    """(key bytes, its expressions as (name, data attributes)) of each element of one dump message."""
+    for kind, value in attributes(payload, NFGEN.size):
+        if kind != _NFTA_SET_ELEM_LIST_ELEMENTS:
+            continue
+        for elem_kind, elem in attributes(value):
+            if elem_kind != NFTA_LIST_ELEM:
+                continue
+            key, exprs = b"", []
+            for attr, data in attributes(elem):
+                if attr == _NFTA_SET_ELEM_KEY:
+                    key = bytes(dict(attributes(data)).get(_NFTA_DATA_VALUE, memoryview(b"")))
+                elif attr == _NFTA_SET_ELEM_EXPR:  # the element's one expression
+                    expr = dict(attributes(data))
+                    name = string(expr.get(NFTA_EXPR_NAME, memoryview(b"")))
+                    exprs.append((name, dict(attributes(expr.get(NFTA_EXPR_DATA, memoryview(b""))))))
+                elif attr == _NFTA_SET_ELEM_EXPRESSIONS:  # several
+                    exprs.extend(expressions(data))
+            yield key, exprs
 
 
 def is_rule(message: Message) -> bool:

@@ -8,14 +8,15 @@ Pure layers, and the loop that applies them (:class:`ServiceProxy`):
   one :class:`ServicePiece` per Service (:func:`compile_service`);
 - :mod:`._engine`: :class:`ServicesEngine` — the table kept change by change (only the Services the
   written keys touch are compiled again), each change a :class:`TableDelta`; held to compile_table;
-- :mod:`._counters`: :func:`service_connections` — the kernel's per-chain counters → per Service port;
+- :mod:`._counters`: :func:`service_connections` — the kernel's per-element counters → per Service port,
+  and :class:`ServiceMetrics` (their series on /metrics);
 - :mod:`._nft`: :func:`render_full` and :func:`render_update` (old → new, one transaction);
 - :mod:`._kubeproxy`: :func:`find_kube_proxy` — the proxy never turns on while kube-proxy's own
   tables, chains or IPVS interface are on the node.
 """
 
 from ._compile import NodeView, ServicePiece, ServicesConfig, compile_service, compile_table
-from ._counters import ServicePortCounts, ServicePortKey, service_connections
+from ._counters import ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
 from ._engine import ServicesEngine, TableDelta
 from ._health import HealthChecks
 from ._inputs import ENDPOINT_SLICES, SERVICES, ServiceChanges, ServiceInputs, ServiceJournal
@@ -33,7 +34,7 @@ from ._model import (
 from ._nft import render_full, render_update
 from ._proxy import ServiceProxy
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
-from ._table import TABLE, AffinitySet, CountedChain, HealthCheck, ServicesTable, Skeleton
+from ._table import TABLE, AffinitySet, Counted, HealthCheck, ServicesTable, Skeleton
 
 __all__ = [
     "ENDPOINT_SLICES",
@@ -42,7 +43,7 @@ __all__ = [
     "AffinitySet",
     "Backend",
     "Categorized",
-    "CountedChain",
+    "Counted",
     "Endpoint",
     "EndpointPort",
     "EndpointSlice",
@@ -55,6 +56,7 @@ __all__ = [
     "ServiceChanges",
     "ServiceInputs",
     "ServiceJournal",
+    "ServiceMetrics",
     "ServicePiece",
     "ServicePort",
     "ServicePortCounts",
@@ -71,6 +73,7 @@ __all__ = [
     "categorize",
     "compile_service",
     "compile_table",
+    "decode_key",
     "find_kube_proxy",
     "kube_proxy_traces",
     "port_policy",

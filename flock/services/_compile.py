@@ -39,16 +39,17 @@ arbitrary addresses); NodePorts answer on ``node.addresses``.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
+from flock.policy import Protocol
+
 from . import _names, _nft
 from ._model import EndpointSlice, Family, IPAddress, Service, ServicePort, TrafficPolicy, family_of
-from ._select import Backend, backends, categorize, port_policy
-from ._table import AffinitySet, CountedChain, HealthCheck, ServicesTable, Skeleton
+from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
+from ._table import AffinitySet, Counted, HealthCheck, ServicesTable, Skeleton
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -72,29 +73,24 @@ def _in_pools(ip: IPAddress, pools: tuple[IPNetwork, ...]) -> bool:
     return any(ip.version == p.version and ip in p for p in pools)
 
 
+Space = tuple[str, str]  # (kind, key): what two Services may both claim — an address and port, or a NodePort
+
+
 @attrs.frozen(eq=False)
 class ServicePiece:
-    """What one Service adds to the table: its own chains and sets, its claims on keys of the shared
-    maps (``(map, key, verdict)`` in the order made: the last claim of a key in a map holds), its
-    members of the shared sets (ClusterIPs) and its health check (eTP Local with a healthCheckNodePort)."""
+    """What one Service adds to the table: its own chains and sets, the shared chains it uses, its
+    claims on key spaces (``space → {(map, key): value}``: an address and port, or a NodePort, and
+    every element of the shared maps that goes with it; a space is one Service's, the first by
+    namespace/name), its members of the shared sets (ClusterIPs, hairpin pairs), its health check
+    (eTP Local with a healthCheckNodePort) and the counted elements among its claims."""
 
     chains: Mapping[str, tuple[str, ...]]
+    shared: Mapping[str, tuple[str, ...]]
     sets: Mapping[str, AffinitySet]
-    claims: tuple[tuple[str, str, str], ...]
+    claims: Mapping[Space, Mapping[tuple[str, str], str]]
     members: frozenset[tuple[str, str]]
     health: tuple[int, HealthCheck] | None
-    counted: Mapping[str, CountedChain]
-
-    @functools.cached_property
-    def entries(self) -> dict[tuple[str, str], str]:
-        """(map, key) → verdict, the last claim of each."""
-        return {(name, key): verdict for name, key, verdict in self.claims}
-
-
-def key_space(map_name: str) -> str:
-    """The key space a map's keys live in: a service address and port (or a NodePort, per family) is one
-    Service's, whether its packets are translated (``service-*``) or refused (``no-endpoint-*``)."""
-    return ("nodeports" if "nodeports" in map_name else "ips") + map_name[-1]
+    counted: Mapping[tuple[str, str], Counted]
 
 
 def node_members(node: NodeView, config: ServicesConfig) -> list[tuple[str, str]]:
@@ -106,21 +102,10 @@ def node_members(node: NodeView, config: ServicesConfig) -> list[tuple[str, str]
     return members
 
 
-@attrs.define
-class _Builder:
-    """compile_table's merge: pieces in Service order, each map key kept by its first claimant."""
-
-    elements: dict[str, dict[str, str | None]] = attrs.field(factory=dict)
-    owners: dict[tuple[str, str], str] = attrs.field(factory=dict)
-    conflicts: list[str] = attrs.field(factory=list)
-
-    def claim(self, owner: str, name: str, key: str, verdict: str) -> None:
-        """Add a map element; a key another Service already holds stays that Service's (first by name wins)."""
-        holder = self.owners.setdefault((key_space(name), key), owner)
-        if holder != owner:
-            self.conflicts.append(f"{owner}: {key} in {name} is {holder}'s")
-            return
-        self.elements[name][key] = verdict
+def conflict(owner: str, space: Space, holder: str) -> str:
+    kind, key = space
+    what = "NodePort" if kind.startswith("nodeports") else "address"
+    return f"{owner}: {what} {key} is {holder}'s"
 
 
 def compile_table(
@@ -136,35 +121,42 @@ def compile_table(
         owner = slice_owner(eps)
         if owner is not None:
             by_service.setdefault(owner, []).append(eps)
-    b = _Builder()
-    for name in _nft.skeleton_names():  # every skeleton map and set is in the value, empty or not
-        b.elements[name] = {}
+    elements: dict[str, dict[str, str | None]] = {name: {} for name in _nft.skeleton_names()}
     for name, member in node_members(node, config):
-        b.elements[name][member] = None
+        elements[name][member] = None
     chains: dict[str, tuple[str, ...]] = {}
     sets: dict[str, AffinitySet] = {}
-    counted: dict[str, CountedChain] = {}
+    counted: dict[tuple[str, str], Counted] = {}
     health: dict[int, HealthCheck] = {}
+    owners: dict[Space, str] = {}
+    conflicts: list[str] = []
     for svc in sorted(services, key=lambda s: (s.namespace, s.name)):
         piece = compile_service(svc, by_service.get((svc.namespace, svc.name), ()), node, config)
         if piece is None:
             continue
         chains.update(piece.chains)
+        chains.update(piece.shared)
         sets.update(piece.sets)
-        counted.update(piece.counted)
         for name, member in piece.members:
-            b.elements[name][member] = None
-        for name, key, verdict in piece.claims:
-            b.claim(svc.key, name, key, verdict)
+            elements[name][member] = None
+        for space, entries in piece.claims.items():
+            holder = owners.setdefault(space, svc.key)
+            if holder != svc.key:  # the first by namespace/name keeps it
+                conflicts.append(conflict(svc.key, space, holder))
+                continue
+            for (name, key), value in entries.items():
+                elements[name][key] = value
+                if (name, key) in piece.counted:
+                    counted[(name, key)] = piece.counted[(name, key)]
         if piece.health is not None:
             health[piece.health[0]] = piece.health[1]
     return ServicesTable(
         skeleton=config.skeleton,
         chains=chains,
         affinity_sets=sets,
-        elements={name: frozenset(e.items()) for name, e in b.elements.items()},
+        elements={name: frozenset(e.items()) for name, e in elements.items()},
         health_checks=health,
-        conflicts=tuple(b.conflicts),
+        conflicts=tuple(conflicts),
         counted=counted,
     )
 
@@ -178,18 +170,39 @@ def slice_owner(eps: EndpointSlice) -> tuple[str, str] | None:
 
 @attrs.define
 class _PieceBuilder:
+    family: Family = Family.IPV6
     chains: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    shared: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     sets: dict[str, AffinitySet] = attrs.field(factory=dict)
-    claims: list[tuple[str, str, str]] = attrs.field(factory=list)
+    claims: dict[Space, dict[tuple[str, str], str]] = attrs.field(factory=dict)
     members: set[tuple[str, str]] = attrs.field(factory=set)
-    counted: dict[str, CountedChain] = attrs.field(factory=dict)
+    counted: dict[tuple[str, str], Counted] = attrs.field(factory=dict)
 
-    def element(self, base: str, family: Family, key: str, verdict: str | None = None) -> None:
-        name = _nft.per_family(base, family)
-        if verdict is None:
-            self.members.add((name, key))
-        else:
-            self.claims.append((name, key, verdict))
+    def member(self, base: str, key: str) -> None:
+        self.members.add((_nft.per_family(base, self.family), key))
+
+    def claim(self, space: Space, base: str, key: str, value: str, counted: Counted | None = None) -> None:
+        name = _nft.per_family(base, self.family)
+        self.claims.setdefault(space, {})[(name, key)] = value
+        if counted is not None:
+            self.counted[(name, key)] = counted
+
+    def spread(
+        self, space: Space, key: str, protocol: Protocol, chosen: tuple[Backend, ...], *, nodeport: bool = False
+    ) -> None:
+        """*key*'s connections to one of *chosen* at random: its element in the spread map names the
+        shared chain for their number, and its elements in the endpoints map number them."""
+        family, n = self.family, len(chosen)
+        rand = _nft.rand_chain(family, n, nodeport=nodeport)
+        self.shared[rand] = _nft.rand_rules(family, n, nodeport=nodeport)
+        self.claim(space, _nft.NODEPORT_SPREAD if nodeport else _nft.SPREAD, key, _nft.goto(rand))
+        if n == 1:
+            one = _nft.NODEPORT_ONE_ENDPOINT if nodeport else _nft.ONE_ENDPOINT
+            self.claim(space, one, key, _nft.endpoint_value(chosen[0].address, chosen[0].port))
+            return
+        endpoints = _nft.endpoints_map(family, protocol, nodeport=nodeport)
+        for i, ep in enumerate(chosen):
+            self.claims[space][(endpoints, _nft.endpoint_key(key, i))] = _nft.endpoint_value(ep.address, ep.port)
 
 
 def compile_service(
@@ -199,31 +212,36 @@ def compile_service(
     if not svc.proxied:
         return None
     slices = tuple(slices)
-    b = _PieceBuilder()
+    pieces = _PieceBuilder()
     local_ready: set[tuple[IPAddress, int]] = set()
     for family in svc.ip_families:
         cluster_ip = svc.cluster_ip(family)
         if cluster_ip is None:
             continue
+        pieces.family = family
         for port in svc.ports:
             found = backends(svc, port, family, slices, node.name)
             local_ready.update((e.address, e.port) for e in found if e.local and e.ready)
-            _service_port(b, svc, port, family, cluster_ip, found, config)
+            _service_port(pieces, svc, port, cluster_ip, found, node, config)
     health = None
     if svc.health_check_node_port is not None and svc.external_traffic_policy is TrafficPolicy.LOCAL:
         health = (svc.health_check_node_port, HealthCheck(svc.namespace, svc.name, len(local_ready)))
-    return ServicePiece(b.chains, b.sets, tuple(b.claims), frozenset(b.members), health, b.counted)
+    b = pieces
+    return ServicePiece(
+        b.chains, b.shared, b.sets, {s: dict(e) for s, e in b.claims.items()}, frozenset(b.members), health, b.counted
+    )
 
 
 def _service_port(
     b: _PieceBuilder,
     svc: Service,
     port: ServicePort,
-    family: Family,
     cluster_ip: IPAddress,
     eps: tuple[Backend, ...],
+    node: NodeView,
     config: ServicesConfig,
 ) -> None:
+    family = b.family
     externals = sorted(
         {
             ip
@@ -234,84 +252,120 @@ def _service_port(
     policy = port_policy(svc, port, external_addresses=bool(externals))
     cat = categorize(eps, policy)
     ns, name, protocol = svc.namespace, svc.name, port.protocol
+    label = port.name or str(port.port)
+    connections, rejected = Counted(ns, name, label, "connections"), Counted(ns, name, label, "rejected")
+    internal = cat.local if policy.internal_local else cat.cluster
+    external = cat.local if policy.external_local else cat.cluster
+    # no endpoint anywhere: refused at once; some, but none this traffic may use (Local policies): dropped
+    refused = _nft.goto(_nft.REJECT_CHAIN) if not cat.has_any else "drop"
+    version = str(family.version)
 
     def chain_name(kind: str) -> str:
         return _names.port_chain(kind, family, ns, name, protocol, port.port)
 
-    cluster_chain, local_chain, ext_chain = chain_name("svc"), chain_name("loc"), chain_name("ext")
-    has_pods = any(net.version == family.version for net in config.pod_cidrs)
-    label = port.name or str(port.port)
-
-    internal_chain = local_chain if policy.internal_local else cluster_chain
-    has_internal = bool(cat.local) if policy.internal_local else cat.has_any
-    external_policy_chain = local_chain if policy.external_local else cluster_chain
-    has_external = bool(cat.local) if policy.external_local else cat.has_any
-    refused = ""
-    if not has_internal or not has_external:
-        # counted per Service port, then refused (no endpoint anywhere) or dropped (none this traffic may use)
-        refused = chain_name("rej")
-        b.chains[refused] = (_nft.counter(), _nft.goto(_nft.REJECT_CHAIN) if not cat.has_any else "drop")
-        b.counted[refused] = CountedChain(ns, name, label, "rejected")
-
-    b.element(_nft.CLUSTER_IPS, family, _nft.address(cluster_ip))
-    key = _nft.service_key(cluster_ip, protocol, port.port)
-    if has_internal:
-        b.element(_nft.SERVICE_IPS, family, key, _nft.goto(internal_chain))
+    b.member(_nft.CLUSTER_IPS, _nft.address(cluster_ip))
+    for ep in cat.reachable:
+        b.member(_nft.HAIRPIN, _nft.hairpin_member(ep.address))
+    affinity = svc.client_ip_affinity
+    ext_chain = chain_name("ext") if cat.has_any and policy.externally_accessible else None
+    if affinity:
+        internal_way, ext_rules = _affinity_chains(b, svc, port, cat, policy, chain_name)
     else:
-        b.element(_nft.NO_ENDPOINT_SERVICES, family, key, _nft.goto(refused))
+        internal_way, ext_rules = _pick(family), _external_local_rules(family, protocol, cat)
+    if ext_chain is not None and (affinity or policy.external_local):
+        b.chains[ext_chain] = ext_rules
+
+    key = _nft.service_key(cluster_ip, protocol, port.port)
+    space = ("ips" + version, key)
+    if internal:
+        b.claim(space, _nft.SERVICE_IPS, key, internal_way, connections)
+        if not affinity:
+            b.spread(space, key, protocol, internal)
+    else:
+        b.claim(space, _nft.NO_ENDPOINT_SERVICES, key, refused, rejected)
+    # externalIPs and load-balancer addresses, then the NodePort on every node address
+    simple = not affinity and not policy.external_local
     for ip in externals:
         key = _nft.service_key(ip, protocol, port.port)
-        if cat.has_any:
-            b.element(_nft.SERVICE_IPS, family, key, _nft.goto(ext_chain))
-        if not has_external:
-            b.element(_nft.NO_ENDPOINT_SERVICES, family, key, _nft.goto(refused))
+        space = ("ips" + version, key)
+        if ext_chain is not None:
+            way = _nft.goto(_nft.per_family(_nft.EXT_PICK_CHAIN, family)) if simple else _nft.goto(ext_chain)
+            b.claim(space, _nft.SERVICE_IPS, key, way, connections)
+            if simple:
+                b.spread(space, key, protocol, external)
+        if not external:
+            b.claim(space, _nft.NO_ENDPOINT_SERVICES, key, refused, rejected)
     if port.node_port is not None:
         key = _nft.nodeport_key(protocol, port.node_port)
-        if cat.has_any:
-            b.element(_nft.SERVICE_NODEPORTS, family, key, _nft.goto(ext_chain))
-        if not has_external:
-            b.element(_nft.NO_ENDPOINT_NODEPORTS, family, key, _nft.goto(refused))
+        space = ("nodeports" + version, key)
+        if ext_chain is not None:
+            way = _nft.goto(_nft.per_family(_nft.NODEPORT_PICK_CHAIN, family)) if simple else _nft.goto(ext_chain)
+            b.claim(space, _nft.SERVICE_NODEPORTS, key, way, connections)
+            if simple:
+                for ip in node.addresses:
+                    if family_of(ip) is family:
+                        b.spread(
+                            space, _nft.service_key(ip, protocol, port.node_port), protocol, external, nodeport=True
+                        )
+        if not external:
+            b.claim(space, _nft.NO_ENDPOINT_NODEPORTS, key, refused, rejected)
 
+
+def _pick(family: Family) -> str:
+    return _nft.goto(_nft.per_family(_nft.PICK_CHAIN, family))
+
+
+def _external_local_rules(family: Family, protocol: Protocol, cat: Categorized) -> tuple[str, ...]:
+    """externalTrafficPolicy Local, external addresses and NodePorts: pods and the node itself go to any
+    endpoint (the node masqueraded), everyone else to this node's, keeping their address."""
+    if not cat.cluster:
+        return ()
+    cluster = _nft.dnat_spread(family, protocol, ((ep.address, ep.port) for ep in cat.cluster))
+    rules = [f"{_nft.from_pods(family)} {cluster}", _nft.node_masquerade(), f"{_nft.from_node()} {cluster}"]
+    if cat.local:
+        rules.append(_nft.dnat_spread(family, protocol, ((ep.address, ep.port) for ep in cat.local)))
+    return tuple(rules)
+
+
+def _affinity_chains(
+    b: _PieceBuilder,
+    svc: Service,
+    port: ServicePort,
+    cat: Categorized,
+    policy: PortPolicy,
+    chain_name: Callable[[str], str],
+) -> tuple[str, tuple[str, ...]]:
+    """ClientIP affinity: a chain per endpoint (recording the client, then DNAT), and per policy a chain
+    choosing the client's endpoint while its entry lasts, else one at random.  The way in for the
+    ClusterIP, and the rules of the external chain."""
+    family, ns, name, protocol = b.family, svc.namespace, svc.name, port.protocol
     ep_chain = {
         ep: _names.endpoint_chain(family, ns, name, protocol, port.port, ep.address, ep.port) for ep in cat.reachable
     }
-    affinity = {
-        ep: _names.affinity_set(chain, svc.affinity_timeout) for ep, chain in ep_chain.items() if svc.client_ip_affinity
-    }
+    affinity = {ep: _names.affinity_set(chain, svc.affinity_timeout) for ep, chain in ep_chain.items()}
+    cluster_chain, local_chain = chain_name("svc"), chain_name("loc")
 
-    def policy_chains(chain: str, pick: str, chosen: tuple[Backend, ...]) -> None:
-        # The entry chain (what the maps name) keeps its counter while endpoints come and go: only
-        # the pick chain is rewritten (a flush would zero the counter with the rule).
-        rules = [_nft.counter()]
-        if has_internal and chain == internal_chain and has_pods:
-            rules.append(_nft.masquerade_unless_pod(family, cluster_ip))
-        rules.append(_nft.goto(pick))
-        b.chains[chain] = tuple(rules)
-        b.counted[chain] = CountedChain(ns, name, label, "connections")
-        picks = [_nft.affinity_goto(family, affinity[ep], ep_chain[ep]) for ep in chosen if ep in affinity]
+    def policy_chain(chain: str, chosen: tuple[Backend, ...]) -> None:
+        picks = [_nft.affinity_goto(family, affinity[ep], ep_chain[ep]) for ep in chosen]
         picks.append(_nft.spread(ep_chain[ep] for ep in chosen))
-        b.chains[pick] = tuple(picks)
+        b.chains[chain] = tuple(picks)
 
     if cat.cluster and policy.uses_cluster:
-        policy_chains(cluster_chain, chain_name("pick"), cat.cluster)
+        policy_chain(cluster_chain, cat.cluster)
     if cat.local and policy.uses_local:
-        policy_chains(local_chain, chain_name("lpick"), cat.local)
-    if cat.has_any and policy.externally_accessible:
-        rules = []
-        if not policy.external_local:
-            rules.append(_nft.masquerade())  # the endpoint may be on another node: replies must come back here
-        else:
-            if has_pods:
-                rules.append(_nft.pods_short_circuit(family, cluster_chain))
-            rules.append(_nft.node_masquerade())
-            rules.append(_nft.node_short_circuit(cluster_chain))
-        if has_external:
-            rules.append(_nft.goto(external_policy_chain))
-        b.chains[ext_chain] = tuple(rules)
+        policy_chain(local_chain, cat.local)
     for ep, chain in ep_chain.items():
-        rules = [_nft.masquerade_from(family, ep.address)]
-        if ep in affinity:
-            b.sets[affinity[ep]] = AffinitySet(family, svc.affinity_timeout)
-            rules.append(_nft.affinity_update(family, affinity[ep]))
-        rules.append(_nft.dnat(family, protocol, ep.address, ep.port))
-        b.chains[chain] = tuple(rules)
+        b.sets[affinity[ep]] = AffinitySet(family, svc.affinity_timeout)
+        b.chains[chain] = (_nft.affinity_update(family, affinity[ep]), _nft.dnat(family, protocol, ep.address, ep.port))
+    ext: list[str] = []
+    if not policy.external_local:
+        ext = [_nft.masquerade(), _nft.goto(cluster_chain)]  # the endpoint may be on another node
+    elif cat.cluster:
+        ext = [
+            _nft.pods_short_circuit(family, cluster_chain),
+            _nft.node_masquerade(),
+            _nft.node_short_circuit(cluster_chain),
+        ]
+        if cat.local:
+            ext.append(_nft.goto(local_chain))
+    return _nft.goto(local_chain if policy.internal_local else cluster_chain), tuple(ext)

@@ -27,19 +27,21 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from . import _nft
-from ._compile import NodeView, ServicePiece, ServicesConfig, compile_service, key_space, node_members, slice_owner
+from ._compile import (
+    NodeView,
+    ServicePiece,
+    ServicesConfig,
+    Space,
+    compile_service,
+    conflict,
+    node_members,
+    slice_owner,
+)
 from ._model import EndpointSlice, Service
-from ._table import AffinitySet, CountedChain, HealthCheck, ServicesTable
+from ._table import AffinitySet, Counted, HealthCheck, ServicesTable
 
 ServiceId = tuple[str, str]  # (namespace, name): the order compile_table gives Services
 _ABSENT = object()
-
-
-def _maps_of(space: str) -> tuple[str, str]:
-    family = space[-1]
-    if space.startswith("nodeports"):
-        return (f"{_nft.SERVICE_NODEPORTS}{family}", f"{_nft.NO_ENDPOINT_NODEPORTS}{family}")
-    return (f"{_nft.SERVICE_IPS}{family}", f"{_nft.NO_ENDPOINT_SERVICES}{family}")
 
 
 @attrs.frozen
@@ -83,10 +85,12 @@ class ServicesEngine:
     # the table, summed
     _chains: dict[str, tuple[str, ...]] = attrs.field(init=False, factory=dict)
     _sets: dict[str, AffinitySet] = attrs.field(init=False, factory=dict)
-    _counted: dict[str, CountedChain] = attrs.field(init=False, factory=dict)
+    _counted: dict[tuple[str, str], Counted] = attrs.field(init=False, factory=dict)
     _elements: dict[str, dict[str, str | None]] = attrs.field(init=False, factory=dict)
     _members: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)  # set element → holders
-    _claimants: dict[tuple[str, str], set[ServiceId]] = attrs.field(init=False, factory=dict)  # (space, key)
+    _shared: dict[str, int] = attrs.field(init=False, factory=dict)  # shared chain → the pieces using it
+    _claimants: dict[Space, set[ServiceId]] = attrs.field(init=False, factory=dict)
+    _held: dict[Space, Mapping[tuple[str, str], str]] = attrs.field(init=False, factory=dict)  # what the maps hold
     _health_claimants: dict[int, set[ServiceId]] = attrs.field(init=False, factory=dict)
     _health: dict[int, HealthCheck] = attrs.field(init=False, factory=dict)
     _conflicts: dict[ServiceId, tuple[str, ...]] = attrs.field(init=False, factory=dict)
@@ -102,8 +106,21 @@ class ServicesEngine:
         return dict(self._health)
 
     @property
-    def counted(self) -> Mapping[str, CountedChain]:
+    def counted(self) -> Mapping[tuple[str, str], Counted]:
         return self._counted
+
+    @property
+    def services(self) -> int:
+        """Services translated (a piece in the table)."""
+        return len(self._pieces)
+
+    @property
+    def chains(self) -> int:
+        return len(self._chains)
+
+    @property
+    def elements(self) -> int:
+        return sum(len(e) for e in self._elements.values())
 
     @property
     def conflicts(self) -> tuple[str, ...]:
@@ -226,13 +243,16 @@ class ServicesEngine:
         for name in old_chains.keys() - new_chains.keys():
             touched.chains.setdefault(name, self._chains.get(name, _ABSENT))
             self._chains.pop(name, None)
-            self._counted.pop(name, None)
         for name, rules in new_chains.items():
             if self._chains.get(name) != rules:
                 touched.chains.setdefault(name, self._chains.get(name, _ABSENT))
                 self._chains[name] = rules
-        if new is not None:
-            self._counted.update(new.counted)
+        old_shared = old.shared if old is not None else {}
+        new_shared = new.shared if new is not None else {}
+        for name in old_shared.keys() - new_shared.keys():
+            self._share(name, old_shared[name], -1)
+        for name in new_shared.keys() - old_shared.keys():
+            self._share(name, new_shared[name], +1)
         old_sets = old.sets if old is not None else {}
         new_sets = new.sets if new is not None else {}
         for name in old_sets.keys() - new_sets.keys():
@@ -248,9 +268,9 @@ class ServicesEngine:
             self._member(name, member, -1)
         for name, member in new_members - old_members:
             self._member(name, member, +1)
-        # map keys: a key's space is held by its first claimant; settle every space this Service touches
-        old_spaces = {(key_space(name), key) for name, key, _ in old.claims} if old is not None else set()
-        new_spaces = {(key_space(name), key) for name, key, _ in new.claims} if new is not None else set()
+        # key spaces: each is held by its first claimant; settle every space this Service touches
+        old_spaces = set(old.claims) if old is not None else set()
+        new_spaces = set(new.claims) if new is not None else set()
         for space in old_spaces - new_spaces:
             claimants = self._claimants[space]
             claimants.discard(sid)
@@ -302,30 +322,51 @@ class ServicesEngine:
             else:
                 del self._elements[name][member]
 
-    def _settle(self, space: tuple[str, str]) -> None:
-        """Make the maps of *space* hold its winner's entries for its key (none when nobody claims it)."""
-        kind, key = space
+    def _share(self, name: str, rules: tuple[str, ...], step: int) -> None:
+        count = self._shared.get(name, 0) + step
+        if count:
+            self._shared[name] = count
+        else:
+            del self._shared[name]
+        if (count == 0) != (name not in self._chains):
+            self._touched.chains.setdefault(name, self._chains.get(name, _ABSENT))
+            if count:
+                self._chains[name] = rules
+            else:
+                del self._chains[name]
+
+    def _settle(self, space: Space) -> None:
+        """Make the maps hold *space*'s winner's elements for it (none when nobody claims it)."""
         claimants = self._claimants.get(space)
-        entries = self._pieces[min(claimants)].entries if claimants else {}
-        for name in _maps_of(kind):
+        winner = self._pieces[min(claimants)] if claimants else None
+        want = winner.claims[space] if winner is not None else {}
+        have = self._held.pop(space, {})
+        for name, key in have.keys() - want.keys():
+            self._touched.elements.setdefault((name, key), self._elements[name][key])
+            del self._elements[name][key]
+            self._counted.pop((name, key), None)
+        for (name, key), value in want.items():
             now = self._elements[name]
-            want = entries.get((name, key), _ABSENT)
-            have = now.get(key, _ABSENT)
-            if want != have:
-                self._touched.elements.setdefault((name, key), have)
-                if want is _ABSENT:
-                    del now[key]
-                else:
-                    now[key] = want  # type: ignore[assignment]
+            if now.get(key, _ABSENT) != value:
+                self._touched.elements.setdefault((name, key), now.get(key, _ABSENT))
+                now[key] = value
+            assert winner is not None
+            counted = winner.counted.get((name, key))
+            if counted is not None:
+                self._counted[(name, key)] = counted
+            else:
+                self._counted.pop((name, key), None)
+        if want:
+            self._held[space] = want
 
     def _conflicts_of(self, sid: ServiceId) -> None:
         piece = self._pieces.get(sid)
         found: list[str] = []
         if piece is not None:
-            for name, key, _ in piece.claims:
-                holder = min(self._claimants[(key_space(name), key)])
+            for space in piece.claims:
+                holder = min(self._claimants[space])
                 if holder != sid:
-                    found.append(f"{sid[0]}/{sid[1]}: {key} in {name} is {holder[0]}/{holder[1]}'s")
+                    found.append(conflict(f"{sid[0]}/{sid[1]}", space, f"{holder[0]}/{holder[1]}"))
         if found:
             self._conflicts[sid] = tuple(found)
         else:

@@ -21,7 +21,7 @@ from ._model import Family
 
 _UNSAFE = re.compile(r"[^a-z0-9.-]")
 TAIL_MAX = 40
-PORT_CHAIN_KINDS = ("svc", "loc", "pick", "lpick", "ext", "rej")
+PORT_CHAIN_KINDS = ("svc", "loc", "ext")
 
 
 def _hash(*parts: object) -> str:
@@ -43,9 +43,9 @@ def _prefix(kind: str, family: Family) -> str:
 
 
 def port_chain(kind: str, family: Family, namespace: str, name: str, protocol: Protocol, port: int) -> str:
-    """A chain of one Service port and family: ``svc`` / ``loc`` (the counted entries for cluster / this
-    node's endpoints), ``pick`` / ``lpick`` (their endpoint choice, rewritten as endpoints change), ``ext``
-    (external addresses) or ``rej`` (the counted way to refusal when the port has no usable endpoint)."""
+    """A chain of one Service port and family: ``svc`` / ``loc`` (ClientIP affinity's choice among the
+    cluster's / this node's endpoints) or ``ext`` (external addresses and NodePorts, under affinity or
+    externalTrafficPolicy Local)."""
     assert kind in PORT_CHAIN_KINDS
     h = _hash(kind, family.value, namespace, name, protocol.value, port)
     return f"{_prefix(kind, family)}-{h}-{service_tail(namespace, name, protocol, port)}"

@@ -35,6 +35,7 @@ from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
 from ._compile import NodeView, ServicesConfig
+from ._counters import COUNTED_MAPS, ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
 from ._engine import ServicesEngine
 from ._inputs import ServiceInputs
 from ._nft import render_full, render_update
@@ -43,6 +44,7 @@ from ._table import TABLE, HealthCheck, ServicesTable
 log = logging.getLogger("flock.services")
 
 RECHECK_S = 30.0
+COUNTERS_EVERY_S = 15.0
 APPLY_BACKOFF = Backoff(initial=0.2, factor=2.0, cap=10.0, jitter=0.2)
 NOTE = "service-proxy"  # the NodeState note's topic
 DROP_TABLE = f"add table inet {TABLE}\ndelete table inet {TABLE}\n"
@@ -70,6 +72,8 @@ class ServiceProxy:
     rand: Callable[[], float] = random.random
     on_applied: Callable[[ServicesTable], None] | None = None
     on_health: Callable[[Mapping[int, HealthCheck]], None] | None = None
+    metrics: ServiceMetrics | None = None
+    counters_every: float = COUNTERS_EVERY_S
     engine: ServicesEngine | None = attrs.field(init=False, default=None)  # the table the kernel holds (or will)
     in_kernel: bool = attrs.field(init=False, default=False)  # the kernel holds exactly the engine's table
     applied_generation: int = attrs.field(init=False, default=-1)
@@ -96,7 +100,33 @@ class ServiceProxy:
         generation = self.inputs.generation
         while not self.inputs.complete:
             generation = await self.inputs.wait_generation(generation)
-        await self._follow()
+        async with trio.open_nursery() as nursery:
+            if self.metrics is not None:
+                nursery.start_soon(self._read_counters, self.metrics)
+            await self._follow()
+
+    async def counts(self) -> dict[ServicePortKey, ServicePortCounts] | None:
+        """New connections per Service port, as the kernel's counted elements say (None: no table in the kernel)."""
+        engine = self.engine
+        if engine is None or not self.in_kernel:
+            return None
+        counted = dict(engine.counted)  # as it is now: the elements below are read after it
+        per_element = {}
+        for name in COUNTED_MAPS:
+            for key, figures in (await self.backend.element_counters(TABLE, name, decode_key)).items():
+                per_element[(name, key)] = figures
+        return service_connections(per_element, counted)
+
+    async def _read_counters(self, metrics: ServiceMetrics) -> None:
+        while True:
+            await trio.sleep(self.counters_every)
+            try:
+                counts = await self.counts()
+            except (NftError, OSError, ValueError) as exc:  # OSError: the netlink dump
+                log.warning("could not read the service counters", extra={"op": "services", "error": str(exc)[:300]})
+                continue
+            if counts is not None:
+                metrics.counts(counts)
 
     async def _follow(self) -> None:
         attempt = 0
@@ -157,6 +187,10 @@ class ServiceProxy:
             await self.backend.run(script)
             log.debug("services table applied", extra={"op": "services", "lines": script.count("\n")})
         self.in_kernel = True
+        if self.metrics is not None:
+            self.metrics.services.set(engine.services)
+            self.metrics.chains.set(engine.chains)
+            self.metrics.elements.set(engine.elements)
         if self.on_applied is not None:
             self.on_applied(table if table is not None else engine.table())
         if health_changed and self.on_health is not None:

@@ -1,8 +1,9 @@
 """The desired state of the services table, as a value (what :mod:`._compile` makes and :mod:`._nft` renders).
 
 Everything that changes with Services and endpoints is here as named pieces
-the renderer can diff: per-service chains (name → rules), per-endpoint
-affinity sets, and the elements of the table's fixed maps and sets.  The
+the renderer can diff: chains (name → rules: the shared ``rand``/``nprand``
+chains and the few per-service ones), per-endpoint affinity sets, and the
+elements of the table's fixed maps and sets.  The
 fixed skeleton (hooks, dispatch chains, map declarations) depends only on
 :class:`Skeleton`; a change there is a full replace.  Rule text is made by
 :mod:`._nft`'s statement builders from addresses, ints and names flock made
@@ -46,8 +47,8 @@ class HealthCheck:
 
 
 @attrs.frozen
-class CountedChain:
-    """What a counted chain counts: new connections of one Service port sent to an endpoint
+class Counted:
+    """What a counted map element counts: new connections of one Service port sent to an endpoint
     (``connections``), or refused or dropped for want of one (``rejected``)."""
 
     namespace: str
@@ -67,5 +68,5 @@ class ServicesTable:
     # map keys two Services claim (an externalIP:port shared, a hand-made EndpointSlice…): the first by
     # namespace/name keeps the key; the rest are reported here, for the caller to log (not rendered)
     conflicts: tuple[str, ...] = attrs.field(default=(), eq=False)
-    # the chains whose counter rule counts a Service port's connections (derived from the chains: not compared)
-    counted: Mapping[str, CountedChain] = attrs.field(factory=dict, eq=False)
+    # (map, key) → the Service port its element's counter counts (derived from the elements: not compared)
+    counted: Mapping[tuple[str, str], Counted] = attrs.field(factory=dict, eq=False)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flock.services import (
-    CountedChain,
+    Counted,
     EndpointSlice,
     NodeView,
     Service,
@@ -59,46 +59,69 @@ def test_a_cluster_ip_with_two_endpoints() -> None:
     t = compile_objs(
         [svc()], [eps("web", objects.endpoint("2001:db8:10::1"), objects.endpoint("2001:db8:10::2", "node-b"))]
     )
-    (svc_chain,) = [c for c in t.chains if c.startswith("svc6-")]
-    assert verdicts(t, "service-ips6") == {"fd00:96::10 . tcp . 80": f"goto {svc_chain}"}
-    assert t.elements["cluster-ips6"] == {("fd00:96::10", None)}
-    assert t.elements["no-endpoint-services6"] == frozenset()
-    (pick,) = [c for c in t.chains if c.startswith("pick6-")]
-    assert t.chains[svc_chain] == (
-        "counter",  # the Service port's new connections (kept while endpoints come and go)
-        "ip6 daddr fd00:96::10 ip6 saddr != @pod-cidrs6 jump mark-for-masquerade",
-        f"goto {pick}",
-    )
-    assert t.counted[svc_chain] == CountedChain("default", "web", "http", "connections")
-    (rule,) = t.chains[pick]
-    assert re.fullmatch(r"numgen random mod 2 vmap \{ 0 : goto ep6-\S+, 1 : goto ep6-\S+ \}", rule)
-    ep_chains = sorted(c for c in t.chains if c.startswith("ep6-"))
-    assert len(ep_chains) == 2
-    assert {t.chains[c][-1] for c in ep_chains} == {
-        "meta l4proto tcp dnat ip6 to [2001:db8:10::1]:8080",
-        "meta l4proto tcp dnat ip6 to [2001:db8:10::2]:8080",
+    key = "fd00:96::10 . tcp . 80"
+    assert verdicts(t, "service-ips6") == {key: "goto pick6"}  # counted per element: the port's connections
+    assert t.counted[("service-ips6", key)] == Counted("default", "web", "http", "connections")
+    assert verdicts(t, "spread6") == {key: "goto rand6-2"}
+    assert verdicts(t, "endpoints6-tcp") == {
+        f"{key} . 0": "2001:db8:10::1 . 8080",
+        f"{key} . 1": "2001:db8:10::2 . 8080",
     }
-    assert all(t.chains[c][0].endswith("jump mark-for-masquerade") for c in ep_chains)  # hairpin
-    assert all(NFT_NAME.match(c) for c in t.chains), list(t.chains)
+    assert t.chains["rand6-2"] == tuple(
+        f"meta l4proto {p} dnat ip6 to ip6 daddr . meta l4proto . {p} dport . numgen random mod 2 map @endpoints6-{p}"
+        for p in ("tcp", "udp", "sctp")
+    )
+    assert t.elements["cluster-ips6"] == {("fd00:96::10", None)}
+    assert t.elements["hairpin6"] == {
+        ("2001:db8:10::1 . 2001:db8:10::1", None),
+        ("2001:db8:10::2 . 2001:db8:10::2", None),
+    }
+    assert t.elements["no-endpoint-services6"] == frozenset()
+    assert set(t.chains) == {"rand6-2"}  # no chain of its own: a Service is elements of shared maps
 
 
 def test_no_endpoints_rejects_and_unready_is_no_endpoint() -> None:
     t = compile_objs(
         [svc(node_port=30080, type="NodePort")], [eps("web", objects.endpoint("2001:db8:10::1", ready=False))]
     )
-    (refused,) = t.chains
-    assert t.chains[refused] == ("counter", "goto reject-services") and refused.startswith("rej6-")
-    assert t.counted[refused] == CountedChain("default", "web", "http", "rejected")
-    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": f"goto {refused}"}
-    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": f"goto {refused}"}
-    assert t.elements["service-ips6"] == frozenset()
+    assert t.chains == {}
+    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": "goto reject-services"}
+    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": "goto reject-services"}
+    rejected = Counted("default", "web", "http", "rejected")
+    assert t.counted == {
+        ("no-endpoint-services6", "fd00:96::10 . tcp . 80"): rejected,
+        ("no-endpoint-nodeports6", "tcp . 30080"): rejected,
+    }
+    assert t.elements["service-ips6"] == frozenset() and t.elements["spread6"] == frozenset()
 
 
 def test_internal_local_without_local_endpoints_drops() -> None:
     t = compile_objs([svc(itp="Local")], [eps("web", objects.endpoint("2001:db8:10::1", "node-b"))])
-    (refused,) = t.chains
-    assert t.chains[refused] == ("counter", "drop")
-    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": f"goto {refused}"}
+    assert verdicts(t, "no-endpoint-services6") == {"fd00:96::10 . tcp . 80": "drop"}
+    t = compile_objs(
+        [svc(itp="Local")],
+        [eps("web", objects.endpoint("2001:db8:10::1", "node-b"), objects.endpoint("2001:db8:10::2"))],
+    )
+    assert verdicts(t, "one-endpoint6") == {"fd00:96::10 . tcp . 80": "2001:db8:10::2 . 8080"}  # this node's only
+    assert verdicts(t, "spread6") == {"fd00:96::10 . tcp . 80": "goto rand6-1"}
+    assert t.chains["rand6-1"] == ("dnat ip6 to ip6 daddr . meta l4proto . th dport map @one-endpoint6",)
+
+
+def test_a_node_port_spreads_on_every_node_address() -> None:
+    t = compile_objs(
+        [svc("web", "203.0.113.10", type="NodePort", node_port=30080)],
+        [eps("web", objects.endpoint("192.0.2.1"), objects.endpoint("192.0.2.2", "node-b"))],
+    )
+    assert verdicts(t, "service-nodeports4") == {"tcp . 30080": "goto nppick4"}  # marked for masquerade there
+    assert verdicts(t, "nodeport-spread4") == {"198.51.100.1 . tcp . 30080": "goto nprand4-2"}
+    assert verdicts(t, "nodeport-endpoints4-tcp") == {
+        "198.51.100.1 . tcp . 30080 . 0": "192.0.2.1 . 8080",
+        "198.51.100.1 . tcp . 30080 . 1": "192.0.2.2 . 8080",
+    }
+    assert t.chains["nprand4-2"][0] == (
+        "meta l4proto tcp dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 2 map @nodeport-endpoints4-tcp"
+    )
+    assert verdicts(t, "service-nodeports6") == {}  # an IPv4-only Service
 
 
 def test_external_local_short_circuits_pods_and_the_node_and_drops_the_rest() -> None:
@@ -107,23 +130,25 @@ def test_external_local_short_circuits_pods_and_the_node_and_drops_the_rest() ->
         [eps("web", objects.endpoint("2001:db8:10::1", "node-b"))],
     )
     (ext,) = [c for c in t.chains if c.startswith("ext6-")]
-    (cluster,) = [c for c in t.chains if c.startswith("svc6-")]
+    to_cluster = "meta l4proto tcp dnat ip6 to [2001:db8:10::1]:8080"
     assert t.chains[ext] == (
-        f"ip6 saddr @pod-cidrs6 goto {cluster}",
+        f"ip6 saddr @pod-cidrs6 {to_cluster}",
         "fib saddr type local jump mark-for-masquerade",
-        f"fib saddr type local goto {cluster}",
-    )  # and no goto to a local chain: there is no local endpoint
+        f"fib saddr type local {to_cluster}",
+    )  # and no DNAT for anyone else: there is no local endpoint
     assert verdicts(t, "service-nodeports6") == {"tcp . 30080": f"goto {ext}"}
-    (refused,) = [c for c in t.chains if c.startswith("rej6-")]
-    assert t.chains[refused] == ("counter", "drop")
-    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": f"goto {refused}"}
+    assert verdicts(t, "no-endpoint-nodeports6") == {"tcp . 30080": "drop"}
+    assert verdicts(t, "service-ips6") == {"fd00:96::10 . tcp . 80": "goto pick6"}  # the ClusterIP: any endpoint
     assert t.health_checks[32000].local_endpoints == 0
     t2 = compile_objs(
         [svc(type="NodePort", node_port=30080, etp="Local", health_check_node_port=32000)],
         [eps("web", objects.endpoint("2001:db8:10::1", "node-b"), objects.endpoint("2001:db8:10::2", "node-a"))],
     )
-    (local,) = [c for c in t2.chains if c.startswith("loc6-")]
-    assert t2.chains[ext][-1] == f"goto {local}"
+    assert t2.chains[ext][0] == (
+        "ip6 saddr @pod-cidrs6 meta l4proto tcp dnat ip6 to numgen random mod 2 map "
+        "{ 0 : 2001:db8:10::1 . 8080, 1 : 2001:db8:10::2 . 8080 }"
+    )
+    assert t2.chains[ext][-1] == "meta l4proto tcp dnat ip6 to [2001:db8:10::2]:8080"
     assert t2.elements["no-endpoint-nodeports6"] == frozenset()
     assert t2.health_checks[32000].local_endpoints == 1
 
@@ -140,10 +165,13 @@ def test_external_addresses_only_inside_the_pools() -> None:
         ],
         [eps("web", objects.endpoint("192.0.2.1"))],
     )
-    keys = {k.split(" . ")[0] for k, _ in t.elements["service-ips4"]}
-    assert keys == {"203.0.113.10", "198.51.100.7", "198.51.100.8"}  # .200 and 203.0.113.99 are outside the pool
-    (ext,) = [c for c in t.chains if c.startswith("ext4-")]
-    assert t.chains[ext][0] == "jump mark-for-masquerade"  # eTP Cluster: masquerade external traffic
+    ways = dict(t.elements["service-ips4"])
+    assert ways == {
+        "203.0.113.10 . tcp . 80": "goto pick4",
+        "198.51.100.7 . tcp . 80": "goto xpick4",  # eTP Cluster: external traffic is masqueraded
+        "198.51.100.8 . tcp . 80": "goto xpick4",
+    }  # .200 and 203.0.113.99 are outside the pool
+    assert set(dict(t.elements["spread4"])) == set(ways)
 
 
 def test_client_ip_affinity() -> None:
@@ -152,15 +180,19 @@ def test_client_ip_affinity() -> None:
         [eps("web", objects.endpoint("2001:db8:10::1"), objects.endpoint("2001:db8:10::2"))],
     )
     assert len(t.affinity_sets) == 2 and all(s.timeout == 600 for s in t.affinity_sets.values())
-    (pick,) = [c for c in t.chains if c.startswith("pick6-")]
+    (pick,) = [c for c in t.chains if c.startswith("svc6-")]
+    assert verdicts(t, "service-ips6") == {"fd00:96::10 . tcp . 80": f"goto {pick}"}
     assert sum(r.startswith("ip6 saddr @aff6-") for r in t.chains[pick]) == 2
+    assert re.fullmatch(r"numgen random mod 2 vmap \{ 0 : goto ep6-\S+, 1 : goto ep6-\S+ \}", t.chains[pick][-1])
+    assert t.elements["spread6"] == frozenset()
+    assert all(NFT_NAME.match(c) for c in t.chains), list(t.chains)
     text = render_full(t)
     assert "flags dynamic,timeout; timeout 600s;" in text
 
 
 def test_hostile_names_never_reach_the_text_unsanitised() -> None:
     # the model refuses such names; the renderer does not rely on it
-    service = Service.from_object(svc())
+    service = Service.from_object(svc(affinity_timeout=60))  # chains of its own, named after it
     evil = attrs.evolve(service, namespace="x;flush ruleset", name="a b{}")
     slice_ = EndpointSlice.from_object(eps("web", objects.endpoint("2001:db8:10::1")))
     t = compile_table([evil], [attrs.evolve(slice_, namespace=evil.namespace, service=evil.name)], NODE, CONFIG)
@@ -186,27 +218,32 @@ def _cluster(n: int, unready: set[int] = frozenset()) -> tuple[list[Service], li
 
 
 def test_an_endpoint_flip_at_a_thousand_services_is_a_handful_of_lines() -> None:
-    services, slices = _cluster(1000)
+    services, slices = _cluster(1000, unready={(3, 0)})  # one Service with two endpoints: rand6-2 is in use
     before = compile_table(services, slices, NODE, CONFIG)
-    assert len(render_full(before).splitlines()) > 4000
-    _, flipped = _cluster(1000, unready={(500, 1)})
+    assert len(render_full(before).splitlines()) > 20
+    _, flipped = _cluster(1000, unready={(3, 0), (500, 1)})
     after = compile_table(services, flipped, NODE, CONFIG)
     update = render_update(before, after)
     assert update is not None
     lines = update.splitlines()
-    assert len(lines) == 4, update  # the pick chain: flush + numgen; the endpoint chain: flush + delete
-    assert lines[0].startswith("flush chain inet flock-services pick6-") and "default/s500/tcp/80" in lines[0]
-    assert "numgen random mod 2" in lines[1]
-    assert lines[2].startswith("flush chain") and lines[3].startswith("delete chain")
+    # the spread element names the chain for two, and the last endpoint element goes (the rest renumbered)
+    key = "fd00:96::1f5 . tcp . 80"
+    assert lines == [
+        f"delete element inet flock-services endpoints6-tcp {{ {key} . 1, {key} . 2 }}",
+        "delete element inet flock-services hairpin6 { 2001:db8:10::1f4:1 . 2001:db8:10::1f4:1 }",
+        f"delete element inet flock-services spread6 {{ {key} }}",
+        f"add element inet flock-services endpoints6-tcp {{ {key} . 1 : 2001:db8:10::1f4:2 . 8080 }}",
+        f"add element inet flock-services spread6 {{ {key} : goto rand6-2 }}",
+    ], update
     assert render_update(after, after) == ""
     back = render_update(after, before)
-    assert back is not None and len(back.splitlines()) == 5  # add chain, its two rules, pick chain rewrite
-    # a Service's last endpoint going away: elements move from service-ips to no-endpoint-services
-    _, none_left = _cluster(1000, unready={(7, 0), (7, 1), (7, 2)})
+    assert back is not None and len(back.splitlines()) == 5
+    # a Service's last endpoint going away: its element moves from service-ips to no-endpoint-services
+    _, none_left = _cluster(1000, unready={(3, 0), (7, 0), (7, 1), (7, 2)})
     empty = render_update(before, compile_table(services, none_left, NODE, CONFIG))
-    assert empty is not None and len(empty.splitlines()) <= 16
+    assert empty is not None and len(empty.splitlines()) <= 10, empty
     assert re.search(
-        r"^add element inet flock-services no-endpoint-services6 \{ fd00:96::8 \. tcp \. 80 : goto rej6-\S+ \}$",
+        r"^add element inet flock-services no-endpoint-services6 \{ fd00:96::8 \. tcp \. 80 : goto reject-services \}$",
         empty,
         re.MULTILINE,
     )
@@ -229,9 +266,9 @@ def test_a_key_two_services_claim_stays_with_the_first() -> None:
             objects.endpoint_slice("b", [objects.endpoint("192.0.2.2")], PORTS),
         ],
     )
-    (holder,) = [v for k, v in t.elements["service-ips4"] if k.startswith("198.51.100.7 ")]
-    assert holder is not None and "default/a/" in holder
-    assert t.conflicts == ("default/b: 198.51.100.7 . tcp . 80 in service-ips4 is default/a's",)
+    key = "198.51.100.7 . tcp . 80"
+    assert dict(t.elements["one-endpoint4"])[key] == "192.0.2.1 . 8080"  # a's endpoint
+    assert t.conflicts == (f"default/b: address {key} is default/a's",)
 
 
 def test_a_skeleton_change_is_a_full_replace() -> None:

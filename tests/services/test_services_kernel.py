@@ -28,7 +28,7 @@ import attrs
 import pytest
 
 from flock.netns import call_in_netns
-from flock.policy._counters import rule_counters
+from flock.policy._counters import element_counters
 from flock.services import (
     TABLE,
     EndpointSlice,
@@ -38,10 +38,12 @@ from flock.services import (
     ServicesConfig,
     ServicesTable,
     compile_table,
+    decode_key,
     render_full,
     render_update,
     service_connections,
 )
+from flock.services._counters import COUNTED_MAPS
 from flock.testing import services as objects
 from flock.testing.netns import Netns, NetnsPool
 from flock.testing.policy_net import Pod, PolicyNode, stop
@@ -342,8 +344,12 @@ def test_the_node_itself_reaches_a_cluster_ip(settled: World, family: int) -> No
 def test_an_incremental_update_takes_an_endpoint_out_and_back(world: World) -> None:
     world.apply(world.compile())
     script = world.apply(world.compile({"a": {}, "b": {"ready": False}}))
-    # per port and family (2 × 2): the pick chain's flush and its rule, the endpoint chain's flush and delete
-    assert script.count("\n") == 4 * 4, script
+    # element writes only (per port and family, 2 × 2: the spread element's delete and add, the endpoints
+    # going from the numbered map to the one-endpoint map), and the shared chains for one endpoint made
+    lines = script.splitlines()
+    elements = [line for line in lines if " element " in line]
+    assert all(line.split()[4].startswith(("rand", "nprand")) for line in lines if line not in elements), script
+    assert len(elements) <= 4 * 4 + 2, script
     for family in (0, 1):
         assert names(connect(world.pods["c"].netns, WEB[family], 80, "tcp", n=12)) == {"a"}
         assert names(connect(world.pods["c"].netns, WEB[family], 53, "udp", n=4)) == {"a"}
@@ -401,16 +407,20 @@ def test_network_policy_holds_behind_a_cluster_ip(settled: World) -> None:
 
 def test_connections_are_counted_per_service_port_across_an_endpoint_flip(settled: World) -> None:
     def counts() -> dict[tuple[str, str, str], ServicePortCounts]:
-        per_chain = call_in_netns(settled.node.node.path, functools.partial(rule_counters, TABLE))
+        per_element = {}
+        for name in COUNTED_MAPS:
+            raw = call_in_netns(settled.node.node.path, functools.partial(element_counters, TABLE, name))
+            per_element.update({(name, decode_key(key)): figures for key, figures in raw.items()})
         assert settled.applied is not None
-        return service_connections(per_chain, settled.applied.counted)
+        return service_connections(per_element, settled.applied.counted)  # type: ignore[arg-type]
 
     web, empty = ("default", "web", "http"), ("default", "empty", "http")
     before = counts()
     client = settled.pods["c"].netns
     assert len(connect(client, WEB[0], 80, "tcp", n=5) + connect(client, WEB[1], 80, "tcp", n=3)) == 8
     script = settled.apply(settled.compile({"a": {}, "b": {"ready": False}}))
-    assert "flush chain inet flock-services svc" not in script  # only the pick chains: the counters stay
+    # element writes (and the shared chains for one endpoint): the ClusterIP's counted element stays
+    assert "service-ips" not in script and "flush chain inet flock-services rand" not in script
     assert names(connect(client, WEB[0], 80, "tcp", n=4)) == {"a"}
     assert connect(client, EMPTY[1], 80, "tcp", n=2) == ["refused"] * 2
     after = counts()
