@@ -17,9 +17,11 @@ import ipaddress
 from collections.abc import Sequence
 
 import attrs
+import trio
 from prometheus_client import CollectorRegistry
 
 from flock.netlink import NetlinkWorker
+from flock.netns import call_in_netns
 from flock.nursery import ChildSpec
 from flock.policy import NftBackend
 from flock.services import (
@@ -29,7 +31,9 @@ from flock.services import (
     ServiceMetrics,
     ServiceProxy,
     ServicesConfig,
+    StaleFlows,
     find_kube_proxy,
+    forget_stale,
 )
 from flock.state import NodeState
 from flock.watchers import KubeClient, ServiceWatcher
@@ -42,6 +46,11 @@ NOTE = "service-proxy"
 def _usable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """An address a NodePort answers on: the node's own, reachable from elsewhere."""
     return not (address.is_link_local or address.is_loopback or address.is_multicast or address.is_unspecified)
+
+
+async def _forget(netns: str | None, stale: list[StaleFlows]) -> int:
+    """Delete stale UDP conntrack entries in the node's namespace, on a thread."""
+    return await trio.to_thread.run_sync(call_in_netns, netns, functools.partial(forget_stale, stale))
 
 
 @attrs.define(eq=False)
@@ -96,5 +105,6 @@ def services_part(
         enabled=settings.service_proxy,
         on_health=health.update if health is not None else None,
         metrics=ServiceMetrics(registry) if registry is not None and settings.service_proxy else None,
+        forget=functools.partial(_forget, settings.host_netns),
     )
     return ServicesPart(inputs, proxy, health)

@@ -16,6 +16,7 @@ Pure layers, and the loop that applies them (:class:`ServiceProxy`):
 """
 
 from ._compile import NodeView, ServicePiece, ServicesConfig, compile_service, compile_table
+from ._conntrack import StaleFlows, forget_stale, stale_flows
 from ._counters import ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
 from ._engine import ServicesEngine, TableDelta
 from ._health import HealthChecks
@@ -67,6 +68,7 @@ __all__ = [
     "ServicesEngine",
     "ServicesTable",
     "Skeleton",
+    "StaleFlows",
     "TableDelta",
     "TrafficPolicy",
     "backends",
@@ -75,9 +77,11 @@ __all__ = [
     "compile_table",
     "decode_key",
     "find_kube_proxy",
+    "forget_stale",
     "kube_proxy_traces",
     "port_policy",
     "render_full",
     "render_update",
     "service_connections",
+    "stale_flows",
 ]

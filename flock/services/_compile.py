@@ -9,28 +9,39 @@ Its NAT chains hook prerouting and output at dstnat priority, so the
 policy's forward and input chains (filter priority) see the backend's real
 address after translation, as NetworkPolicy requires.
 
-The shape is kube-proxy's nftables mode (KEP-3866).  A new connection is
-looked up a constant number of times whatever the number of Services:
+The shape follows kube-proxy's nftables mode (KEP-3866: verdict maps, one
+table, partial syncs), with one difference: a Service is elements of shared
+maps, not chains of its own (nftables 1.0.6 reads every chain of the table,
+and its rules, before each transaction: see :mod:`._nft`).  A new connection
+is looked up a constant number of times whatever the number of Services:
 
-- ``services`` (from prerouting and output): ``daddr . l4proto . dport`` in
-  the verdict map ``service-ips4``/``6`` (ClusterIPs → the internal chain;
-  externalIPs and load-balancer addresses → the ``ext`` chain), then
-  ``l4proto . dport`` in ``service-nodeports4``/``6`` for this node's
-  addresses;
-- per Service port and family: ``svc`` (cluster endpoints) and ``loc`` (this
-  node's) chains masquerade ClusterIP traffic from outside the pod CIDRs,
-  then pick an endpoint: an affinity hit first (ClientIP), else
-  ``numgen random mod N`` over the endpoint chains; ``ext`` chains mark for
-  masquerade (eTP Cluster) or keep the client address (eTP Local: pods and
-  the node itself short-circuit to the cluster endpoints);
-- per endpoint: ``ep`` chains masquerade hairpin traffic, record affinity and
-  DNAT;
-- filter hooks (input, forward, output), new connections only: the verdict
-  maps ``no-endpoint-services`` / ``no-endpoint-nodeports`` reject (TCP reset,
-  ICMP port unreachable) when a Service has no usable endpoint anywhere, or
-  drop when it has some but none this node may use (Local policies); any other
-  port of a ClusterIP is rejected;
-- postrouting masquerades what was marked.
+- ``services`` (from prerouting and output): ClusterIP traffic from outside
+  the pod CIDRs is marked for masquerade; ``daddr . l4proto . dport`` in the
+  counted verdict map ``service-ips4``/``6`` (a ClusterIP → ``pick``;
+  externalIPs and load-balancer addresses → ``xpick``, which marks for
+  masquerade first), then ``l4proto . dport`` in ``service-nodeports4``/``6``
+  for this node's addresses (→ ``nppick``, marked);
+- ``pick`` looks the same key up in ``spread``: the shared chain for the
+  number of endpoints to choose from (``rand6-10``), which DNATs to
+  ``numgen random mod 10``'s element of the protocol's ``endpoints`` map
+  (one endpoint: the ``one-endpoint`` map); ``nppick`` does the same with
+  the NodePort maps, keyed by each node address;
+- ClientIP affinity keeps kube-proxy's chains (``svc``/``loc`` choosing an
+  ``ep`` chain per endpoint, which records the client and DNATs), and
+  ``externalTrafficPolicy: Local`` external addresses and NodePorts go to an
+  ``ext`` chain: pods and the node itself to any endpoint (the node
+  masqueraded), everyone else to this node's, keeping the client address;
+- filter hooks (input, forward, output), new connections only: the counted
+  verdict maps ``no-endpoint-services`` / ``no-endpoint-nodeports`` reject
+  (TCP reset, ICMP port unreachable) when a Service has no usable endpoint
+  anywhere, or drop when it has some but none this node may use (Local
+  policies); any other port of a ClusterIP is rejected;
+- postrouting masquerades what was marked, and hairpin traffic (``ct status
+  dnat`` and ``saddr . daddr`` in ``hairpin``: an endpoint reaching itself).
+
+An endpoint change is element writes only (the ``spread`` element names the
+chain for the new number, the ``endpoints`` elements are renumbered); the
+shared ``rand`` chains come and go with the numbers in use.
 
 Only addresses inside ``config.external_pools`` are translated as externalIPs
 or load-balancer addresses (CVE-2020-8554: a Service must not capture
@@ -47,6 +58,7 @@ import attrs
 from flock.policy import Protocol
 
 from . import _names, _nft
+from ._conntrack import UdpTarget
 from ._model import EndpointSlice, Family, IPAddress, Service, ServicePort, TrafficPolicy, family_of
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
 from ._table import AffinitySet, Counted, HealthCheck, ServicesTable, Skeleton
@@ -91,6 +103,7 @@ class ServicePiece:
     members: frozenset[tuple[str, str]]
     health: tuple[int, HealthCheck] | None
     counted: Mapping[tuple[str, str], Counted]
+    udp: frozenset[UdpTarget] = frozenset()  # where its UDP flows may be translated to (stale ones are forgotten)
 
 
 def node_members(node: NodeView, config: ServicesConfig) -> list[tuple[str, str]]:
@@ -177,6 +190,7 @@ class _PieceBuilder:
     claims: dict[Space, dict[tuple[str, str], str]] = attrs.field(factory=dict)
     members: set[tuple[str, str]] = attrs.field(factory=set)
     counted: dict[tuple[str, str], Counted] = attrs.field(factory=dict)
+    udp: set[UdpTarget] = attrs.field(factory=set)
 
     def member(self, base: str, key: str) -> None:
         self.members.add((_nft.per_family(base, self.family), key))
@@ -227,9 +241,8 @@ def compile_service(
     if svc.health_check_node_port is not None and svc.external_traffic_policy is TrafficPolicy.LOCAL:
         health = (svc.health_check_node_port, HealthCheck(svc.namespace, svc.name, len(local_ready)))
     b = pieces
-    return ServicePiece(
-        b.chains, b.shared, b.sets, {s: dict(e) for s, e in b.claims.items()}, frozenset(b.members), health, b.counted
-    )
+    claims = {s: dict(e) for s, e in b.claims.items()}
+    return ServicePiece(b.chains, b.shared, b.sets, claims, frozenset(b.members), health, b.counted, frozenset(b.udp))
 
 
 def _service_port(
@@ -265,15 +278,18 @@ def _service_port(
 
     b.member(_nft.CLUSTER_IPS, _nft.address(cluster_ip))
     for ep in cat.reachable:
-        b.member(_nft.HAIRPIN, _nft.hairpin_member(ep.address))
+        if ep.maybe_local:  # only a pod on this node can reach itself through this node
+            b.member(_nft.HAIRPIN, _nft.hairpin_member(ep.address))
     affinity = svc.client_ip_affinity
     ext_chain = chain_name("ext") if cat.has_any and policy.externally_accessible else None
     if affinity:
         internal_way, ext_rules = _affinity_chains(b, svc, port, cat, policy, chain_name)
+        if ext_chain is not None:
+            b.chains[ext_chain] = ext_rules
     else:
-        internal_way, ext_rules = _pick(family), _external_local_rules(family, protocol, cat)
-    if ext_chain is not None and (affinity or policy.external_local):
-        b.chains[ext_chain] = ext_rules
+        internal_way = _pick(family)
+        if ext_chain is not None and policy.external_local:
+            b.chains[ext_chain] = _external_local_rules(family, protocol, cat)
 
     key = _nft.service_key(cluster_ip, protocol, port.port)
     space = ("ips" + version, key)
@@ -295,6 +311,11 @@ def _service_port(
                 b.spread(space, key, protocol, external)
         if not external:
             b.claim(space, _nft.NO_ENDPOINT_SERVICES, key, refused, rejected)
+    if protocol is Protocol.UDP:
+        b.udp.update((cluster_ip, port.port, ep.address) for ep in internal)
+        b.udp.update((ip, port.port, ep.address) for ip in externals for ep in external)
+        if port.node_port is not None:
+            b.udp.update((None, port.node_port, ep.address) for ep in external)
     if port.node_port is not None:
         key = _nft.nodeport_key(protocol, port.node_port)
         space = ("nodeports" + version, key)

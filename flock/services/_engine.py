@@ -37,6 +37,7 @@ from ._compile import (
     node_members,
     slice_owner,
 )
+from ._conntrack import StaleFlows, stale_flows
 from ._model import EndpointSlice, Service
 from ._table import AffinitySet, Counted, HealthCheck, ServicesTable
 
@@ -95,6 +96,7 @@ class ServicesEngine:
     _health: dict[int, HealthCheck] = attrs.field(init=False, factory=dict)
     _conflicts: dict[ServiceId, tuple[str, ...]] = attrs.field(init=False, factory=dict)
     _touched: _Touched = attrs.field(init=False, factory=_Touched)
+    _stale: list[StaleFlows] = attrs.field(init=False, factory=list)
 
     def __attrs_post_init__(self) -> None:
         self._reset_sums()
@@ -236,7 +238,16 @@ class ServicesEngine:
             self._pieces[sid] = new
         self._swap(sid, old, new)
 
+    def take_stale(self) -> list[StaleFlows]:
+        """The UDP flows the changes since the last call left stale (see :mod:`._conntrack`)."""
+        stale, self._stale = self._stale, []
+        return stale
+
     def _swap(self, sid: ServiceId, old: ServicePiece | None, new: ServicePiece | None) -> None:
+        old_udp = old.udp if old is not None else frozenset()
+        new_udp = new.udp if new is not None else frozenset()
+        if old_udp != new_udp:
+            self._stale.extend(stale_flows(old_udp, new_udp))
         touched = self._touched
         old_chains = old.chains if old is not None else {}
         new_chains = new.chains if new is not None else {}

@@ -35,6 +35,7 @@ from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
 from ._compile import NodeView, ServicesConfig
+from ._conntrack import StaleFlows
 from ._counters import COUNTED_MAPS, ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
 from ._engine import ServicesEngine
 from ._inputs import ServiceInputs
@@ -73,6 +74,8 @@ class ServiceProxy:
     on_applied: Callable[[ServicesTable], None] | None = None
     on_health: Callable[[Mapping[int, HealthCheck]], None] | None = None
     metrics: ServiceMetrics | None = None
+    # deletes stale UDP conntrack entries in the node's namespace (flock.services.forget_stale on a thread)
+    forget: Callable[[list[StaleFlows]], Awaitable[int]] | None = None
     counters_every: float = COUNTERS_EVERY_S
     engine: ServicesEngine | None = attrs.field(init=False, default=None)  # the table the kernel holds (or will)
     in_kernel: bool = attrs.field(init=False, default=False)  # the kernel holds exactly the engine's table
@@ -169,6 +172,7 @@ class ServiceProxy:
                 await trio.sleep(delay)
                 continue
             health_changed = False
+            await self._forget(engine.take_stale())
             if attempt:
                 self.note(None)
                 attempt = 0
@@ -200,6 +204,19 @@ class ServiceProxy:
             self.conflicts = conflicts
             for conflict in conflicts:
                 log.warning("service address conflict: %s", conflict, extra={"op": "services"})
+
+    async def _forget(self, stale: list[StaleFlows]) -> None:
+        if not stale or self.forget is None:
+            return
+        try:
+            deleted = await self.forget(stale)
+        except OSError as exc:  # conntrack unreadable: the flows keep their endpoint until they pause
+            log.warning(
+                "could not delete stale UDP conntrack entries", extra={"op": "services", "error": str(exc)[:300]}
+            )
+            return
+        if deleted:
+            log.info("stale UDP conntrack entries deleted", extra={"op": "services", "deleted": deleted})
 
     async def _drop_table(self) -> None:
         try:

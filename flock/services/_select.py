@@ -35,6 +35,8 @@ class Backend:
     serving: bool = attrs.field(default=True, order=False)
     terminating: bool = attrs.field(default=False, order=False)
     local: bool = attrs.field(default=False, order=False)
+    # on this node, or on no node the slice names: a connection from it to its own Service may hairpin here
+    maybe_local: bool = attrs.field(default=False, eq=False, order=False)
 
     @property
     def serving_terminating(self) -> bool:
@@ -77,7 +79,7 @@ class Categorized:
     @property
     def reachable(self) -> tuple[Backend, ...]:
         """Every endpoint some chain of this port may send to (cluster ∪ local), in a stable order."""
-        return tuple(sorted(set(self.cluster) | set(self.local)))
+        return tuple(sorted(set(self.cluster) | set(self.local), key=_order))
 
 
 def backends(
@@ -99,11 +101,18 @@ def backends(
                     serving=ep.serving,
                     terminating=ep.terminating,
                     local=ep.node_name is not None and ep.node_name == node_name,
+                    maybe_local=ep.node_name is None or ep.node_name == node_name,
                 )
                 key = (backend.address, backend.port)
                 if key not in chosen or (backend.ready and not chosen[key].ready):
                     chosen[key] = backend
-    return tuple(sorted(chosen.values()))
+    return tuple(sorted(chosen.values(), key=_order))
+
+
+def _order(backend: Backend) -> tuple[int, int, int]:
+    """The order Backend's own comparison gives (family, address, port), as plain ints: sorting 100,000
+    endpoints through attrs' and ipaddress' comparisons costs seconds."""
+    return (backend.address.version, int(backend.address), backend.port)
 
 
 def categorize(endpoints: tuple[Backend, ...], policy: PortPolicy) -> Categorized:

@@ -179,9 +179,9 @@ def test_an_endpoint_flip_recompiles_one_service_and_writes_a_handful_of_lines()
     delta = engine.update(services, slices, (), (key,))
     assert delta.services == 1
     lines = delta.script().splitlines()
-    # elements only: the spread element (for two), the last endpoint element and its hairpin pair, one renumbered
+    # elements only: the spread element (for two), the last endpoint element, one renumbered (remote: no hairpin)
     elements = [line for line in lines if " element " in line]
-    assert len(elements) == 5, lines
+    assert len(elements) == 4, lines
     # and the shared chain for two endpoints, made for the first Service with two
     assert {line.split()[4] for line in lines if line not in elements} == {"rand6-2"}, lines
     assert set(delta.after.chains) == {"rand6-2"}

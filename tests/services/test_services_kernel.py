@@ -37,11 +37,14 @@ from flock.services import (
     ServicePortCounts,
     ServicesConfig,
     ServicesTable,
+    compile_service,
     compile_table,
     decode_key,
+    forget_stale,
     render_full,
     render_update,
     service_connections,
+    stale_flows,
 )
 from flock.services._counters import COUNTED_MAPS
 from flock.testing import services as objects
@@ -427,3 +430,66 @@ def test_connections_are_counted_per_service_port_across_an_endpoint_flip(settle
     assert after[web].connections - before[web].connections == 12
     assert after[web].rejected == 0
     assert after[empty].rejected - before[empty].rejected == 2 and after[empty].connections == 0
+
+
+# Sends N datagrams from one socket bound to one source port (one conntrack entry), one JSON list of answers.
+FIXED_SOURCE = textwrap.dedent(
+    """
+    import json, socket, sys
+    addr, port, sport, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", sport))
+    s.settimeout(2.0)
+    out = []
+    for _ in range(n):
+        s.sendto(b"x", (addr, port))
+        try:
+            out.append(s.recvfrom(512)[0].decode())
+        except OSError as exc:
+            out.append(f"error {exc}")
+    print(json.dumps(out))
+    """
+)
+
+
+def udp_from(src: Netns, addr: str, port: int, sport: int, n: int) -> list[str]:
+    done = subprocess.run(
+        ["ip", "netns", "exec", src.name, sys.executable, "-c", FIXED_SOURCE, addr, str(port), str(sport), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@FAMILIES
+def test_a_udp_flow_to_a_removed_endpoint_moves_once_its_conntrack_entry_is_forgotten(
+    settled: World, family: int
+) -> None:
+    client, sport = settled.pods["c"].netns, 40100 + family
+    first = names(udp_from(client, WEB[family], 53, sport, 3))
+    assert len(first) == 1 and first <= {"a", "b"}, first  # one flow, one endpoint
+    (chosen,) = first
+    other = "b" if chosen == "a" else "a"
+    web = {"a": {}, "b": {}}
+    web[chosen] = {"ready": False}
+    services, before = cluster_objects()
+    _, after = cluster_objects(web)
+    node = NodeView(NODE, (ipaddress.ip_address(settled.node.node_ip6), ipaddress.ip_address(settled.node.node_ip4)))
+    config = ServicesConfig()
+    (svc,) = [s for s in services if s.name == "web"]
+    old, new = (compile_service(svc, [s for s in eps if s.service == "web"], node, config) for eps in (before, after))
+    assert old is not None and new is not None
+    stale = stale_flows(old.udp, new.udp)
+    # the UDP port of both families loses the endpoint (the TCP port needs nothing)
+    assert {(s.address, s.port, s.endpoint) for s in stale} == {
+        (ipaddress.ip_address(WEB[f]), 53, ipaddress.ip_address(PODS[chosen][f])) for f in (0, 1)
+    }
+    settled.apply(settled.compile(web))
+    # the entry outlives the endpoint: the flow still reaches it (its server still runs)
+    assert names(udp_from(client, WEB[family], 53, sport, 2)) == {chosen}
+    deleted = call_in_netns(settled.node.node.path, functools.partial(forget_stale, stale))
+    assert deleted >= 1
+    assert names(udp_from(client, WEB[family], 53, sport, 3)) == {other}
