@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
 
 import attrs
 
@@ -86,12 +88,36 @@ def _in_pools(ip: IPAddress, pools: tuple[IPNetwork, ...]) -> bool:
 
 
 Space = tuple[str, str]  # (kind, key): what two Services may both claim — an address and port, or a NodePort
+Element = tuple[str, str]  # (map, key)
+
+
+@attrs.define(eq=False)
+class Claim:
+    """What one Service puts in the maps for one key space: a few *entries*, and the endpoints it numbers
+    under keys of an endpoints map, kept as addresses and ports (``(map, key, (address, port, address,
+    port, …))``): their elements' text is made when needed, so a claim costs a few bytes an endpoint."""
+
+    entries: dict[Element, str] = attrs.field(factory=dict)
+    numbered: tuple[tuple[str, str, tuple[IPAddress | int, ...]], ...] = ()
+
+    def elements(self) -> dict[Element, str]:
+        """Every element of the claim: (map, key) → value."""
+        found = dict(self.entries)
+        for name, key, flat in self.numbered:
+            for i in range(0, len(flat), 2):
+                address, port = flat[i], flat[i + 1]
+                assert not isinstance(address, int) and isinstance(port, int)
+                found[(name, _nft.endpoint_key(key, i // 2))] = _nft.endpoint_value(address, port)
+        return found
+
+    def __len__(self) -> int:
+        return len(self.entries) + sum(len(flat) // 2 for _, _, flat in self.numbered)
 
 
 @attrs.frozen(eq=False)
 class ServicePiece:
     """What one Service adds to the table: its own chains and sets, the shared chains it uses, its
-    claims on key spaces (``space → {(map, key): value}``: an address and port, or a NodePort, and
+    claims on key spaces (``space → Claim``: an address and port, or a NodePort, and
     every element of the shared maps that goes with it; a space is one Service's, the first by
     namespace/name), its members of the shared sets (ClusterIPs, hairpin pairs), its health check
     (eTP Local with a healthCheckNodePort) and the counted elements among its claims."""
@@ -99,8 +125,8 @@ class ServicePiece:
     chains: Mapping[str, tuple[str, ...]]
     shared: Mapping[str, tuple[str, ...]]
     sets: Mapping[str, AffinitySet]
-    claims: Mapping[Space, Mapping[tuple[str, str], str]]
-    members: frozenset[tuple[str, str]]
+    claims: Mapping[Space, Claim]
+    members: tuple[tuple[str, str], ...]
     health: tuple[int, HealthCheck] | None
     counted: Mapping[tuple[str, str], Counted]
     udp: frozenset[UdpTarget] = frozenset()  # where its UDP flows may be translated to (stale ones are forgotten)
@@ -152,12 +178,12 @@ def compile_table(
         sets.update(piece.sets)
         for name, member in piece.members:
             elements[name][member] = None
-        for space, entries in piece.claims.items():
+        for space, claim in piece.claims.items():
             holder = owners.setdefault(space, svc.key)
             if holder != svc.key:  # the first by namespace/name keeps it
                 conflicts.append(conflict(svc.key, space, holder))
                 continue
-            for (name, key), value in entries.items():
+            for (name, key), value in claim.elements().items():
                 elements[name][key] = value
                 if (name, key) in piece.counted:
                     counted[(name, key)] = piece.counted[(name, key)]
@@ -187,7 +213,7 @@ class _PieceBuilder:
     chains: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     shared: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     sets: dict[str, AffinitySet] = attrs.field(factory=dict)
-    claims: dict[Space, dict[tuple[str, str], str]] = attrs.field(factory=dict)
+    claims: dict[Space, Claim] = attrs.field(factory=dict)
     members: set[tuple[str, str]] = attrs.field(factory=set)
     counted: dict[tuple[str, str], Counted] = attrs.field(factory=dict)
     udp: set[UdpTarget] = attrs.field(factory=set)
@@ -197,7 +223,7 @@ class _PieceBuilder:
 
     def claim(self, space: Space, base: str, key: str, value: str, counted: Counted | None = None) -> None:
         name = _nft.per_family(base, self.family)
-        self.claims.setdefault(space, {})[(name, key)] = value
+        self.claims.setdefault(space, Claim()).entries[(name, key)] = value
         if counted is not None:
             self.counted[(name, key)] = counted
 
@@ -214,9 +240,9 @@ class _PieceBuilder:
             one = _nft.NODEPORT_ONE_ENDPOINT if nodeport else _nft.ONE_ENDPOINT
             self.claim(space, one, key, _nft.endpoint_value(chosen[0].address, chosen[0].port))
             return
-        endpoints = _nft.endpoints_map(family, protocol, nodeport=nodeport)
-        for i, ep in enumerate(chosen):
-            self.claims[space][(endpoints, _nft.endpoint_key(key, i))] = _nft.endpoint_value(ep.address, ep.port)
+        flat = tuple(x for ep in chosen for x in (ep.address, ep.port))
+        claim = self.claims[space]
+        claim.numbered = (*claim.numbered, (_nft.endpoints_map(family, protocol, nodeport=nodeport), key, flat))
 
 
 def compile_service(
@@ -241,8 +267,19 @@ def compile_service(
     if svc.health_check_node_port is not None and svc.external_traffic_policy is TrafficPolicy.LOCAL:
         health = (svc.health_check_node_port, HealthCheck(svc.namespace, svc.name, len(local_ready)))
     b = pieces
-    claims = {s: dict(e) for s, e in b.claims.items()}
-    return ServicePiece(b.chains, b.shared, b.sets, claims, frozenset(b.members), health, b.counted, frozenset(b.udp))
+    return ServicePiece(
+        b.chains or _NONE,
+        b.shared or _NONE,
+        b.sets or _NONE,
+        b.claims,
+        tuple(sorted(b.members)),
+        health,
+        b.counted or _NONE,
+        frozenset(b.udp),
+    )
+
+
+_NONE: Mapping[Any, Any] = MappingProxyType({})  # one empty mapping for every piece without chains, sets…
 
 
 def _service_port(
@@ -266,9 +303,11 @@ def _service_port(
     cat = categorize(eps, policy)
     ns, name, protocol = svc.namespace, svc.name, port.protocol
     label = port.name or str(port.port)
-    connections, rejected = Counted(ns, name, label, "connections"), Counted(ns, name, label, "rejected")
     internal = cat.local if policy.internal_local else cat.cluster
     external = cat.local if policy.external_local else cat.cluster
+    connections = Counted(ns, name, label, "connections")
+    # made only when some traffic of the port may be refused or dropped (one object fewer per Service port)
+    rejected = Counted(ns, name, label, "rejected") if not (internal and external) else connections
     # no endpoint anywhere: refused at once; some, but none this traffic may use (Local policies): dropped
     refused = _nft.goto(_nft.REJECT_CHAIN) if not cat.has_any else "drop"
     version = str(family.version)

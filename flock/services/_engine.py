@@ -28,6 +28,8 @@ import attrs
 
 from . import _nft
 from ._compile import (
+    Claim,
+    Element,
     NodeView,
     ServicePiece,
     ServicesConfig,
@@ -69,6 +71,7 @@ class _Touched:
     chains: dict[str, object] = attrs.field(factory=dict)
     sets: dict[str, object] = attrs.field(factory=dict)
     elements: dict[tuple[str, str], object] = attrs.field(factory=dict)
+    after: dict[tuple[str, str], object] = attrs.field(factory=dict)  # map elements: the value now (_ABSENT: none)
     health: bool = False
 
 
@@ -87,11 +90,12 @@ class ServicesEngine:
     _chains: dict[str, tuple[str, ...]] = attrs.field(init=False, factory=dict)
     _sets: dict[str, AffinitySet] = attrs.field(init=False, factory=dict)
     _counted: dict[tuple[str, str], Counted] = attrs.field(init=False, factory=dict)
-    _elements: dict[str, dict[str, str | None]] = attrs.field(init=False, factory=dict)
+    _elements: dict[str, dict[str, str | None]] = attrs.field(init=False, factory=dict)  # the sets' members
     _members: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)  # set element → holders
     _shared: dict[str, int] = attrs.field(init=False, factory=dict)  # shared chain → the pieces using it
-    _claimants: dict[Space, set[ServiceId]] = attrs.field(init=False, factory=dict)
-    _held: dict[Space, Mapping[tuple[str, str], str]] = attrs.field(init=False, factory=dict)  # what the maps hold
+    _claimants: dict[Space, tuple[ServiceId, ...]] = attrs.field(init=False, factory=dict)
+    _held: dict[Space, Claim] = attrs.field(init=False, factory=dict)  # what the maps hold: each space's winner's
+    _held_count: int = attrs.field(init=False, default=0)
     _health_claimants: dict[int, set[ServiceId]] = attrs.field(init=False, factory=dict)
     _health: dict[int, HealthCheck] = attrs.field(init=False, factory=dict)
     _conflicts: dict[ServiceId, tuple[str, ...]] = attrs.field(init=False, factory=dict)
@@ -122,7 +126,7 @@ class ServicesEngine:
 
     @property
     def elements(self) -> int:
-        return sum(len(e) for e in self._elements.values())
+        return sum(len(e) for e in self._elements.values()) + self._held_count
 
     @property
     def conflicts(self) -> tuple[str, ...]:
@@ -131,11 +135,15 @@ class ServicesEngine:
 
     def table(self) -> ServicesTable:
         """The whole table as a value (a copy: proportional to the table)."""
+        elements: dict[str, dict[str, str | None]] = {name: dict(e) for name, e in self._elements.items()}
+        for claim in self._held.values():
+            for (name, key), value in claim.elements().items():
+                elements[name][key] = value
         return ServicesTable(
             skeleton=self.config.skeleton,
             chains=dict(self._chains),
             affinity_sets=dict(self._sets),
-            elements={name: frozenset(e.items()) for name, e in self._elements.items()},
+            elements={name: frozenset(e.items()) for name, e in elements.items()},
             health_checks=dict(self._health),
             conflicts=self.conflicts,
             counted=dict(self._counted),
@@ -211,9 +219,12 @@ class ServicesEngine:
         for (name, key), verdict in touched.elements.items():
             if verdict is not _ABSENT:
                 before_elements.setdefault(name, set()).add((key, verdict))  # type: ignore[arg-type]
-            now = self._elements[name]
-            if key in now:
-                after_elements.setdefault(name, set()).add((key, now[key]))
+            now = touched.after.get((name, key), _ABSENT) if (name, key) in touched.after else None
+            if now is None:  # a member of a set
+                if key in self._elements[name]:
+                    after_elements.setdefault(name, set()).add((key, None))
+            elif now is not _ABSENT:
+                after_elements.setdefault(name, set()).add((key, now))  # type: ignore[arg-type]
         before = ServicesTable(
             skeleton=skeleton,
             chains=before_chains,  # type: ignore[arg-type]
@@ -273,8 +284,8 @@ class ServicesEngine:
             if self._sets.get(name) != s:
                 touched.sets.setdefault(name, self._sets.get(name, _ABSENT))
                 self._sets[name] = s
-        old_members = old.members if old is not None else frozenset()
-        new_members = new.members if new is not None else frozenset()
+        old_members = frozenset(old.members) if old is not None else frozenset()
+        new_members = frozenset(new.members) if new is not None else frozenset()
         for name, member in old_members - new_members:
             self._member(name, member, -1)
         for name, member in new_members - old_members:
@@ -282,13 +293,14 @@ class ServicesEngine:
         # key spaces: each is held by its first claimant; settle every space this Service touches
         old_spaces = set(old.claims) if old is not None else set()
         new_spaces = set(new.claims) if new is not None else set()
-        for space in old_spaces - new_spaces:
-            claimants = self._claimants[space]
-            claimants.discard(sid)
-            if not claimants:
+        for space in old_spaces - new_spaces:  # claimants as tuples: almost always one (a set costs 4 times more)
+            claimants = tuple(c for c in self._claimants[space] if c != sid)
+            if claimants:
+                self._claimants[space] = claimants
+            else:
                 del self._claimants[space]
         for space in new_spaces - old_spaces:
-            self._claimants.setdefault(space, set()).add(sid)
+            self._claimants[space] = (*self._claimants.get(space, ()), sid)
         rivals: set[ServiceId] = {sid}
         for space in old_spaces | new_spaces:
             self._settle(space)
@@ -350,25 +362,28 @@ class ServicesEngine:
         """Make the maps hold *space*'s winner's elements for it (none when nobody claims it)."""
         claimants = self._claimants.get(space)
         winner = self._pieces[min(claimants)] if claimants else None
-        want = winner.claims[space] if winner is not None else {}
-        have = self._held.pop(space, {})
-        for name, key in have.keys() - want.keys():
-            self._touched.elements.setdefault((name, key), self._elements[name][key])
-            del self._elements[name][key]
-            self._counted.pop((name, key), None)
-        for (name, key), value in want.items():
-            now = self._elements[name]
-            if now.get(key, _ABSENT) != value:
-                self._touched.elements.setdefault((name, key), now.get(key, _ABSENT))
-                now[key] = value
+        claim = winner.claims[space] if winner is not None else None
+        held = self._held.pop(space, None)
+        want: dict[Element, str] = claim.elements() if claim is not None else {}
+        have: dict[Element, str] = held.elements() if held is not None else {}
+        touched = self._touched
+        for element in have.keys() - want.keys():
+            touched.elements.setdefault(element, have[element])
+            touched.after[element] = _ABSENT
+            self._counted.pop(element, None)
+        for element, value in want.items():
+            if have.get(element, _ABSENT) != value:
+                touched.elements.setdefault(element, have.get(element, _ABSENT))
+                touched.after[element] = value
             assert winner is not None
-            counted = winner.counted.get((name, key))
+            counted = winner.counted.get(element)
             if counted is not None:
-                self._counted[(name, key)] = counted
+                self._counted[element] = counted
             else:
-                self._counted.pop((name, key), None)
-        if want:
-            self._held[space] = want
+                self._counted.pop(element, None)
+        self._held_count += len(want) - len(have)
+        if claim is not None:
+            self._held[space] = claim
 
     def _conflicts_of(self, sid: ServiceId) -> None:
         piece = self._pieces.get(sid)

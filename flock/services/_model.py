@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -320,18 +321,16 @@ class Service:
 
 @attrs.frozen(cache_hash=True)
 class Endpoint:
-    """One endpoint of a slice: its first address is the one traffic goes to (as kube-proxy)."""
+    """One endpoint of a slice, as compact as the proxy can keep it (100,000 of them are held): the first of
+    its addresses (the one traffic goes to, as kube-proxy's; the others are checked, not kept), its
+    conditions and its node's name (interned: shared by every endpoint on the node).  The targetRef is
+    checked and not kept: nothing the proxy does depends on it."""
 
-    addresses: tuple[IPAddress, ...]
+    address: IPAddress
     ready: bool = True
     serving: bool = True
     terminating: bool = False
     node_name: str | None = None
-    target: tuple[str, str] | None = None  # a Pod's (namespace, name)
-
-    @property
-    def address(self) -> IPAddress:
-        return self.addresses[0]
 
 
 @attrs.frozen(cache_hash=True)
@@ -405,7 +404,6 @@ class EndpointSlice:
             node = ep.get("nodeName")
             if node is not None:
                 node = _text(kind, name, f"{where}.nodeName", node, _SUBDOMAIN, "a node name")
-            target = None
             ref = ep.get("targetRef")
             if ref is not None:
                 if not isinstance(ref, Mapping):
@@ -414,8 +412,9 @@ class EndpointSlice:
                     ref_ns = ref.get("namespace") or namespace
                     if not isinstance(ref_ns, str):
                         raise InvalidObject(kind, name, f"{where}.targetRef.namespace", ref_ns, "a namespace")
-                    target = (ref_ns[:63], ref["name"][:253])
-            endpoints.append(Endpoint(addresses, ready, serving, terminating, node, target))
+            endpoints.append(
+                Endpoint(addresses[0], ready, serving, terminating, sys.intern(node) if node is not None else None)
+            )
         ports: list[EndpointPort] = []
         for i, p in enumerate(_list(kind, name, "ports", raw.get("ports"), MAX_PORTS)):
             where = f"ports[{i}]"

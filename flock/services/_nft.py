@@ -34,6 +34,7 @@ defers such deletes by a second on older kernels.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 from collections.abc import Iterable, Iterator, Mapping
@@ -74,6 +75,7 @@ NODEPORT_RAND = "nprand"
 CHUNK = 500  # elements per ``add element`` line: bounded lines for nft's parser
 
 
+@functools.cache
 def per_family(base: str, family: Family) -> str:
     return f"{base}{family.version}"
 
@@ -174,6 +176,7 @@ def hairpin_member(ip: IPAddress) -> str:
     return f"{address(ip)} . {address(ip)}"
 
 
+@functools.lru_cache(maxsize=1024)
 def rand_chain(family: Family, n: int, *, nodeport: bool = False) -> str:
     """The shared chain choosing one of *n* endpoints (the Service's from the ENDPOINTS map)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -181,6 +184,7 @@ def rand_chain(family: Family, n: int, *, nodeport: bool = False) -> str:
     return f"{NODEPORT_RAND if nodeport else RAND}{family.version}-{n}"
 
 
+@functools.lru_cache(maxsize=1024)  # shared by every Service with n endpoints: one copy of the text
 def rand_rules(family: Family, n: int, *, nodeport: bool = False) -> tuple[str, ...]:
     """One endpoint: a plain lookup in ONE_ENDPOINT; more: ``numgen random mod n`` picks the index in the
     protocol's ENDPOINTS map (nft 1.0.6 would make ``numgen … mod 1`` in a concatenation a match of TCP)."""
@@ -195,6 +199,7 @@ def rand_rules(family: Family, n: int, *, nodeport: bool = False) -> tuple[str, 
     )
 
 
+@functools.lru_cache(maxsize=4096)  # the shared chains' and the skeleton's names: one copy of each verdict
 def goto(chain: str) -> str:
     return f"goto {chain}"
 

@@ -155,9 +155,9 @@ def test_an_endpoint_slice_with_nil_conditions() -> None:
     eps = EndpointSlice.from_object(slice6())
     assert eps.key == "default/web-ipv6" and eps.service_key == "default/web" and eps.family is Family.IPV6
     a, b = eps.endpoints
-    assert (a.ready, a.serving, a.terminating, a.node_name, a.target) == (True, True, False, "node-a", ("default", "a"))
+    assert (a.ready, a.serving, a.terminating, a.node_name) == (True, True, False, "node-a")
     # ready nil → true, serving nil → ready, terminating as given
-    assert (b.ready, b.serving, b.terminating, b.node_name, b.target) == (True, True, True, None, None)
+    assert (b.ready, b.serving, b.terminating, b.node_name) == (True, True, True, None)
     assert [(p.name, p.protocol, p.port) for p in eps.ports] == [("http", Protocol.TCP, 8080)]  # nil port skipped
     hash(eps)
 
