@@ -35,6 +35,21 @@ def _usable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return not (address.is_link_local or address.is_loopback or address.is_multicast or address.is_unspecified)
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def pod_ranges(networks: Sequence[Network]) -> tuple[Network, ...]:
+    """The node's pod blocks and the cluster ranges as the proxy's "from a pod" set takes them:
+    collapsed per family, IPv6 first.  A node's block lies inside a cluster range as a rule
+    (2001:db8:0:1::/64 in 2001:db8::/48), and an nftables interval set refuses overlapping
+    elements ("conflicting intervals specified": the whole table would be refused)."""
+    out: list[Network] = []
+    for version in (6, 4):
+        same = [n for n in networks if n.version == version]
+        out += list(ipaddress.collapse_addresses(same))  # type: ignore[type-var]
+    return tuple(out)
+
+
 @attrs.define(eq=False)
 class ServicesPart:
     """What the composition root adds for Services: children, an API watcher factory, the inputs."""
@@ -66,10 +81,10 @@ def services_part(
 
     def config() -> ServicesConfig:
         nodeconfig = state.nodeconfig
-        pods: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+        pods: tuple[Network, ...] = ()
         if nodeconfig is not None:
             blocks = (nodeconfig.cidr6, *((nodeconfig.cidr4,) if nodeconfig.cidr4 is not None else ()))
-            pods = tuple(dict.fromkeys((*blocks, *nodeconfig.cluster_ranges)))
+            pods = pod_ranges((*blocks, *nodeconfig.cluster_ranges))
         return ServicesConfig(pod_cidrs=pods, external_pools=settings.service_external_cidrs)
 
     health = HealthChecks(settings.host_netns) if settings.service_proxy else None

@@ -33,7 +33,8 @@ graceful deletion              Pods as upstream: a bound pod deleted with a grac
                                (:mod:`._deletion`); other kinds go at once
 resourceVersion                one counter for every kind (etcd's revision); 409 on a stale
                                update; ``generation`` counts spec changes; uid and
-                               creationTimestamp set on create (:mod:`._store`)
+                               creationTimestamp set on create; ``generateName``
+                               (:mod:`._store`)
 lists                          paged (``limit``/``continue``, etcd's continue token and 410
                                "inconsistent continue"), ``resourceVersion`` with
                                ``resourceVersionMatch`` (Exact, NotOlderThan) validated and

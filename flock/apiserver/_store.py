@@ -30,6 +30,7 @@ import copy
 import datetime
 import json
 import re
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -73,6 +74,9 @@ DEFAULT_HISTORY = 10_000
 # The watch cache's wait for a resourceVersion it has not seen yet (the cacher's blockTimeout).
 RESOURCE_VERSION_WAIT = 3.0
 _BULK_CHUNK = 1000
+_GENERATE_NAME_TRIES = 8  # upstream's RetryGenerateName: 7 retries
+# names.SimpleNameGenerator's alphabet (no vowels: no words) and lengths.
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _DELETION_FIELDS = (
     "deletionTimestamp",
     "deletionGracePeriodSeconds",
@@ -267,6 +271,24 @@ class ObjectStore:
     # ---- writes --------------------------------------------------------------
 
     def create(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Create *obj*; without a name, one made from ``metadata.generateName`` (as upstream:
+        the prefix, cut to 58 characters, and 5 random ones; retried on a clash, as 1.32 does)."""
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        if not isinstance(meta, Mapping) or meta.get("name"):
+            return self._create(resource, obj, namespace)
+        prefix = meta.get("generateName")
+        if not isinstance(prefix, str) or not prefix:
+            return self._create(resource, obj, namespace)
+        for attempt in range(_GENERATE_NAME_TRIES):
+            named = {**obj, "metadata": {**meta, "name": generate_name(prefix)}}
+            try:
+                return self._create(resource, named, namespace)
+            except StatusError as exc:
+                if exc.reason != "AlreadyExists" or attempt == _GENERATE_NAME_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _create(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
         new = admitted(resource, obj, namespace)
         _created(new)
         with self._lock:
@@ -737,6 +759,11 @@ def _desired(resource: Resource, obj: Mapping[str, Any]) -> Any:
     if resource == ENDPOINTSLICES:
         return obj.get("addressType"), obj.get("endpoints"), obj.get("ports")
     return obj.get("spec")
+
+
+def generate_name(prefix: str) -> str:
+    """A name for ``generateName`` *prefix*: at most 58 characters of it and 5 random ones."""
+    return prefix[:58] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
 
 
 def _key(resource: Resource, namespace: str | None, name: str) -> str:

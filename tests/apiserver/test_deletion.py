@@ -123,3 +123,14 @@ def test_other_kinds_and_direct_deletes_are_immediate() -> None:
     store.delete(SERVICES, "web", "shop", DeleteOptions(30))
     with pytest.raises(StatusError):
         store.get(SERVICES, "web", "shop")
+
+
+def test_generate_name_makes_a_name() -> None:
+    store = ObjectStore()
+    body = pod_object("shop", "x")
+    del body["metadata"]["name"]
+    body["metadata"]["generateName"] = "web-"
+    names = {store.create(PODS, body)["metadata"]["name"] for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith("web-") and len(n) == 9 for n in names)
+    body["metadata"]["generateName"] = "x" * 70 + "-"
+    assert len(store.create(PODS, body)["metadata"]["name"]) == 63
