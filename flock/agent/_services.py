@@ -53,6 +53,21 @@ async def _forget(netns: str | None, stale: list[StaleFlows]) -> int:
     return await trio.to_thread.run_sync(call_in_netns, netns, functools.partial(forget_stale, stale))
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def pod_ranges(networks: Sequence[Network]) -> tuple[Network, ...]:
+    """The node's pod blocks and the cluster ranges as the proxy's "from a pod" set takes them:
+    collapsed per family, IPv6 first.  A node's block lies inside a cluster range as a rule
+    (2001:db8:0:1::/64 in 2001:db8::/48), and an nftables interval set refuses overlapping
+    elements ("conflicting intervals specified": the whole table would be refused)."""
+    out: list[Network] = []
+    for version in (6, 4):
+        same = [n for n in networks if n.version == version]
+        out += list(ipaddress.collapse_addresses(same))  # type: ignore[type-var]
+    return tuple(out)
+
+
 @attrs.define(eq=False)
 class ServicesPart:
     """What the composition root adds for Services: children, an API watcher factory, the inputs."""
@@ -88,10 +103,10 @@ def services_part(
 
     def config() -> ServicesConfig:
         nodeconfig = state.nodeconfig
-        pods: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+        pods: tuple[Network, ...] = ()
         if nodeconfig is not None:
             blocks = (nodeconfig.cidr6, *((nodeconfig.cidr4,) if nodeconfig.cidr4 is not None else ()))
-            pods = tuple(dict.fromkeys((*blocks, *nodeconfig.cluster_ranges)))
+            pods = pod_ranges((*blocks, *nodeconfig.cluster_ranges))
         return ServicesConfig(pod_cidrs=pods, external_pools=settings.service_external_cidrs)
 
     health = HealthChecks(settings.host_netns) if settings.service_proxy else None

@@ -25,9 +25,16 @@ Service allocation             ClusterIPs from ``--service-cluster-ip-range`` (o
                                (:mod:`._services`, :mod:`._service_alloc`, :mod:`._endpointslices`)
 verbs                          get, list, watch, create, update, patch, delete, and the
                                ``status`` subresource where upstream has one
+graceful deletion              Pods as upstream: a bound pod deleted with a grace (the request's
+                               ``gracePeriodSeconds``, else its terminationGracePeriodSeconds,
+                               else 30) is marked (``deletionTimestamp``,
+                               ``deletionGracePeriodSeconds``: MODIFIED) until a DELETE with
+                               grace 0 removes it; only a shorter grace replaces a running one
+                               (:mod:`._deletion`); other kinds go at once
 resourceVersion                one counter for every kind (etcd's revision); 409 on a stale
                                update; ``generation`` counts spec changes; uid and
-                               creationTimestamp set on create (:mod:`._store`)
+                               creationTimestamp set on create; ``generateName``
+                               (:mod:`._store`)
 lists                          paged (``limit``/``continue``, etcd's continue token and 410
                                "inconsistent continue"), ``resourceVersion`` with
                                ``resourceVersionMatch`` (Exact, NotOlderThan) validated and
@@ -57,16 +64,17 @@ faults (not upstream)          dropped connections, injected errors, compaction,
 Not implemented: authentication and authorization (any bearer token is
 accepted; RBAC objects are stored, never enforced), label selectors on lists
 and watches (400, saying so), ``dryRun`` (400; ``kubectl --dry-run=client``
-works), graceful deletion, finalizers and garbage collection (a delete is
-immediate), admission webhooks, API aggregation, pod subresources (exec, logs,
+works), graceful deletion of kinds other than Pod, finalizers and garbage
+collection, admission webhooks, API aggregation, pod subresources (exec, logs,
 port-forward, binding, eviction), Events, protobuf and CBOR (JSON only), and
-any controller (the lab plays the controllers it needs: no EndpointSlice
-controller, no LoadBalancer controller, no ServiceCIDR/IPAddress objects, no
+any controller (the lab plays the controllers it needs, as processes of its
+own: see :mod:`flock.lab.controllers`; no LoadBalancer controller, no ServiceCIDR/IPAddress objects, no
 ``--service-node-port-range`` flag, and a Service's errors come one at a time
 where upstream lists them all).
 """
 
 from ._admission import NAME_LABEL
+from ._deletion import DeleteOptions
 from ._objects import (
     cluster_network_policy_object,
     namespace_object,
@@ -106,6 +114,7 @@ __all__ = [
     "SECRETS",
     "SERVICES",
     "ApiServer",
+    "DeleteOptions",
     "ObjectStore",
     "Resource",
     "StatusError",

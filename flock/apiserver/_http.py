@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import socket
 import time
@@ -21,6 +22,7 @@ from aiohttp import web
 from flock.netns import call_in_netns
 
 from . import _discovery
+from ._deletion import DeleteOptions
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
@@ -307,7 +309,7 @@ class HttpFrontend:
                 return _json(self.store.update(res, body, ns))
             if request.method == "PATCH":
                 return await self._patch(request, res, name, ns)
-            return _json(self.store.delete(res, name, ns))
+            return _json(self.store.delete(res, name, ns, await _delete_options(request)))
 
         async def status(request: web.Request) -> web.StreamResponse:
             ns, name = request.match_info.get("namespace"), request.match_info["name"]
@@ -516,3 +518,17 @@ async def _body(request: web.Request) -> Mapping[str, Any]:
     if not isinstance(body, Mapping):
         raise StatusError(400, f"request body must be an object, got {type(body).__name__}")
     return body
+
+
+async def _delete_options(request: web.Request) -> DeleteOptions:
+    """A DELETE's options: its body (DeleteOptions, as kubectl sends them), else its query."""
+    body: Mapping[str, Any] | None = None
+    if request.can_read_body and (raw := await request.read()).strip():
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise StatusError(400, f"request body is not JSON: {exc}") from None
+        if not isinstance(parsed, Mapping):
+            raise StatusError(400, f"DeleteOptions must be an object, got {type(parsed).__name__}")
+        body = parsed
+    return DeleteOptions.from_request(body, request.query)

@@ -30,6 +30,7 @@ import copy
 import datetime
 import json
 import re
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,6 +40,7 @@ import attrs
 
 from ._admission import admit, invalid
 from ._crds import check_custom
+from ._deletion import DeleteOptions, delete_pod
 from ._endpointslices import check_update as check_endpoint_slice_update
 from ._lists import NODE_FIELD, Change, Collection, ListResult, StoredObject, encode, read_version, select
 from ._patch import (
@@ -52,7 +54,7 @@ from ._patch import (
     merge_patch,
     strategic_merge_patch,
 )
-from ._resources import CUSTOMRESOURCEDEFINITIONS, ENDPOINTSLICES, SECRETS, SERVICES, Resource
+from ._resources import CUSTOMRESOURCEDEFINITIONS, ENDPOINTSLICES, PODS, SECRETS, SERVICES, Resource
 from ._selectors import (
     INITIAL_EVENTS_END,
     SUPPORTED_FIELDS,
@@ -71,7 +73,14 @@ _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 DEFAULT_HISTORY = 10_000
 # The watch cache's wait for a resourceVersion it has not seen yet (the cacher's blockTimeout).
 RESOURCE_VERSION_WAIT = 3.0
-_BULK_CHUNK = 1000  # bulk_create commits this many objects per hold of the lock
+_BULK_CHUNK = 1000
+_GENERATE_NAME_TRIES = 8  # upstream's RetryGenerateName: 7 retries
+# names.SimpleNameGenerator's alphabet (no vowels: no words) and lengths.
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_DELETION_FIELDS = (
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)  # bulk_create commits this many objects per hold of the lock
 
 
 @attrs.frozen(slots=True, weakref_slot=False)
@@ -262,6 +271,24 @@ class ObjectStore:
     # ---- writes --------------------------------------------------------------
 
     def create(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Create *obj*; without a name, one made from ``metadata.generateName`` (as upstream:
+        the prefix, cut to 58 characters, and 5 random ones; retried on a clash, as 1.32 does)."""
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        if not isinstance(meta, Mapping) or meta.get("name"):
+            return self._create(resource, obj, namespace)
+        prefix = meta.get("generateName")
+        if not isinstance(prefix, str) or not prefix:
+            return self._create(resource, obj, namespace)
+        for attempt in range(_GENERATE_NAME_TRIES):
+            named = {**obj, "metadata": {**meta, "name": generate_name(prefix)}}
+            try:
+                return self._create(resource, named, namespace)
+            except StatusError as exc:
+                if exc.reason != "AlreadyExists" or attempt == _GENERATE_NAME_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _create(self, resource: Resource, obj: Mapping[str, Any], namespace: str | None) -> dict[str, Any]:
         new = admitted(resource, obj, namespace)
         _created(new)
         with self._lock:
@@ -405,13 +432,29 @@ class ObjectStore:
                 new["metadata"]["resourceVersion"] = resource_version
             return self._replace_locked(resource, admitted(resource, new, namespace, owned=True), status=True)
 
-    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def delete(
+        self, resource: Resource, name: str, namespace: str | None = None, options: DeleteOptions | None = None
+    ) -> dict[str, Any]:
+        """Delete an object; returns it as deleted, or (a pod given a grace period) as it now is.
+
+        *options* None (a test's direct call): removed at once, as it is.  With DeleteOptions
+        (every HTTP DELETE), a Pod is deleted gracefully as kube-apiserver does (see
+        :mod:`._deletion`): bound and given a grace, it is only marked (MODIFIED) until a
+        DELETE with grace 0 removes it.
+        """
         with self._lock:
             key = _key(resource, namespace, name)
             old = self._collection(resource).objects.get(key)
             if old is None:
                 raise _not_found(resource, name)
-            return self._commit(resource, key, "DELETED", old, old.decode())
+            if options is None or resource != PODS:
+                return self._commit(resource, key, "DELETED", old, old.decode())
+            outcome = delete_pod(old.decode(), options, datetime.datetime.now(datetime.UTC))
+            if outcome.remove:
+                return self._commit(resource, key, "DELETED", old, outcome.obj)
+            if not outcome.changed:
+                return outcome.obj
+            return self._commit(resource, key, "MODIFIED", old, outcome.obj)
 
     def compact(self, *, expire_watches: bool = False) -> int:
         """Forget the history up to now: watches from an older version, exact lists at
@@ -643,6 +686,12 @@ class ObjectStore:
             )
         meta["uid"] = old["metadata"]["uid"]
         meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        # Set by DELETE only (rest.BeforeUpdate keeps them): an update can neither set nor clear them.
+        for field in _DELETION_FIELDS:
+            if field in old["metadata"]:
+                meta[field] = old["metadata"][field]
+            else:
+                meta.pop(field, None)
         self._admit_change_locked(resource, key, new, old, status=status)
         # As kube-apiserver: the generation counts changes of the desired state (spec), not of metadata or status.
         generation = old["metadata"].get("generation", 1)
@@ -712,6 +761,11 @@ def _desired(resource: Resource, obj: Mapping[str, Any]) -> Any:
     return obj.get("spec")
 
 
+def generate_name(prefix: str) -> str:
+    """A name for ``generateName`` *prefix*: at most 58 characters of it and 5 random ones."""
+    return prefix[:58] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
+
+
 def _key(resource: Resource, namespace: str | None, name: str) -> str:
     return f"{namespace or 'default'}/{name}" if resource.namespaced else name
 
@@ -719,6 +773,8 @@ def _key(resource: Resource, namespace: str | None, name: str) -> str:
 def _created(new: dict[str, Any]) -> None:
     """What the API server sets on a new object."""
     meta = new["metadata"]
+    for field in _DELETION_FIELDS:
+        meta.pop(field, None)  # rest.BeforeCreate: a new object is not being deleted
     meta["uid"] = str(uuid.uuid4())
     meta["creationTimestamp"] = _now()
     meta["generation"] = 1

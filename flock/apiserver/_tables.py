@@ -129,6 +129,14 @@ def _pod_ready(pod: Obj) -> str:
     return f"{sum(1 for s in statuses if s.get('ready'))}/{total}"
 
 
+def _pod_status(pod: Obj) -> str:
+    """As upstream's printer: the status's reason, else its phase; Terminating once a delete marked it."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    status = pod.get("status") or {}
+    return status.get("reason") or status.get("phase") or "Pending"
+
+
 def _pod_restarts(pod: Obj) -> int:
     return sum(int(s.get("restartCount") or 0) for s in (pod.get("status") or {}).get("containerStatuses") or [])
 
@@ -244,7 +252,7 @@ _BUILT_IN: dict[Resource, tuple[_Printed, ...]] = {
     PODS: (
         _NAME_COLUMN,
         _col("Ready", "string", _pod_ready, description="The number of ready containers out of all."),
-        _col("Status", "string", lambda p: (p.get("status") or {}).get("phase") or "Pending"),
+        _col("Status", "string", _pod_status),
         _col("Restarts", "string", _pod_restarts),
         _AGE_COLUMN,
         _col("IP", "string", lambda p: (p.get("status") or {}).get("podIP") or _NONE, priority=1),

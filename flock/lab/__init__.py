@@ -5,7 +5,7 @@ from flock.lab._fabric import RestartDrill, birdc, established, fabric_has, grac
 from flock.lab._lifecycle import agent_ready, api_client, down, up
 from flock.lab._nsio import in_netns, netns_path, run_in
 from flock.lab._plan import LabPlan, NodePlan
-from flock.lab._pods import CniFailure, LabPod, load_pods, pod_add, pod_check, pod_del, pod_label
+from flock.lab._pods import CniFailure, LabPod, finish_pod, load_pods, pod_add, pod_check, pod_del, pod_label, pod_ready
 from flock.lab._policy import apply_objects, delete, ns_add, ns_label, server_version, wait_applied
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, matrix, probe_all, probe_one
@@ -37,6 +37,7 @@ __all__ = [
     "exec_conflist",
     "exec_plugin",
     "fabric_has",
+    "finish_pod",
     "graceful_restart_under_ping",
     "in_netns",
     "load_conflist",
@@ -52,6 +53,7 @@ __all__ = [
     "pod_check",
     "pod_del",
     "pod_label",
+    "pod_ready",
     "probe_all",
     "probe_one",
     "process_refs",

@@ -57,8 +57,13 @@ class ApiClient:
         meta = obj["metadata"]
         return await self._call("PUT", self._path(res, meta.get("namespace"), meta["name"]), obj)
 
-    async def delete(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return await self._call("DELETE", self._path(res, namespace, name))
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, grace_period_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """DELETE; *grace_period_seconds* None: the object's own (a bound Pod is then only marked
+        terminating, see :mod:`flock.apiserver._deletion`), 0: removed at once."""
+        query = "" if grace_period_seconds is None else f"?gracePeriodSeconds={grace_period_seconds}"
+        return await self._call("DELETE", self._path(res, namespace, name) + query)
 
     async def list(self, res: Resource) -> list[dict[str, Any]]:
         path = f"{res.prefix}/{res.plural}"

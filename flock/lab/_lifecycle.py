@@ -55,6 +55,8 @@ from flock.lab._plan import (
     INTERNET_PREFIX4,
     INTERNET_PREFIX6,
     NODE_PORTS,
+    SERVICE_CLUSTER_RANGES,
+    SERVICE_EXTERNAL_RANGES,
     UPLINK,
     LabPlan,
     NodePlan,
@@ -72,6 +74,7 @@ APISERVER_BOOKMARK_S = 0.2
 KILL_WAIT_S = 5.0
 SPEC_FILE = "spec.json"
 KEEPER_LOG = "keeper.log"
+CONTROLLERS_LOG = "controllers.log"
 # The API server writes it once it serves (again after a restart: its loopback port is any free one).
 HOST_KUBECONFIG = "kubeconfig"
 HOST_APISERVER_ADDRESS = "127.0.0.1"
@@ -82,6 +85,7 @@ LAB_FILES = (
     SPEC_FILE,
     KEEPER_LOG,
     "apiserver.log",
+    CONTROLLERS_LOG,
     HOST_KUBECONFIG,
     HOST_KUBECONFIG + ".tmp",
     "lab.json.tmp",
@@ -201,6 +205,17 @@ def build_internet(plan: LabPlan, inet: str) -> None:
         },
     )
     _sysctls(inet, {**no_rp, "ipv4/conf/eth0/rp_filter": "0"})
+    # Services' external addresses: the internet sends them to the fabric, which spreads them over
+    # every node (ECMP), as a load balancer announcing them to the fabric would.
+    for net in SERVICE_EXTERNAL_RANGES:
+        gateway, nodes = (
+            (INTERNET_GATEWAY6, [n.addr6 for n in plan.nodes])
+            if net.version == 6
+            else (INTERNET_GATEWAY4, [n.addr4 for n in plan.nodes])
+        )
+        _ip("-n", inet, "route", "add", str(net), "via", str(gateway), "dev", "eth0")
+        hops = [arg for addr in nodes for arg in ("nexthop", "via", str(addr), "dev", BRIDGE)]
+        _ip("-n", fab, "route", "add", str(net), *hops)
 
 
 def _bin(name: str) -> str:
@@ -237,6 +252,9 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
         f"--namespace={AGENT_NAMESPACE}",
         "--bgp-lab-timers",
         "--log-format=json",
+        # Services: flock's proxy instead of kube-proxy, external addresses in the lab's range.
+        "--service-proxy",
+        *(f"--service-external-cidr={net}" for net in SERVICE_EXTERNAL_RANGES),
     ]
 
 
@@ -280,8 +298,30 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
                 str(plan.dir / HOST_KUBECONFIG),
                 "--bookmark-interval",
                 str(APISERVER_BOOKMARK_S),
+                "--service-cluster-ip-range",
+                ",".join(str(net) for net in SERVICE_CLUSTER_RANGES),
             ),
             plan.dir / "apiserver.log",
+            env,
+        ),
+        ProcessSpec(
+            "controllers",
+            # kube-controller-manager's EndpointSlice controller and the kubelets' pod termination, in the
+            # fabric namespace (where the API server's address is fixed; its loopback port is not).
+            (
+                "ip",
+                "netns",
+                "exec",
+                fab,
+                sys.executable,
+                "-m",
+                "flock.lab.controllers",
+                "--lab-dir",
+                str(plan.dir),
+                "--kubeconfig",
+                str(plan.fabric_dir / "kubeconfig"),
+            ),
+            plan.dir / CONTROLLERS_LOG,
             env,
         ),
         ProcessSpec(
@@ -346,6 +386,7 @@ def write_files(plan: LabPlan, install_cni: bool = True) -> None:
     plan.fabric_dir.mkdir(parents=True, exist_ok=True)
     plan.pods_dir.mkdir(parents=True, exist_ok=True)
     (plan.fabric_dir / "bird.conf").write_text(fabric_config(plan))
+    write_kubeconfig(plan.fabric_dir / "kubeconfig", plan.apiserver_url)  # the controllers'
     for node in plan.nodes:
         for d in (node.dir, node.socket.parent, node.state_dir):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)

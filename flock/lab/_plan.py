@@ -11,7 +11,11 @@ Fabric segment (a bridge in the fabric namespace, every node's uplink a port)::
     node i   2001:db8:ffff::10i/64 192.0.2.(10+i)/26  AS 64512+i, router id 192.0.2.(10+i)
 
 Node i's pod blocks: ``2001:db8:0:i::/64`` and a /26 of 198.51.100.0/24
-(nodes 1-4) or 203.0.113.0/24 (nodes 5-8).
+(nodes 1-4) or 203.0.113.0/24 (nodes 5-8).  Pods' anycast and extra addresses:
+``2001:db8:53::/48``, ``192.0.2.128/26``.  Services: ClusterIPs from
+``fd00:10:96::/112`` and ``192.0.2.192/27``; externalIPs and load-balancer
+addresses in ``2001:db8:ee::/64`` and ``192.0.2.224/27`` (the agents translate
+those, and the fabric routes them to every node, ECMP).
 
 With ``internet``, an "internet" namespace hangs off the fabric namespace
 (which then forwards), with addresses outside every cluster range and routes
@@ -63,9 +67,15 @@ INTERNET_LINK = "internet"  # the fabric's end of the link; the internet's end i
 INTERNET = "internet"  # its name as a probe endpoint
 DEFAULT_MTU = 1500
 MIN_MTU, MAX_MTU = MTU_MIN, MTU_MAX  # what a NodeConfig's spec.mtu takes: every MTU an agent detects is usable
-# Where lab pods may claim anycast/addresses: a documentation /48 and the
-# upper half of 192.0.2.0/24 (the fabric and the nodes use the lower /26).
-ANNOUNCE_RANGES = (ipaddress.ip_network("2001:db8:53::/48"), ipaddress.ip_network("192.0.2.128/25"))
+# Where lab pods may claim anycast/addresses: a documentation /48 and the third /26 of 192.0.2.0/24
+# (the fabric and the nodes use the first, the internet the second; Services the fourth).
+ANNOUNCE_RANGES = (ipaddress.ip_network("2001:db8:53::/48"), ipaddress.ip_network("192.0.2.128/26"))
+# Services (the agents run flock's service proxy): the API server's --service-cluster-ip-range
+# (ClusterIPs; IPv6 primary) and the agents' --service-external-cidr (externalIPs and
+# load-balancer addresses translated; the fabric routes them to the nodes, ECMP, as a load
+# balancer announcing them would).  Outside every pod block, fabric and announce range.
+SERVICE_CLUSTER_RANGES = (ipaddress.ip_network("fd00:10:96::/112"), ipaddress.ip_network("192.0.2.192/27"))
+SERVICE_EXTERNAL_RANGES = (ipaddress.ip_network("2001:db8:ee::/64"), ipaddress.ip_network("192.0.2.224/27"))
 APISERVER_PORT = 6443
 HEALTH_ADDRESS = "127.0.0.1:9464"  # inside each node's namespace
 UPLINK = "uplink"

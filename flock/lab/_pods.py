@@ -19,6 +19,7 @@ import trio
 
 from flock.apiserver import NAMESPACES, PODS, namespace_object, pod_object
 from flock.lab._api import ApiError
+from flock.lab._kubelet import LAB_GRACE_S, pod_status, terminating, with_readiness
 from flock.lab._lifecycle import api_client
 from flock.lab._nsio import netns_path
 from flock.lab._plan import LabPlan, NodePlan
@@ -31,6 +32,8 @@ from flock.model import ANNOTATION_PREFIX
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
+# How long `pod del` waits, beyond the grace, for another's teardown of the pod (the kubelet stand-in's).
+FINISH_WAIT_S = 30.0
 
 
 @attrs.frozen
@@ -212,15 +215,6 @@ async def ensure_namespace(plan: LabPlan, namespace: str) -> None:
                 raise
 
 
-def pod_status(pod: LabPod, node: NodePlan) -> dict[str, Any]:
-    """The status the kubelet would write once the sandbox runs: podIPs from the CNI result."""
-    ips = pod.addresses(6) + pod.addresses(4)
-    status: dict[str, Any] = {"phase": "Running", "hostIP": str(node.addr6), "podIPs": [{"ip": ip} for ip in ips]}
-    if ips:
-        status["podIP"] = ips[0]
-    return status
-
-
 async def pod_add(
     plan: LabPlan,
     node_name: str,
@@ -261,6 +255,7 @@ async def pod_add(
         labels=labels,
         ports=[p.container_port() for p in ports],
     )
+    obj["spec"]["terminationGracePeriodSeconds"] = LAB_GRACE_S  # kubectl delete: gone in seconds
     if owner is not None:
         kind, sep, owner_name = owner.partition("/")
         if not sep or not kind or not owner_name:
@@ -297,12 +292,14 @@ async def pod_add(
             raise CniFailure("ADD", key, outcome)
         pod = attrs.evolve(pod, result=outcome.json)
         _save(plan, pod)
-        await api.patch(PODS, name, {"status": pod_status(pod, node)}, namespace, subresource="status")
         served = [p for p in ports if p.protocol in ("TCP", "UDP")]
         if served:
             ref = await start_server(netns, key, served, plan.pods_dir / f"{namespace}_{name}.serve")
             pod = attrs.evolve(pod, server=ref)
             _save(plan, pod)
+        # Running and ready once it serves, as a kubelet reports a container whose readiness probe passed.
+        status = pod_status(pod.addresses(6) + pod.addresses(4), node, pod.container_id, image, ready=True)
+        await api.patch(PODS, name, {"status": status}, namespace, subresource="status")
     except BaseException:
         with trio.move_on_after(10, shield=True):
             if pod.server is not None:
@@ -310,7 +307,7 @@ async def pod_add(
             await _call(plan, node, "DEL", pod.cni_params, None)
             await trio.to_thread.run_sync(_delete_netns, netns)
             try:
-                await api.delete(PODS, name, namespace)
+                await api.delete(PODS, name, namespace, grace_period_seconds=0)
             except (ApiError, OSError):
                 pass
             _cache_path(plan, namespace, name).unlink(missing_ok=True)
@@ -339,22 +336,62 @@ async def pod_check(plan: LabPlan, key: str) -> LabPod:
     return pod
 
 
-async def pod_del(plan: LabPlan, key: str) -> LabPod:
-    """DEL with the cached result, then the namespace, the Pod object and the cache entry.
-    A failed DEL raises CniFailure and keeps everything, so it can be retried."""
+async def pod_ready(plan: LabPlan, key: str, ready: bool) -> dict[str, Any]:
+    """Set the pod's readiness (its Ready and ContainersReady conditions, its container's
+    ``ready``), as a readiness probe's verdict; returns the status written."""
     pod = load_pod(plan, key)
+    api = api_client(plan)
+    current = (await api.get(PODS, pod.name, pod.namespace)).get("status") or {}
+    status = with_readiness(current, ready)
+    await api.patch(PODS, pod.name, {"status": status}, pod.namespace, subresource="status")
+    return status
+
+
+async def pod_del(plan: LabPlan, key: str, grace: int = LAB_GRACE_S) -> LabPod:
+    """Delete the pod as a kubelet sees it deleted: a graceful DELETE marks it (terminating), its
+    server keeps answering for *grace* seconds, then :func:`finish_pod` tears it down and
+    removes the Pod.  A failed DEL raises CniFailure and keeps the sandbox, so it can be retried.
+
+    If the lab's kubelet stand-in is tearing it down already, waits for that to end."""
+    pod = load_pod(plan, key)
+    api = api_client(plan)
+    with terminating(plan, pod.namespace, pod.name) as mine:
+        marked: dict[str, Any] | None = None
+        try:
+            marked = await api.delete(PODS, pod.name, pod.namespace, grace_period_seconds=grace)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        if mine:
+            if marked is not None and "deletionTimestamp" in marked["metadata"]:
+                await trio.sleep(marked["metadata"].get("deletionGracePeriodSeconds") or 0)
+            return await finish_pod(plan, pod)
+    with trio.move_on_after(grace + FINISH_WAIT_S):
+        # Another process's teardown: its files are all there is to watch.
+        while _cache_path(plan, pod.namespace, pod.name).exists():  # noqa: ASYNC110
+            await trio.sleep(0.05)
+        return pod
+    raise LabError(
+        f"pod {key} is still being torn down after {grace + FINISH_WAIT_S:g} s; see the lab's controllers.log"
+    )
+
+
+async def finish_pod(plan: LabPlan, pod: LabPod) -> LabPod:
+    """The end of a terminating pod: its server stopped, CNI DEL with the cached result, its network
+    namespace gone, the Pod deleted with grace 0 (a kubelet's last DELETE) and the lab's records removed.
+    A failed DEL raises CniFailure and keeps everything but the server, so it can be retried."""
     if pod.server is not None:
         await stop_server(pod.server)
     outcome = await _call(plan, plan.node(pod.node), "DEL", pod.cni_params, pod.result)
     if not outcome.ok:
-        raise CniFailure("DEL", key, outcome)
+        raise CniFailure("DEL", pod.key, outcome)
     await trio.to_thread.run_sync(_delete_netns, pod.netns)
     try:
-        await api_client(plan).delete(PODS, pod.name, pod.namespace)
+        await api_client(plan).delete(PODS, pod.name, pod.namespace, grace_period_seconds=0)
     except ApiError as exc:
         if exc.status != 404:
             raise
-    _cache_path(plan, pod.namespace, pod.name).unlink()
+    _cache_path(plan, pod.namespace, pod.name).unlink(missing_ok=True)
     for leftover in plan.pods_dir.glob(f"{pod.namespace}_{pod.name}.serve*"):
         leftover.unlink()
     return pod

@@ -101,10 +101,16 @@ def add_commands(
     s = sub.add_parser(
         "probe",
         parents=[common],
-        help="one TCP connect (saying the source address the server saw) or UDP echo; exit 0 connected, 1 blocked, 2 error",
+        help="one TCP connect or UDP echo, saying who answered (served_by: through a Service, which pod) and the "
+        "source address it saw; exit 0 connected, 1 blocked, 2 error",
     )
     s.add_argument("source", metavar="FROM", help="NS/POD, a node name or internet (up --internet)")
-    s.add_argument("target", metavar="TO", help="NS/POD, a node name, internet or an address")
+    s.add_argument(
+        "target",
+        metavar="TO",
+        help="NS/POD, a node name (its address: NodePorts), internet or an address (a ClusterIP, an external "
+        "or load-balancer address)",
+    )
     s.add_argument("port", metavar="PORT/PROTO")
     s.add_argument("--family", type=_family, default=None, help="6 (default) or 4")
     s = sub.add_parser("matrix", parents=[common], help="every pod to every pod on every port, concurrently")
@@ -213,8 +219,16 @@ async def _measure(args: argparse.Namespace) -> int:
         r = await probe(plan, args.source, args.target, args.port, args.family)
         if r.error:
             return _error(args, f"probe {r.source} → {r.target} {r.port} IPv{r.family}: {r.reason}")
-        doc = {**r.to_json(), "address": r.address, "result": r.reason, "seen_as": r.seen_as or None}
+        doc = {
+            **r.to_json(),
+            "address": r.address,
+            "result": r.reason,
+            "served_by": r.served_by or None,
+            "seen_as": r.seen_as or None,
+        }
         verdict = "connected" if r.connected else f"blocked ({r.reason})"
+        if r.served_by:
+            verdict += f", served by {r.served_by}"
         if r.seen_as:
             verdict += f", seen as {r.seen_as}"
         _out(args, doc, f"{r.source} → {r.target} [{r.address}] {r.port} IPv{r.family}: {verdict}")

@@ -68,7 +68,8 @@ class ProbeResult:
     reason: str  # "connected", "timeout", "refused", "unreachable", or what went wrong
     address: str = ""
     error: bool = False  # the probe could not be made (exit 2)
-    seen_as: str = ""  # TCP, asked for: the source address the server saw (after any NAT on the way)
+    seen_as: str = ""  # the source address the server saw (after any NAT on the way); TCP: when asked for
+    served_by: str = ""  # who answered (a lab pod's NS/NAME, a node's name, internet): through a Service, which pod
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,23 +104,30 @@ def endpoint_for(plan: LabPlan, text: str, pods: Sequence[LabPod], *, source: bo
     raise LabError(f"{text!r}: expected {what} (nodes: {', '.join(n.name for n in plan.nodes)})")
 
 
-async def _seen_as(sock: trio.socket.SocketType) -> str:
-    """The second line of the lab server's answer (:mod:`flock.lab._serve`): the peer it saw."""
+def _identity(data: bytes) -> tuple[str, str]:
+    """(who answered, the peer it saw): the two lines of the lab server's answer (:mod:`flock.lab._serve`)."""
+    lines = data.decode(errors="replace").splitlines()
+    return (lines[0].strip() if lines else ""), (lines[1].strip() if len(lines) > 1 else "")
+
+
+async def _tcp_answer(sock: trio.socket.SocketType) -> tuple[str, str]:
     data = b""
     while chunk := await sock.recv(256):
         data += chunk
         if data.count(b"\n") >= 2 or len(data) > 4096:
             break
-    lines = data.decode(errors="replace").splitlines()
-    return lines[1].strip() if len(lines) > 1 else ""
+    return _identity(data)
 
 
 async def probe_one(src: Endpoint, dst: Endpoint, port: PortSpec, family: int, *, peer: bool = False) -> ProbeResult:
-    """One probe with the lab's 1 s budget.  With *peer*, a TCP probe also reads which
-    source address the server saw (``seen_as``; "" when it did not say within the budget)."""
+    """One probe with the lab's 1 s budget.  A UDP probe's echo says who answered (``served_by``)
+    and the source address it saw (``seen_as``); with *peer*, a TCP probe reads the same from the
+    server's answer ("" when it did not say within the budget)."""
 
-    def result(connected: bool, reason: str, address: str = "", error: bool = False, seen: str = "") -> ProbeResult:
-        return ProbeResult(src.label, dst.label, port.label, family, connected, reason, address, error, seen)
+    def result(
+        connected: bool, reason: str, address: str = "", error: bool = False, seen: str = "", by: str = ""
+    ) -> ProbeResult:
+        return ProbeResult(src.label, dst.label, port.label, family, connected, reason, address, error, seen, by)
 
     address = dst.address(family)
     if address is None:
@@ -145,8 +153,10 @@ async def probe_one(src: Endpoint, dst: Endpoint, port: PortSpec, family: int, *
                     token = secrets.token_bytes(16)
                     await sock.send(token)
                     while True:
-                        if await sock.recv(64) == token:
-                            return result(True, "connected", address)
+                        answer = await sock.recv(4096)
+                        if answer.startswith(token):  # the echo, then who echoed it and whom it saw
+                            by, seen = _identity(answer[len(token) + 1 :])
+                            return result(True, "connected", address, seen=seen, by=by)
         except OSError as exc:
             if exc.errno == errno.ECONNREFUSED:
                 return result(False, "refused", address)
@@ -155,14 +165,14 @@ async def probe_one(src: Endpoint, dst: Endpoint, port: PortSpec, family: int, *
             return result(False, f"{type(exc).__name__}: {exc}", address, True)
         if not connected:
             return result(False, "timeout", address)
-        seen = ""
+        by = seen = ""
         if peer:
             with trio.move_on_after(PROBE_TIMEOUT_S):
                 try:
-                    seen = await _seen_as(sock)
+                    by, seen = await _tcp_answer(sock)
                 except OSError:
                     pass  # connected all the same; the server did not say
-        return result(True, "connected", address, seen=seen)
+        return result(True, "connected", address, seen=seen, by=by)
 
 
 async def probe_all(wanted: Sequence[tuple[Endpoint, Endpoint, PortSpec, int]], retries: int = 1) -> list[ProbeResult]:

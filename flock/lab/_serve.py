@@ -8,7 +8,8 @@ pod's network namespace (``ip netns exec``), as a container would run::
 A TCP port accepts and answers the pod's name and, on a second line, the
 address the connection came from as this end sees it (``x/a\\n192.0.2.11\\n``:
 what a NAT on the way made of the peer), then closes; a UDP port echoes every
-datagram to its sender.  Each socket is one dual-stack
+datagram to its sender followed by the same two lines (``<datagram>\\nx/a\\n192.0.2.11\\n``),
+so a probe through a Service learns which pod answered.  Each socket is one dual-stack
 IPv6 socket (``IPV6_V6ONLY`` off), so IPv4 peers reach it as mapped
 addresses.  It writes *FILE* once every socket is bound, and exits 0 on
 SIGTERM.  Standard library only: it starts in a few tens of milliseconds.
@@ -77,7 +78,7 @@ def serve(name: str, tcp: Sequence[int], udp: Sequence[int], ready: Path | None)
                             pass  # the prober only needs the handshake; it may be gone already
                 else:
                     data, peer = sock.recvfrom(65535)
-                    sock.sendto(data, peer)
+                    sock.sendto(data + f"\n{name}\n{unmapped(peer[0])}\n".encode(), peer)
             except (BlockingIOError, InterruptedError, ConnectionError):
                 continue
 

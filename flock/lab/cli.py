@@ -14,6 +14,7 @@ import trio
 
 from flock.lab._check import matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._image import DEFAULT_IMAGE_DIR, add_image_arguments, add_manifest_arguments, image_settings
+from flock.lab._kubelet import LAB_GRACE_S
 from flock.lab._lifecycle import down, host_kubeconfig, up
 from flock.lab._plan import (
     DEFAULT_DIR,
@@ -25,7 +26,16 @@ from flock.lab._plan import (
     MIN_MTU,
     LabPlan,
 )
-from flock.lab._pods import LabPod, load_pods, parse_annotations, parse_labels, pod_add, pod_check, pod_del
+from flock.lab._pods import (
+    LabPod,
+    load_pods,
+    parse_annotations,
+    parse_labels,
+    pod_add,
+    pod_check,
+    pod_del,
+    pod_ready,
+)
 from flock.lab._policy_cli import add_commands as add_policy_commands
 from flock.lab._policy_cli import run_command as run_policy_command
 from flock.lab._ports import PortSpec
@@ -136,9 +146,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--image", default="registry.example/app:1")
     s.add_argument("--owner", metavar="KIND/NAME", help="controller owner reference, e.g. ReplicaSet/web-7d9f8c6b5")
-    for name, what in (("del", "CNI DEL, then remove the pod"), ("check", "CNI CHECK with the cached result")):
-        s = pod.add_parser(name, parents=[common], help=what)
-        s.add_argument("pod", metavar="NAMESPACE/NAME")
+    s = pod.add_parser(
+        "del",
+        parents=[common],
+        help="delete the pod as a kubelet would: marked terminating (a graceful DELETE), served for --grace "
+        "seconds, then CNI DEL and the Pod removed",
+    )
+    s.add_argument("pod", metavar="NAMESPACE/NAME")
+    s.add_argument(
+        "--grace",
+        type=int,
+        default=LAB_GRACE_S,
+        metavar="SECONDS",
+        help="the DELETE's gracePeriodSeconds: how long the terminating pod keeps serving (default %(default)s)",
+    )
+    s = pod.add_parser("check", parents=[common], help="CNI CHECK with the cached result")
+    s.add_argument("pod", metavar="NAMESPACE/NAME")
+    s = pod.add_parser(
+        "ready",
+        parents=[common],
+        help="set the pod's readiness (Ready and ContainersReady, its container's ready), as a readiness probe",
+    )
+    s.add_argument("pod", metavar="NAMESPACE/NAME")
+    s.add_argument("ready", choices=("true", "false"))
     add_policy_commands(sub, pod, pod_add_parser, common)
     return p
 
@@ -284,7 +314,12 @@ async def run(args: argparse.Namespace) -> int:
         pod = await pod_check(plan, args.pod)
         _out(args, {"pod": pod.key, "ok": True}, f"CHECK {pod.key}: ok")
         return 0
-    pod = await pod_del(plan, args.pod)
+    if args.pod_command == "ready":
+        written = await pod_ready(plan, args.pod, args.ready == "true")
+        ready = [c["status"] for c in written["conditions"] if c["type"] == "Ready"]
+        _out(args, {"pod": args.pod, "ready": args.ready == "true"}, f"{args.pod}: Ready={''.join(ready)}")
+        return 0
+    pod = await pod_del(plan, args.pod, args.grace)
     _out(args, {"pod": pod.key, "deleted": True}, f"DEL {pod.key}: ok")
     return 0
 

@@ -135,9 +135,11 @@ class ServicePiece:
 def node_members(node: NodeView, config: ServicesConfig) -> list[tuple[str, str]]:
     """The skeleton's set elements that come from the node and the config: (set, element)."""
     members = [(_nft.per_family(_nft.NODE_IPS, family_of(ip)), _nft.address(ip)) for ip in node.addresses]
-    for net in config.pod_cidrs:
-        family = Family.IPV4 if net.version == 4 else Family.IPV6
-        members.append((_nft.per_family(_nft.POD_CIDRS, family), _nft.network(net)))
+    for family in Family:
+        # collapsed: an interval set refuses overlapping elements (a node's block inside a cluster range)
+        same = [net for net in config.pod_cidrs if net.version == family.version]
+        for net in ipaddress.collapse_addresses(same):  # type: ignore[type-var]
+            members.append((_nft.per_family(_nft.POD_CIDRS, family), _nft.network(net)))
     return members
 
 

@@ -277,7 +277,8 @@ class PodChange:
         if self.kind == "status":
             return [("PATCH", path + "/status", self.body, merge)]
         return [
-            ("DELETE", path, None, "application/json"),
+            # Removed at once, as a kubelet's final DELETE (a bound pod given a grace would only be marked).
+            ("DELETE", path + "?gracePeriodSeconds=0", None, "application/json"),
             ("POST", f"/api/v1/namespaces/{self.namespace}/pods", self.body, "application/json"),
         ]
 

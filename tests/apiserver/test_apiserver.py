@@ -80,7 +80,12 @@ async def test_crud_and_status_objects(tmp_path: Path) -> None:
             await core.patch_namespaced_pod("web-0", "web", [{"op": "remove", "path": "/metadata/labels"}])
         assert exc.value.status == 422
 
-        await core.delete_namespaced_pod("web-0", "web")
+        # A bound pod is deleted gracefully: marked terminating with its grace (30 s by default),
+        # still there until the kubelet's DELETE with gracePeriodSeconds=0 removes it.
+        marked = await core.delete_namespaced_pod("web-0", "web")
+        assert marked.metadata.deletion_timestamp and marked.metadata.deletion_grace_period_seconds == 30
+        assert (await core.read_namespaced_pod("web-0", "web")).metadata.deletion_grace_period_seconds == 30
+        await core.delete_namespaced_pod("web-0", "web", grace_period_seconds=0)
         with pytest.raises(ApiException) as exc:
             await core.read_namespaced_pod("web-0", "web")
         assert exc.value.status == 404 and status_of(exc.value)["reason"] == "NotFound"
@@ -134,7 +139,7 @@ async def test_watch_replays_from_version_filters_and_ends_at_timeout(tmp_path: 
         unbound = await core.create_namespaced_pod("a", pod_object("a", "p3"))
         body = pod_object("a", "p3", "n1")
         await core.replace_namespaced_pod("p3", "a", body)  # bound to n1: ADDED for an n1 watch
-        await core.delete_namespaced_pod("p1", "a")
+        await core.delete_namespaced_pod("p1", "a", grace_period_seconds=0)
         seen = []
         # The library's own Watch sends watch=True (a Python bool in the query).
         watch = Watch()

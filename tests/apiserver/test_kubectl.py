@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flock.apiserver import ApiServer
+from flock.apiserver import PODS, ApiServer, DeleteOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,12 @@ POD = {
     "apiVersion": "v1",
     "kind": "Pod",
     "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
-    "spec": {"nodeName": "node1", "containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": 80}]}]},
+    "spec": {
+        "nodeName": "node1",
+        # No kubelet runs it: a grace of 0 lets `kubectl delete` remove it at once (see test_graceful_pod_delete).
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": 80}]}],
+    },
 }
 # (resource as kubectl names it, namespace, object, a spec change for the second apply)
 KINDS: list[tuple[str, str | None, dict[str, Any], dict[str, Any]]] = [
@@ -325,3 +330,30 @@ def test_a_kind_not_served_is_no_match(kubectl: Kubectl, server_side: bool) -> N
         assert proc.returncode == 1 and "failed to download openapi" not in proc.stderr
         assert "resource mapping not found for name" in proc.stderr
         assert f'no matches for kind "{kind}" in version "{version}"' in proc.stderr
+
+
+def test_graceful_pod_delete(kubectl: Kubectl, api: ApiServer) -> None:
+    """kubectl delete of a bound pod with a grace: Terminating until a kubelet's DELETE with grace 0;
+    ``kubectl delete`` (it waits) returns once that removes it."""
+    pod = _merge(POD, {"metadata": {"name": "slow"}, "spec": {"terminationGracePeriodSeconds": 20}})
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(pod))
+    kubectl.run("delete", "po", "slow", "-n", "shop", "--wait=false")
+    got = kubectl.json("get", "po", "slow", "-n", "shop")
+    assert got["metadata"]["deletionGracePeriodSeconds"] == 20 and got["metadata"]["deletionTimestamp"]
+    row = kubectl.run("get", "po", "slow", "-n", "shop", "--no-headers").stdout.split()
+    assert row[2] == "Terminating"
+    with subprocess.Popen(
+        [*kubectl.base, "delete", "po", "slow", "-n", "shop"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as waiting:
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                waiting.wait(timeout=1.0)  # still there: kubectl waits
+            api.store.delete(PODS, "slow", "shop", DeleteOptions(0))  # what the kubelet sends when done
+            _, err = waiting.communicate(timeout=10)
+            assert waiting.returncode == 0, err
+        finally:
+            waiting.kill()
+    assert kubectl.run("get", "po", "slow", "-n", "shop", check=False).returncode == 1

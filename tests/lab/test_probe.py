@@ -140,6 +140,10 @@ async def test_pod_server_answers_every_port_on_both_families_and_probes_tell_wh
                 ("81/UDP", 4, True, "connected"),
             ]
             assert [r.address for r in results] == ["2001:db8:7::2", "192.0.2.2"] * 2
+            # UDP echoes say who answered and whom they saw; TCP does when asked (peer=True).
+            assert [(r.served_by, r.seen_as) for r in results[2:]] == [("x/s", "2001:db8:7::1"), ("x/s", "192.0.2.1")]
+            told = await probe_one(src, dst, PortSpec(81, "TCP"), 4, peer=True)
+            assert (told.served_by, told.seen_as) == ("x/s", "192.0.2.1")
 
             refused = await probe_one(src, dst, PortSpec(82, "TCP"), 6)
             assert (refused.connected, refused.reason, refused.error) == (False, "refused", False)

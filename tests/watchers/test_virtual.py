@@ -15,7 +15,7 @@ import attrs
 import pytest
 import trio
 
-from flock.apiserver import NODECONFIGS, PODS, ObjectStore, nodeconfig_object, pod_object
+from flock.apiserver import NODECONFIGS, PODS, DeleteOptions, ObjectStore, nodeconfig_object, pod_object
 from flock.nursery import Backoff
 from flock.testing import StoreSource, serving
 from flock.watchers import ChangeType, InformerSettings, ListPage, NodeConfigWatcher, PodWatcher
@@ -117,6 +117,28 @@ async def test_pod_bound_to_this_node_later_arrives_as_added(autojump_clock: tri
                 change = await changes.receive()
                 assert (change.type, change.pod.key) == (ChangeType.DELETED, "web/web-0")
             cache_matches(store, watcher)
+
+
+async def test_terminating_pod_stays_until_removed(autojump_clock: trio.abc.Clock) -> None:
+    """A graceful delete only marks the pod (deletionTimestamp): it keeps its sandbox and addresses
+    until the kubelet's CNI DEL, so the agent keeps it cached (its policy value too) until DELETED."""
+    store = ObjectStore()
+    store.create(PODS, pod_object("web", "web-0", NODE))
+    store.set_status(PODS, "web-0", {"phase": "Running", "podIPs": [{"ip": "2001:db8:0:1::5"}]}, "web")
+    watcher, _ = pod_watcher(store)
+    with trio.fail_after(30):
+        async with serving(watcher):
+            with watcher.subscribe() as changes:
+                store.delete(PODS, "web-0", "web", DeleteOptions(5))
+                change = await changes.receive()
+                assert (change.type, change.pod.key) == (ChangeType.MODIFIED, "web/web-0")
+                assert watcher.get("web", "web-0") is not None
+                (record,) = watcher.informer.objects.values()
+                assert [str(a) for a in record.policy.addresses] == ["2001:db8:0:1::5"]
+                store.delete(PODS, "web-0", "web", DeleteOptions(0))
+                change = await changes.receive()
+                assert (change.type, change.pod.key) == (ChangeType.DELETED, "web/web-0")
+            assert watcher.get("web", "web-0") is None
 
 
 async def test_410_mid_stream_relists_and_emits_only_the_differences(autojump_clock: trio.abc.Clock) -> None:

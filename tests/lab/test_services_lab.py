@@ -1,0 +1,436 @@
+"""Services end to end on a lab (issue 33): a three-node dual-stack lab (``flock-lab up --nodes 3
+--internet``) whose agents run flock's service proxy, Services made with the machine's kubectl,
+EndpointSlices written by the lab's controller, and every path probed with flock-lab's probes,
+which name the pod that answered (``served_by``) and the source address it saw.
+
+Pods: ``shop/web-{1,2,3}`` on node1..3 (``app=web``, http=8080/TCP, 5353/UDP), ``shop/client`` and
+``shop/other`` on node1 (the clients), ``shop/loc`` on node2 (``app=loc``).  Each test makes its own
+Service(s) and deletes them; the pods it changes it puts back.
+
+Slow for the main suite (a lab of its own): marked ``services``; .ci/run's services stage runs it
+(``pytest -n 0 -m services tests/lab/test_services_lab.py``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from flock.lab import LabPlan, down, load_pods
+from flock.lab._nsio import http_in, socket_in
+from flock.lab._plan import INTERNET, INTERNET4, INTERNET6
+from flock.lab._ports import PortSpec
+from flock.lab._probe import Endpoint, ProbeResult, endpoint_for, probe_one
+from flock.lab._state import require_state
+from flock.lab.cli import main
+
+pytestmark = pytest.mark.services
+
+HTTP, DNS = PortSpec(80, "TCP"), PortSpec(53, "UDP")
+WEB = ("shop/web-1", "shop/web-2", "shop/web-3")
+SETTLE_S = 15.0  # a new Service through the API server, the controller and three agents' tables
+
+
+@pytest.fixture(scope="module")
+def lab(kubectl_path: str) -> Iterator[LabPlan]:
+    if os.geteuid() != 0:
+        pytest.fail("the lab needs root (network namespaces, veths, nftables); CI runs as root")
+    for tool in ("bird", "birdc", "nft"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: scripts/bootstrap installs bird2 and nftables")
+    directory = Path(tempfile.mkdtemp(prefix="flab-s-", dir="/run"))  # short: unix socket paths
+    try:
+        assert main(["up", "--nodes", "3", "--internet", "--dir", str(directory)]) == 0
+        ports = ["--port", "http=8080/TCP", "--port", "5353/UDP"]
+        for i in (1, 2, 3):
+            cli(
+                directory,
+                "pod",
+                "add",
+                f"node{i}",
+                f"shop/web-{i}",
+                "--label",
+                "app=web",
+                "--label",
+                f"name=web-{i}",
+                *ports,
+            )
+        cli(directory, "pod", "add", "node1", "shop/client", "--label", "app=client", *ports)
+        cli(directory, "pod", "add", "node1", "shop/other", "--label", "app=other", *ports)
+        cli(directory, "pod", "add", "node2", "shop/loc", "--label", "app=loc", *ports)
+        yield require_state(directory).plan
+    finally:
+        trio.run(down, directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def cli(directory: Path, *args: str) -> None:
+    assert main([*args, "--dir", str(directory)]) == 0, f"flock-lab {' '.join(args)} failed"
+
+
+class Kubectl:
+    def __init__(self, binary: str, plan: LabPlan) -> None:
+        self.base = [binary, f"--kubeconfig={plan.dir / 'kubeconfig'}", "--request-timeout=10s"]
+
+    async def run(self, *args: str, stdin: str | None = None) -> str:
+        proc = await trio.run_process(
+            [*self.base, *args],
+            stdin=None if stdin is None else stdin.encode(),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr.decode()}"
+        return proc.stdout.decode()
+
+    async def json(self, *args: str) -> Any:
+        return json.loads(await self.run(*args, "-o", "json"))
+
+
+@pytest.fixture
+def kubectl(lab: LabPlan, kubectl_path: str) -> Kubectl:
+    return Kubectl(kubectl_path, lab)
+
+
+def service(name: str, selector: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "ipFamilyPolicy": "RequireDualStack",
+        "ports": [
+            {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+            {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
+        ],
+        **spec,
+    }
+    if selector is not None:
+        body["selector"] = selector
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "shop"}, "spec": body}
+
+
+@asynccontextmanager
+async def applied(kubectl: Kubectl, *objects: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    """Apply *objects* with kubectl, yield them as the API server holds them, delete them afterwards."""
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+    await kubectl.run("apply", "-f", "-", stdin=text)
+    try:
+        yield [await kubectl.json("get", o["kind"].lower(), o["metadata"]["name"], "-n", "shop") for o in objects]
+    finally:
+        await kubectl.run("delete", "-f", "-", "--wait=false", stdin=text)
+
+
+def ends(plan: LabPlan, text: str, *, source: bool = False) -> Endpoint:
+    return endpoint_for(plan, text, load_pods(plan), source=source)
+
+
+def at(address: str) -> Endpoint:
+    return Endpoint(address, None, (address,))
+
+
+def cluster_ips(svc: dict[str, Any]) -> dict[int, str]:
+    return {ipaddress.ip_address(ip).version: ip for ip in svc["spec"]["clusterIPs"]}
+
+
+async def probe(plan: LabPlan, source: str, target: Endpoint, port: PortSpec, family: int) -> ProbeResult:
+    return await probe_one(ends(plan, source, source=True), target, port, family, peer=True)
+
+
+async def until(
+    plan: LabPlan, source: str, target: Endpoint, port: PortSpec, family: int, ok: Callable[[ProbeResult], bool]
+) -> ProbeResult:
+    """Probe until *ok* holds (the proxies apply a new Service within a second or two)."""
+    with trio.fail_after(SETTLE_S):
+        while not ok(r := await probe(plan, source, target, port, family)):
+            print(f"{source} → {target.label} {port.label} IPv{family}: {r.reason} by {r.served_by!r}; again")
+            await trio.sleep(0.1)
+    return r
+
+
+def connected(r: ProbeResult) -> bool:
+    return r.connected
+
+
+async def served(
+    plan: LabPlan, source: str, target: Endpoint, port: PortSpec, family: int, count: int = 24
+) -> list[str]:
+    """Who served *count* probes (each connected)."""
+    out = []
+    for _ in range(count):
+        r = await probe(plan, source, target, port, family)
+        assert r.connected, r
+        out.append(r.served_by)
+    return out
+
+
+async def test_cluster_ips_of_each_family_reach_endpoints_on_other_nodes(lab: LabPlan, kubectl: Kubectl) -> None:
+    """ClusterIP, IPv6 and IPv4 (single and dual stack), TCP and UDP, from a pod on node1: every
+    web pod answers, node2's and node3's among them."""
+    with trio.fail_after(120):
+        six = service("only6", {"app": "web"}, ipFamilyPolicy="SingleStack")
+        four = service("only4", {"app": "web"}, ipFamilyPolicy="SingleStack", ipFamilies=["IPv4"])
+        async with applied(kubectl, service("dual", {"app": "web"}), six, four) as (dual, only6, only4):
+            assert (
+                sorted(cluster_ips(dual)) == [4, 6]
+                and list(cluster_ips(only6)) == [6]
+                and list(cluster_ips(only4)) == [4]
+            )
+            for svc, family in ((dual, 6), (dual, 4), (only6, 6), (only4, 4)):
+                target = at(cluster_ips(svc)[family])
+                for port in (HTTP, DNS):
+                    await until(lab, "shop/client", target, port, family, connected)
+                    who = set(await served(lab, "shop/client", target, port, family))
+                    assert who <= set(WEB) and who & {"shop/web-2", "shop/web-3"}, (svc["metadata"]["name"], port, who)
+
+
+async def test_node_ports_answer_on_every_nodes_address(lab: LabPlan, kubectl: Kubectl) -> None:
+    with trio.fail_after(120):
+        async with applied(kubectl, service("np", {"app": "web"}, type="NodePort")) as (svc,):
+            ports = {p["name"]: p["nodePort"] for p in svc["spec"]["ports"]}
+            for node in lab.nodes:
+                for family in (6, 4):
+                    for port in (PortSpec(ports["http"], "TCP"), PortSpec(ports["dns"], "UDP")):
+                        r = await until(lab, INTERNET, ends(lab, node.name), port, family, connected)
+                        assert r.served_by in WEB, r
+
+
+async def test_external_ips_and_load_balancer_addresses_from_the_internet(lab: LabPlan, kubectl: Kubectl) -> None:
+    """externalIPs and status.loadBalancer.ingress (written through the status subresource, as a
+    load-balancer controller does) inside the lab's external range, reached from the internet."""
+    with trio.fail_after(120):
+        external = ["2001:db8:ee::30", "192.0.2.230"]
+        lb = service("lb", {"app": "web"}, type="LoadBalancer", externalIPs=external)
+        async with applied(kubectl, lb):
+            ingress = {"status": {"loadBalancer": {"ingress": [{"ip": "2001:db8:ee::31"}, {"ip": "192.0.2.231"}]}}}
+            await kubectl.run(
+                "patch", "svc", "lb", "-n", "shop", "--subresource=status", "--type=merge", "-p", json.dumps(ingress)
+            )
+            got = await kubectl.json("get", "svc", "lb", "-n", "shop")
+            assert [i["ip"] for i in got["status"]["loadBalancer"]["ingress"]] == ["2001:db8:ee::31", "192.0.2.231"]
+            for address in [*external, "2001:db8:ee::31", "192.0.2.231"]:
+                family = ipaddress.ip_address(address).version
+                for port in (HTTP, DNS):
+                    r = await until(lab, INTERNET, at(address), port, family, connected)
+                    assert r.served_by in WEB, r
+
+
+async def test_a_service_without_endpoints_refuses_at_once(lab: LabPlan, kubectl: Kubectl) -> None:
+    with trio.fail_after(120):
+        async with applied(kubectl, service("empty", {"app": "nobody"})) as (svc,):
+            for family, address in cluster_ips(svc).items():
+                for port in (HTTP, DNS):
+                    await until(lab, "shop/client", at(address), port, family, lambda r: r.reason == "refused")
+                    start = time.monotonic()
+                    r = await probe(lab, "shop/client", at(address), port, family)
+                    assert (r.connected, r.reason) == (False, "refused") and time.monotonic() - start < 0.5, r
+
+
+async def _health(lab: LabPlan, node: str, port: int) -> tuple[int, dict[str, Any]]:
+    plan_node = lab.node(node)
+    assert lab.internet_netns is not None
+    status, body = await trio.to_thread.run_sync(
+        http_in, lab.internet_netns, str(plan_node.addr4), port, "GET", "/", None, 2.0
+    )
+    return status, json.loads(body)
+
+
+async def test_external_traffic_policy_local_keeps_the_client_and_answers_health_checks(
+    lab: LabPlan, kubectl: Kubectl
+) -> None:
+    """eTP Local: a NodePort on the node with the endpoint (node2) reaches it with the internet's own
+    address; the other nodes drop; healthCheckNodePort answers 200 there and 503 elsewhere."""
+    with trio.fail_after(120):
+        svc = service("local", {"app": "loc"}, type="LoadBalancer", externalTrafficPolicy="Local")
+        async with applied(kubectl, svc) as (got,):
+            node_port = PortSpec(next(p["nodePort"] for p in got["spec"]["ports"] if p["name"] == "http"), "TCP")
+            udp_port = PortSpec(next(p["nodePort"] for p in got["spec"]["ports"] if p["name"] == "dns"), "UDP")
+            check = got["spec"]["healthCheckNodePort"]
+            for family, client in ((6, str(INTERNET6)), (4, str(INTERNET4))):
+                for port in (node_port, udp_port):
+                    r = await until(lab, INTERNET, ends(lab, "node2"), port, family, connected)
+                    assert (r.served_by, r.seen_as) == ("shop/loc", client), r
+                for other in ("node1", "node3"):
+                    r = await probe(lab, INTERNET, ends(lab, other), node_port, family)
+                    assert not r.connected, r
+            with trio.fail_after(SETTLE_S):
+                while (answer := await _health(lab, "node2", check))[0] != 200:  # noqa: ASYNC110 (polled)
+                    await trio.sleep(0.1)
+            assert answer[1]["localEndpoints"] >= 1 and answer[1]["service"] == {"namespace": "shop", "name": "local"}
+            for other in ("node1", "node3"):
+                status, body = await _health(lab, other, check)
+                assert (status, body["localEndpoints"]) == (503, 0)
+
+
+async def test_internal_traffic_policy_local_stays_on_the_node(lab: LabPlan, kubectl: Kubectl) -> None:
+    with trio.fail_after(120):
+        async with applied(kubectl, service("itp", {"app": "web"}, internalTrafficPolicy="Local")) as (svc,):
+            for family, address in cluster_ips(svc).items():
+                await until(lab, "shop/client", at(address), HTTP, family, connected)
+                assert set(await served(lab, "shop/client", at(address), HTTP, family)) == {"shop/web-1"}
+        # Only node2 has a loc pod: from node1, nothing to go to.
+        async with applied(kubectl, service("itp-loc", {"app": "loc"}, internalTrafficPolicy="Local")) as (svc,):
+            family, address = 6, cluster_ips(svc)[6]
+            await until(lab, "node2", at(address), HTTP, family, connected)
+            r = await probe(lab, "shop/client", at(address), HTTP, family)
+            assert not r.connected, r
+
+
+async def test_session_affinity_client_ip_sticks(lab: LabPlan, kubectl: Kubectl) -> None:
+    with trio.fail_after(120):
+        async with applied(kubectl, service("sticky", {"app": "web"}, sessionAffinity="ClientIP")) as (svc,):
+            for family, address in cluster_ips(svc).items():
+                for port in (HTTP, DNS):
+                    await until(lab, "shop/client", at(address), port, family, connected)
+                    assert len(set(await served(lab, "shop/client", at(address), port, family))) == 1
+
+
+async def test_hairpin_and_the_node_itself(lab: LabPlan, kubectl: Kubectl) -> None:
+    """A pod reaching itself through its Service (answered by itself, masqueraded to its node's address);
+    a node reaching a ClusterIP."""
+    with trio.fail_after(120):
+        async with applied(kubectl, service("hair", {"name": "web-1"})) as (svc,):
+            for family, address in cluster_ips(svc).items():
+                r = await until(lab, "shop/web-1", at(address), HTTP, family, connected)
+                node1 = lab.node("node1")
+                assert (r.served_by, r.seen_as) == ("shop/web-1", str(node1.addr6 if family == 6 else node1.addr4)), r
+                for node in ("node1", "node3"):
+                    r = await until(lab, node, at(address), DNS, family, connected)
+                    assert r.served_by == "shop/web-1", r
+
+
+async def test_a_readiness_flip_moves_traffic_within_a_second(lab: LabPlan, kubectl: Kubectl) -> None:
+    with trio.fail_after(120):
+        async with applied(kubectl, service("flip", {"app": "web"})) as (svc,):
+            address = cluster_ips(svc)[6]
+            await until(lab, "shop/client", at(address), HTTP, 6, connected)
+            try:
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", "shop/web-2", "false")
+                start = time.monotonic()
+                while "shop/web-2" in await served(lab, "shop/client", at(address), HTTP, 6, 8):
+                    assert time.monotonic() - start < 1.0, "web-2 still served a second after it went unready"
+                took = time.monotonic() - start
+                print(f"traffic off web-2 {took * 1000:.0f} ms after `pod ready false` returned")
+                assert "shop/web-2" not in await served(lab, "shop/client", at(address), HTTP, 6, 30)
+            finally:
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", "shop/web-2", "true")
+            await until(lab, "shop/client", at(address), HTTP, 6, lambda r: r.served_by == "shop/web-2")
+
+
+async def test_a_deleted_pod_drains_without_a_refused_connection(lab: LabPlan, kubectl: Kubectl) -> None:
+    """A burst of TCP probes while ``flock-lab pod del`` takes a pod away: each connects (while it is
+    terminating the pod is not ready and still serves), and afterwards none reaches it.  (UDP: a new
+    flow that reuses a source port of an earlier one to the pod follows its conntrack entry; see
+    test_a_udp_flow_to_a_deleted_endpoint_moves_on.)"""
+    with trio.fail_after(120):
+        ports = ["--port", "http=8080/TCP", "--port", "5353/UDP"]
+        for i in (1, 2, 3):
+            await trio.to_thread.run_sync(
+                cli, lab.dir, "pod", "add", f"node{i}", f"shop/drain-{i}", "--label", "app=drain", *ports
+            )
+        async with applied(kubectl, service("drain", {"app": "drain"})) as (svc,):
+            address = cluster_ips(svc)[6]
+            await until(lab, "shop/client", at(address), HTTP, 6, lambda r: r.served_by == "shop/drain-2")
+            results: list[ProbeResult] = []
+            deleted = trio.Event()
+
+            async def burst() -> None:
+                while not deleted.is_set():
+                    results.append(await probe(lab, "shop/client", at(address), HTTP, 6))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(burst)
+                await trio.sleep(0.3)
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/drain-2", "--grace", "2")
+                await trio.sleep(0.3)
+                deleted.set()
+            failed = [r for r in results if not r.connected]
+            assert not failed and len(results) > 50, (len(results), failed[:5])
+            assert "shop/drain-2" not in await served(lab, "shop/client", at(address), HTTP, 6, 30)
+            gone = await kubectl.run("get", "pods", "-n", "shop", "-o", "name")
+            assert "pod/drain-2" not in gone.split()
+        # kubectl's delete: the lab's kubelet stand-in serves it out its grace (2 s), tears it down
+        # (CNI DEL) and removes it, and kubectl, which waits for that, returns.
+        start = time.monotonic()
+        await kubectl.run("delete", "pod", "-n", "shop", "drain-1")
+        assert 1.5 < time.monotonic() - start < 10 and "shop/drain-1" not in {p.key for p in load_pods(lab)}
+        await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/drain-3", "--grace", "0")
+
+
+async def test_network_policy_denies_through_the_cluster_ip(lab: LabPlan, kubectl: Kubectl) -> None:
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web-from-other", "namespace": "shop"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "other"}}}]}],
+        },
+    }
+    with trio.fail_after(120):
+        async with applied(kubectl, service("guarded", {"app": "web"})) as (svc,):
+            address = cluster_ips(svc)[6]
+            await until(lab, "shop/client", at(address), HTTP, 6, connected)
+            async with applied(kubectl, policy):
+                await trio.to_thread.run_sync(cli, lab.dir, "policy", "wait")
+                for port in (HTTP, DNS):
+                    r = await probe(lab, "shop/client", at(address), port, 6)
+                    assert not r.connected, r
+                    r = await probe(lab, "shop/other", at(address), port, 6)
+                    assert r.connected and r.served_by in WEB, r
+            await trio.to_thread.run_sync(cli, lab.dir, "policy", "wait")
+            await until(lab, "shop/client", at(address), HTTP, 6, connected)
+
+
+async def _udp_from_port(lab: LabPlan, source: str, address: str, sport: int) -> str:
+    """One UDP echo from *source*'s fixed port *sport*: who answered, or why nobody did."""
+    raw = await trio.to_thread.run_sync(
+        socket_in, ends(lab, source, source=True).netns, socket.AF_INET6, socket.SOCK_DGRAM
+    )
+    with trio.socket.from_stdlib_socket(raw) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        await sock.bind(("::", sport))
+        await sock.connect((address, DNS.port))
+        token = secrets.token_bytes(16)
+        with trio.move_on_after(1.0):
+            try:
+                await sock.send(token)
+                answer = await sock.recv(4096)
+            except ConnectionRefusedError:
+                return "refused"
+            return answer[len(token) + 1 :].decode().splitlines()[0]
+        return "timeout"
+
+
+async def test_a_udp_flow_to_a_deleted_endpoint_moves_on(lab: LabPlan, kubectl: Kubectl) -> None:
+    with trio.fail_after(120):
+        ports = ["--port", "http=8080/TCP", "--port", "5353/UDP"]
+        for i in (2, 3):
+            await trio.to_thread.run_sync(
+                cli, lab.dir, "pod", "add", f"node{i}", f"shop/udp-{i}", "--label", "app=udp", *ports
+            )
+        try:
+            async with applied(kubectl, service("udp", {"app": "udp"})) as (svc,):
+                address = cluster_ips(svc)[6]
+                await until(lab, "shop/client", at(address), DNS, 6, connected)
+                sport = 41000  # a source port whose flow goes to udp-2
+                while await _udp_from_port(lab, "shop/client", address, sport) != "shop/udp-2":
+                    sport += 1
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/udp-2", "--grace", "0")
+                await trio.sleep(1.0)  # the slices and every agent's table have it gone by now
+                assert await served(lab, "shop/client", at(address), DNS, 6, 10) == ["shop/udp-3"] * 10
+                assert await _udp_from_port(lab, "shop/client", address, sport) == "shop/udp-3"
+        finally:
+            if any(p.key == "shop/udp-2" for p in load_pods(lab)):
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/udp-2", "--grace", "0")
+            await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/udp-3", "--grace", "0")
