@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 import pytest
@@ -51,6 +51,13 @@ class RecordingNft:
 
     async def counters(self, table: str) -> dict[str, tuple[int, int]]:
         return {}
+
+    elements: dict[str, dict[str, tuple[int, int]]] = attrs.field(factory=dict)  # map → key → counters
+
+    async def element_counters(
+        self, table: str, name: str, decode: Callable[[bytes], str | None]
+    ) -> dict[str, tuple[int, int]]:
+        return dict(self.elements.get(name, {}))
 
 
 @attrs.define
@@ -263,3 +270,59 @@ async def test_health_check_ports_open_answer_and_close_with_the_services(node_n
         with pytest.raises(ConnectionRefusedError):
             await trio.to_thread.run_sync(_get, node_ns, "2001:db8:ffff::101", 31001)
         nursery.cancel_scope.cancel()
+
+
+async def test_connections_per_service_port_reach_the_metrics(world: World, autojump_clock):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from flock.services import ServiceMetrics
+
+    registry = CollectorRegistry()
+    udp = Service.from_object(service("dns", ["fd00:10:96::b"], [port("dns", 53, protocol="UDP")]))
+    world.inputs.replace(SERVICES, {WEB.key: WEB, udp.key: udp})
+    world.inputs.replace(ENDPOINT_SLICES, {"default/web-ipv6": web_slice(True)})
+    world.nft.elements = {
+        "service-ips6": {"fd00:10:96::a . tcp . 80": (7, 420), "fd00:10:96::99 . tcp . 80": (5, 0)},  # and a stranger
+        "no-endpoint-services6": {"fd00:10:96::b . udp . 53": (3, 90)},
+    }
+    proxy = world.proxy(metrics=ServiceMetrics(registry), counters_every=15.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(16)
+        text = generate_latest(registry).decode()
+        nursery.cancel_scope.cancel()
+    assert 'flock_service_connections_total{namespace="default",port="http",service="web"} 7.0' in text
+    assert 'flock_service_rejected_total{namespace="default",port="dns",service="dns"} 3.0' in text
+    assert 'flock_service_connections_total{namespace="default",port="dns",service="dns"} 0.0' in text
+    assert "fd00:10:96::99" not in text and "flock_services 2.0" in text
+
+
+async def test_an_endpoint_gone_hands_its_udp_flows_to_be_forgotten(world: World, autojump_clock):
+    forgotten: list[list[object]] = []
+
+    async def forget(stale: list[object]) -> int:
+        forgotten.append(stale)
+        return len(stale)
+
+    dns = Service.from_object(service("dns", ["fd00:10:96::b"], [port("dns", 53, protocol="UDP")]))
+    world.inputs.replace(SERVICES, {dns.key: dns})
+    eps = [endpoint(f"2001:db8:0:1::{i + 1:x}") for i in range(2)]
+    slice_ = EndpointSlice.from_object(endpoint_slice("dns", eps, [slice_port("dns", 53, "UDP")]))
+    world.inputs.replace(ENDPOINT_SLICES, {"default/dns-ipv6": slice_})
+    proxy = world.proxy(forget=forget)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(1)
+        # the first load: the port's untranslated flows (sent before anything translated them) are forgotten
+        assert [[(str(s.address), s.port, s.endpoint) for s in stale] for stale in forgotten] == [  # type: ignore[attr-defined]
+            [("fd00:10:96::b", 53, None)]
+        ]
+        forgotten.clear()
+        one = EndpointSlice.from_object(endpoint_slice("dns", eps[:1], [slice_port("dns", 53, "UDP")]))
+        world.inputs.set(ENDPOINT_SLICES, "default/dns-ipv6", one)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    (stale,) = forgotten
+    assert [(str(s.address), s.port, str(s.endpoint)) for s in stale] == [  # type: ignore[attr-defined]
+        ("fd00:10:96::b", 53, "2001:db8:0:1::2")
+    ]

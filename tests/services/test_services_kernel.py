@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
 from flock.netns import call_in_netns
 from flock.policy._counters import element_counters
@@ -493,3 +494,25 @@ def test_a_udp_flow_to_a_removed_endpoint_moves_once_its_conntrack_entry_is_forg
     deleted = call_in_netns(settled.node.node.path, functools.partial(forget_stale, stale))
     assert deleted >= 1
     assert names(udp_from(client, WEB[family], 53, sport, 3)) == {other}
+
+
+def test_both_backends_read_the_same_element_counters(settled: World) -> None:
+    from flock.policy import LibNftables, NftCommand
+
+    assert connect(settled.pods["c"].netns, WEB[0], 80, "tcp", n=3)
+    node = settled.node.node
+
+    async def read() -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+        lib = LibNftables(node.path)
+        try:
+            fast = await lib.element_counters(TABLE, "service-ips6", decode_key)
+        finally:
+            lib.close()
+        slow = await NftCommand(("ip", "netns", "exec", node.name, "nft")).element_counters(
+            TABLE, "service-ips6", decode_key
+        )
+        return fast, slow
+
+    fast, slow = trio.run(read)
+    assert fast == slow and fast[f"{WEB[0]} . tcp . 80"][0] >= 3, (fast, slow)
+    assert set(fast) == {k for k, _ in settled.applied.elements["service-ips6"]}  # type: ignore[union-attr]
