@@ -277,10 +277,11 @@ def compile_service(
         tuple(sorted(b.members)),
         health,
         b.counted or _NONE,
-        frozenset(b.udp),
+        frozenset(b.udp) if b.udp else _NO_UDP,
     )
 
 
+_NO_UDP: frozenset[UdpTarget] = frozenset()
 _NONE: Mapping[Any, Any] = MappingProxyType({})  # one empty mapping for every piece without chains, sets…
 
 

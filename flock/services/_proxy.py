@@ -138,7 +138,7 @@ class ServiceProxy:
         journal = self.inputs.journal()  # with the whole read below, in the same step
         engine = self.engine = ServicesEngine(node, self.config())
         services, slices = self.inputs.services, self.inputs.slices
-        engine.update(services, slices, services.keys(), slices.keys())
+        engine.load(services, slices)
         self.in_kernel = False
         health_changed = True
         while True:
