@@ -79,6 +79,10 @@ class Categorized:
     @property
     def reachable(self) -> tuple[Backend, ...]:
         """Every endpoint some chain of this port may send to (cluster ∪ local), in a stable order."""
+        if not self.local or self.local == self.cluster:
+            return self.cluster  # already in order (no set of 100,000 endpoints to hash)
+        if not self.cluster:
+            return self.local
         return tuple(sorted(set(self.cluster) | set(self.local), key=_order))
 
 
