@@ -10,7 +10,9 @@ libnftables backend in the node namespace:
   turned unready (or ready again), until the proxy's transaction returns (p50, p99);
 - first connection: a new TCP connection from the client pod to a ClusterIP (connect and the first
   byte of the backend's answer), many times; the probed Service's 10 endpoints are 10 addresses of
-  the backend pod, every other Service's endpoints are addresses nobody answers on;
+  the backend pod, every other Service's endpoints are addresses nobody answers on.  Every size's
+  node stays up until the end, and the sizes' clients take turns in batches of 25 connections, so
+  the machine's drift falls on each size alike;
 - RSS added: a fresh interpreter (``--rss-child N``) reads VmRSS after its imports, then after the
   inputs (values made from JSON objects through ``from_object``, as the watcher makes them) and
   then the engine are built, each after ``gc.collect()`` and glibc's ``malloc_trim(0)``.
@@ -25,6 +27,7 @@ per Service what the IPv6 one does, twice).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import ipaddress
 import json
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import attrs
 import trio
@@ -69,20 +72,22 @@ SERVER = textwrap.dedent(
     """
 )
 
-# n new connections to addr:port, each timed from connect() to the first byte: JSON seconds.
+# For each line "n" on stdin: n new connections to addr:port, each timed from connect() to the first
+# byte; one JSON line of seconds per batch (the benchmark alternates batches between the sizes' clients).
 CLIENT = textwrap.dedent(
     """
     import json, socket, sys, time
-    addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    out = []
-    for _ in range(n):
-        began = time.perf_counter()
-        with socket.create_connection((addr, port), timeout=5) as c:
-            if c.recv(1) != b"x":
-                raise SystemExit("no answer")
-        out.append(time.perf_counter() - began)
-        time.sleep(0.002)
-    print(json.dumps(out))
+    addr, port = sys.argv[1], int(sys.argv[2])
+    for line in sys.stdin:
+        out = []
+        for _ in range(int(line)):
+            began = time.perf_counter()
+            with socket.create_connection((addr, port), timeout=5) as c:
+                if c.recv(1) != b"x":
+                    raise SystemExit("no answer")
+            out.append(time.perf_counter() - began)
+            time.sleep(0.002)
+        print(json.dumps(out), flush=True)
     """
 )
 
@@ -145,7 +150,10 @@ class TimedBackend:
         return self.returned
 
 
-def measure(n: int, flips: int, connections: int, seed: int) -> dict:
+@contextlib.contextmanager
+def measured(n: int, flips: int, seed: int) -> Iterator[tuple[dict, subprocess.Popen]]:
+    """A node with *n* Services programmed and measured (start, endpoint changes), and a client in its
+    pod connecting to the probed ClusterIP on demand; both stay until the context exits."""
     rng = random.Random(seed)
     with netns_pool("fl-bsvc-") as pool:
         node = PolicyNode(pool)
@@ -159,18 +167,45 @@ def measure(n: int, flips: int, connections: int, seed: int) -> dict:
             stdout=subprocess.PIPE,
             text=True,
         )
+        connector = None
         try:
             assert server.stdout is not None
             if server.stdout.readline().strip() != "ready":
                 raise SystemExit("the backend did not start")
-            return trio.run(_measure, n, flips, connections, rng, node, client.netns.name)
+            result = trio.run(_measure, n, flips, rng, node)
+            # The table stays in the kernel after the proxy stops (as it does across an agent restart).
+            connector = subprocess.Popen(
+                ["ip", "netns", "exec", client.netns.name, sys.executable, "-c", CLIENT, cluster_ip(PROBED), "80"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            yield result, connector
         finally:
+            if connector is not None:
+                connector.kill()
+                connector.wait()
             server.kill()
             server.wait()
             node.close()
 
 
-async def _measure(n: int, flips: int, connections: int, rng: random.Random, node: PolicyNode, client: str) -> dict:
+def first_connections(connectors: list[subprocess.Popen], connections: int, batch: int = 25) -> list[list[float]]:
+    """Batches of new connections, each size's client in turn, so that the machine's drift (load, clock,
+    caches) falls on every size alike; the first batch of each is a warm-up."""
+    samples: list[list[float]] = [[] for _ in connectors]
+    for round_ in range(connections // batch + 1):
+        for i, connector in enumerate(connectors):
+            assert connector.stdin is not None and connector.stdout is not None
+            connector.stdin.write(f"{batch}\n")
+            connector.stdin.flush()
+            answers = json.loads(connector.stdout.readline())
+            if round_:
+                samples[i] += answers
+    return samples
+
+
+async def _measure(n: int, flips: int, rng: random.Random, node: PolicyNode) -> dict:
     inputs = ServiceInputs()
     fill(inputs, n)
     backend = TimedBackend(LibNftables(node.node.path))
@@ -212,12 +247,6 @@ async def _measure(n: int, flips: int, connections: int, rng: random.Random, nod
         out["endpoint_change_lines"] = {"min": min(lines), "max": max(lines)}
         nursery.cancel_scope.cancel()
     backend.inner.close()
-    # The table stays in the kernel after the proxy stops (as it does across an agent restart).
-    done = await trio.run_process(
-        ["ip", "netns", "exec", client, sys.executable, "-c", CLIENT, cluster_ip(PROBED), "80", str(connections)],
-        capture_stdout=True,
-    )
-    out["first_connection_ms"] = summary(json.loads(done.stdout)[5:], scale=1000, digits=3)  # 5 warm-up
     return out
 
 
@@ -275,16 +304,22 @@ def main() -> None:
         print(json.dumps(rss_child(args.rss_child)))
         return
     results = []
-    for n in (int(x) for x in args.sizes.split(",")):
-        r = measure(n, args.flips, args.connections, args.seed)
-        child = subprocess.run(
-            [sys.executable, __file__, "--rss-child", str(n)], capture_output=True, text=True, check=True
-        )
-        r["rss"] = json.loads(child.stdout)
-        results.append(r)
-        if not args.json:
+    with contextlib.ExitStack() as stack:
+        connectors = []
+        for n in (int(x) for x in args.sizes.split(",")):
+            r, connector = stack.enter_context(measured(n, args.flips, args.seed))
+            child = subprocess.run(
+                [sys.executable, __file__, "--rss-child", str(n)], capture_output=True, text=True, check=True
+            )
+            r["rss"] = json.loads(child.stdout)
+            results.append(r)
+            connectors.append(connector)
+        for r, samples in zip(results, first_connections(connectors, args.connections), strict=True):
+            r["first_connection_ms"] = summary(samples, scale=1000, digits=3)
+    if not args.json:
+        for r in results:
             print(
-                f"{n:>6} Services × {ENDPOINTS}: start → programmed {r['start_to_programmed_s']:.2f} s "
+                f"{r['services']:>6} Services × {ENDPOINTS}: start → programmed {r['start_to_programmed_s']:.2f} s "
                 f"({r['full_table_lines']} lines); endpoint change → kernel {r['endpoint_change_ms']['median']:.2f} / "
                 f"{r['endpoint_change_ms']['p99']:.2f} ms ({r['endpoint_change_lines']['min']}–"
                 f"{r['endpoint_change_lines']['max']} lines); first connection "
