@@ -34,11 +34,12 @@ import trio
 from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
-from ._compile import NodeView, ServicesConfig
+from ._compile import NodeView, ServicesConfig, slice_owner
 from ._conntrack import StaleFlows
 from ._counters import COUNTED_MAPS, ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
 from ._engine import ServicesEngine
 from ._inputs import ServiceInputs
+from ._model import EndpointSlice, Service
 from ._nft import render_full, render_update
 from ._table import TABLE, HealthCheck, ServicesTable
 
@@ -46,6 +47,7 @@ log = logging.getLogger("flock.services")
 
 RECHECK_S = 30.0
 COUNTERS_EVERY_S = 15.0
+LOAD_STEP = 500  # Services per transaction of a first load on a node without the table
 APPLY_BACKOFF = Backoff(initial=0.2, factor=2.0, cap=10.0, jitter=0.2)
 NOTE = "service-proxy"  # the NodeState note's topic
 DROP_TABLE = f"add table inet {TABLE}\ndelete table inet {TABLE}\n"
@@ -138,8 +140,11 @@ class ServiceProxy:
         journal = self.inputs.journal()  # with the whole read below, in the same step
         engine = self.engine = ServicesEngine(node, self.config())
         services, slices = self.inputs.services, self.inputs.slices
-        engine.load(services, slices)
         self.in_kernel = False
+        if await self._fresh():
+            await self._load_in_steps(engine, dict(services), dict(slices))
+        else:
+            engine.load(services, slices)  # the table there serves until one transaction replaces it whole
         health_changed = True
         while True:
             generation = self.inputs.generation
@@ -179,6 +184,61 @@ class ServiceProxy:
             self.applied_generation = generation
             with trio.move_on_after(max(0.0, node_read + self.recheck_s - trio.current_time())):
                 await self.inputs.wait_generation(generation)
+
+    async def _fresh(self) -> bool:
+        """The node has no services table yet (a first start, not a restart)."""
+        try:
+            listing = await self.backend.run("list tables\n")
+        except NftError:
+            return False
+        return f"table inet {TABLE}" not in listing.splitlines()
+
+    async def _load_in_steps(
+        self, engine: ServicesEngine, services: Mapping[str, Service], slices: Mapping[str, EndpointSlice]
+    ) -> None:
+        """A node without the table: the skeleton, then the Services :data:`LOAD_STEP` at a time, each step
+        compiled while nft takes the one before it (nft runs on its own thread), so the first Services
+        translate at once and all of them sooner than in one transaction.  Only where nothing is there to
+        keep serving meanwhile: a restart replaces the table in one transaction.  A refused step leaves
+        the kernel unknown: the loop then replaces the table whole, with backoff."""
+        by_service: dict[str, list[str]] = {}
+        for key, eps in slices.items():
+            owner = slice_owner(eps)
+            service = f"{owner[0]}/{owner[1]}" if owner is not None else ""
+            by_service.setdefault(service if service in services else "", []).append(key)
+        keys = sorted(services)
+        refused: list[NftError] = []
+
+        async def run(script: str, done: trio.Event) -> None:
+            try:
+                await self.backend.run(script)
+            except NftError as exc:
+                refused.append(exc)
+            finally:
+                done.set()
+
+        async with trio.open_nursery() as nursery:
+            done = trio.Event()
+            nursery.start_soon(run, render_full(engine.table()), done)  # the skeleton and the node's addresses
+            engine.update(services, slices, (), ())  # (what that took in: not again in the first step)
+            for i in range(0, len(keys), LOAD_STEP):
+                step = keys[i : i + LOAD_STEP]
+                step_slices = [k for service in step for k in by_service.get(service, ())]
+                if i == 0:
+                    step_slices += by_service.get("", [])  # slices of no Service (yet): kept, nothing to compile
+                script = engine.update(services, slices, step, step_slices).script()
+                await done.wait()
+                if refused:
+                    break
+                done = trio.Event()
+                nursery.start_soon(run, script, done)
+            await done.wait()
+        if refused:
+            log.error("services table refused", extra={"op": "services", "error": str(refused[0])[:500]})
+            engine.load(services, slices)  # the engine holds every Service; the kernel, some: replaced whole next
+            return
+        self.in_kernel = True
+        log.info("services table loaded", extra={"op": "services", "services": engine.services})
 
     async def _apply(self, engine: ServicesEngine, script: str | None, health_changed: bool) -> None:
         """Bring the kernel to the engine's table: *script* when the kernel held the table before this

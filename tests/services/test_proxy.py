@@ -40,8 +40,12 @@ class RecordingNft:
     times: list[float] = attrs.field(factory=list)  # when each script went in (trio's clock)
     refuse: int = 0
 
+    table_there: bool = True  # "list tables" finds the services table (a restart); False: a first start
+
     async def run(self, script: str | bytes) -> str:
         text = script.decode() if isinstance(script, bytes) else script
+        if text == "list tables\n":
+            return "table inet flock\ntable inet flock-services\n" if self.table_there else "table inet flock\n"
         if self.refuse:
             self.refuse -= 1
             raise NftError(1, "Error: Could not process rule: No such file or directory")
@@ -326,3 +330,46 @@ async def test_an_endpoint_gone_hands_its_udp_flows_to_be_forgotten(world: World
     assert [(str(s.address), s.port, str(s.endpoint)) for s in stale] == [  # type: ignore[attr-defined]
         ("fd00:10:96::b", 53, "2001:db8:0:1::2")
     ]
+
+
+async def test_a_first_start_loads_in_steps_and_ends_at_the_whole_table(world: World, autojump_clock):
+    from flock.services import render_update
+
+    world.nft.table_there = False
+    services = {}
+    slices = {}
+    for i in range(1200):
+        svc = Service.from_object(service(f"s{i:04}", [f"fd00:10:96::{i + 1:x}"], [port("http", 80)]))
+        eps = [endpoint(f"2001:db8:0:{i + 1:x}::{j + 1:x}") for j in range(2)]
+        slice_ = EndpointSlice.from_object(endpoint_slice(f"s{i:04}", eps, [slice_port("http", 8080)]))
+        services[svc.key], slices[slice_.key] = svc, slice_
+    world.inputs.replace(SERVICES, services)
+    world.inputs.replace(ENDPOINT_SLICES, slices)
+    proxy = world.proxy()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    skeleton, *steps = world.nft.scripts
+    assert "delete table inet flock-services" in skeleton and "fd00:10:96::1 " not in skeleton
+    assert len(steps) == 3 and all("delete table" not in s and "add element" in s for s in steps)  # 500 a step
+    assert "fd00:10:96::1 . tcp . 80" in steps[0] and "fd00:10:96::4b0 . tcp . 80" in steps[2]
+    assert proxy.in_kernel and proxy.applied_generation == world.inputs.generation
+    whole = compile_table(services.values(), slices.values(), NODE, proxy.config())
+    assert proxy.engine is not None and proxy.engine.table() == whole
+    assert render_update(whole, proxy.engine.table()) == ""
+
+
+async def test_a_refused_step_of_a_first_load_ends_in_a_whole_replacement(world: World, autojump_clock):
+    world.nft.table_there = False
+    world.inputs.replace(SERVICES, {WEB.key: WEB})
+    world.inputs.replace(ENDPOINT_SLICES, {"default/web-ipv6": web_slice(True)})
+    world.nft.refuse = 1  # the skeleton
+    proxy = world.proxy()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    assert len(world.nft.scripts) == 1 and "delete table inet flock-services" in world.nft.scripts[0]
+    assert "fd00:10:96::a . tcp . 80" in world.nft.scripts[0]  # the whole table, Services and all
+    assert proxy.in_kernel
