@@ -137,12 +137,18 @@ def _cache_path(plan: LabPlan, namespace: str, name: str) -> Path:
 
 
 def load_pods(plan: LabPlan) -> list[LabPod]:
+    """The lab's pods, from their cache files (written whole by rename; one deleted while this reads —
+    ``pod del`` beside a probe — is a pod that is gone, not an error)."""
     if not plan.pods_dir.exists():
         return []
-    return sorted(
-        (LabPod.from_json(json.loads(p.read_text())) for p in plan.pods_dir.glob("*.json")),
-        key=lambda p: (p.node, p.namespace, p.name),
-    )
+    pods = []
+    for path in plan.pods_dir.glob("*.json"):
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        pods.append(LabPod.from_json(json.loads(text)))
+    return sorted(pods, key=lambda p: (p.node, p.namespace, p.name))
 
 
 def load_pod(plan: LabPlan, key: str) -> LabPod:

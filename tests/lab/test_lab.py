@@ -69,6 +69,15 @@ def test_plan_uses_documentation_ranges_and_lab_prefixed_namespaces(tmp_path: Pa
         LabPlan.make(tmp_path, 9)
 
 
+def test_a_pod_deleted_while_the_pods_are_read_is_gone_not_an_error(tmp_path: Path) -> None:
+    # a probe reads the pods while `pod del` removes one (the services stage's drain): the glob finds
+    # the file, the read does not — here, deterministically, a cache entry that points nowhere
+    plan = LabPlan.make(tmp_path, 1)
+    plan.pods_dir.mkdir(parents=True)
+    (plan.pods_dir / "shop_gone.json").symlink_to(tmp_path / "deleted.json")
+    assert load_pods(plan) == []
+
+
 def test_pod_keys_and_annotations_are_checked() -> None:
     assert parse_pod_key("default/web-1") == ("default", "web-1")
     assert parse_annotations(["ipv4=true", "example.com/x=a=b"]) == {
