@@ -150,6 +150,9 @@ class TimedBackend:
     async def counters(self, table: str) -> dict[str, tuple[int, int]]:
         return await self.inner.counters(table)
 
+    async def has_table(self, table: str) -> bool:
+        return await self.inner.has_table(table)
+
     def expect(self) -> trio.Event:
         self.returned = trio.Event()
         return self.returned

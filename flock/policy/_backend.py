@@ -32,7 +32,7 @@ import trio
 
 from flock.netns import enter_netns
 
-from ._counters import add_counter, element_counters, finish, rule_counters
+from ._counters import add_counter, element_counters, finish, rule_counters, table_exists
 
 log = logging.getLogger("flock.policy")
 
@@ -56,6 +56,10 @@ class NftBackend(Protocol):
 
     async def counters(self, table: str) -> dict[str, tuple[int, int]]:
         """Packets and bytes per chain of ``inet <table>`` (summed over the chain's counted rules; {}: no table)."""
+        ...
+
+    async def has_table(self, table: str) -> bool:
+        """``inet <table>`` exists (asked for that table alone)."""
         ...
 
     async def element_counters(
@@ -89,6 +93,14 @@ class NftCommand:
                 nbytes = sum(int(c.get("bytes", 0)) for c in counters if isinstance(c, dict))
                 add_counter(totals, rule["chain"], packets, nbytes)
         return finish(totals)
+
+    async def has_table(self, table: str) -> bool:
+        # terse: no set elements are read for it
+        try:
+            await self._nft(["-t", "list", "table", "inet", table], b"")
+        except NftError:
+            return False
+        return True
 
     async def element_counters(
         self, table: str, name: str, decode: Callable[[bytes], str | None]
@@ -209,6 +221,9 @@ class LibNftables:
     async def counters(self, table: str) -> dict[str, tuple[int, int]]:
         # On the nft thread: in its network namespace, and never while a transaction is under way.
         return await trio.to_thread.run_sync(self._call, lambda _ctx: rule_counters(table))
+
+    async def has_table(self, table: str) -> bool:
+        return await trio.to_thread.run_sync(self._call, lambda _ctx: table_exists(table))
 
     async def element_counters(
         self, table: str, name: str, decode: Callable[[bytes], str | None]

@@ -37,12 +37,14 @@ from ._nfnetlink import (
     expressions,
     is_rule,
     is_setelem,
+    is_table,
     messages,
     netfilter_socket,
     rule_dump_request,
     set_elements,
     setelem_dump_request,
     string,
+    table_request,
 )
 
 _NFTA_COUNTER_BYTES, _NFTA_COUNTER_PACKETS = 1, 2
@@ -170,3 +172,27 @@ def element_counters(table: str, name: str) -> dict[bytes, tuple[int, int]]:
             if not interrupted:
                 return found
         return _element_dump(sock, table, name, _ATTEMPTS)[0]
+
+
+def table_exists(table: str) -> bool:
+    """``inet <table>`` is in this thread's network namespace: one request for that table alone (``nft list
+    tables`` would read every table's sets and elements first: seconds beside a large policy table).
+    Blocking."""
+    with netfilter_socket() as sock:
+        sock.send(table_request(table, 1))
+        found = False
+        while True:
+            for message in messages(sock.recv(1 << 16)):
+                if message is None:
+                    raise DumpError(errno.EPROTO, "a truncated netlink message")
+                if message.seq != 1:
+                    continue
+                if is_table(message):
+                    found = True
+                elif message.kind == NLMSG_ERROR:
+                    code = error_code(message.payload)
+                    if code == errno.ENOENT:
+                        return False
+                    if code:
+                        raise DumpError(code, f"nftables table {table}: {os.strerror(code)}")
+                    return found  # the acknowledgement, after the table

@@ -47,6 +47,7 @@ NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id (big-endian)
 L4_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}  # the IP protocols a probe can be
 
 _NFT_MSG_NEWRULE, _NFT_MSG_GETRULE, _NFT_MSG_NEWSETELEM, _NFT_MSG_GETSETELEM, _NFT_MSG_TRACE = 6, 7, 12, 13, 17
+_NFT_MSG_NEWTABLE, _NFT_MSG_GETTABLE, _NFTA_TABLE_NAME = 0, 1, 1
 _NFTA_SET_ELEM_LIST_TABLE, _NFTA_SET_ELEM_LIST_SET, _NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
 _NFTA_SET_ELEM_KEY, _NFTA_SET_ELEM_EXPR, _NFTA_SET_ELEM_EXPRESSIONS = 1, 7, 11
 _NFTA_DATA_VALUE = 1
@@ -250,6 +251,16 @@ def rule_dump_request(table: str, seq: int) -> bytes:
     """``NFT_MSG_GETRULE``: dump every rule of ``inet <table>`` (no set elements)."""
     body = NFGEN.pack(NFPROTO_INET, 0, 0) + attribute(NFTA_RULE_TABLE, table.encode() + b"\0")
     return request((SUBSYS_NFTABLES << 8) | _NFT_MSG_GETRULE, NLM_F_DUMP, seq, body)
+
+
+def table_request(table: str, seq: int) -> bytes:
+    """``NFT_MSG_GETTABLE`` for ``inet <table>`` alone: answered by the table (NEWTABLE) or ENOENT."""
+    body = NFGEN.pack(NFPROTO_INET, 0, 0) + attribute(_NFTA_TABLE_NAME, table.encode() + b"\0")
+    return request((SUBSYS_NFTABLES << 8) | _NFT_MSG_GETTABLE, NLM_F_ACK, seq, body)
+
+
+def is_table(message: Message) -> bool:
+    return message.kind == (SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWTABLE
 
 
 def setelem_dump_request(table: str, name: str, seq: int) -> bytes:

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
+import trio.lowlevel
 
 from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
@@ -51,6 +52,14 @@ LOAD_STEP = 500  # Services per transaction of a first load on a node without th
 APPLY_BACKOFF = Backoff(initial=0.2, factor=2.0, cap=10.0, jitter=0.2)
 NOTE = "service-proxy"  # the NodeState note's topic
 DROP_TABLE = f"add table inet {TABLE}\ndelete table inet {TABLE}\n"
+
+
+async def _hand_over() -> None:
+    """Let a task just started reach its thread: ``trio.to_thread.run_sync`` passes a checkpoint before it
+    hands the work over, so one is not enough (measured: after two, nft's thread parses one step while
+    this thread compiles the next; after one, they take turns)."""
+    for _ in range(3):
+        await trio.lowlevel.checkpoint()
 
 
 @attrs.define(eq=False)
@@ -188,10 +197,9 @@ class ServiceProxy:
     async def _fresh(self) -> bool:
         """The node has no services table yet (a first start, not a restart)."""
         try:
-            listing = await self.backend.run("list tables\n")
-        except NftError:
+            return not await self.backend.has_table(TABLE)
+        except (NftError, OSError):  # not known: as a restart (one transaction, whatever is there)
             return False
-        return f"table inet {TABLE}" not in listing.splitlines()
 
     async def _load_in_steps(
         self, engine: ServicesEngine, services: Mapping[str, Service], slices: Mapping[str, EndpointSlice]
@@ -220,6 +228,7 @@ class ServiceProxy:
         async with trio.open_nursery() as nursery:
             done = trio.Event()
             nursery.start_soon(run, render_full(engine.table()), done)  # the skeleton and the node's addresses
+            await _hand_over()
             engine.update(services, slices, (), ())  # (what that took in: not again in the first step)
             for i in range(0, len(keys), LOAD_STEP):
                 step = keys[i : i + LOAD_STEP]
@@ -232,6 +241,7 @@ class ServiceProxy:
                     break
                 done = trio.Event()
                 nursery.start_soon(run, script, done)
+                await _hand_over()
             await done.wait()
         if refused:
             log.error("services table refused", extra={"op": "services", "error": str(refused[0])[:500]})

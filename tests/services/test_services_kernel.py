@@ -515,4 +515,13 @@ def test_both_backends_read_the_same_element_counters(settled: World) -> None:
 
     fast, slow = trio.run(read)
     assert fast == slow and fast[f"{WEB[0]} . tcp . 80"][0] >= 3, (fast, slow)
+
+    async def tables() -> list[bool]:
+        lib, cmd = LibNftables(node.path), NftCommand(("ip", "netns", "exec", node.name, "nft"))
+        try:
+            return [await b.has_table(t) for b in (lib, cmd) for t in (TABLE, "no-such-table")]
+        finally:
+            lib.close()
+
+    assert trio.run(tables) == [True, False, True, False]
     assert set(fast) == {k for k, _ in settled.applied.elements["service-ips6"]}  # type: ignore[union-attr]
