@@ -10,11 +10,14 @@ Pure layers, and the loop that applies them (:class:`ServiceProxy`):
   written keys touch are compiled again), each change a :class:`TableDelta`; held to compile_table;
 - :mod:`._counters`: :func:`service_connections` — the kernel's per-element counters → per Service port,
   and :class:`ServiceMetrics` (their series on /metrics);
+- :mod:`._announce`: :func:`announcements` — which Service addresses this node announces over BGP
+  and why (issue 34's rules; the BIRD side comes with LoadBalancerPool);
 - :mod:`._nft`: :func:`render_full` and :func:`render_update` (old → new, one transaction);
 - :mod:`._kubeproxy`: :func:`find_kube_proxy` — the proxy never turns on while kube-proxy's own
   tables, chains or IPVS interface are on the node.
 """
 
+from ._announce import Announcement, Announcements, AnnouncePool, NotAnnounced, announcements
 from ._compile import NodeView, ServicePiece, ServicesConfig, compile_service, compile_table
 from ._conntrack import StaleFlows, forget_stale, stale_flows
 from ._counters import ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
@@ -42,6 +45,9 @@ __all__ = [
     "SERVICES",
     "TABLE",
     "AffinitySet",
+    "AnnouncePool",
+    "Announcement",
+    "Announcements",
     "Backend",
     "Categorized",
     "Counted",
@@ -52,6 +58,7 @@ __all__ = [
     "HealthCheck",
     "HealthChecks",
     "NodeView",
+    "NotAnnounced",
     "PortPolicy",
     "Service",
     "ServiceChanges",
@@ -71,6 +78,7 @@ __all__ = [
     "StaleFlows",
     "TableDelta",
     "TrafficPolicy",
+    "announcements",
     "backends",
     "categorize",
     "compile_service",

@@ -1,0 +1,187 @@
+"""Which Service addresses this node announces over BGP, and why (pure; issue 34's announcement rules).
+
+Given the cluster's Services and EndpointSlices, this node's name and the operator's pools (the
+allow-list), :func:`announcements` says, per address, whether this node announces it as an exact
+route (/128 or /32) and why, or why not:
+
+- the addresses are a Service's load-balancer addresses (``status.loadBalancer.ingress``, whoever
+  wrote them: flock's controller, MetalLB's, a cloud's) and its ``externalIPs``;
+- only addresses inside a pool the Service may use are ever announced (CVE-2020-8554: whoever may
+  create a Service may name any address; announced over BGP, that would capture the fabric's
+  traffic to it) — *may_use* says whether a Service may use a pool (the pools' selectors);
+- ``externalTrafficPolicy: Cluster``: every node that translates the Service announces it, while the
+  Service has an endpoint to send to (ready, or serving and terminating while none is ready); with
+  none, every node withdraws (``withdraw_without_endpoints``, on by default: a fabric that keeps
+  sending to an address nothing answers blackholes the clients that a withdrawal would fail over to
+  another announcement — another cluster's, or the next hop's default);
+- ``externalTrafficPolicy: Local``: only a node with a ready endpoint of the Service announces it,
+  or one with a serving and terminating endpoint while none is ready (the endpoints kube-proxy's
+  health check counts), so traffic never lands on a node that would drop it;
+- an address two Services share (a sharing key) is announced while either wants it;
+- the ClusterIP ranges, when configured, are announced as they are (aggregates).
+
+Each announcement carries its pool's communities and local preference, for the BIRD config.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from ._compile import slice_owner
+from ._model import EndpointSlice, Family, IPAddress, Service, TrafficPolicy, family_of
+from ._select import backends, categorize, port_policy
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@attrs.frozen
+class AnnouncePool:
+    """A pool as the announcer needs it: its blocks, and what its routes carry."""
+
+    name: str
+    cidrs: tuple[IPNetwork, ...]
+    communities: tuple[str, ...] = ()  # as BIRD writes them: "(65000, 100)", "(65000, 1, 2)" for large ones
+    local_preference: int | None = None
+
+
+@attrs.frozen
+class Announcement:
+    """One exact route this node announces: *prefix*, from *pool*, for *services* (``namespace/name``)."""
+
+    prefix: IPNetwork
+    pool: str
+    services: tuple[str, ...]
+    why: str
+    communities: tuple[str, ...] = ()
+    local_preference: int | None = None
+
+
+@attrs.frozen
+class NotAnnounced:
+    """An address of *service* this node does not announce, and why (for ``flockctl services``)."""
+
+    address: IPAddress
+    service: str
+    why: str
+
+
+@attrs.frozen
+class Announcements:
+    routes: tuple[Announcement, ...] = ()
+    not_announced: tuple[NotAnnounced, ...] = ()
+
+    def prefixes(self) -> frozenset[IPNetwork]:
+        return frozenset(r.prefix for r in self.routes)
+
+
+def _exact(address: IPAddress) -> IPNetwork:
+    return ipaddress.ip_network(f"{address}/{address.max_prefixlen}")
+
+
+def _pool_of(
+    address: IPAddress, pools: Iterable[AnnouncePool], usable: Callable[[AnnouncePool], bool]
+) -> AnnouncePool | None:
+    """The first pool (by name) holding *address* that the Service may use."""
+    for pool in sorted(pools, key=lambda p: p.name):
+        if any(address.version == net.version and address in net for net in pool.cidrs) and usable(pool):
+            return pool
+    return None
+
+
+def _wanted(service: Service, slices: Iterable[EndpointSlice], family: Family, node_name: str) -> tuple[bool, str]:
+    """Whether this node wants *service*'s addresses of *family* announced, and why (or why not)."""
+    local = service.external_traffic_policy is TrafficPolicy.LOCAL
+    any_usable = False
+    here = False
+    for port in service.ports:
+        policy = port_policy(service, port, external_addresses=True)
+        cat = categorize(backends(service, port, family, slices, node_name), policy)
+        any_usable = any_usable or bool(cat.cluster)
+        here = here or bool(cat.local)
+    if local:
+        if here:
+            return True, "externalTrafficPolicy Local: an endpoint on this node"
+        return False, "externalTrafficPolicy Local: no ready (or serving) endpoint on this node"
+    if any_usable:
+        return True, "externalTrafficPolicy Cluster: the Service has an endpoint"
+    return False, "no endpoint is ready or serving anywhere: withdrawn on every node"
+
+
+def announcements(
+    services: Iterable[Service],
+    slices: Iterable[EndpointSlice],
+    node_name: str,
+    pools: Iterable[AnnouncePool],
+    *,
+    may_use: Callable[[Service, AnnouncePool], bool] = lambda _s, _p: True,
+    withdraw_without_endpoints: bool = True,
+    cluster_ip_ranges: Iterable[tuple[IPNetwork, AnnouncePool | None]] = (),
+) -> Announcements:
+    """What this node announces of the Services (see the module doc), in a stable order."""
+    pools = tuple(pools)
+    by_service: dict[tuple[str, str], list[EndpointSlice]] = {}
+    for eps in slices:
+        owner = slice_owner(eps)
+        if owner is not None:
+            by_service.setdefault(owner, []).append(eps)
+    wanted: dict[IPNetwork, tuple[AnnouncePool, list[str], list[str]]] = {}  # prefix → pool, services, whys
+    refused: list[NotAnnounced] = []
+    for service in sorted(services, key=lambda s: (s.namespace, s.name)):
+        if not service.proxied:
+            continue
+        mine = by_service.get((service.namespace, service.name), [])
+        addresses = sorted({*service.load_balancer_ips, *service.external_ips}, key=lambda a: (a.version, a))
+        for address in addresses:
+            pool = _pool_of(address, pools, functools.partial(may_use, service))
+            if pool is None:
+                refused.append(NotAnnounced(address, service.key, "in no pool this Service may use"))
+                continue
+            family = family_of(address)
+            if service.cluster_ip(family) is None:
+                refused.append(NotAnnounced(address, service.key, f"the Service has no {family.value} ClusterIP"))
+                continue
+            want, why = _wanted(service, mine, family, node_name)
+            if not want:
+                kept = not withdraw_without_endpoints and service.external_traffic_policy is TrafficPolicy.CLUSTER
+                if not kept:
+                    refused.append(NotAnnounced(address, service.key, why))
+                    continue
+                why = "externalTrafficPolicy Cluster without an endpoint (withdraw_without_endpoints off)"
+            held = wanted.setdefault(_exact(address), (pool, [], []))
+            held[1].append(service.key)
+            held[2].append(why)
+    routes = [
+        Announcement(
+            prefix, pool.name, tuple(names), "; ".join(dict.fromkeys(whys)), pool.communities, pool.local_preference
+        )
+        for prefix, (pool, names, whys) in wanted.items()
+    ]
+    for net, pool in cluster_ip_ranges:
+        routes.append(
+            Announcement(
+                net,
+                pool.name if pool is not None else "",
+                (),
+                "the ClusterIP range, as configured",
+                pool.communities if pool is not None else (),
+                pool.local_preference if pool is not None else None,
+            )
+        )
+    routes.sort(key=lambda r: (r.prefix.version, r.prefix.network_address, r.prefix.prefixlen))
+    # an address another Service of it announces is announced: not refused for it
+    announced = {r.prefix for r in routes}
+    refused = [n for n in refused if _exact(n.address) not in announced or "pool" in n.why]
+    return Announcements(tuple(routes), tuple(refused))
+
+
+def announced_by_pool(result: Announcements) -> Mapping[str, tuple[IPNetwork, ...]]:
+    """The announced prefixes per pool (BIRD's config groups them so that each group carries its pool's
+    communities and local preference)."""
+    out: dict[str, list[IPNetwork]] = {}
+    for route in result.routes:
+        out.setdefault(route.pool, []).append(route.prefix)
+    return {pool: tuple(prefixes) for pool, prefixes in sorted(out.items())}
