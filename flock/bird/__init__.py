@@ -2,7 +2,15 @@
 
 from flock.bird.inputs import BirdInputs
 from flock.bird.reloader import BirdReloader, ProcessRunner, ReloadError, run_process
-from flock.bird.render import SECRETS_FILE, BgpTimers, RenderError, RenderSettings, render, render_secrets
+from flock.bird.render import (
+    SECRETS_FILE,
+    BgpTimers,
+    RenderError,
+    RenderSettings,
+    ServiceRoutes,
+    render,
+    render_secrets,
+)
 
 __all__ = [
     "SECRETS_FILE",
@@ -13,6 +21,7 @@ __all__ = [
     "ReloadError",
     "RenderError",
     "RenderSettings",
+    "ServiceRoutes",
     "render",
     "render_secrets",
     "run_process",

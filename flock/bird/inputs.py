@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from flock.bird.render import ServiceRoutes
 from flock.model import Allocation, IPAddress, NodeConfig, PodInfo
 
 
@@ -46,6 +47,8 @@ class BirdInputs:
     #: locally, not announced.
     withheld: frozenset[IPAddress] = attrs.field(default=frozenset(), converter=_ips)
     passwords: Mapping[str, str] = attrs.field(factory=dict, repr=False, hash=False)
+    #: Service addresses to announce, grouped by pool (flock.services' announcements, issue 34).
+    services: tuple[ServiceRoutes, ...] = ()
 
     @classmethod
     def collect(

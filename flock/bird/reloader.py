@@ -209,6 +209,7 @@ class BirdReloader:
                 anycast=inputs.anycast,
                 addresses=inputs.addresses,
                 passwords=inputs.passwords.keys(),
+                services=inputs.services,
                 settings=self.settings,
             )
             secrets = render_secrets(inputs.node, inputs.passwords) if inputs.passwords else None

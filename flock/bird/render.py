@@ -123,12 +123,26 @@ class _PeerView:
 
 @attrs.frozen
 class _Announce:
-    """One kind of route this node originates, with the communities it carries."""
+    """One kind of route this node originates, with the communities (and local preference) it carries."""
 
     title: str
     nets: tuple[str, ...]
     standard: tuple[str, ...]  # "(64512, 100)"
     large: tuple[str, ...]  # "(64512, 1, 100)"
+    local_pref: int | None = None
+
+
+@attrs.frozen
+class ServiceRoutes:
+    """Service addresses this node announces from one pool (issue 34): exact /128 and /32 routes, or a
+    ClusterIP range, with the pool's communities and local preference (iBGP).  BIRD holds them as
+    static blackhole routes it never gives the kernel (nftables translates those addresses before
+    routing); the export filter announces them."""
+
+    pool: str
+    nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    communities: Communities = attrs.field(factory=Communities)
+    local_preference: int | None = None
 
 
 @attrs.frozen
@@ -136,6 +150,7 @@ class _FamilyView:
     version: int
     blocks: tuple[str, ...]
     announce: tuple[_Announce, ...]
+    services: tuple[str, ...] = ()  # the Service routes BIRD holds (static, never given to the kernel)
 
 
 def _check_node_name(name: Any) -> str:
@@ -224,6 +239,28 @@ def _peer_view(i: int, peer: Any, local_asn: int, passwords: frozenset[str]) -> 
     )
 
 
+_POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
+
+
+def _check_services(services: Iterable[ServiceRoutes]) -> tuple[ServiceRoutes, ...]:
+    """Service route groups, checked (a pool name only reaches a comment; nets must be networks), by pool."""
+    if isinstance(services, (str, bytes)):
+        raise RenderError("services", services, "a collection of ServiceRoutes")
+    groups = []
+    for group in services:
+        if not isinstance(group, ServiceRoutes):
+            raise RenderError("services", group, "a ServiceRoutes")
+        if not isinstance(group.pool, str) or not _POOL_NAME.match(group.pool):
+            raise RenderError("services.pool", group.pool, "a pool name (a DNS subdomain)")
+        for net in group.nets:
+            if not isinstance(net, ipaddress.IPv4Network | ipaddress.IPv6Network):
+                raise RenderError(f"services[{group.pool}].nets", net, "an IP network")
+        if group.local_preference is not None and not _is_uint(group.local_preference, 4294967295):
+            raise RenderError(f"services[{group.pool}].local_preference", group.local_preference, "0..4294967295")
+        groups.append(group)
+    return tuple(sorted(groups, key=lambda g: g.pool))
+
+
 def _community_texts(field: str, communities: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if not isinstance(communities, Communities):
         raise RenderError(field, communities, "a Communities")
@@ -297,6 +334,7 @@ def render(
     anycast: Iterable[IPAddress] = (),
     addresses: Iterable[IPAddress] = (),
     passwords: Iterable[str] = (),
+    services: Iterable[ServiceRoutes] = (),
     settings: RenderSettings,
 ) -> str:
     """The complete ``bird.conf`` for ``node``.
@@ -322,6 +360,7 @@ def render(
     block4 = None if node.cidr4 is None else _check_network("node.cidr4", node.cidr4, ipaddress.IPv4Network)
     any_addrs = _check_addresses("anycast", anycast)
     extra_addrs = _check_addresses("addresses", addresses)
+    service_groups = _check_services(services)
 
     router_id, local_asn, peers, bgp = None, None, [], node.bgp
     if bgp is not None:
@@ -360,10 +399,21 @@ def render(
             ("anycast", "anycast", tuple(f"{a}/{host}" for a in any_addrs if a.version == version)),
             ("extra pod addresses", "addresses", tuple(f"{a}/{host}" for a in extra_addrs if a.version == version)),
         )
+        announce = [_Announce(title, nets, *communities[kind]) for title, kind, nets in kinds if nets]
+        service_nets: list[str] = []
+        for group in service_groups:
+            nets = tuple(str(n) for n in group.nets if n.version == version)
+            if nets:
+                standard, large = _community_texts(f"services[{group.pool}].communities", group.communities)
+                announce.append(
+                    _Announce(f"Service addresses, pool {group.pool}", nets, standard, large, group.local_preference)
+                )
+                service_nets.extend(nets)
         return _FamilyView(
             version=version,
             blocks=blocks,
-            announce=tuple(_Announce(title, nets, *communities[kind]) for title, kind, nets in kinds if nets),
+            announce=tuple(announce),
+            services=tuple(dict.fromkeys(service_nets)),
         )
 
     return (

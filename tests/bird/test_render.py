@@ -7,14 +7,24 @@ import pathlib
 import random
 import re
 import subprocess
+from typing import Any
 
 import attrs
 import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from flock.bird import SECRETS_FILE, BgpTimers, BirdInputs, RenderError, RenderSettings, render, render_secrets
-from flock.model import Allocation, AllocationState, BgpConfig, BgpPeer, GracefulRestart, NodeConfig
+from flock.bird import (
+    SECRETS_FILE,
+    BgpTimers,
+    BirdInputs,
+    RenderError,
+    RenderSettings,
+    ServiceRoutes,
+    render,
+    render_secrets,
+)
+from flock.model import Allocation, AllocationState, BgpConfig, BgpPeer, Communities, GracefulRestart, NodeConfig
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 SETTINGS = RenderSettings(route_protocol=252)
@@ -425,3 +435,48 @@ def test_route_reflector_exports_what_it_learned_to_clients_only() -> None:
     assert "if source = RTS_BGP then accept;" in reflect
     tor = text[text.index("protocol bgp 'bgp_tor-a'") :].split("\n}\n")[0]
     assert "flock_bgp_export6;" in tor and "reflect" not in tor
+
+
+SERVICE_ROUTES = (
+    ServiceRoutes(
+        "public",
+        (ipaddress.ip_network("198.51.100.7/32"), ipaddress.ip_network("2001:db8:ee::7/128")),
+        Communities(standard=((64512, 300),), large=((64512, 1, 300),)),
+        local_preference=150,
+    ),
+    ServiceRoutes("cluster-ips", (ipaddress.ip_network("fd00:10:96::/112"),)),
+)
+
+
+def test_service_routes_are_held_static_and_announced_with_their_pools_attributes(
+    require_bird: None, tmp_path: pathlib.Path
+) -> None:
+    text = render(host001(), services=reversed(SERVICE_ROUTES), settings=SETTINGS)
+    assert text == render(host001(), services=SERVICE_ROUTES, settings=SETTINGS)  # canonical: by pool
+    assert "protocol static flock_services4 {\n  ipv4;\n  route 198.51.100.7/32 blackhole;\n}" in text
+    assert "route 2001:db8:ee::7/128 blackhole;" in text and "route fd00:10:96::/112 blackhole;" in text
+    v4 = text[text.index("filter flock_bgp_export4") :]
+    block = v4[v4.index("# Service addresses, pool public") :]
+    assert "198.51.100.7/32" in block.split("then")[0]
+    assert "bgp_community.add((64512, 300));" in block and "bgp_large_community.add((64512, 1, 300));" in block
+    assert "bgp_local_pref = 150;" in block.split("}")[0]
+    # never given to the kernel: its export filter takes BGP routes only (unchanged)
+    assert "filter flock_kernel_export {\n  if source = RTS_BGP then accept;\n  reject;\n}" in text
+    result = bird_parse(tmp_path, text)
+    assert result.returncode == 0, result.stderr
+    assert "flock_services" not in render(host001(), settings=SETTINGS)  # none: nothing rendered
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [
+        (ServiceRoutes("evil }; protocol", (ipaddress.ip_network("198.51.100.7/32"),)),),
+        (ServiceRoutes("ok", ("198.51.100.7/32",)),),  # type: ignore[arg-type]
+        (ServiceRoutes("ok", (ipaddress.ip_network("198.51.100.7/32"),), local_preference=-1),),
+        "public",
+    ],
+)
+def test_service_routes_that_could_inject_bird_syntax_are_refused(routes: Any) -> None:
+    with pytest.raises(RenderError) as refused:
+        render(host001(), services=routes, settings=SETTINGS)
+    assert refused.value.field.startswith("services")
