@@ -49,6 +49,8 @@ class BirdInputs:
     passwords: Mapping[str, str] = attrs.field(factory=dict, repr=False, hash=False)
     #: Service addresses to announce, grouped by pool (flock.services' announcements, issue 34).
     services: tuple[ServiceRoutes, ...] = ()
+    #: This node is leaving (drain, agent stopping): Service routes carry GRACEFUL_SHUTDOWN first.
+    leaving: bool = False
 
     @classmethod
     def collect(

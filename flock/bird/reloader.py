@@ -210,6 +210,7 @@ class BirdReloader:
                 addresses=inputs.addresses,
                 passwords=inputs.passwords.keys(),
                 services=inputs.services,
+                leaving=inputs.leaving,
                 settings=self.settings,
             )
             secrets = render_secrets(inputs.node, inputs.passwords) if inputs.passwords else None

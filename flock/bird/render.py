@@ -239,6 +239,7 @@ def _peer_view(i: int, peer: Any, local_asn: int, passwords: frozenset[str]) -> 
     )
 
 
+GRACEFUL_SHUTDOWN = "(65535, 0)"  # RFC 8326's well-known community
 _POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 
 
@@ -335,9 +336,15 @@ def render(
     addresses: Iterable[IPAddress] = (),
     passwords: Iterable[str] = (),
     services: Iterable[ServiceRoutes] = (),
+    leaving: bool = False,
     settings: RenderSettings,
 ) -> str:
     """The complete ``bird.conf`` for ``node``.
+
+    ``services`` are the Service routes to announce (:class:`ServiceRoutes`); ``leaving``: this node
+    is going (drained, its agent stopping), so they carry the GRACEFUL_SHUTDOWN community (RFC 8326)
+    and local preference 0, and the fabric moves their traffic to other nodes before they are
+    withdrawn.
 
     ``anycast`` and ``addresses`` are the anycast and extra pod addresses to
     announce from this node (any order, duplicates allowed); they are announced
@@ -405,9 +412,11 @@ def render(
             nets = tuple(str(n) for n in group.nets if n.version == version)
             if nets:
                 standard, large = _community_texts(f"services[{group.pool}].communities", group.communities)
-                announce.append(
-                    _Announce(f"Service addresses, pool {group.pool}", nets, standard, large, group.local_preference)
-                )
+                local_pref = group.local_preference
+                if leaving:
+                    standard, local_pref = (*standard, GRACEFUL_SHUTDOWN), 0
+                title = f"Service addresses, pool {group.pool}" + (" (leaving: graceful shutdown)" if leaving else "")
+                announce.append(_Announce(title, nets, standard, large, local_pref))
                 service_nets.extend(nets)
         return _FamilyView(
             version=version,

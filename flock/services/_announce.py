@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import attrs
+
+from flock.model import Communities
 
 from ._compile import slice_owner
 from ._model import EndpointSlice, Family, IPAddress, Service, TrafficPolicy, family_of
@@ -44,7 +46,7 @@ class AnnouncePool:
 
     name: str
     cidrs: tuple[IPNetwork, ...]
-    communities: tuple[str, ...] = ()  # as BIRD writes them: "(65000, 100)", "(65000, 1, 2)" for large ones
+    communities: Communities = attrs.field(factory=Communities)
     local_preference: int | None = None
 
 
@@ -56,7 +58,7 @@ class Announcement:
     pool: str
     services: tuple[str, ...]
     why: str
-    communities: tuple[str, ...] = ()
+    communities: Communities = attrs.field(factory=Communities)
     local_preference: int | None = None
 
 
@@ -167,7 +169,7 @@ def announcements(
                 pool.name if pool is not None else "",
                 (),
                 "the ClusterIP range, as configured",
-                pool.communities if pool is not None else (),
+                pool.communities if pool is not None else Communities(),
                 pool.local_preference if pool is not None else None,
             )
         )
@@ -178,10 +180,17 @@ def announcements(
     return Announcements(tuple(routes), tuple(refused))
 
 
-def announced_by_pool(result: Announcements) -> Mapping[str, tuple[IPNetwork, ...]]:
-    """The announced prefixes per pool (BIRD's config groups them so that each group carries its pool's
-    communities and local preference)."""
-    out: dict[str, list[IPNetwork]] = {}
+def routes_by_pool(
+    result: Announcements, pools: Iterable[AnnouncePool]
+) -> list[tuple[AnnouncePool, tuple[IPNetwork, ...]]]:
+    """The announced prefixes grouped by pool, each with the pool (its communities and local
+    preference): what BIRD's config is made of (``flock.bird.ServiceRoutes``)."""
+    known = {p.name: p for p in pools}
+    groups: dict[str, list[IPNetwork]] = {}
     for route in result.routes:
-        out.setdefault(route.pool, []).append(route.prefix)
-    return {pool: tuple(prefixes) for pool, prefixes in sorted(out.items())}
+        groups.setdefault(route.pool, []).append(route.prefix)
+    out = []
+    for name, prefixes in sorted(groups.items()):
+        pool = known.get(name) or AnnouncePool(name or "cluster-ips", ())
+        out.append((pool, tuple(prefixes)))
+    return out

@@ -467,6 +467,19 @@ def test_service_routes_are_held_static_and_announced_with_their_pools_attribute
     assert "flock_services" not in render(host001(), settings=SETTINGS)  # none: nothing rendered
 
 
+def test_a_leaving_node_announces_its_service_routes_for_graceful_shutdown(
+    require_bird: None, tmp_path: pathlib.Path
+) -> None:
+    text = render(host001(), services=SERVICE_ROUTES, leaving=True, settings=SETTINGS)
+    v4 = text[text.index("filter flock_bgp_export4") :]
+    block = v4[v4.index("# Service addresses, pool public") :].split("}")[0]
+    assert "bgp_community.add((65535, 0));" in block and "bgp_local_pref = 0;" in block  # RFC 8326
+    assert "bgp_local_pref = 150;" not in block
+    pod_routes = text[text.index("filter flock_bgp_export6") :].split("# Service addresses")[0]
+    assert "(65535, 0)" not in pod_routes  # only the Service routes: pods' own routes leave with the node
+    assert bird_parse(tmp_path, text).returncode == 0
+
+
 @pytest.mark.parametrize(
     "routes",
     [

@@ -7,12 +7,13 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from flock.model import Communities
 from flock.services import AnnouncePool, EndpointSlice, Service, announcements
-from flock.services._announce import announced_by_pool
+from flock.services._announce import routes_by_pool
 from flock.testing import services as objects
 
 NET = ipaddress.ip_network
-POOL = AnnouncePool("public", (NET("198.51.100.0/26"), NET("2001:db8:ee::/64")), ("(65000, 100)",), 200)
+POOL = AnnouncePool("public", (NET("198.51.100.0/26"), NET("2001:db8:ee::/64")), Communities(((65000, 100),)), 200)
 OTHER = AnnouncePool("other", (NET("198.51.100.64/26"),))
 PORTS = [objects.slice_port("http", 8080)]
 
@@ -41,7 +42,7 @@ def test_cluster_policy_announces_from_every_node_while_there_is_an_endpoint() -
     on_a = announcements([web], ready, "node-a", [POOL])
     (route,) = on_a.routes
     assert (str(route.prefix), route.pool, route.services) == ("198.51.100.7/32", "public", ("default/web",))
-    assert route.communities == ("(65000, 100)",) and route.local_preference == 200
+    assert route.communities == Communities(((65000, 100),)) and route.local_preference == 200
     assert announcements([web], ready, "node-b", [POOL]).prefixes() == on_a.prefixes()  # any node that translates
     unready = [eps("web", objects.endpoint("192.0.2.1", "node-b", ready=False))]
     none = announcements([web], unready, "node-a", [POOL])
@@ -93,4 +94,4 @@ def test_families_and_the_cluster_ip_range() -> None:
     assert [str(r.prefix) for r in result.routes] == ["198.51.100.7/32", "fd00:10:96::/112"]
     whys = {str(n.address): n.why for n in result.not_announced}
     assert "withdrawn" in whys["2001:db8:ee::7"] and whys["198.51.100.12"] == "the Service has no IPv4 ClusterIP"
-    assert announced_by_pool(result) == {"public": (NET("198.51.100.7/32"), NET("fd00:10:96::/112"))}
+    assert routes_by_pool(result, [POOL]) == [(POOL, (NET("198.51.100.7/32"), NET("fd00:10:96::/112")))]
