@@ -93,6 +93,19 @@ class Communities:
 
 
 @attrs.frozen
+class ServiceRoutes:
+    """Service addresses this node announces from one pool (issue 34): exact /128 and /32 routes, or a
+    ClusterIP range, with the pool's communities and local preference (iBGP).  BIRD holds them as
+    static blackhole routes it never gives the kernel (nftables translates those addresses before
+    routing); its export filters announce them."""
+
+    pool: str
+    nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    communities: Communities = attrs.field(factory=Communities)
+    local_preference: int | None = None
+
+
+@attrs.frozen
 class RouteCommunities:
     node_block: Communities = Communities()
     anycast: Communities = Communities()

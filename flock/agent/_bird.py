@@ -23,7 +23,8 @@ def bird_inputs(state: NodeState) -> BirdInputs | None:
     node = state.nodeconfig
     if node is None or not state.allocations_loaded:
         return None
-    return BirdInputs.collect(node, state.allocations.values(), pods=state.pods, passwords=state.bgp_passwords)
+    inputs = BirdInputs.collect(node, state.allocations.values(), pods=state.pods, passwords=state.bgp_passwords)
+    return attrs.evolve(inputs, services=state.service_routes) if state.service_routes else inputs
 
 
 @attrs.define(eq=False)

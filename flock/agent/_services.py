@@ -25,6 +25,7 @@ from flock.netns import call_in_netns
 from flock.nursery import ChildSpec
 from flock.policy import NftBackend
 from flock.services import (
+    AnnouncePool,
     HealthChecks,
     NodeView,
     ServiceInputs,
@@ -46,6 +47,11 @@ NOTE = "service-proxy"
 def _usable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """An address a NodePort answers on: the node's own, reachable from elsewhere."""
     return not (address.is_link_local or address.is_loopback or address.is_multicast or address.is_unspecified)
+
+
+def _pools(settings: AgentSettings) -> tuple[AnnouncePool, ...]:
+    cidrs = tuple(settings.service_external_cidrs)
+    return (AnnouncePool("service-external-cidrs", cidrs),) if cidrs else ()
 
 
 async def _forget(netns: str | None, stale: list[StaleFlows]) -> int:
@@ -121,5 +127,9 @@ def services_part(
         on_health=health.update if health is not None else None,
         metrics=ServiceMetrics(registry) if registry is not None and settings.service_proxy else None,
         forget=functools.partial(_forget, settings.host_netns),
+        # Until LoadBalancerPools (issue 34) the allow-list is --service-external-cidr: the addresses this
+        # node translates are the ones it may announce (eTP rules: flock.services._announce).
+        pools=functools.partial(_pools, settings),
+        on_announce=state.set_service_routes if settings.bird else None,
     )
     return ServicesPart(inputs, proxy, health)

@@ -6,8 +6,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from flock.bird.render import ServiceRoutes
-from flock.model import Allocation, IPAddress, NodeConfig, PodInfo
+from flock.model import Allocation, IPAddress, NodeConfig, PodInfo, ServiceRoutes
 
 
 def _ips(values: Iterable[IPAddress]) -> frozenset[IPAddress]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from flock.model import Bfd, BgpPeer, Communities, IPAddress, NodeConfig
+from flock.model import Bfd, BgpPeer, Communities, IPAddress, NodeConfig, ServiceRoutes
 
 if TYPE_CHECKING:
     import jinja2
@@ -130,19 +130,6 @@ class _Announce:
     standard: tuple[str, ...]  # "(64512, 100)"
     large: tuple[str, ...]  # "(64512, 1, 100)"
     local_pref: int | None = None
-
-
-@attrs.frozen
-class ServiceRoutes:
-    """Service addresses this node announces from one pool (issue 34): exact /128 and /32 routes, or a
-    ClusterIP range, with the pool's communities and local preference (iBGP).  BIRD holds them as
-    static blackhole routes it never gives the kernel (nftables translates those addresses before
-    routing); the export filter announces them."""
-
-    pool: str
-    nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
-    communities: Communities = attrs.field(factory=Communities)
-    local_preference: int | None = None
 
 
 @attrs.frozen

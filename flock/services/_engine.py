@@ -117,6 +117,10 @@ class ServicesEngine:
     def counted(self) -> Mapping[tuple[str, str], Counted]:
         return self._counted
 
+    def slices_of(self, service: Service) -> list[EndpointSlice]:
+        """The slices that feed *service* (as the engine holds them)."""
+        return [self._slices[key] for key in self._slices_of.get((service.namespace, service.name), ())]
+
     @property
     def services(self) -> int:
         """Services translated (a piece in the table)."""

@@ -32,9 +32,11 @@ import attrs
 import trio
 import trio.lowlevel
 
+from flock.model import ServiceRoutes
 from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
+from ._announce import AnnouncePool, announcements, routes_by_pool
 from ._compile import NodeView, ServicesConfig, slice_owner
 from ._conntrack import StaleFlows
 from ._counters import COUNTED_MAPS, ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
@@ -85,6 +87,9 @@ class ServiceProxy:
     on_applied: Callable[[ServicesTable], None] | None = None
     on_health: Callable[[Mapping[int, HealthCheck]], None] | None = None
     metrics: ServiceMetrics | None = None
+    # the pools announced addresses must lie in (the allow-list), and where the routes go (the node's BIRD)
+    pools: Callable[[], tuple[AnnouncePool, ...]] = tuple
+    on_announce: Callable[[tuple[ServiceRoutes, ...]], None] | None = None
     # deletes stale UDP conntrack entries in the node's namespace (flock.services.forget_stale on a thread)
     forget: Callable[[list[StaleFlows]], Awaitable[int]] | None = None
     counters_every: float = COUNTERS_EVERY_S
@@ -92,6 +97,7 @@ class ServiceProxy:
     in_kernel: bool = attrs.field(init=False, default=False)  # the kernel holds exactly the engine's table
     applied_generation: int = attrs.field(init=False, default=-1)
     conflicts: tuple[str, ...] = attrs.field(init=False, default=())
+    announced: tuple[ServiceRoutes, ...] = attrs.field(init=False, default=())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self.enabled:
@@ -194,6 +200,26 @@ class ServiceProxy:
             with trio.move_on_after(max(0.0, node_read + self.recheck_s - trio.current_time())):
                 await self.inputs.wait_generation(generation)
 
+    def _announce(self, engine: ServicesEngine) -> None:
+        """The Service routes this node announces now (issue 34), handed on when they change.  Only the
+        Services with external addresses are looked at: a handful, whatever the number of Services."""
+        pools = self.pools()
+        external = [s for s in self.inputs.services.values() if s.load_balancer_ips or s.external_ips]
+        slices = [eps for s in external for eps in engine.slices_of(s)]
+        result = announcements(external, slices, engine.node.name, pools)
+        routes = tuple(
+            ServiceRoutes(pool.name, prefixes, pool.communities, pool.local_preference)
+            for pool, prefixes in routes_by_pool(result, pools)
+        )
+        if routes != self.announced:
+            self.announced = routes
+            log.info(
+                "service routes changed",
+                extra={"op": "services", "routes": [str(n) for r in routes for n in r.nets][:50]},
+            )
+            assert self.on_announce is not None
+            self.on_announce(routes)
+
     async def _fresh(self) -> bool:
         """The node has no services table yet (a first start, not a restart)."""
         try:
@@ -267,6 +293,8 @@ class ServiceProxy:
             self.metrics.elements.set(engine.elements)
         if self.on_applied is not None:
             self.on_applied(table if table is not None else engine.table())
+        if self.on_announce is not None:
+            self._announce(engine)
         if health_changed and self.on_health is not None:
             self.on_health(engine.health_checks)
         conflicts = engine.conflicts

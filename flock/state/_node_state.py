@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import trio
 
-from flock.model import Allocation, AllocationState, NodeConfig, PodInfo, UplinkMtu
+from flock.model import Allocation, AllocationState, NodeConfig, PodInfo, ServiceRoutes, UplinkMtu
 from flock.state._mtu import PodMtu, pod_mtu
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -72,6 +72,7 @@ class NodeState:
     _pods: Mapping[str, PodInfo] | None = attrs.field(init=False, default=None)
     # BGP passwords by peer name, read from Secrets: never in a repr or a log.
     _bgp_passwords: dict[str, str] = attrs.field(init=False, factory=dict, repr=False)
+    _service_routes: tuple[ServiceRoutes, ...] = attrs.field(init=False, default=())
 
     def __attrs_post_init__(self) -> None:
         names = [g.name for g in self.gates]
@@ -225,6 +226,19 @@ class NodeState:
     def set_bgp_passwords(self, passwords: Mapping[str, str]) -> None:
         if dict(passwords) != self._bgp_passwords:
             self._bgp_passwords = dict(passwords)
+            self._bump()
+
+    # -- Service routes ------------------------------------------------------
+
+    @property
+    def service_routes(self) -> tuple[ServiceRoutes, ...]:
+        """The Service addresses this node announces, by pool (the service proxy's announcements)."""
+        return self._service_routes
+
+    def set_service_routes(self, routes: Iterable[ServiceRoutes]) -> None:
+        routes = tuple(routes)
+        if routes != self._service_routes:
+            self._service_routes = routes
             self._bump()
 
     # -- pool exhaustion -----------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import trio
 
-from flock.lab import LabPlan, down, load_pods
+from flock.lab import LabPlan, down, fabric_has, load_pods
 from flock.lab._nsio import http_in, socket_in
 from flock.lab._plan import INTERNET, INTERNET4, INTERNET6
 from flock.lab._ports import PortSpec
@@ -222,6 +222,19 @@ async def test_external_ips_and_load_balancer_addresses_from_the_internet(lab: L
                 for port in (HTTP, DNS):
                     r = await until(lab, INTERNET, at(address), port, family, connected)
                     assert r.served_by in WEB, r
+            # issue 34: every node announces them (eTP Cluster, endpoints ready), as exact routes
+            for address in [*external, "2001:db8:ee::31", "192.0.2.231"]:
+                ip = ipaddress.ip_address(address)
+                await _until_fabric(lab, f"{ip}/{ip.max_prefixlen}", True)
+        for address in [*external, "2001:db8:ee::31", "192.0.2.231"]:  # the Service gone: withdrawn
+            ip = ipaddress.ip_address(address)
+            await _until_fabric(lab, f"{ip}/{ip.max_prefixlen}", False)
+
+
+async def _until_fabric(lab: LabPlan, net: str, present: bool, within: float = 10.0) -> None:
+    with trio.fail_after(within):
+        while await fabric_has(lab, net) != present:  # noqa: ASYNC110 (polling BIRD over its socket)
+            await trio.sleep(0.1)
 
 
 async def test_a_service_without_endpoints_refuses_at_once(lab: LabPlan, kubectl: Kubectl) -> None:

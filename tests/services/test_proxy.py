@@ -374,3 +374,41 @@ async def test_a_refused_step_of_a_first_load_ends_in_a_whole_replacement(world:
     assert len(world.nft.scripts) == 1 and "delete table inet flock-services" in world.nft.scripts[0]
     assert "fd00:10:96::a . tcp . 80" in world.nft.scripts[0]  # the whole table, Services and all
     assert proxy.in_kernel
+
+
+async def test_announced_routes_follow_the_endpoints(world: World, autojump_clock):
+    from flock.model import Communities, ServiceRoutes
+    from flock.services import AnnouncePool
+
+    pool = AnnouncePool("public", (ipaddress.ip_network("2001:db8:ee::/64"),), Communities(((64512, 7),)), 120)
+    lb = Service.from_object(
+        service(
+            "lb",
+            ["fd00:10:96::c"],
+            [port("http", 80)],
+            type="LoadBalancer",
+            lb_ips=["2001:db8:ee::7", "2001:db8:99::9"],
+        )
+    )
+    world.inputs.replace(SERVICES, {WEB.key: WEB, lb.key: lb})
+    ready = EndpointSlice.from_object(endpoint_slice("lb", [endpoint("2001:db8:0:1::1")], [slice_port("http", 8080)]))
+    world.inputs.replace(ENDPOINT_SLICES, {"default/lb-ipv6": ready})
+    handed: list[tuple[ServiceRoutes, ...]] = []
+    proxy = world.proxy(pools=lambda: (pool,), on_announce=handed.append)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(1)
+        # only the address inside the pool, with the pool's communities and local preference
+        assert handed == [
+            (ServiceRoutes("public", (ipaddress.ip_network("2001:db8:ee::7/128"),), pool.communities, 120),)
+        ]
+        gone = EndpointSlice.from_object(
+            endpoint_slice("lb", [endpoint("2001:db8:0:1::1", ready=False)], [slice_port("http", 8080)])
+        )
+        world.inputs.set(ENDPOINT_SLICES, "default/lb-ipv6", gone)
+        await trio.sleep(1)
+        assert handed[-1] == ()  # no endpoint anywhere: withdrawn
+        world.inputs.set(SERVICES, WEB.key, WEB)  # a change elsewhere: nothing handed again
+        await trio.sleep(1)
+        assert len(handed) == 2
+        nursery.cancel_scope.cancel()
