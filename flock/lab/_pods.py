@@ -384,7 +384,7 @@ async def pod_del(plan: LabPlan, key: str, grace: int = LAB_GRACE_S) -> LabPod:
 
 async def finish_pod(plan: LabPlan, pod: LabPod) -> LabPod:
     """The end of a terminating pod: its server stopped, CNI DEL with the cached result, its network
-    namespace gone, the Pod deleted with grace 0 (a kubelet's last DELETE) and the lab's records removed.
+    namespace gone, the lab's records removed, then the Pod deleted with grace 0 (a kubelet's last DELETE).
     A failed DEL raises CniFailure and keeps everything but the server, so it can be retried."""
     if pod.server is not None:
         await stop_server(pod.server)
@@ -392,12 +392,15 @@ async def finish_pod(plan: LabPlan, pod: LabPod) -> LabPod:
     if not outcome.ok:
         raise CniFailure("DEL", pod.key, outcome)
     await trio.to_thread.run_sync(_delete_netns, pod.netns)
+    # The lab's records go before the Pod does, as a kubelet removes its containers first: whoever
+    # waits for the Pod to be gone (kubectl delete) then finds nothing of it left.  A DELETE that fails
+    # leaves a Pod the lab no longer holds, which the kubelet stand-in deletes with grace 0.
+    _cache_path(plan, pod.namespace, pod.name).unlink(missing_ok=True)
+    for leftover in plan.pods_dir.glob(f"{pod.namespace}_{pod.name}.serve*"):
+        leftover.unlink()
     try:
         await api_client(plan).delete(PODS, pod.name, pod.namespace, grace_period_seconds=0)
     except ApiError as exc:
         if exc.status != 404:
             raise
-    _cache_path(plan, pod.namespace, pod.name).unlink(missing_ok=True)
-    for leftover in plan.pods_dir.glob(f"{pod.namespace}_{pod.name}.serve*"):
-        leftover.unlink()
     return pod
