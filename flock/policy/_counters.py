@@ -22,8 +22,10 @@ namespace it is opened in).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
+from collections.abc import Callable
 
 from ._nfnetlink import (
     NFGEN,
@@ -32,6 +34,7 @@ from ._nfnetlink import (
     NLM_F_DUMP_INTR,
     NLMSG_DONE,
     NLMSG_ERROR,
+    Message,
     attributes,
     error_code,
     expressions,
@@ -94,30 +97,43 @@ def _rule(payload: memoryview) -> tuple[str, int, int, bool] | None:
     return (chain, packets, nbytes, counted) if chain is not None else None
 
 
-def _dump(sock: socket.socket, table: str, seq: int) -> tuple[dict[str, tuple[int, int]], bool]:
-    sock.send(rule_dump_request(table, seq))
-    totals: dict[str, tuple[int, int]] = {}
-    interrupted = False
-    while True:
-        for message in messages(sock.recv(1 << 20)):
-            if message is None:
-                raise DumpError(errno.EPROTO, "a truncated netlink message")
-            if message.seq != seq:
-                continue
-            if message.kind == NLMSG_DONE:
-                return finish(totals), interrupted
-            if message.kind == NLMSG_ERROR:
-                code = error_code(message.payload)
-                if code:
-                    raise DumpError(code, f"nftables rule dump: {os.strerror(code)}")
-                continue
-            interrupted = interrupted or bool(message.flags & NLM_F_DUMP_INTR)
-            if not is_rule(message):
-                continue
-            rule = _rule(message.payload)
-            if rule is not None and rule[3]:
-                chain, p, b, _ = rule
-                add_counter(totals, chain, p, b)
+def _dump(
+    sock: socket.socket,
+    request: Callable[[int], bytes],
+    wanted: Callable[[Message], bool],
+    what: str,
+    *,
+    missing_ok: bool,
+) -> list[memoryview] | None:
+    """The payloads of the *wanted* messages of one dump (None: no such table or set, when *missing_ok*),
+    read again (up to :data:`_ATTEMPTS` times) while a concurrent change of the ruleset interrupts it."""
+    for seq in range(1, _ATTEMPTS + 1):
+        sock.send(request(seq))
+        payloads: list[memoryview] = []
+        interrupted = False
+        done = False
+        while not done:
+            for message in messages(sock.recv(1 << 20)):
+                if message is None:
+                    raise DumpError(errno.EPROTO, "a truncated netlink message")
+                if message.seq != seq:
+                    continue
+                if message.kind == NLMSG_DONE:
+                    done = True
+                    break
+                if message.kind == NLMSG_ERROR:
+                    code = error_code(message.payload)
+                    if code == errno.ENOENT and missing_ok:
+                        return None
+                    if code:
+                        raise DumpError(code, f"nftables {what} dump: {os.strerror(code)}")
+                    continue
+                interrupted = interrupted or bool(message.flags & NLM_F_DUMP_INTR)
+                if wanted(message):
+                    payloads.append(message.payload)
+        if not interrupted or seq == _ATTEMPTS:
+            return payloads
+    raise AssertionError("unreachable")
 
 
 def rule_counters(table: str) -> dict[str, tuple[int, int]]:
@@ -126,39 +142,14 @@ def rule_counters(table: str) -> dict[str, tuple[int, int]]:
 
     Blocking: run it on a thread in the table's network namespace."""
     with netfilter_socket() as sock:
-        for seq in range(1, _ATTEMPTS):
-            totals, interrupted = _dump(sock, table, seq)
-            if not interrupted:
-                return totals
-        return _dump(sock, table, _ATTEMPTS)[0]
-
-
-def _element_dump(sock: socket.socket, table: str, name: str, seq: int) -> tuple[dict[bytes, tuple[int, int]], bool]:
-    sock.send(setelem_dump_request(table, name, seq))
-    found: dict[bytes, tuple[int, int]] = {}
-    interrupted = False
-    while True:
-        for message in messages(sock.recv(1 << 20)):
-            if message is None:
-                raise DumpError(errno.EPROTO, "a truncated netlink message")
-            if message.seq != seq:
-                continue
-            if message.kind == NLMSG_DONE:
-                return found, interrupted
-            if message.kind == NLMSG_ERROR:
-                code = error_code(message.payload)
-                if code == errno.ENOENT:
-                    return {}, False  # no such table or set
-                if code:
-                    raise DumpError(code, f"nftables set element dump: {os.strerror(code)}")
-                continue
-            interrupted = interrupted or bool(message.flags & NLM_F_DUMP_INTR)
-            if not is_setelem(message):
-                continue
-            for key, exprs in set_elements(message.payload):
-                for expr, data in exprs:
-                    if expr == "counter":
-                        found[key] = _counter(data)
+        payloads = _dump(sock, lambda seq: rule_dump_request(table, seq), is_rule, "rule", missing_ok=False)
+    totals: dict[str, tuple[int, int]] = {}
+    for payload in payloads or ():
+        rule = _rule(payload)
+        if rule is not None and rule[3]:
+            chain, p, b, _ = rule
+            add_counter(totals, chain, p, b)
+    return finish(totals)
 
 
 def element_counters(table: str, name: str) -> dict[bytes, tuple[int, int]]:
@@ -167,11 +158,15 @@ def element_counters(table: str, name: str) -> dict[bytes, tuple[int, int]]:
 
     Blocking: run it on a thread in the table's network namespace."""
     with netfilter_socket() as sock:
-        for seq in range(1, _ATTEMPTS):
-            found, interrupted = _element_dump(sock, table, name, seq)
-            if not interrupted:
-                return found
-        return _element_dump(sock, table, name, _ATTEMPTS)[0]
+        request = functools.partial(setelem_dump_request, table, name)
+        payloads = _dump(sock, request, is_setelem, "set element", missing_ok=True)
+    found: dict[bytes, tuple[int, int]] = {}
+    for payload in payloads or ():
+        for key, exprs in set_elements(payload):
+            for expr, data in exprs:
+                if expr == "counter":
+                    found[key] = _counter(data)
+    return found
 
 
 def table_exists(table: str) -> bool:

@@ -38,6 +38,7 @@ from ._model import EndpointSlice, Family, IPAddress, Service, TrafficPolicy, fa
 from ._select import backends, categorize, port_policy
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+NOT_IN_POOL = "in no pool this Service may use"
 
 
 @attrs.frozen
@@ -140,7 +141,7 @@ def announcements(
         for address in addresses:
             pool = _pool_of(address, pools, functools.partial(may_use, service))
             if pool is None:
-                refused.append(NotAnnounced(address, service.key, "in no pool this Service may use"))
+                refused.append(NotAnnounced(address, service.key, NOT_IN_POOL))
                 continue
             family = family_of(address)
             if service.cluster_ip(family) is None:
@@ -176,7 +177,7 @@ def announcements(
     routes.sort(key=lambda r: (r.prefix.version, r.prefix.network_address, r.prefix.prefixlen))
     # an address another Service of it announces is announced: not refused for it
     announced = {r.prefix for r in routes}
-    refused = [n for n in refused if _exact(n.address) not in announced or "pool" in n.why]
+    refused = [n for n in refused if _exact(n.address) not in announced or n.why == NOT_IN_POOL]
     return Announcements(tuple(routes), tuple(refused))
 
 

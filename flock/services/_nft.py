@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 from flock.policy import Protocol
 
@@ -415,7 +415,3 @@ def render_update(old: ServicesTable, new: ServicesTable) -> str | None:
     lines.extend(f"delete chain {t} {name}" for name in gone)
     lines.extend(f"delete set {t} {name}" for name in sorted(old.affinity_sets.keys() - new.affinity_sets.keys()))
     return "\n".join(lines) + "\n" if lines else ""
-
-
-def element_counts(table: ServicesTable) -> Mapping[str, int]:
-    return {name: len(e) for name, e in table.elements.items()}
