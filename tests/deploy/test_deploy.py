@@ -37,6 +37,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = (
     "crd-nodeconfig.yaml",
     "crd-clusternetworkpolicy.yaml",
+    "crd-loadbalancerpool.yaml",
     "rbac.yaml",
     "bird-bootstrap.yaml",
     "daemonset.yaml",
@@ -790,3 +791,21 @@ def test_bootstrap_bird_device_protocol_has_the_rendered_name():
     rendered = render(node, settings=RenderSettings(route_protocol=ROUTE_PROTOCOL))
     device = re.compile(r"^\s*protocol device (\w+)", re.M)
     assert device.findall(one("ConfigMap")["data"]["bird.conf"]) == device.findall(rendered) == ["flock_device"]
+
+
+def test_loadbalancerpool_schema_accepts_pools_and_refuses_host_bits() -> None:
+    crd = one("CustomResourceDefinition", load("crd-loadbalancerpool.yaml"))
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    good = {
+        "spec": {
+            "blocks": [{"cidr": "2001:db8:ee::/64"}, {"cidr": "192.0.2.224/27"}],
+            "serviceSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]},
+            "communities": ["64512:100"],
+            "localPreference": 100,
+        },
+        "status": {"ipv4": {"total": "32", "used": 1, "free": "31"}, "used": 1},
+    }
+    assert k8s_schema.errors(schema, good) == []
+    assert k8s_schema.errors(schema, {"spec": {"blocks": [{"cidr": "192.0.2.225/27"}]}})
+    assert k8s_schema.errors(schema, {"spec": {"blocks": [{"cidr": "not-a-cidr"}]}})
+    assert k8s_schema.errors(schema, {"spec": {"blocks": []}})
