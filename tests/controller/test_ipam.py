@@ -160,12 +160,13 @@ def test_invariants(pools: list[Pool], services: list[LbService]) -> None:
             for i, x in enumerate(sharers):
                 for y in sharers[i + 1 :]:
                     assert not (x.ports & y.ports)
-    # Stable: a held address that was still allowed to the first claimant (by key) is kept.
+    # Stable: a held address still allowed to the first claimant (by key) under a valid request is kept.
     for s in sorted(services, key=lambda s: s.key):
         for address in s.current:
             ok = (
                 address.version in s.families
                 and (not s.requested or address in s.requested)
+                and len({a.version for a in s.requested}) == len(s.requested)  # else nothing: InvalidRequest
                 and any(pool.holds(address) and pool.serves(s) for pool in usable)
                 and not any(o.key < s.key and address in o.current for o in services)
                 and sum(1 for a in s.current if a.version == address.version) == 1
