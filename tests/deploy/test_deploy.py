@@ -39,6 +39,7 @@ MANIFESTS = (
     "crd-clusternetworkpolicy.yaml",
     "crd-loadbalancerpool.yaml",
     "rbac.yaml",
+    "controller-rbac.yaml",
     "bird-bootstrap.yaml",
     "daemonset.yaml",
 )
@@ -54,7 +55,8 @@ def load(name: str) -> list[dict[str, Any]]:
 
 
 def all_objects() -> list[dict[str, Any]]:
-    return [doc for name in MANIFESTS for doc in load(name)]
+    """The agent's objects (flock-controller's RBAC, controller-rbac.yaml, is checked on its own)."""
+    return [doc for name in MANIFESTS if name != "controller-rbac.yaml" for doc in load(name)]
 
 
 def one(kind: str, objects: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -809,3 +811,18 @@ def test_loadbalancerpool_schema_accepts_pools_and_refuses_host_bits() -> None:
     assert k8s_schema.errors(schema, {"spec": {"blocks": [{"cidr": "192.0.2.225/27"}]}})
     assert k8s_schema.errors(schema, {"spec": {"blocks": [{"cidr": "not-a-cidr"}]}})
     assert k8s_schema.errors(schema, {"spec": {"blocks": []}})
+
+
+def test_controller_rbac_writes_only_status_and_its_lease() -> None:
+    objects = load("controller-rbac.yaml")
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    writes = {
+        (r["apiGroups"][0], res)
+        for r in role["rules"]
+        for res in r["resources"]
+        if set(r["verbs"]) - {"get", "list", "watch"}
+    }
+    assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status")}
+    (lease,) = [o for o in objects if o["kind"] == "Role"]
+    assert lease["metadata"]["namespace"] == "kube-system"
+    assert {n for r in lease["rules"] for n in r.get("resourceNames", [])} == {"flock-controller"}
