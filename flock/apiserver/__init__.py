@@ -14,7 +14,8 @@ implemented                    how faithfully
 =============================  ===============================================================
 kinds                          Pod, Namespace, Node, Secret, NetworkPolicy, Service,
                                EndpointSlice, NodeConfig, ClusterNetworkPolicy (upstream's
-                               CRD), and deploy/'s other kinds (CRDs, ServiceAccounts,
+                               CRD), LoadBalancerPool, Lease (coordination.k8s.io: leader
+                               election, stored and written like any object), and deploy/'s other kinds (CRDs, ServiceAccounts,
                                ConfigMaps, DaemonSets, RBAC objects: stored and listed, not
                                acted on) (:mod:`._resources`)
 Service allocation             ClusterIPs from ``--service-cluster-ip-range`` (one CIDR or two:
@@ -87,6 +88,8 @@ from ._objects import (
 from ._resources import (
     CLUSTERNETWORKPOLICIES,
     ENDPOINTSLICES,
+    LEASES,
+    LOADBALANCERPOOLS,
     NAMESPACES,
     NETWORKPOLICIES,
     NODECONFIGS,
@@ -104,6 +107,8 @@ from ._store import ObjectStore
 __all__ = [
     "CLUSTERNETWORKPOLICIES",
     "ENDPOINTSLICES",
+    "LEASES",
+    "LOADBALANCERPOOLS",
     "NAMESPACES",
     "NAME_LABEL",
     "NETWORKPOLICIES",

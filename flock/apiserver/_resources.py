@@ -117,6 +117,28 @@ ENDPOINTSLICES = Resource(
     namespaced=True,
     requires_spec=False,  # addressType, endpoints and ports are top-level
 )
+# flock's LoadBalancer address pools (issue 34; deploy/crd-loadbalancerpool.yaml), their status the
+# controller's counts.
+LOADBALANCERPOOLS = Resource(
+    group="flock.fritzlab.net",
+    version="v1alpha1",
+    plural="loadbalancerpools",
+    kind="LoadBalancerPool",
+    namespaced=False,
+    short_names=("lbpool",),
+    status_subresource=True,
+    custom=True,
+)
+# Leader election (flock-controller's, as client-go's leaderelection uses them): stored, read and
+# written with resourceVersion like any object; spec is optional upstream.
+LEASES = Resource(
+    group="coordination.k8s.io",
+    version="v1",
+    plural="leases",
+    kind="Lease",
+    namespaced=True,
+    requires_spec=False,
+)
 # What deploy/'s kustomization holds besides flock's own kinds: stored and listed, checked only
 # for what every object needs (name, labels, annotations; a CRD's names, a DaemonSet's spec).
 CUSTOMRESOURCEDEFINITIONS = Resource(
@@ -181,6 +203,8 @@ RESOURCES = (
     NODES,
     SERVICES,
     ENDPOINTSLICES,
+    LOADBALANCERPOOLS,
+    LEASES,
     CUSTOMRESOURCEDEFINITIONS,
     SERVICEACCOUNTS,
     CONFIGMAPS,

@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from flock.apiserver import NODECONFIGS, NODES, SECRETS, write_kubeconfig
+from flock.apiserver import LOADBALANCERPOOLS, NODECONFIGS, NODES, SECRETS, write_kubeconfig
 from flock.lab._api import ApiClient, ApiError
 from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
 from flock.lab._image import (
@@ -75,6 +75,8 @@ KILL_WAIT_S = 5.0
 SPEC_FILE = "spec.json"
 KEEPER_LOG = "keeper.log"
 CONTROLLERS_LOG = "controllers.log"
+LB_CONTROLLER_LOG = "lb-controller.log"
+LB_POOL_NAME = "lab-default"  # the lab's LoadBalancerPool: its external ranges, which the agents translate
 # The API server writes it once it serves (again after a restart: its loopback port is any free one).
 HOST_KUBECONFIG = "kubeconfig"
 HOST_APISERVER_ADDRESS = "127.0.0.1"
@@ -86,6 +88,7 @@ LAB_FILES = (
     KEEPER_LOG,
     "apiserver.log",
     CONTROLLERS_LOG,
+    LB_CONTROLLER_LOG,
     HOST_KUBECONFIG,
     HOST_KUBECONFIG + ".tmp",
     "lab.json.tmp",
@@ -325,6 +328,26 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
             env,
         ),
         ProcessSpec(
+            "lb-controller",
+            # flock-controller (LoadBalancer addresses from LoadBalancerPools, elected by a Lease), in the
+            # fabric namespace beside the lab's controllers; one replica, as a lab needs.
+            (
+                "ip",
+                "netns",
+                "exec",
+                fab,
+                sys.executable,
+                "-m",
+                "flock.controller",
+                "--api-url",
+                plan.apiserver_url,
+                "--identity",
+                "lab-controller-0",
+            ),
+            plan.dir / LB_CONTROLLER_LOG,
+            env,
+        ),
+        ProcessSpec(
             "bird-fabric",
             (
                 "ip",
@@ -431,6 +454,16 @@ def start_keeper(plan: LabPlan, specs: list[ProcessSpec]) -> ProcRef:
     if ref is None:
         raise LabError(f"the process keeper exited at once; see {plan.dir / KEEPER_LOG}")
     return ref
+
+
+def default_pool() -> dict[str, Any]:
+    """The lab's LoadBalancerPool: the external ranges the fabric routes and the agents translate."""
+    return {
+        "apiVersion": "flock.fritzlab.net/v1alpha1",
+        "kind": "LoadBalancerPool",
+        "metadata": {"name": LB_POOL_NAME},
+        "spec": {"blocks": [{"cidr": str(net)} for net in SERVICE_EXTERNAL_RANGES]},
+    }
 
 
 def api_client(plan: LabPlan) -> ApiClient:
@@ -559,6 +592,7 @@ async def up(
         for node in plan.nodes:
             await api.create(NODECONFIGS, node.nodeconfig())
             await ensure_node(api, node)
+        await api.create(LOADBALANCERPOOLS, default_pool())
         report("NodeConfigs and Nodes created; waiting for agents (/readyz) and BGP sessions (Established)")
         while True:
             ready = await readiness(plan)

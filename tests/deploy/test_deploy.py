@@ -37,7 +37,9 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = (
     "crd-nodeconfig.yaml",
     "crd-clusternetworkpolicy.yaml",
+    "crd-loadbalancerpool.yaml",
     "rbac.yaml",
+    "controller-rbac.yaml",
     "bird-bootstrap.yaml",
     "daemonset.yaml",
 )
@@ -53,7 +55,8 @@ def load(name: str) -> list[dict[str, Any]]:
 
 
 def all_objects() -> list[dict[str, Any]]:
-    return [doc for name in MANIFESTS for doc in load(name)]
+    """The agent's objects (flock-controller's RBAC, controller-rbac.yaml, is checked on its own)."""
+    return [doc for name in MANIFESTS if name != "controller-rbac.yaml" for doc in load(name)]
 
 
 def one(kind: str, objects: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -790,3 +793,36 @@ def test_bootstrap_bird_device_protocol_has_the_rendered_name():
     rendered = render(node, settings=RenderSettings(route_protocol=ROUTE_PROTOCOL))
     device = re.compile(r"^\s*protocol device (\w+)", re.M)
     assert device.findall(one("ConfigMap")["data"]["bird.conf"]) == device.findall(rendered) == ["flock_device"]
+
+
+def test_loadbalancerpool_schema_accepts_pools_and_refuses_host_bits() -> None:
+    crd = one("CustomResourceDefinition", load("crd-loadbalancerpool.yaml"))
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    good = {
+        "spec": {
+            "blocks": [{"cidr": "2001:db8:ee::/64"}, {"cidr": "192.0.2.224/27"}],
+            "serviceSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]},
+            "communities": ["64512:100"],
+            "localPreference": 100,
+        },
+        "status": {"ipv4": {"total": "32", "used": 1, "free": "31"}, "used": 1},
+    }
+    assert k8s_schema.errors(schema, good) == []
+    assert k8s_schema.errors(schema, {"spec": {"blocks": [{"cidr": "192.0.2.225/27"}]}})
+    assert k8s_schema.errors(schema, {"spec": {"blocks": [{"cidr": "not-a-cidr"}]}})
+    assert k8s_schema.errors(schema, {"spec": {"blocks": []}})
+
+
+def test_controller_rbac_writes_only_status_and_its_lease() -> None:
+    objects = load("controller-rbac.yaml")
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    writes = {
+        (r["apiGroups"][0], res)
+        for r in role["rules"]
+        for res in r["resources"]
+        if set(r["verbs"]) - {"get", "list", "watch"}
+    }
+    assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status")}
+    (lease,) = [o for o in objects if o["kind"] == "Role"]
+    assert lease["metadata"]["namespace"] == "kube-system"
+    assert {n for r in lease["rules"] for n in r.get("resourceNames", [])} == {"flock-controller"}

@@ -109,8 +109,9 @@ async def test_lab_up_pods_check_crash_and_down(require_root: None, require_bird
             state = await up(plan)
             assert state.phase == "up" and load_state(directory) == state
             pids = [state.keeper.pid, *(r.pid for r in process_refs(directory).values())]
-            # keeper, API server, the lab's controllers, fabric bird, and per node: bird, agent, its port server
-            assert len(pids) == 1 + 1 + 1 + 1 + 2 * 3
+            # keeper, API server, the lab's controllers, flock-controller, fabric bird, and per node: bird, agent,
+            # its port server
+            assert len(pids) == 1 + 1 + 1 + 1 + 1 + 2 * 3
 
             dual1 = await pod_add(plan, "node1", "default/dual-1", parse_annotations(["ipv4=true"]))
             await pod_add(plan, "node2", "default/v6-2", {})

@@ -31,7 +31,7 @@ import trio
 
 from flock.lab import LabPlan, down, fabric_has, load_pods
 from flock.lab._nsio import http_in, socket_in
-from flock.lab._plan import INTERNET, INTERNET4, INTERNET6
+from flock.lab._plan import INTERNET, INTERNET4, INTERNET6, SERVICE_EXTERNAL_RANGES
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, endpoint_for, probe_one
 from flock.lab._state import require_state
@@ -235,6 +235,46 @@ async def _until_fabric(lab: LabPlan, net: str, present: bool, within: float = 1
     with trio.fail_after(within):
         while await fabric_has(lab, net) != present:  # noqa: ASYNC110 (polling BIRD over its socket)
             await trio.sleep(0.1)
+
+
+async def test_flock_controller_gives_load_balancer_addresses(lab: LabPlan, kubectl: Kubectl) -> None:
+    """flock-controller (run by the lab) gives a LoadBalancer Service one address per family from the
+    lab's pool, reached from the internet; a Service requesting an address outside every pool gets a
+    condition saying so and nothing else."""
+    with trio.fail_after(120):
+        lb = service("lbauto", {"app": "web"}, type="LoadBalancer")
+        outside = service("lbout", {"app": "web"}, type="LoadBalancer")
+        outside["metadata"]["annotations"] = {"flock.fritzlab.net/loadBalancerIPs": "198.51.100.7"}
+        async with applied(kubectl, lb, outside):
+            while True:
+                got = await kubectl.json("get", "svc", "lbauto", "-n", "shop")
+                given = [i["ip"] for i in ((got.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []]
+                if len(given) == 2:
+                    break
+                await trio.sleep(0.2)
+            assert [ipaddress.ip_address(a).version for a in given] == [6, 4]
+            assert all(any(ipaddress.ip_address(a) in net for net in SERVICE_EXTERNAL_RANGES) for a in given)
+            assert all(i["ipMode"] == "VIP" for i in got["status"]["loadBalancer"]["ingress"])
+            row = (await kubectl.run("get", "svc", "lbauto", "-n", "shop", "--no-headers")).split()
+            assert sorted(row[3].split(",")) == sorted(given)  # kubectl orders them its own way
+            for address in given:
+                family = ipaddress.ip_address(address).version
+                for port in (HTTP, DNS):
+                    r = await until(lab, INTERNET, at(address), port, family, connected)
+                    assert r.served_by in WEB, r
+            while True:
+                refused = await kubectl.json("get", "svc", "lbout", "-n", "shop")
+                conditions = [
+                    c
+                    for c in (refused.get("status") or {}).get("conditions") or []
+                    if c["type"] == "flock.fritzlab.net/LoadBalancerAddress"
+                ]
+                if conditions:
+                    break
+                await trio.sleep(0.2)
+            assert (conditions[0]["status"], conditions[0]["reason"]) == ("False", "NotInPool")
+            assert "198.51.100.7" in conditions[0]["message"]
+            assert not (refused["status"].get("loadBalancer") or {}).get("ingress")
 
 
 async def test_a_service_without_endpoints_refuses_at_once(lab: LabPlan, kubectl: Kubectl) -> None:

@@ -1,0 +1,166 @@
+"""One writer's pass: read pools, namespaces and Services, :func:`plan`, write what differs.
+
+The allocation state is the Services' own ``status.loadBalancer.ingress``: a
+pass reads it back every time, so a restarted or newly elected writer carries
+on from it. Every write is a PUT of the object as read (its resourceVersion
+with it), to the ``status`` subresource, and comes after ``fence()`` renewed
+the writer's Lease: a writer that lost the lease writes nothing, and a write
+over a Service changed since the read is refused (409) — the pass then ends
+with :class:`Stale` and the caller reads again. Releases are written before
+gifts, so an address moves only once its old holder let go of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ._api import NAMESPACES, POOLS, SERVICES, Conflict, NotFound, ObjectApi
+from ._ipam import CONDITION_TYPE, Allocation, LbService, Plan, Pool, PoolStatus, plan
+
+log = logging.getLogger("flock.controller.ipam")
+
+Fence = Callable[[], Awaitable[bool]]
+
+
+class Stale(Exception):
+    """A write met a newer object (409): read again."""
+
+
+class Fenced(Exception):
+    """The writer no longer holds the lease: write nothing more."""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def service_status(current: Mapping[str, Any] | None, allocation: Allocation | None) -> dict[str, Any]:
+    """*current* status with flock's ingress and condition (*allocation* None: both removed)."""
+    status = copy.deepcopy(dict(current or {}))
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != CONDITION_TYPE]
+    old = next((c for c in status.get("conditions") or [] if c.get("type") == CONDITION_TYPE), None)
+    if allocation is None:
+        status["loadBalancer"] = {}
+    else:
+        status["loadBalancer"] = (
+            {"ingress": [{"ip": str(a), "ipMode": "VIP"} for a in allocation.addresses]} if allocation.addresses else {}
+        )
+        c = allocation.condition
+        same = old is not None and old.get("status") == c.status
+        conditions.append(
+            {
+                "type": CONDITION_TYPE,
+                "status": c.status,
+                "reason": c.reason.value,
+                "message": c.message,
+                "lastTransitionTime": old.get("lastTransitionTime") if same and old else _now(),
+            }
+        )
+    if conditions:
+        status["conditions"] = conditions
+    else:
+        status.pop("conditions", None)
+    return status
+
+
+def _ours(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == CONDITION_TYPE for c in status.get("conditions") or [])
+
+
+def pool_status(current: Mapping[str, Any] | None, value: PoolStatus) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    for family, count in value.counts.items():
+        status[f"ipv{family}"] = {"total": str(count.total), "used": count.used, "free": str(count.free)}
+    status["used"] = sum(c.used for c in value.counts.values())
+    old = next((c for c in (current or {}).get("conditions") or [] if c.get("type") == "Conflict"), None)
+    state = "True" if value.conflicts else "False"
+    status["conditions"] = [
+        {
+            "type": "Conflict",
+            "status": state,
+            "reason": "Conflict" if value.conflicts else "NoConflict",
+            "message": "; ".join(value.conflicts)[:1024],
+            "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == state else _now(),
+        }
+    ]
+    return status
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    def strip(s: Mapping[str, Any]) -> Any:
+        return {
+            **s,
+            "conditions": [
+                {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s.get("conditions") or []
+            ],
+        }
+
+    return bool(strip(a) == strip(b))
+
+
+async def reconcile(api: ObjectApi, fence: Fence) -> Plan:
+    """One pass; raises :class:`Stale` (read again) or :class:`Fenced` (stop writing)."""
+    try:
+        pool_objects = await api.list(POOLS)
+    except NotFound:
+        pool_objects = []  # the CRD is not installed: no pool
+    pools: list[Pool] = []
+    for obj in pool_objects:
+        try:
+            pools.append(Pool.from_object(obj))
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("pool ignored", extra={"pool": obj["metadata"].get("name"), "error": str(e)})
+    namespace_labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in await api.list(NAMESPACES)}
+    service_objects = await api.list(SERVICES)
+    values: dict[str, LbService] = {}
+    for obj in service_objects:
+        meta = obj["metadata"]
+        value = LbService.from_object(obj, namespace_labels.get(meta.get("namespace", ""), {}))
+        if value is not None:
+            values[value.key] = value
+    result = plan(pools, values.values())
+
+    writes: list[tuple[int, dict[str, Any]]] = []
+    for obj in service_objects:
+        meta = obj["metadata"]
+        key = f"{meta.get('namespace')}/{meta['name']}"
+        current = obj.get("status") or {}
+        allocation = result.services.get(key)
+        if allocation is None and not _ours(current):
+            continue  # not ours, never was
+        wanted = service_status(current, allocation)
+        if _same(wanted, current):
+            continue
+        held = values[key].current if key in values else ()
+        releases = allocation is None or not set(held) <= set(allocation.addresses)
+        writes.append((0 if releases else 1, {**obj, "status": wanted}))
+    for _, obj in sorted(writes, key=lambda w: w[0]):
+        await _write(api, fence, SERVICES, obj)
+        log.info(
+            "service status written",
+            extra={
+                "service": f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}",
+                "ingress": [i["ip"] for i in obj["status"].get("loadBalancer", {}).get("ingress", [])],
+            },
+        )
+    for obj in pool_objects:
+        name = obj["metadata"]["name"]
+        if name not in result.pools:
+            continue
+        wanted = pool_status(obj.get("status"), result.pools[name])
+        if not _same(wanted, obj.get("status") or {}):
+            await _write(api, fence, POOLS, {**obj, "status": wanted})
+    return result
+
+
+async def _write(api: ObjectApi, fence: Fence, kind: Any, obj: dict[str, Any]) -> None:
+    if not await fence():
+        raise Fenced
+    try:
+        await api.replace(kind, obj, status=True)
+    except (Conflict, NotFound):
+        raise Stale from None
