@@ -300,6 +300,29 @@ def _communities(kind: str, name: str, field: str, raw: Any) -> Communities:
     return Communities(standard=out["standard"], large=out["large"])  # type: ignore[arg-type]
 
 
+def community_list(kind: str, name: str, field: str, raw: Any) -> Communities:
+    """A flat list of community strings, standard ("64512:100") and large ("64512:1:100") mixed, as a
+    LoadBalancerPool's ``spec.communities`` spells them; at most :data:`MAX_COMMUNITIES` of each."""
+    if raw is None:
+        return Communities()
+    if not isinstance(raw, list) or len(raw) > 2 * MAX_COMMUNITIES:
+        raise InvalidObject(kind, name, field, raw, f"a list of at most {2 * MAX_COMMUNITIES} communities")
+    standard: list[tuple[int, int]] = []
+    large: list[tuple[int, int, int]] = []
+    for i, text in enumerate(raw):
+        m = _STANDARD_COMMUNITY.match(text) if isinstance(text, str) else None
+        if m is not None:
+            standard.append((int(m[1]), int(m[2])))
+            continue
+        m = _LARGE_COMMUNITY.match(text) if isinstance(text, str) else None
+        if m is None:
+            raise InvalidObject(kind, name, f"{field}[{i}]", text, "a community such as 64512:100 or 64512:1:100")
+        large.append((int(m[1]), int(m[2]), int(m[3])))
+    if len(standard) > MAX_COMMUNITIES or len(large) > MAX_COMMUNITIES:
+        raise InvalidObject(kind, name, field, raw, f"at most {MAX_COMMUNITIES} standard and {MAX_COMMUNITIES} large")
+    return Communities(tuple(dict.fromkeys(standard)), tuple(dict.fromkeys(large)))
+
+
 def _bgp(kind: str, name: str, raw_bgp: Any) -> BgpConfig | None:
     if raw_bgp is None:
         return None

@@ -5,7 +5,9 @@ Built by :func:`flock.agent.compose` from :class:`AgentSettings`:
 - ``--service-proxy`` off (the default): one child, ``services``, removes ``table inet
   flock-services`` if an earlier run left it, and idles; no watcher runs.
 - on: the API link runs a :class:`flock.watchers.ServiceWatcher` (every Service and
-  EndpointSlice → :class:`ServiceInputs`); ``services`` is the :class:`ServiceProxy` (refused
+  EndpointSlice → :class:`ServiceInputs`) and a :class:`flock.watchers.PoolWatcher` (the
+  LoadBalancerPools and the namespaces' labels → the allow-list, to which
+  ``--service-external-cidr`` adds its ranges); ``services`` is the :class:`ServiceProxy` (refused
   while kube-proxy is on the node, see :mod:`flock.services._kubeproxy`); ``health-checks``
   answers the healthCheckNodePorts of this node's ``externalTrafficPolicy: Local`` Services.
 """
@@ -25,7 +27,8 @@ from flock.netns import call_in_netns
 from flock.nursery import ChildSpec
 from flock.policy import NftBackend
 from flock.services import (
-    AnnouncePool,
+    KINDS,
+    POOLS,
     HealthChecks,
     NodeView,
     ServiceInputs,
@@ -37,7 +40,7 @@ from flock.services import (
     forget_stale,
 )
 from flock.state import NodeState
-from flock.watchers import KubeClient, ServiceWatcher
+from flock.watchers import KubeClient, PoolWatcher, ServiceWatcher
 
 from ._cli import AgentSettings
 
@@ -47,11 +50,6 @@ NOTE = "service-proxy"
 def _usable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """An address a NodePort answers on: the node's own, reachable from elsewhere."""
     return not (address.is_link_local or address.is_loopback or address.is_multicast or address.is_unspecified)
-
-
-def _pools(settings: AgentSettings) -> tuple[AnnouncePool, ...]:
-    cidrs = tuple(settings.service_external_cidrs)
-    return (AnnouncePool("service-external-cidrs", cidrs),) if cidrs else ()
 
 
 async def _forget(netns: str | None, stale: list[StaleFlows]) -> int:
@@ -81,10 +79,13 @@ class ServicesPart:
     inputs: ServiceInputs
     proxy: ServiceProxy
     health: HealthChecks | None
+    pools: PoolWatcher | None = None  # the allow-list's watcher, once the API link made it
 
     def watchers(self, client: KubeClient) -> Sequence[ChildSpec]:
+        self.pools = PoolWatcher(client.load_balancer_pools(), client.namespaces(), self.inputs)
         return [
-            ChildSpec("service-watchers", ServiceWatcher(client.services(), client.endpoint_slices(), self.inputs).run)
+            ChildSpec("service-watchers", ServiceWatcher(client.services(), client.endpoint_slices(), self.inputs).run),
+            ChildSpec("pool-watcher", self.pools.run),
         ]
 
     def children(self) -> list[ChildSpec]:
@@ -101,7 +102,8 @@ def services_part(
     backend: NftBackend,
     registry: CollectorRegistry | None = None,
 ) -> ServicesPart:
-    inputs = ServiceInputs()
+    # the proxy waits for the allow-list too: a restart must not drop the external addresses meanwhile
+    inputs = ServiceInputs(required=frozenset((*KINDS, POOLS)))
 
     async def node() -> NodeView:
         addresses = sorted((a for a in await netlink.node_addresses() if _usable(a)), key=lambda a: (a.version, a))
@@ -113,7 +115,7 @@ def services_part(
         if nodeconfig is not None:
             blocks = (nodeconfig.cidr6, *((nodeconfig.cidr4,) if nodeconfig.cidr4 is not None else ()))
             pods = pod_ranges((*blocks, *nodeconfig.cluster_ranges))
-        return ServicesConfig(pod_cidrs=pods, external_pools=settings.service_external_cidrs)
+        return ServicesConfig(pod_cidrs=pods, allow=inputs.allow.with_cidrs(settings.service_external_cidrs))
 
     health = HealthChecks(settings.host_netns) if settings.service_proxy else None
     proxy = ServiceProxy(
@@ -127,9 +129,6 @@ def services_part(
         on_health=health.update if health is not None else None,
         metrics=ServiceMetrics(registry) if registry is not None and settings.service_proxy else None,
         forget=functools.partial(_forget, settings.host_netns),
-        # Until LoadBalancerPools (issue 34) the allow-list is --service-external-cidr: the addresses this
-        # node translates are the ones it may announce (eTP rules: flock.services._announce).
-        pools=functools.partial(_pools, settings),
         on_announce=state.set_service_routes if settings.bird else None,
     )
     return ServicesPart(inputs, proxy, health)

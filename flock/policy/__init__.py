@@ -99,6 +99,7 @@ from ._model import (
     NAMESPACE_NAME_LABEL,
     Direction,
     IPBlock,
+    Labels,
     LabelSelector,
     NamedPort,
     Namespace,
@@ -110,6 +111,7 @@ from ._model import (
     PolicyRule,
     Protocol,
     Requirement,
+    labels_field,
 )
 from ._nfnetlink import Flow
 from ._reference import Endpoint, evaluate
@@ -197,6 +199,7 @@ __all__ = [
     "KernelTrace",
     "Kind",
     "LabelSelector",
+    "Labels",
     "LibNftables",
     "LocalPods",
     "Match",
@@ -250,6 +253,7 @@ __all__ = [
     "forward_verdict",
     "input_verdict",
     "kernel_trace",
+    "labels_field",
     "nflog_socket",
     "nodes_needed",
     "open_nflog",

@@ -35,8 +35,8 @@ from ._model import (
     PolicyPod,
     Protocol,
     _addresses,
-    _labels_field,
     is_port_name,
+    labels_field,
 )
 
 KIND = "ClusterNetworkPolicy"
@@ -384,7 +384,7 @@ class PolicyNode:
     def from_object(cls, obj: Mapping[str, Any]) -> PolicyNode:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
-        labels = _labels_field("Node", name, "metadata.labels", meta.get("labels"))
+        labels = labels_field("Node", name, "metadata.labels", meta.get("labels"))
         status = obj.get("status") or {}
         raw = status.get("addresses") if isinstance(status, Mapping) else None
         entries = raw if isinstance(raw, list) else []

@@ -61,7 +61,7 @@ def labels_of(mapping: Mapping[str, str] | Labels | None) -> Labels:
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
-def _labels_field(kind: str, name: str, field: str, raw: Any) -> Labels:
+def labels_field(kind: str, name: str, field: str, raw: Any) -> Labels:
     if raw is None:
         return ()
     if not isinstance(raw, Mapping):
@@ -117,7 +117,7 @@ class LabelSelector:
             return cls()
         if not isinstance(raw, Mapping):
             raise InvalidObject(kind, name, field, raw, "a label selector (matchLabels, matchExpressions)")
-        match_labels = _labels_field(kind, name, f"{field}.matchLabels", raw.get("matchLabels"))
+        match_labels = labels_field(kind, name, f"{field}.matchLabels", raw.get("matchLabels"))
         exprs_raw = raw.get("matchExpressions") or []
         if not isinstance(exprs_raw, list):
             raise InvalidObject(kind, name, f"{field}.matchExpressions", exprs_raw, "a list")
@@ -390,7 +390,7 @@ class Namespace:
         # A value other than "true" is off, never a refusal: refusing the Namespace would lose its labels,
         # and with them what its selectors match.
         log_denied = isinstance(switch, str) and switch.strip().lower() == "true"
-        return cls(name, _labels_field("Namespace", name, "metadata.labels", meta.get("labels")), log_denied)
+        return cls(name, labels_field("Namespace", name, "metadata.labels", meta.get("labels")), log_denied)
 
 
 @attrs.frozen
@@ -461,7 +461,7 @@ class PolicyPod:
         namespace = str(meta.get("namespace") or "default")
         name = str(meta.get("name", ""))
         key = f"{namespace}/{name}"
-        labels = _labels_field("Pod", key, "metadata.labels", meta.get("labels"))
+        labels = labels_field("Pod", key, "metadata.labels", meta.get("labels"))
         ips = [p.get("ip") for p in status.get("podIPs") or [] if isinstance(p, Mapping)]
         if not ips and status.get("podIP"):
             ips = [status.get("podIP")]

@@ -8,7 +8,7 @@ route (/128 or /32) and why, or why not:
   wrote them: flock's controller, MetalLB's, a cloud's) and its ``externalIPs``;
 - only addresses inside a pool the Service may use are ever announced (CVE-2020-8554: whoever may
   create a Service may name any address; announced over BGP, that would capture the fabric's
-  traffic to it) — *may_use* says whether a Service may use a pool (the pools' selectors);
+  traffic to it) — the :class:`AllowList` says which pool, if any (:mod:`._pools`);
 - ``externalTrafficPolicy: Cluster``: every node that translates the Service announces it, while the
   Service has an endpoint to send to (ready, or serving and terminating while none is ready); with
   none, every node withdraws (``withdraw_without_endpoints``, on by default: a fabric that keeps
@@ -25,9 +25,8 @@ Each announcement carries its pool's communities and local preference, for the B
 
 from __future__ import annotations
 
-import functools
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import attrs
 
@@ -35,20 +34,11 @@ from flock.model import Communities
 
 from ._compile import slice_owner
 from ._model import EndpointSlice, Family, IPAddress, Service, TrafficPolicy, family_of
+from ._pools import AllowList, AnnouncePool
 from ._select import backends, categorize, port_policy
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 NOT_IN_POOL = "in no pool this Service may use"
-
-
-@attrs.frozen
-class AnnouncePool:
-    """A pool as the announcer needs it: its blocks, and what its routes carry."""
-
-    name: str
-    cidrs: tuple[IPNetwork, ...]
-    communities: Communities = attrs.field(factory=Communities)
-    local_preference: int | None = None
 
 
 @attrs.frozen
@@ -85,16 +75,6 @@ def _exact(address: IPAddress) -> IPNetwork:
     return ipaddress.ip_network(f"{address}/{address.max_prefixlen}")
 
 
-def _pool_of(
-    address: IPAddress, pools: Iterable[AnnouncePool], usable: Callable[[AnnouncePool], bool]
-) -> AnnouncePool | None:
-    """The first pool (by name) holding *address* that the Service may use."""
-    for pool in sorted(pools, key=lambda p: p.name):
-        if any(address.version == net.version and address in net for net in pool.cidrs) and usable(pool):
-            return pool
-    return None
-
-
 def _wanted(service: Service, slices: Iterable[EndpointSlice], family: Family, node_name: str) -> tuple[bool, str]:
     """Whether this node wants *service*'s addresses of *family* announced, and why (or why not)."""
     local = service.external_traffic_policy is TrafficPolicy.LOCAL
@@ -118,14 +98,12 @@ def announcements(
     services: Iterable[Service],
     slices: Iterable[EndpointSlice],
     node_name: str,
-    pools: Iterable[AnnouncePool],
+    allow: AllowList,
     *,
-    may_use: Callable[[Service, AnnouncePool], bool] = lambda _s, _p: True,
     withdraw_without_endpoints: bool = True,
     cluster_ip_ranges: Iterable[tuple[IPNetwork, AnnouncePool | None]] = (),
 ) -> Announcements:
     """What this node announces of the Services (see the module doc), in a stable order."""
-    pools = tuple(pools)
     by_service: dict[tuple[str, str], list[EndpointSlice]] = {}
     for eps in slices:
         owner = slice_owner(eps)
@@ -139,7 +117,7 @@ def announcements(
         mine = by_service.get((service.namespace, service.name), [])
         addresses = sorted({*service.load_balancer_ips, *service.external_ips}, key=lambda a: (a.version, a))
         for address in addresses:
-            pool = _pool_of(address, pools, functools.partial(may_use, service))
+            pool = allow.pool_for(service, address)
             if pool is None:
                 refused.append(NotAnnounced(address, service.key, NOT_IN_POOL))
                 continue

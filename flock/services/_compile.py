@@ -43,9 +43,10 @@ An endpoint change is element writes only (the ``spread`` element names the
 chain for the new number, the ``endpoints`` elements are renumbered); the
 shared ``rand`` chains come and go with the numbers in use.
 
-Only addresses inside ``config.external_pools`` are translated as externalIPs
-or load-balancer addresses (CVE-2020-8554: a Service must not capture
-arbitrary addresses); NodePorts answer on ``node.addresses``.
+Only addresses inside a pool of ``config.allow`` the Service may use are
+translated as externalIPs or load-balancer addresses (CVE-2020-8554: a Service
+must not capture arbitrary addresses; :mod:`._pools`); NodePorts answer on
+``node.addresses``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from flock.policy import Protocol
 from . import _names, _nft
 from ._conntrack import UdpTarget
 from ._model import EndpointSlice, Family, IPAddress, Service, ServicePort, TrafficPolicy, family_of
+from ._pools import AllowList
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
 from ._table import AffinitySet, Counted, HealthCheck, ServicesTable, Skeleton
 
@@ -79,12 +81,8 @@ class NodeView:
 @attrs.frozen
 class ServicesConfig:
     pod_cidrs: tuple[IPNetwork, ...] = ()  # ClusterIP traffic from elsewhere (the node, a routed client) is masqueraded
-    external_pools: tuple[IPNetwork, ...] = ()  # externalIPs / load-balancer addresses translated only inside these
+    allow: AllowList = attrs.field(factory=AllowList)  # externalIPs / load-balancer addresses translated only inside
     skeleton: Skeleton = attrs.field(factory=Skeleton)
-
-
-def _in_pools(ip: IPAddress, pools: tuple[IPNetwork, ...]) -> bool:
-    return any(ip.version == p.version and ip in p for p in pools)
 
 
 Space = tuple[str, str]  # (kind, key): what two Services may both claim — an address and port, or a NodePort
@@ -299,7 +297,7 @@ def _service_port(
         {
             ip
             for ip in (*svc.external_ips, *svc.load_balancer_ips)
-            if family_of(ip) is family and _in_pools(ip, config.external_pools)
+            if family_of(ip) is family and config.allow.admits(svc, ip)
         }
     )
     policy = port_policy(svc, port, external_addresses=bool(externals))

@@ -16,7 +16,8 @@ Service's health check a shared healthCheckNodePort answers for (the last, as co
 it overwrite), and the conflicts reported.
 
 A change of the node's addresses or of the config (:meth:`ServicesEngine.rebuild`) recompiles
-every Service; :meth:`table` builds the whole value (for a full load or a comparison), in time
+every Service, except a change of the allow-list alone (``update(..., allow=)``): only the Services
+with external addresses; :meth:`table` builds the whole value (for a full load or a comparison), in time
 proportional to the table.
 """
 
@@ -41,6 +42,7 @@ from ._compile import (
 )
 from ._conntrack import StaleFlows, stale_flows
 from ._model import EndpointSlice, Service
+from ._pools import AllowList
 from ._table import AffinitySet, Counted, HealthCheck, ServicesTable
 
 ServiceId = tuple[str, str]  # (namespace, name): the order compile_table gives Services
@@ -173,9 +175,15 @@ class ServicesEngine:
         slices: Mapping[str, EndpointSlice],
         service_keys: Iterable[str],
         slice_keys: Iterable[str],
+        allow: AllowList | None = None,
     ) -> TableDelta:
-        """Follow the written keys (*services*, *slices*: the inputs now); the touched part of the table."""
+        """Follow the written keys (*services*, *slices*: the inputs now); the touched part of the table.
+        With *allow*, another allow-list (the LoadBalancerPools changed): the Services with external
+        addresses are compiled again too (no other Service depends on it)."""
         dirty: set[ServiceId] = set()
+        if allow is not None and allow != self.config.allow:
+            self.config = attrs.evolve(self.config, allow=allow)
+            dirty.update(sid for sid, svc in self._services.items() if svc.external_ips or svc.load_balancer_ips)
         for key in service_keys:
             old = self._service_keys.pop(key, None)
             if old is not None:

@@ -13,7 +13,11 @@ proxy (:class:`flock.services.ServiceProxy`)::
 Setting an equal value is no change (no wake-up).  The proxy applies nothing
 until both kinds are listed (:attr:`ServiceInputs.complete`): a table made
 from half a view would refuse connections to Services whose slices are still
-on their way.
+on their way.  When the composition root sets ``required`` to include
+:data:`POOLS`, the allow-list (:class:`flock.services.AllowList`, the
+LoadBalancerPools: :meth:`ServiceInputs.set_allow`) must be read too: a
+restarted agent that applied its table before reading the pools would stop
+translating every external address until they arrived.
 
 A :class:`ServiceJournal` (:meth:`ServiceInputs.journal`) names the keys
 written since its last drain, so a reader's work follows what changed, not
@@ -30,10 +34,12 @@ import attrs
 import trio
 
 from ._model import EndpointSlice, Service
+from ._pools import AllowList
 
 SERVICES = "Service"
 ENDPOINT_SLICES = "EndpointSlice"
 KINDS = (SERVICES, ENDPOINT_SLICES)
+POOLS = "LoadBalancerPool"  # the allow-list: listed with set_allow
 
 
 @attrs.frozen
@@ -72,14 +78,16 @@ class ServiceInputs:
     services: dict[str, Service] = attrs.field(factory=dict)
     slices: dict[str, EndpointSlice] = attrs.field(factory=dict)
     generation: int = 0
+    allow: AllowList = attrs.field(factory=AllowList)  # the LoadBalancerPools, as the pool watcher read them
+    required: frozenset[str] = frozenset(KINDS)  # what must be listed before the proxy applies anything
     _listed: set[str] = attrs.field(factory=set)
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _journals: weakref.WeakSet[ServiceJournal] = attrs.field(init=False, factory=weakref.WeakSet)
 
     @property
     def complete(self) -> bool:
-        """Both kinds have been listed."""
-        return self._listed >= set(KINDS)
+        """Every required kind has been listed."""
+        return self._listed >= self.required
 
     def of(self, kind: str) -> Mapping[str, Any]:
         return self.services if kind == SERVICES else self.slices
@@ -114,6 +122,14 @@ class ServiceInputs:
             self._note(kind, key)
             changed = True
         self._listed.add(kind)
+        if changed:
+            self._bump()
+
+    def set_allow(self, allow: AllowList) -> None:
+        """The allow-list as read now (marks :data:`POOLS` listed); a different one wakes the proxy."""
+        changed = allow != self.allow or POOLS not in self._listed
+        self.allow = allow
+        self._listed.add(POOLS)
         if changed:
             self._bump()
 

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from flock.model import InvalidObject
-from flock.policy import Protocol
+from flock.policy import Labels, Protocol, labels_field
 from flock.policy._model import is_port_name
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -182,6 +182,8 @@ class Service:
     affinity_timeout: int = DEFAULT_AFFINITY_TIMEOUT
     load_balancer_class: str | None = None
     has_selector: bool = False
+    # metadata.labels, kept only for a Service with external addresses (what LoadBalancerPools select)
+    labels: Labels = ()
 
     @property
     def key(self) -> str:
@@ -201,7 +203,7 @@ class Service:
     @classmethod
     def from_object(cls, raw: Any) -> Service:
         kind = "Service"
-        namespace, name, _ = _metadata(kind, raw, _DNS_1035, "a DNS-1035 label")
+        namespace, name, meta = _metadata(kind, raw, _DNS_1035, "a DNS-1035 label")
         spec = raw.get("spec")
         if not isinstance(spec, Mapping):
             raise InvalidObject(kind, name, "spec", spec, "an object")
@@ -316,6 +318,7 @@ class Service:
             timeout,
             lb_class,
             bool(selector),
+            labels_field(kind, name, "metadata.labels", meta.get("labels")) if external_ips or lb_ips else (),
         )
 
 

@@ -36,7 +36,7 @@ from flock.model import ServiceRoutes
 from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
-from ._announce import AnnouncePool, announcements, routes_by_pool
+from ._announce import Announcements, announcements, routes_by_pool
 from ._compile import NodeView, ServicesConfig, slice_owner
 from ._conntrack import StaleFlows
 from ._counters import COUNTED_MAPS, ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
@@ -87,8 +87,7 @@ class ServiceProxy:
     on_applied: Callable[[ServicesTable], None] | None = None
     on_health: Callable[[Mapping[int, HealthCheck]], None] | None = None
     metrics: ServiceMetrics | None = None
-    # the pools announced addresses must lie in (the allow-list), and where the routes go (the node's BIRD)
-    pools: Callable[[], tuple[AnnouncePool, ...]] = tuple
+    # where the routes this node announces go (the node's BIRD); the allow-list is the config's
     on_announce: Callable[[tuple[ServiceRoutes, ...]], None] | None = None
     # deletes stale UDP conntrack entries in the node's namespace (flock.services.forget_stale on a thread)
     forget: Callable[[list[StaleFlows]], Awaitable[int]] | None = None
@@ -98,6 +97,7 @@ class ServiceProxy:
     applied_generation: int = attrs.field(init=False, default=-1)
     conflicts: tuple[str, ...] = attrs.field(init=False, default=())
     announced: tuple[ServiceRoutes, ...] = attrs.field(init=False, default=())
+    announcements: Announcements = attrs.field(init=False, factory=Announcements)  # and why not (flockctl)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self.enabled:
@@ -168,7 +168,18 @@ class ServiceProxy:
             config = self.config()
             changes = journal.drain()
             script: str | None = ""
-            if node != engine.node or config != engine.config:
+            if (
+                node == engine.node
+                and config != engine.config
+                and attrs.evolve(config, allow=engine.config.allow) == engine.config
+            ):
+                # the allow-list alone (pools changed): the Services with external addresses again
+                delta = engine.update(
+                    self.inputs.services, self.inputs.slices, changes.services, changes.slices, allow=config.allow
+                )
+                health_changed |= delta.health_changed
+                script = delta.script()
+            elif node != engine.node or config != engine.config:
                 # every Service compiled again; the difference found by comparing whole tables (rare)
                 before = engine.table() if self.in_kernel else None
                 engine.update(self.inputs.services, self.inputs.slices, changes.services, changes.slices)
@@ -203,13 +214,13 @@ class ServiceProxy:
     def _announce(self, engine: ServicesEngine) -> None:
         """The Service routes this node announces now (issue 34), handed on when they change.  Only the
         Services with external addresses are looked at: a handful, whatever the number of Services."""
-        pools = self.pools()
+        allow = engine.config.allow
         external = [s for s in self.inputs.services.values() if s.load_balancer_ips or s.external_ips]
         slices = [eps for s in external for eps in engine.slices_of(s)]
-        result = announcements(external, slices, engine.node.name, pools)
+        result = self.announcements = announcements(external, slices, engine.node.name, allow)
         routes = tuple(
             ServiceRoutes(pool.name, prefixes, pool.communities, pool.local_preference)
-            for pool, prefixes in routes_by_pool(result, pools)
+            for pool, prefixes in routes_by_pool(result, allow.pools)
         )
         if routes != self.announced:
             self.announced = routes

@@ -18,8 +18,8 @@ from ._model import EndpointSlice, Family, IPAddress, Service, ServiceType, Traf
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
 
 
-def _in(ip: IPAddress, config: ServicesConfig) -> bool:
-    return any(ip.version == net.version and ip in net for net in config.external_pools)
+def _in(service: Service, ip: IPAddress, config: ServicesConfig) -> bool:
+    return config.allow.admits(service, ip)
 
 
 def _why(ep: Backend, picked: Categorized, policy: PortPolicy) -> tuple[bool, str]:
@@ -62,8 +62,8 @@ def service_view(
         "name": service.name,
         "type": service.type.value,
         "cluster_ips": [str(ip) for ip in service.cluster_ips],
-        "external_addresses": [str(ip) for ip in external if _in(ip, config)],
-        "untranslated": [str(ip) for ip in external if not _in(ip, config)],
+        "external_addresses": [str(ip) for ip in external if _in(service, ip, config)],
+        "untranslated": [str(ip) for ip in external if not _in(service, ip, config)],
         "external_traffic_policy": service.external_traffic_policy.value,
         "internal_traffic_policy": service.internal_traffic_policy.value,
         "session_affinity": f"ClientIP ({service.affinity_timeout} s)" if service.client_ip_affinity else "None",
@@ -88,7 +88,7 @@ def service_view(
         for family in service.ip_families:
             if service.cluster_ip(family) is None:
                 continue
-            translated = [ip for ip in external if _in(ip, config) and ip.version == family.version]
+            translated = [ip for ip in external if _in(service, ip, config) and ip.version == family.version]
             policy = port_policy(service, port, external_addresses=bool(translated))
             found = backends(service, port, family, mine, node.name)
             picked = categorize(found, policy)

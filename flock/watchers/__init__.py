@@ -45,6 +45,7 @@ from ._informer import (
 from ._nodeconfig import NodeConfigSink, NodeConfigWatcher
 from ._pods import POD_CACHE_WAIT_SECONDS, PodChange, PodWatcher
 from ._policy import CRD_RETRY_SECONDS, PolicyWatcher
+from ._pools import PoolWatcher
 from ._secrets import SecretWatcher, decode_secret
 from ._services import ServiceWatcher
 from ._source import KubeSource
@@ -72,6 +73,7 @@ __all__ = [
     "PodChange",
     "PodWatcher",
     "PolicyWatcher",
+    "PoolWatcher",
     "ResourceExpired",
     "ResourceVersionTooLarge",
     "SecretWatcher",

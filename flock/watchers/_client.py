@@ -26,6 +26,8 @@ from ._source import CLOSE_SECONDS, KubeSource
 NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL = "flock.fritzlab.net", "v1alpha1", "nodeconfigs"
 # kubernetes-sigs/network-policy-api's ClusterNetworkPolicy (deploy/crd-clusternetworkpolicy.yaml).
 CNP_GROUP, CNP_VERSION, CNP_PLURAL = "policy.networking.k8s.io", "v1alpha2", "clusternetworkpolicies"
+# deploy/crd-loadbalancerpool.yaml: the allow-list of Service addresses (and flock-controller's pools).
+POOL_GROUP, POOL_VERSION, POOL_PLURAL = "flock.fritzlab.net", "v1alpha1", "loadbalancerpools"
 
 
 async def _new_api_client(conf: Configuration) -> ApiClient:
@@ -92,6 +94,18 @@ class KubeClient:
             return await custom.get_cluster_custom_object(CNP_GROUP, CNP_VERSION, CNP_PLURAL, name, **kw)
 
         return KubeSource(self.bridge, "clusternetworkpolicies", list_policies, get_policy)
+
+    def load_balancer_pools(self) -> KubeSource:
+        """Every LoadBalancerPool (cluster-scoped custom objects; 404 while the CRD is not installed)."""
+        custom = CustomObjectsApi(self.api_client)
+
+        async def list_pools(**kw: Any) -> Any:
+            return await custom.list_cluster_custom_object(POOL_GROUP, POOL_VERSION, POOL_PLURAL, **kw)
+
+        async def get_pool(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await custom.get_cluster_custom_object(POOL_GROUP, POOL_VERSION, POOL_PLURAL, name, **kw)
+
+        return KubeSource(self.bridge, "loadbalancerpools", list_pools, get_pool)
 
     def nodes(self) -> KubeSource:
         """Every Node (their labels and addresses: ClusterNetworkPolicy ``nodes`` peers)."""

@@ -46,7 +46,7 @@ log = logging.getLogger("flock.watchers")
 REFUSED_BACKOFF = Backoff(initial=1.0, factor=2.0, cap=30.0, jitter=0.2)
 
 
-def _ignore(change: Change) -> None:
+def ignore_change(change: Change) -> None:
     """The informers' own callback: the feed follows them as a listener."""
 
 
@@ -141,7 +141,7 @@ class ServiceWatcher:
             informer = Informer(
                 source,
                 namespaced_key,
-                _ignore,
+                ignore_change,
                 self.settings,
                 name=f"{kind} (cluster-wide)",
                 listeners=(self._feeds[kind],),

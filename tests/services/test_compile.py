@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flock.services import (
+    AllowList,
     Counted,
     EndpointSlice,
     NodeView,
@@ -27,7 +28,7 @@ from flock.testing import services as objects
 NODE = NodeView("node-a", (ipaddress.ip_address("2001:db8:ffff::1"), ipaddress.ip_address("198.51.100.1")))
 CONFIG = ServicesConfig(
     pod_cidrs=(ipaddress.ip_network("2001:db8:10::/64"), ipaddress.ip_network("192.0.2.0/24")),
-    external_pools=(ipaddress.ip_network("198.51.100.0/25"),),
+    allow=AllowList.of_cidrs((ipaddress.ip_network("198.51.100.0/25"),)),
 )
 PORTS = [objects.slice_port("http", 8080)]
 NFT_NAME = re.compile(r"[a-z][a-z0-9]*-[a-z2-7]{13}(-[a-z0-9./-]{1,40})?\Z")

@@ -7,10 +7,13 @@ import ipaddress
 import random
 from typing import Any
 
+import attrs
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from flock.services import (
+    AllowList,
+    AnnouncePool,
     EndpointSlice,
     NodeView,
     Service,
@@ -210,3 +213,27 @@ def test_the_first_claimant_keeps_a_shared_address_and_the_next_takes_over_when_
     (added,) = [v for k, v in delta.after.elements["one-endpoint4"] if k.startswith("198.51.100.7 ")]
     assert added == "192.0.2.98 . 80"  # b's endpoint
     assert engine.table() == compile_table(inputs.values(), eps.values(), NODE, CONFIG)
+
+
+def test_an_allow_list_change_recompiles_only_the_services_with_external_addresses() -> None:
+    services, slices = _cluster(200)
+    lb = Service.from_object(
+        objects.service("lb", ["fd00:96::ffff"], [objects.port("http", 80, target=8080)], lb_ips=["2001:db8:ee::7"])
+    )
+    lb_slice = EndpointSlice.from_object(
+        objects.endpoint_slice(
+            "lb", [objects.endpoint("2001:db8:10::ff:1", "node-b")], [objects.slice_port("http", 8080)]
+        )
+    )
+    services[lb.key], slices[lb_slice.key] = lb, lb_slice
+    engine = ServicesEngine(NODE, CONFIG)  # the allow-list holds 198.51.100.0/25 only: lb is not translated
+    engine.update(services, slices, services, slices)
+    before = engine.table()
+    assert not any(k.startswith("2001:db8:ee::7 ") for e in before.elements.values() for k, _ in e)
+    allow = AllowList.build([AnnouncePool("public", (ipaddress.ip_network("2001:db8:ee::/64"),))])
+    delta = engine.update(services, slices, (), (), allow=allow)
+    assert delta.services == 1  # lb alone
+    after = compile_table(services.values(), slices.values(), NODE, attrs.evolve(CONFIG, allow=allow))
+    assert engine.table() == after and engine.config.allow == allow
+    assert any(k.startswith("2001:db8:ee::7 ") for e in after.elements.values() for k, _ in e)
+    assert apply_text(before, delta.script()) == as_text(after)

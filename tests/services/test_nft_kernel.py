@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from flock.services import (
+    AllowList,
     EndpointSlice,
     NodeView,
     Service,
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.root
 NODE = NodeView("node-a", (ipaddress.ip_address("2001:db8:ffff::1"), ipaddress.ip_address("198.51.100.1")))
 CONFIG = ServicesConfig(
     pod_cidrs=(ipaddress.ip_network("2001:db8:10::/64"), ipaddress.ip_network("192.0.2.0/24")),
-    external_pools=(ipaddress.ip_network("198.51.100.0/25"),),
+    allow=AllowList.of_cidrs((ipaddress.ip_network("198.51.100.0/25"),)),
 )
 
 

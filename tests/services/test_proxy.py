@@ -378,7 +378,7 @@ async def test_a_refused_step_of_a_first_load_ends_in_a_whole_replacement(world:
 
 async def test_announced_routes_follow_the_endpoints(world: World, autojump_clock):
     from flock.model import Communities, ServiceRoutes
-    from flock.services import AnnouncePool
+    from flock.services import AllowList, AnnouncePool
 
     pool = AnnouncePool("public", (ipaddress.ip_network("2001:db8:ee::/64"),), Communities(((64512, 7),)), 120)
     lb = Service.from_object(
@@ -394,7 +394,8 @@ async def test_announced_routes_follow_the_endpoints(world: World, autojump_cloc
     ready = EndpointSlice.from_object(endpoint_slice("lb", [endpoint("2001:db8:0:1::1")], [slice_port("http", 8080)]))
     world.inputs.replace(ENDPOINT_SLICES, {"default/lb-ipv6": ready})
     handed: list[tuple[ServiceRoutes, ...]] = []
-    proxy = world.proxy(pools=lambda: (pool,), on_announce=handed.append)
+    proxy = world.proxy(on_announce=handed.append)
+    proxy.config = lambda: ServicesConfig(allow=AllowList.build([pool]))
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
         await trio.sleep(1)
@@ -411,4 +412,31 @@ async def test_announced_routes_follow_the_endpoints(world: World, autojump_cloc
         world.inputs.set(SERVICES, WEB.key, WEB)  # a change elsewhere: nothing handed again
         await trio.sleep(1)
         assert len(handed) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_proxy_waits_for_the_pools_and_follows_them_without_a_whole_load(world: World, autojump_clock):
+    from flock.services import KINDS, POOLS, AllowList, AnnouncePool
+
+    world.inputs = ServiceInputs(required=frozenset((*KINDS, POOLS)))
+    lb = Service.from_object(
+        service("lb", ["fd00:10:96::c"], [port("http", 80)], type="LoadBalancer", lb_ips=["2001:db8:ee::7"])
+    )
+    world.inputs.replace(SERVICES, {WEB.key: WEB, lb.key: lb})
+    world.inputs.replace(ENDPOINT_SLICES, {})
+    proxy = world.proxy()
+    proxy.config = lambda: ServicesConfig(allow=world.inputs.allow)
+    pool = AnnouncePool("public", (ipaddress.ip_network("2001:db8:ee::/64"),))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(5)
+        assert world.nft.scripts == []  # a restart must not drop the external addresses before the pools are read
+        world.inputs.set_allow(AllowList())
+        await trio.sleep(1)
+        assert len(world.nft.scripts) == 1 and "2001:db8:ee::7" not in world.nft.scripts[0]
+        world.inputs.set_allow(AllowList.build([pool]))
+        await trio.sleep(1)
+        (update,) = world.nft.scripts[1:]
+        assert "2001:db8:ee::7 . tcp . 80" in update and "delete table" not in update  # elements, not a reload
+        assert "fd00:10:96::a" not in update  # WEB has no external address: not compiled again
         nursery.cancel_scope.cancel()

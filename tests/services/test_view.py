@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 
-from flock.services import EndpointSlice, NodeView, Service, ServicesConfig
+from flock.services import AllowList, EndpointSlice, NodeView, Service, ServicesConfig
 from flock.services._view import services_view, view_text
 from flock.testing.services import endpoint, endpoint_slice, port, service, slice_port
 
 NODE = NodeView("node-a", (ipaddress.ip_address("2001:db8:ffff::101"),))
-POOLS = ServicesConfig(external_pools=(ipaddress.ip_network("2001:db8:53::/64"),))
+POOLS = ServicesConfig(allow=AllowList.of_cidrs((ipaddress.ip_network("2001:db8:53::/64"),)))
 
 
 def web(**kw) -> Service:
