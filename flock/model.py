@@ -103,6 +103,9 @@ class ServiceRoutes:
     nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     communities: Communities = attrs.field(factory=Communities)
     local_preference: int | None = None
+    # of nets, those no other node announces (externalTrafficPolicy Local, endpoints only here): a leaving
+    # node keeps them, with GRACEFUL_SHUTDOWN, rather than blackhole their traffic
+    last_resort: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
 
 @attrs.frozen

@@ -24,7 +24,13 @@ def bird_inputs(state: NodeState) -> BirdInputs | None:
     if node is None or not state.allocations_loaded:
         return None
     inputs = BirdInputs.collect(node, state.allocations.values(), pods=state.pods, passwords=state.bgp_passwords)
-    return attrs.evolve(inputs, services=state.service_routes) if state.service_routes else inputs
+    routes = state.service_routes
+    if state.leaving:
+        # leaving: every Service route with GRACEFUL_SHUTDOWN (RFC 8326), then only the last-resort ones
+        if state.leave_withdrawn:
+            routes = tuple(attrs.evolve(r, nets=r.last_resort) for r in routes if r.last_resort)
+        return attrs.evolve(inputs, services=routes, leaving=bool(routes))
+    return attrs.evolve(inputs, services=routes) if routes else inputs
 
 
 @attrs.define(eq=False)

@@ -40,6 +40,8 @@ class AgentSettings:
     service_proxy: bool = False  # flock translates Services (kube-proxy's job); off: its table is removed
     # externalIPs and load-balancer addresses are translated only inside these (CVE-2020-8554)
     service_external_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # leaving (SIGTERM, cordoned, excluded from load balancers): Service routes with GRACEFUL_SHUTDOWN this long
+    bgp_leave_seconds: float = 5.0
 
     @property
     def admin_path(self) -> Path:
@@ -141,11 +143,22 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         help="externalIPs and load-balancer addresses are translated only inside these (repeatable; "
         "none: no such address is translated)",
     )
+    parser.add_argument(
+        "--bgp-leave-seconds",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="a leaving node (agent stopping, node cordoned or labelled node.kubernetes.io/exclude-from-external-"
+        "load-balancers) announces its Service routes with the graceful-shutdown community (RFC 8326) this "
+        "long before it withdraws them (default: %(default)s)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
     if not args.node:
         parser.error("--node is required (or set NODE_NAME)")
+    if not 0 <= args.bgp_leave_seconds <= 600:
+        parser.error(f"--bgp-leave-seconds {args.bgp_leave_seconds}: expected 0..600")
     if not args.socket.is_absolute():
         parser.error(f"--socket {args.socket}: expected an absolute path")
     if args.kubeconfig is not None and not os.access(args.kubeconfig, os.R_OK):
@@ -177,5 +190,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         network_name=args.network_name,
         service_proxy=args.service_proxy,
         service_external_cidrs=tuple(args.service_external_cidr),
+        bgp_leave_seconds=args.bgp_leave_seconds,
     )
     return settings, args

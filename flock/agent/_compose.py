@@ -6,7 +6,7 @@ only place that wires services together, by passing each one what it needs
 to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
 
     flock-agent                 (flock.agent.Agent; the store is opened before it)
-    ├── signals                 SIGTERM/SIGINT → drain the RPC server, cancel the tree
+    ├── signals                 SIGTERM/SIGINT → drain the RPC server (and leave, below), cancel the tree
     ├── startup                 logs "ready" once (with when each gate opened); hands back the GC
     ├── removals                flock.pods.VethRemovals: DEL's veth deletions, in the background
     ├── rpc                     flock.rpc.server.RpcServer → flock.pods.PodHandler
@@ -18,14 +18,17 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   ├── pod-watcher         every pod, watched once: this node's → pod lookups for ADD, all → PolicyInputs
     │   ├── policy-watchers     NetworkPolicy, Namespace, ClusterNetworkPolicy, Node while needed (cluster-wide) → PolicyInputs
     │   ├── service-watchers    Service, EndpointSlice (cluster-wide) → ServiceInputs (--service-proxy only)
-    │   └── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
+    │   ├── pool-watcher        LoadBalancerPool, Namespace labels → the allow-list in ServiceInputs (same)
+    │   ├── bgp-passwords       the BGP password Secrets NodeConfig names → NodeState
+    │   └── node-watcher        this node's Node: cordoned / excluded → NodeState.leaving (proxy and BIRD)
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── policy-log              the kernel's log of policy drops (nflog) → a line per denied flow, counters
     ├── services                flock.services.ServiceProxy: Services → table inet flock-services (--service-proxy;
     │                           off: the table removed; refused beside kube-proxy)
     ├── health-checks           healthCheckNodePorts of eTP Local Services, as kube-proxy answers them (proxy on)
     ├── bird                    flock.agent.BirdFollower: NodeState → debounced render + birdc configure
-    └── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
+    ├── bgp-sessions            BIRD's session states → /readyz notes and metrics (with BIRD only)
+    └── bgp-leave               leaving: Service routes with GRACEFUL_SHUTDOWN, then withdrawn (proxy and BIRD)
 
 State: :class:`flock.state.NodeState` (NodeConfig in force, allocation view,
 readiness gates, notes) is built here and handed to every service that
@@ -70,8 +73,9 @@ from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink
 from ._bird import BirdFollower, bgp_passwords, bird_inputs, session_monitor
 from ._cli import AgentSettings
 from ._crash import CrashPoint
+from ._leave import ServiceLeave, node_watcher
 from ._policy import POLICY_READY_GATE, PolicyLink
-from ._root import Agent, FatalStartError, check_state_dir
+from ._root import SHUTDOWN_DEADLINE_S, Agent, FatalStartError, check_state_dir
 from ._services import services_part
 from ._startup import StartupWatch
 
@@ -111,6 +115,9 @@ def compose(
     service_proxy = services_part(settings, state, netlink, default_backend(settings.host_netns), metrics.registry)
     if settings.service_proxy:
         watchers = (*watchers, service_proxy.watchers)
+    announcing = settings.bird and settings.service_proxy  # Service routes over BGP
+    if announcing:
+        watchers = (*watchers, node_watcher(settings.node, state))
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)
     policy_metrics = PolicyMetrics(metrics.registry)
     policy = PolicyService(
@@ -217,6 +224,16 @@ def compose(
         _bgp_metrics(metrics, state, sessions)
         services.append(ChildSpec("bird", BirdFollower(state, reloader).run))
         services.append(ChildSpec("bgp-sessions", sessions.run))
+    if announcing:
+        leave = ServiceLeave(state, settings.bgp_leave_seconds, apply=reloader.apply_now)
+        services.append(ChildSpec("bgp-leave", leave.run))
+        # SIGTERM: Service routes with GRACEFUL_SHUTDOWN, then withdrawn, beside the drains below.
+        return Agent(
+            services,
+            drains=[rpc.drain, removals.drain],
+            leaves=[leave.leave],
+            deadline=SHUTDOWN_DEADLINE_S + settings.bgp_leave_seconds + 2.0,
+        )
     # SIGTERM: no new requests, then a bounded wait for the veths DEL handed off.
     return Agent(services, drains=[rpc.drain, removals.drain])
 

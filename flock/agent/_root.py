@@ -60,10 +60,14 @@ def _no_children(_inst: object, _attr: attrs.Attribute, children: Sequence[Child
 class Agent:
     """The root supervisor: the signal watcher, then *services* in order (each
     started only once the previous one serves).  *drains* are awaited, in
-    order and bounded by :data:`SHUTDOWN_DEADLINE_S`, before the tree is cancelled."""
+    order, and *leaves* beside them, bounded by *deadline* (:data:`SHUTDOWN_DEADLINE_S` unless
+    the agent announces Service routes: then plus ``--bgp-leave-seconds``), before the tree is cancelled."""
 
     services: Sequence[ChildSpec] = attrs.field(converter=_specs, validator=_no_children)
     drains: Sequence[Drain] = attrs.field(converter=_drains, default=())
+    # run beside the drains, from the signal on (a BGP leave: graceful shutdown, then withdrawal)
+    leaves: Sequence[Drain] = attrs.field(converter=_drains, default=())
+    deadline: float = SHUTDOWN_DEADLINE_S
     intensity: RestartIntensity = ROOT_INTENSITY
     _root: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
 
@@ -78,11 +82,14 @@ class Agent:
 
     async def shutdown(self) -> None:
         """Drain every service that asked for it (bounded), then cancel the tree."""
-        with trio.move_on_after(SHUTDOWN_DEADLINE_S) as scope:
-            for drain in self.drains:
-                await drain()
+        with trio.move_on_after(self.deadline) as scope:
+            async with trio.open_nursery() as nursery:
+                for leave in self.leaves:
+                    nursery.start_soon(leave)
+                for drain in self.drains:
+                    await drain()
         if scope.cancelled_caught:
-            log.warning("drain did not finish in time", extra={"deadline_s": SHUTDOWN_DEADLINE_S})
+            log.warning("drain did not finish in time", extra={"deadline_s": self.deadline})
         self._root.cancel()
 
     async def _watch_signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

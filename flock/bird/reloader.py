@@ -196,6 +196,16 @@ class BirdReloader:
             note = None if error is None else f"BIRD not configured yet (retrying): {error}"
             self.notes.set_note(NOTE_TOPIC, note)
 
+    async def apply_now(self) -> bool:
+        """One reconcile at once, past the debounce (a leaving agent's last config); a failure is
+        logged, not raised.  True if BIRD was told to reconfigure."""
+        try:
+            return await self.reconcile()
+        except ReloadError as exc:
+            exc = self._scrubbed(exc)
+            log.warning("BIRD reload failed", extra={"step": exc.step, "output": exc.output.strip()})
+            return False
+
     async def reconcile(self) -> bool:
         """One attempt; True if BIRD was told to reconfigure. Raises :class:`ReloadError`."""
         inputs = self.inputs()

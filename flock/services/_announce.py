@@ -51,6 +51,7 @@ class Announcement:
     why: str
     communities: Communities = attrs.field(factory=Communities)
     local_preference: int | None = None
+    alone: bool = False  # no other node announces it (Local, every usable endpoint here)
 
 
 @attrs.frozen
@@ -75,23 +76,30 @@ def _exact(address: IPAddress) -> IPNetwork:
     return ipaddress.ip_network(f"{address}/{address.max_prefixlen}")
 
 
-def _wanted(service: Service, slices: Iterable[EndpointSlice], family: Family, node_name: str) -> tuple[bool, str]:
-    """Whether this node wants *service*'s addresses of *family* announced, and why (or why not)."""
+def _wanted(
+    service: Service, slices: Iterable[EndpointSlice], family: Family, node_name: str
+) -> tuple[bool, str, bool]:
+    """Whether this node wants *service*'s addresses of *family* announced, why (or why not), and
+    whether no other node announces them (Local, every usable endpoint here: a leaving node keeps it)."""
     local = service.external_traffic_policy is TrafficPolicy.LOCAL
     any_usable = False
     here = False
+    elsewhere = False
     for port in service.ports:
         policy = port_policy(service, port, external_addresses=True)
-        cat = categorize(backends(service, port, family, slices, node_name), policy)
+        found = backends(service, port, family, slices, node_name)
+        cat = categorize(found, policy)
         any_usable = any_usable or bool(cat.cluster)
         here = here or bool(cat.local)
+        usable = [b for b in found if b.ready] or [b for b in found if b.serving_terminating]
+        elsewhere = elsewhere or any(not b.local for b in usable)
     if local:
         if here:
-            return True, "externalTrafficPolicy Local: an endpoint on this node"
-        return False, "externalTrafficPolicy Local: no ready (or serving) endpoint on this node"
+            return True, "externalTrafficPolicy Local: an endpoint on this node", not elsewhere
+        return False, "externalTrafficPolicy Local: no ready (or serving) endpoint on this node", False
     if any_usable:
-        return True, "externalTrafficPolicy Cluster: the Service has an endpoint"
-    return False, "no endpoint is ready or serving anywhere: withdrawn on every node"
+        return True, "externalTrafficPolicy Cluster: the Service has an endpoint", False
+    return False, "no endpoint is ready or serving anywhere: withdrawn on every node", False
 
 
 def announcements(
@@ -110,6 +118,7 @@ def announcements(
         if owner is not None:
             by_service.setdefault(owner, []).append(eps)
     wanted: dict[IPNetwork, tuple[AnnouncePool, list[str], list[str]]] = {}  # prefix → pool, services, whys
+    shared_elsewhere: set[IPNetwork] = set()  # announced by another node for some Service
     refused: list[NotAnnounced] = []
     for service in sorted(services, key=lambda s: (s.namespace, s.name)):
         if not service.proxied:
@@ -125,19 +134,27 @@ def announcements(
             if service.cluster_ip(family) is None:
                 refused.append(NotAnnounced(address, service.key, f"the Service has no {family.value} ClusterIP"))
                 continue
-            want, why = _wanted(service, mine, family, node_name)
+            want, why, alone = _wanted(service, mine, family, node_name)
             if not want:
                 kept = not withdraw_without_endpoints and service.external_traffic_policy is TrafficPolicy.CLUSTER
                 if not kept:
                     refused.append(NotAnnounced(address, service.key, why))
                     continue
                 why = "externalTrafficPolicy Cluster without an endpoint (withdraw_without_endpoints off)"
+            if not alone:
+                shared_elsewhere.add(_exact(address))
             held = wanted.setdefault(_exact(address), (pool, [], []))
             held[1].append(service.key)
             held[2].append(why)
     routes = [
         Announcement(
-            prefix, pool.name, tuple(names), "; ".join(dict.fromkeys(whys)), pool.communities, pool.local_preference
+            prefix,
+            pool.name,
+            tuple(names),
+            "; ".join(dict.fromkeys(whys)),
+            pool.communities,
+            pool.local_preference,
+            alone=prefix not in shared_elsewhere,
         )
         for prefix, (pool, names, whys) in wanted.items()
     ]

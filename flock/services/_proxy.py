@@ -218,8 +218,15 @@ class ServiceProxy:
         external = [s for s in self.inputs.services.values() if s.load_balancer_ips or s.external_ips]
         slices = [eps for s in external for eps in engine.slices_of(s)]
         result = self.announcements = announcements(external, slices, engine.node.name, allow)
+        alone = {r.prefix for r in result.routes if r.alone}
         routes = tuple(
-            ServiceRoutes(pool.name, prefixes, pool.communities, pool.local_preference)
+            ServiceRoutes(
+                pool.name,
+                prefixes,
+                pool.communities,
+                pool.local_preference,
+                last_resort=tuple(p for p in prefixes if p in alone),
+            )
             for pool, prefixes in routes_by_pool(result, allow.pools)
         )
         if routes != self.announced:

@@ -73,6 +73,8 @@ class NodeState:
     # BGP passwords by peer name, read from Secrets: never in a repr or a log.
     _bgp_passwords: dict[str, str] = attrs.field(init=False, factory=dict, repr=False)
     _service_routes: tuple[ServiceRoutes, ...] = attrs.field(init=False, default=())
+    _leaving: frozenset[str] = attrs.field(init=False, default=frozenset())
+    _leave_withdrawn: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         names = [g.name for g in self.gates]
@@ -239,6 +241,31 @@ class NodeState:
         routes = tuple(routes)
         if routes != self._service_routes:
             self._service_routes = routes
+            self._bump()
+
+    @property
+    def leaving(self) -> frozenset[str]:
+        """Why this node is leaving (agent stopping, node cordoned, excluded from load balancers); empty:
+        it is not.  Leaving, its Service routes carry GRACEFUL_SHUTDOWN, then are withdrawn."""
+        return self._leaving
+
+    def set_leaving(self, reason: str, on: bool) -> None:
+        leaving = self._leaving | {reason} if on else self._leaving - {reason}
+        if leaving != self._leaving:
+            self._leaving = leaving
+            if not leaving:
+                self._leave_withdrawn = False
+            self._bump()
+
+    @property
+    def leave_withdrawn(self) -> bool:
+        """Leaving, and past the graceful-shutdown period: only the last-resort routes stay."""
+        return self._leave_withdrawn
+
+    def set_leave_withdrawn(self, withdrawn: bool) -> None:
+        withdrawn = withdrawn and bool(self._leaving)
+        if withdrawn != self._leave_withdrawn:
+            self._leave_withdrawn = withdrawn
             self._bump()
 
     # -- pool exhaustion -----------------------------------------------------

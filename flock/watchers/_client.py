@@ -116,6 +116,15 @@ class KubeClient:
 
         return KubeSource(self.bridge, "nodes", core.list_node, get_node)
 
+    def this_node(self, name: str) -> KubeSource:
+        """This node's Node alone (``metadata.name``: cordoned, labels, taints)."""
+        core = CoreV1Api(self.api_client)
+
+        async def get_node(namespace: str | None, node: str, **kw: Any) -> Any:
+            return await core.read_node(node, **kw)
+
+        return KubeSource(self.bridge, f"node {name}", core.list_node, get_node, f"metadata.name={name}")
+
     def services(self) -> KubeSource:
         """Every Service (the service proxy translates them all: a client may be anywhere)."""
         core = CoreV1Api(self.api_client)

@@ -523,6 +523,7 @@ def test_rbac_grants_only_read_on_what_the_agent_watches():
             ("networking.k8s.io", "networkpolicies"),
             ("policy.networking.k8s.io", "clusternetworkpolicies"),
             ("flock.fritzlab.net", "nodeconfigs"),
+            ("flock.fritzlab.net", "loadbalancerpools"),  # the allow-list of Service addresses
             ("", "services"),  # the service proxy (--service-proxy)
             ("discovery.k8s.io", "endpointslices"),
         )

@@ -99,3 +99,18 @@ def test_families_and_the_cluster_ip_range() -> None:
     whys = {str(n.address): n.why for n in result.not_announced}
     assert "withdrawn" in whys["2001:db8:ee::7"] and whys["198.51.100.12"] == "the Service has no IPv4 ClusterIP"
     assert routes_by_pool(result, [POOL]) == [(POOL, (NET("198.51.100.7/32"), NET("fd00:10:96::/112")))]
+
+
+def test_a_local_address_whose_every_endpoint_is_here_is_the_nodes_alone() -> None:
+    """What a leaving node keeps (flock.agent._leave): withdrawn, its traffic would have nowhere to go."""
+    local = svc("loc", etp="Local", lb_ips=["198.51.100.7"])
+    cluster = svc("web", lb_ips=["198.51.100.8"])
+    here = objects.endpoint("192.0.2.1", "node-b")
+    there = objects.endpoint("192.0.2.2", "node-c")
+    only_here = announcements([local, cluster], [eps("loc", here), eps("web", here)], "node-b", ALLOW)
+    assert {str(r.prefix): r.alone for r in only_here.routes} == {"198.51.100.7/32": True, "198.51.100.8/32": False}
+    both = announcements([local], [eps("loc", here, there)], "node-b", ALLOW)
+    assert [r.alone for r in both.routes] == [False]
+    # node-c's endpoint only serving while terminating, node-b's ready: node-c withdraws, so node-b is alone
+    leaving = objects.endpoint("192.0.2.2", "node-c", ready=False, serving=True, terminating=True)
+    assert [r.alone for r in announcements([local], [eps("loc", here, leaving)], "node-b", ALLOW).routes] == [True]
