@@ -140,6 +140,13 @@ def cmd_services(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     lines = [service_proxy_line(out["proxy"])] if out["proxy"] is not None else ["services    no service proxy"]
     if out.get("node_addresses"):
         lines.append(f"            NodePorts answer on {', '.join(out['node_addresses'])}")
+    bgp = out.get("bgp")
+    if bgp is not None:
+        line = f"bgp         {bgp['routes']} Service routes announced"
+        if bgp["leaving"]:
+            phase = "withdrawn but the last-resort ones" if bgp["withdrawn"] else "with GRACEFUL_SHUTDOWN"
+            line += f"; leaving ({'; '.join(bgp['leaving'])}): {phase}"
+        lines.append(line)
     if args.service:
         lines += ["", *(view_text(view) for view in out["services"])]
     elif out["services"]:

@@ -48,7 +48,7 @@ from flock.policy import (
 )
 from flock.rpc.wire import SPOKEN_VERSIONS
 from flock.services import ServiceProxy
-from flock.services._view import services_view
+from flock.services._view import bgp_view, services_view
 from flock.state import NodeState
 
 from ._pools import cidr_usage, pool_report
@@ -367,9 +367,19 @@ class AdminOps:
             raise OpRefused(
                 "no such Service", f"{only[:128]} is not among the {len(proxy.inputs.services)} this node knows"
             )
+        bgp: dict[str, Any] | None = None
+        if proxy.on_announce is not None:  # this node announces Service addresses over BGP
+            for view in found:
+                view["bgp"] = bgp_view(f"{view['namespace']}/{view['name']}", proxy.announcements)
+            bgp = {
+                "routes": sum(len(r.nets) for r in proxy.announced),
+                "leaving": sorted(self.state.leaving),
+                "withdrawn": self.state.leave_withdrawn,
+            }
         return {
             "proxy": self.service_proxy_status(),
             "node_addresses": [str(a) for a in node.addresses],
+            "bgp": bgp,
             "services": found,
         }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ._announce import Announcements
 from ._compile import NodeView, ServicesConfig
 from ._model import EndpointSlice, Family, IPAddress, Service, ServiceType, TrafficPolicy
 from ._select import Backend, Categorized, PortPolicy, backends, categorize, port_policy
@@ -128,6 +129,26 @@ def services_view(
     return [service_view(services[key], slices.values(), node, config) for key in keys]
 
 
+def bgp_view(key: str, result: Announcements) -> dict[str, Any]:
+    """What this node announces of the Service *key* over BGP, and why not (JSON-ready)."""
+    return {
+        "announced": [
+            {
+                "prefix": str(r.prefix),
+                "pool": r.pool,
+                "why": r.why,
+                "communities": [f"{a}:{b}" for a, b in r.communities.standard]
+                + [f"{a}:{b}:{c}" for a, b, c in r.communities.large],
+                "local_preference": r.local_preference,
+                "last_resort": r.alone,
+            }
+            for r in result.routes
+            if key in r.services
+        ],
+        "not_announced": [{"address": str(n.address), "why": n.why} for n in result.not_announced if n.service == key],
+    }
+
+
 def view_text(view: Mapping[str, Any]) -> str:
     """A Service as ``flockctl services NS/NAME`` prints it."""
     lines = [
@@ -144,6 +165,13 @@ def view_text(view: Mapping[str, Any]) -> str:
         f"{view['internal_traffic_policy']}, affinity {view['session_affinity']}"
         + (f", health check :{view['health_check_node_port']}" if "health_check_node_port" in view else "")
     )
+    bgp = view.get("bgp")
+    for route in bgp["announced"] if bgp else ():
+        extra = f", communities {' '.join(route['communities'])}" if route["communities"] else ""
+        extra += f", local preference {route['local_preference']}" if route["local_preference"] is not None else ""
+        lines.append(f"  BGP: announces {route['prefix']} (pool {route['pool']}{extra}): {route['why']}")
+    for miss in bgp["not_announced"] if bgp else ():
+        lines.append(f"  BGP: does not announce {miss['address']}: {miss['why']}")
     for port in view["ports"]:
         node_port = f" nodePort {port['node_port']}" if port["node_port"] else ""
         lines.append(f"  port {port['name'] or '-'} {port['port']}/{port['protocol']}{node_port}")
@@ -157,4 +185,4 @@ def view_text(view: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Family", "service_view", "services_view", "view_text"]
+__all__ = ["Family", "bgp_view", "service_view", "services_view", "view_text"]

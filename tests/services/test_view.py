@@ -92,3 +92,31 @@ def test_headless_is_not_translated_and_one_service_can_be_asked_for():
     views = services_view({"default/db": headless, "default/web": web()}, {}, NODE, POOLS, only="default/db")
     assert [v["name"] for v in views] == ["db"] and views[0]["why_not"] == "headless: DNS only"
     assert services_view({"default/web": web()}, {}, NODE, POOLS, only="default/nope") == []
+
+
+def test_what_the_node_announces_of_a_service_and_why_not():
+    from flock.model import Communities
+    from flock.services import AllowList, AnnouncePool, announcements
+    from flock.services._view import bgp_view
+
+    svc = Service.from_object(
+        service(
+            "web",
+            ["fd00:10:96::a"],
+            [port("http", 80, node_port=30080)],
+            type="LoadBalancer",
+            external_ips=["2001:db8:53::1", "2001:db8:dead::1"],
+        )
+    )
+    pool = AnnouncePool("public", (ipaddress.ip_network("2001:db8:53::/64"),), Communities(((64512, 7),)), 150)
+    eps = EndpointSlice.from_object(endpoint_slice("web", [endpoint("2001:db8:0:1::1")], [slice_port("http", 8080)]))
+    result = announcements([svc], [eps], NODE.name, AllowList.build([pool]))
+    [view] = services_view({"default/web": svc}, {}, NODE, POOLS)
+    view["bgp"] = bgp_view("default/web", result)
+    text = view_text(view)
+    assert (
+        "BGP: announces 2001:db8:53::1/128 (pool public, communities 64512:7, local preference 150): "
+        "externalTrafficPolicy Cluster: the Service has an endpoint" in text
+    )
+    assert "BGP: does not announce 2001:db8:dead::1: in no pool this Service may use" in text
+    assert bgp_view("default/other", result) == {"announced": [], "not_announced": []}
