@@ -705,7 +705,10 @@ def test_bird_sidecar_shares_config_and_control_socket():
     c = _containers()["bird"]
     assert c["command"] == ["bird", "-f", "-R", "-c", "/etc/flock/bird/bird.conf", "-s", "/run/flock/bird.ctl"]
     # Stopped for a restart, BIRD leaves its kernel routes and its peers keep ours (graceful restart).
-    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["birdc", "-s", "/run/flock/bird.ctl", "graceful", "restart"]
+    sh, flag, script = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert (sh, flag) == ("sh", "-c") and script.endswith("exec birdc -s /run/flock/bird.ctl graceful restart")
+    # ... after the stopping agent withdrew its Service routes (a leaving node), 10 s at most
+    assert "grep -q 'protocol static flock_services' /etc/flock/bird/bird.conf || break" in script
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/etc/flock/bird", "/run/flock"}
     seed = _containers()["bird-config"]
     assert "/etc/flock/bird/bird.conf" in seed["command"][-1]
