@@ -40,6 +40,8 @@ class AgentSettings:
     service_proxy: bool = False  # flock translates Services (kube-proxy's job); off: its table is removed
     # externalIPs and load-balancer addresses are translated only inside these (CVE-2020-8554)
     service_external_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # the ClusterIP ranges announced over BGP (as they are: aggregates), from every node
+    announce_cluster_ip_ranges: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     # leaving (SIGTERM, cordoned, excluded from load balancers): Service routes with GRACEFUL_SHUTDOWN this long
     bgp_leave_seconds: float = 5.0
 
@@ -144,6 +146,15 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         "none: no such address is translated)",
     )
     parser.add_argument(
+        "--announce-cluster-ip-range",
+        action="append",
+        type=_network,
+        default=[],
+        metavar="CIDR",
+        help="announce this ClusterIP range (the API server's --service-cluster-ip-range) over BGP from every "
+        "node, so routers outside the cluster reach ClusterIPs (repeatable; with --service-proxy)",
+    )
+    parser.add_argument(
         "--bgp-leave-seconds",
         type=float,
         default=5.0,
@@ -191,5 +202,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         service_proxy=args.service_proxy,
         service_external_cidrs=tuple(args.service_external_cidr),
         bgp_leave_seconds=args.bgp_leave_seconds,
+        announce_cluster_ip_ranges=tuple(args.announce_cluster_ip_range),
     )
     return settings, args

@@ -130,5 +130,6 @@ def services_part(
         metrics=ServiceMetrics(registry) if registry is not None and settings.service_proxy else None,
         forget=functools.partial(_forget, settings.host_netns),
         on_announce=state.set_service_routes if settings.bird else None,
+        cluster_ip_ranges=settings.announce_cluster_ip_ranges,
     )
     return ServicesPart(inputs, proxy, health)

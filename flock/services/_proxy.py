@@ -36,7 +36,7 @@ from flock.model import ServiceRoutes
 from flock.nursery import Backoff
 from flock.policy import NftBackend, NftError
 
-from ._announce import Announcements, announcements, routes_by_pool
+from ._announce import Announcements, IPNetwork, announcements, routes_by_pool
 from ._compile import NodeView, ServicesConfig, slice_owner
 from ._conntrack import StaleFlows
 from ._counters import COUNTED_MAPS, ServiceMetrics, ServicePortCounts, ServicePortKey, decode_key, service_connections
@@ -89,6 +89,7 @@ class ServiceProxy:
     metrics: ServiceMetrics | None = None
     # where the routes this node announces go (the node's BIRD); the allow-list is the config's
     on_announce: Callable[[tuple[ServiceRoutes, ...]], None] | None = None
+    cluster_ip_ranges: tuple[IPNetwork, ...] = ()  # announced as they are (aggregates)
     # deletes stale UDP conntrack entries in the node's namespace (flock.services.forget_stale on a thread)
     forget: Callable[[list[StaleFlows]], Awaitable[int]] | None = None
     counters_every: float = COUNTERS_EVERY_S
@@ -217,7 +218,13 @@ class ServiceProxy:
         allow = engine.config.allow
         external = [s for s in self.inputs.services.values() if s.load_balancer_ips or s.external_ips]
         slices = [eps for s in external for eps in engine.slices_of(s)]
-        result = self.announcements = announcements(external, slices, engine.node.name, allow)
+        result = self.announcements = announcements(
+            external,
+            slices,
+            engine.node.name,
+            allow,
+            cluster_ip_ranges=[(net, None) for net in self.cluster_ip_ranges],
+        )
         alone = {r.prefix for r in result.routes if r.alone}
         routes = tuple(
             ServiceRoutes(

@@ -440,3 +440,18 @@ async def test_the_proxy_waits_for_the_pools_and_follows_them_without_a_whole_lo
         assert "2001:db8:ee::7 . tcp . 80" in update and "delete table" not in update  # elements, not a reload
         assert "fd00:10:96::a" not in update  # WEB has no external address: not compiled again
         nursery.cancel_scope.cancel()
+
+
+async def test_the_cluster_ip_range_is_announced_when_configured(world: World, autojump_clock):
+    from flock.model import ServiceRoutes
+
+    world.inputs.replace(SERVICES, {WEB.key: WEB})
+    world.inputs.replace(ENDPOINT_SLICES, {})
+    handed: list[tuple[ServiceRoutes, ...]] = []
+    cluster = ipaddress.ip_network("fd00:10:96::/112")
+    proxy = world.proxy(on_announce=handed.append, cluster_ip_ranges=(cluster,))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(1)
+        assert handed == [(ServiceRoutes("cluster-ips", (cluster,)),)]
+        nursery.cancel_scope.cancel()
