@@ -95,7 +95,8 @@ def test_security_context_and_probes_are_taken_from_the_manifest():
         ("birdc", "-s", "/run/flock/bird.ctl", "show", "status")
     )
     assert agent.memory_limit == 512 * 2**20 and agent.cpu_limit == 1.0
-    assert bird.pre_stop == Exec(("birdc", "-s", "/run/flock/bird.ctl", "graceful", "restart"))
+    assert bird.pre_stop is not None and bird.pre_stop.command[:2] == ("sh", "-c")
+    assert bird.pre_stop.command[2].endswith("exec birdc -s /run/flock/bird.ctl graceful restart")
 
 
 def test_a_manifest_change_is_what_the_lab_runs():
