@@ -29,7 +29,7 @@ import trio
 
 from flock.nursery import ChildSpec
 from flock.state import NodeState
-from flock.watchers import Change, ChangeType, Informer, InformerSettings, KubeClient
+from flock.watchers import Change, ChangeType, Informer, InformerSettings, KubeClient, ListWatchSource
 
 log = logging.getLogger("flock.agent")
 
@@ -117,21 +117,23 @@ class _NodeFeed:
             self.state.set_leaving(reason, reason in reasons)
 
 
-def node_watcher(
-    node: str, state: NodeState, settings: InformerSettings | None = None
-) -> Callable[[KubeClient], Sequence[ChildSpec]]:
+def node_informer(source: ListWatchSource, state: NodeState, settings: InformerSettings | None = None) -> Informer:
+    """This node's Node (*source*: ``metadata.name`` selected) → the leaving reasons in *state*."""
+    return Informer(
+        source,
+        lambda obj: str((obj.get("metadata") or {}).get("name", "")),
+        lambda change: None,
+        settings or InformerSettings(),
+        name="this node",
+        listeners=(_NodeFeed(state),),
+        transform=node_leaving,
+    )
+
+
+def node_watcher(node: str, state: NodeState) -> Callable[[KubeClient], Sequence[ChildSpec]]:
     """A watcher factory for the API link: this node's Node → the leaving reasons in *state*."""
 
     def children(client: KubeClient) -> Sequence[ChildSpec]:
-        informer = Informer(
-            client.this_node(node),
-            lambda obj: str((obj.get("metadata") or {}).get("name", "")),
-            lambda change: None,
-            settings or InformerSettings(),
-            name=f"node {node}",
-            listeners=(_NodeFeed(state),),
-            transform=node_leaving,
-        )
-        return [ChildSpec("node-watcher", informer.run)]
+        return [ChildSpec("node-watcher", node_informer(client.this_node(node), state).run)]
 
     return children

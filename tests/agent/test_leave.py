@@ -102,3 +102,39 @@ async def test_sigterm_leaves_and_puts_the_withdrawal_in_bird_before_exit(autoju
         assert "(65535, 0)" in graceful and "2001:db8:ee::7/128" in graceful  # first: the community on all
         assert "2001:db8:ee::7/128" not in last and "2001:db8:ee::8/128" in last  # then: the last resort alone
         nursery.cancel_scope.cancel()
+
+
+async def test_the_node_watcher_follows_cordon_and_uncordon(autojump_clock) -> None:
+    from flock.agent._leave import node_informer
+    from flock.apiserver import ObjectStore
+    from flock.apiserver._resources import NODES
+    from flock.nursery import Backoff
+    from flock.testing import StoreSource
+    from flock.watchers import InformerSettings
+
+    store = ObjectStore()
+    store.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "spec": {}})
+    store.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "other"}, "spec": {}})
+    state = _state()
+    settings = InformerSettings(watch_seconds=60, backoff=Backoff(jitter=0.0), watch_list=False)
+    source = StoreSource(store, NODES, field_selector=f"metadata.name={NODE}")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node_informer(source, state, settings).run)
+        await trio.sleep(1)
+        assert state.leaving == frozenset()
+        other = store.get(NODES, "other", None)
+        other["spec"]["unschedulable"] = True
+        store.update(NODES, other)  # another node cordoned: not this one's business
+        await trio.sleep(1)
+        assert state.leaving == frozenset()
+        mine = store.get(NODES, NODE, None)
+        mine["spec"]["unschedulable"] = True
+        store.update(NODES, mine)
+        await trio.sleep(1)
+        assert state.leaving == {CORDONED}
+        mine = store.get(NODES, NODE, None)
+        mine["spec"]["unschedulable"] = False
+        store.update(NODES, mine)
+        await trio.sleep(1)
+        assert state.leaving == frozenset()
+        nursery.cancel_scope.cancel()
