@@ -23,7 +23,7 @@ import trio
 
 from flock.apiserver import LOADBALANCERPOOLS, NODECONFIGS, NODES, SECRETS, write_kubeconfig
 from flock.lab._api import ApiClient, ApiError
-from flock.lab._bird import all_established, bgp_sessions, fabric_config, node_bootstrap_config
+from flock.lab._bird import all_established, bgp_sessions, fabric_config, internet_config, node_bootstrap_config
 from flock.lab._image import (
     ImageSettings,
     check_image,
@@ -208,17 +208,19 @@ def build_internet(plan: LabPlan, inet: str) -> None:
         },
     )
     _sysctls(inet, {**no_rp, "ipv4/conf/eth0/rp_filter": "0"})
-    # Services' external addresses: the internet sends them to the fabric, which spreads them over
-    # every node (ECMP), as a load balancer announcing them to the fabric would.
-    for net in SERVICE_EXTERNAL_RANGES:
-        gateway, nodes = (
-            (INTERNET_GATEWAY6, [n.addr6 for n in plan.nodes])
-            if net.version == 6
-            else (INTERNET_GATEWAY4, [n.addr4 for n in plan.nodes])
-        )
-        _ip("-n", inet, "route", "add", str(net), "via", str(gateway), "dev", "eth0")
-        hops = [arg for addr in nodes for arg in ("nexthop", "via", str(addr), "dev", BRIDGE)]
-        _ip("-n", fab, "route", "add", str(net), *hops)
+    # Services' external addresses reach the nodes by what BGP says: the fabric's BIRD puts the routes
+    # the nodes announce in the fabric's kernel (ECMP over the announcing nodes, spread by the L4
+    # hash so that connections from one client go to several nodes), and passes them on to the
+    # internet's BIRD (lab/_bird.py); no static route.
+    _sysctls(fab, {"ipv4/fib_multipath_hash_policy": "1", "ipv6/fib_multipath_hash_policy": "1"})
+
+
+INTERNET_BIRD_CONF = "internet-bird.conf"
+
+
+def internet_bird_ctl(plan: LabPlan) -> Path:
+    """The control socket of the internet's BIRD (``flock-lab up --internet``)."""
+    return plan.fabric_dir / "internet-bird.ctl"
 
 
 def _bin(name: str) -> str:
@@ -371,6 +373,16 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
         # The internet's host: NODE_PORTS too, each TCP answer naming the address it came from.
         argv = _server_argv(plan.internet_netns, INTERNET)
         specs.append(ProcessSpec(f"serve-{INTERNET}", tuple(argv), plan.fabric_dir / "internet.log", env))
+        # Its router: learns the Service routes the fabric holds.
+        bird = ("bird", "-f", "-c", str(plan.fabric_dir / INTERNET_BIRD_CONF), "-s", str(internet_bird_ctl(plan)))
+        specs.append(
+            ProcessSpec(
+                f"bird-{INTERNET}",
+                ("ip", "netns", "exec", plan.internet_netns, *bird),
+                plan.fabric_dir / "internet-bird.log",
+                env,
+            )
+        )
     for node in plan.nodes if nodes else ():
         specs.append(
             ProcessSpec(
@@ -409,6 +421,8 @@ def write_files(plan: LabPlan, install_cni: bool = True) -> None:
     plan.fabric_dir.mkdir(parents=True, exist_ok=True)
     plan.pods_dir.mkdir(parents=True, exist_ok=True)
     (plan.fabric_dir / "bird.conf").write_text(fabric_config(plan))
+    if plan.internet:
+        (plan.fabric_dir / INTERNET_BIRD_CONF).write_text(internet_config())
     write_kubeconfig(plan.fabric_dir / "kubeconfig", plan.apiserver_url)  # the controllers'
     for node in plan.nodes:
         for d in (node.dir, node.socket.parent, node.state_dir):
@@ -514,7 +528,11 @@ async def readiness(plan: LabPlan) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         for node in plan.nodes:
             nursery.start_soon(one, node)
-    out["fabric"] = {"bgp": all_established(await bgp_sessions(plan.fabric_dir / "bird.ctl"), len(plan.nodes))}
+    # the fabric's sessions: one per node, and two to the internet's router (IPv6, IPv4)
+    sessions = len(plan.nodes) + (2 if plan.internet else 0)
+    out["fabric"] = {"bgp": all_established(await bgp_sessions(plan.fabric_dir / "bird.ctl"), sessions)}
+    if plan.internet:
+        out[INTERNET] = {"bgp": all_established(await bgp_sessions(internet_bird_ctl(plan)), 2)}
     return out
 
 

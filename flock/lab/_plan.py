@@ -50,6 +50,7 @@ from flock.model import MTU_MAX, MTU_MIN
 NS_PREFIX = "flab-"
 MAX_NODES = 8
 FABRIC_ASN = 64500
+INTERNET_ASN = 64496  # the internet's router (--internet): a documentation AS (RFC 5398)
 NODE_ASN_BASE = 64512
 FABRIC6 = ipaddress.IPv6Address("2001:db8:ffff::1")
 FABRIC4 = ipaddress.IPv4Address("192.0.2.1")
@@ -71,9 +72,10 @@ MIN_MTU, MAX_MTU = MTU_MIN, MTU_MAX  # what a NodeConfig's spec.mtu takes: every
 # (the fabric and the nodes use the first, the internet the second; Services the fourth).
 ANNOUNCE_RANGES = (ipaddress.ip_network("2001:db8:53::/48"), ipaddress.ip_network("192.0.2.128/26"))
 # Services (the agents run flock's service proxy): the API server's --service-cluster-ip-range
-# (ClusterIPs; IPv6 primary) and the agents' --service-external-cidr (externalIPs and
-# load-balancer addresses translated; the fabric routes them to the nodes, ECMP, as a load
-# balancer announcing them would).  Outside every pod block, fabric and announce range.
+# (ClusterIPs; IPv6 primary) and the LoadBalancerPool lab-default (externalIPs and load-balancer
+# addresses translated and announced by the nodes over BGP; the fabric's BIRD puts them in its
+# kernel, ECMP over the announcing nodes, and passes them on to the internet's).  Outside every pod
+# block, fabric and announce range.
 SERVICE_CLUSTER_RANGES = (ipaddress.ip_network("fd00:10:96::/112"), ipaddress.ip_network("192.0.2.192/27"))
 SERVICE_EXTERNAL_RANGES = (ipaddress.ip_network("2001:db8:ee::/64"), ipaddress.ip_network("192.0.2.224/27"))
 APISERVER_PORT = 6443

@@ -39,6 +39,7 @@ from flock.lab._pods import (
 from flock.lab._policy_cli import add_commands as add_policy_commands
 from flock.lab._policy_cli import run_command as run_policy_command
 from flock.lab._ports import PortSpec
+from flock.lab._routes import fabric_routes, named, routes_text
 from flock.lab._state import LabError, require_state
 from flock.lab._status import status, status_text
 from flock.lab._upgrade import upgrade
@@ -129,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the path of a kubeconfig for kubectl on this host (the API server on 127.0.0.1)",
     )
     sub.add_parser("check", parents=[common], help="all-pairs reachability between pods and anycast from every node")
+    fabric = sub.add_parser("fabric", help="what the fabric's BGP route server holds").add_subparsers(
+        dest="fabric_command", required=True
+    )
+    fabric.add_parser(
+        "routes",
+        parents=[common],
+        help="every route the fabric learned: prefix, the nodes it forwards to (ECMP), and each path's next hop, "
+        "communities and local preference",
+    )
     s = sub.add_parser("demo", parents=[common], help="up with 2 nodes, a handful of pods, status, check, then down")
     s.add_argument("--keep", action="store_true", help="leave the lab running afterwards")
     add_image_arguments(s)
@@ -292,6 +302,11 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "check":
         return await _check(args, plan)
+    if args.command == "fabric":
+        names = {str(a): n.name for n in plan.nodes for a in (n.addr6, n.addr4)}
+        routes = named(await fabric_routes(plan.fabric_dir / "bird.ctl"), names)
+        _out(args, {"routes": [r.to_json() for r in routes]}, routes_text(routes))
+        return 0
     if args.command == "kubeconfig":
         path = host_kubeconfig(state)
         server = json.loads(path.read_text())["clusters"][0]["cluster"]["server"]
