@@ -42,6 +42,7 @@ from flock.lab._ports import PortSpec
 from flock.lab._routes import fabric_routes, named, routes_text
 from flock.lab._state import LabError, require_state
 from flock.lab._status import status, status_text
+from flock.lab._stream import stream
 from flock.lab._upgrade import upgrade
 
 ANYCAST_WAIT_S = 15.0
@@ -130,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the path of a kubeconfig for kubectl on this host (the API server on 127.0.0.1)",
     )
     sub.add_parser("check", parents=[common], help="all-pairs reachability between pods and anycast from every node")
+    s = sub.add_parser(
+        "stream",
+        parents=[common],
+        help="short TCP connections from SOURCE to TARGET at a steady rate: how many were answered (and by "
+        "which pod), refused or lost — run it across a rolling restart or a drain",
+    )
+    s.add_argument("source", help="NS/POD, a node name or internet")
+    s.add_argument("target", help="NS/POD, a node name, internet or an address (a Service's)")
+    s.add_argument("port", help="PORT/TCP")
+    s.add_argument("--seconds", type=float, default=10.0, help="how long (default %(default)s)")
+    s.add_argument("--rate", type=float, default=50.0, help="connections a second (default %(default)s)")
+    s.add_argument("--family", type=int, choices=(4, 6), default=None)
     fabric = sub.add_parser("fabric", help="what the fabric's BGP route server holds").add_subparsers(
         dest="fabric_command", required=True
     )
@@ -302,6 +315,14 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "check":
         return await _check(args, plan)
+    if args.command == "stream":
+        if not (0 < args.seconds <= 3600 and 0 < args.rate <= 1000):
+            raise LabError("--seconds 0-3600 and --rate 0-1000 (connections a second)")
+        result = await stream(
+            plan, args.source, args.target, args.port, args.family, seconds=args.seconds, rate=args.rate
+        )
+        _out(args, result.to_json(), result.text())
+        return 0 if result.refused == 0 and result.lost == 0 else 1
     if args.command == "fabric":
         names = {str(a): n.name for n in plan.nodes for a in (n.addr6, n.addr4)}
         routes = named(await fabric_routes(plan.fabric_dir / "bird.ctl"), names)

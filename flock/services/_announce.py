@@ -83,20 +83,30 @@ def _wanted(
     whether no other node announces them (Local, every usable endpoint here: a leaving node keeps it)."""
     local = service.external_traffic_policy is TrafficPolicy.LOCAL
     any_usable = False
-    here = False
+    here_ready = here_serving = False
     elsewhere = False
     for port in service.ports:
         policy = port_policy(service, port, external_addresses=True)
         found = backends(service, port, family, slices, node_name)
-        cat = categorize(found, policy)
-        any_usable = any_usable or bool(cat.cluster)
-        here = here or bool(cat.local)
-        usable = [b for b in found if b.ready] or [b for b in found if b.serving_terminating]
+        any_usable = any_usable or bool(categorize(found, policy).cluster)
+        ready = [b for b in found if b.ready]
+        # the endpoints new flows should reach: the ready ones; while none is ready anywhere, the serving
+        # and terminating ones (a node whose endpoint is terminating withdraws once another is ready, and
+        # its proxy still delivers the flows that arrive meanwhile: kube-proxy's local fallback)
+        usable = ready or [b for b in found if b.serving_terminating]
+        here_ready = here_ready or any(b.local for b in ready)
+        here_serving = here_serving or any(b.local for b in usable)
         elsewhere = elsewhere or any(not b.local for b in usable)
     if local:
-        if here:
-            return True, "externalTrafficPolicy Local: an endpoint on this node", not elsewhere
-        return False, "externalTrafficPolicy Local: no ready (or serving) endpoint on this node", False
+        if here_ready:
+            return True, "externalTrafficPolicy Local: a ready endpoint on this node", not elsewhere
+        if here_serving:
+            return (
+                True,
+                "externalTrafficPolicy Local: a serving and terminating endpoint here, none ready",
+                not elsewhere,
+            )
+        return False, "externalTrafficPolicy Local: no ready endpoint on this node", False
     if any_usable:
         return True, "externalTrafficPolicy Cluster: the Service has an endpoint", False
     return False, "no endpoint is ready or serving anywhere: withdrawn on every node", False

@@ -60,10 +60,21 @@ def test_local_policy_announces_only_where_an_endpoint_is() -> None:
     slices = [eps("web", objects.endpoint("192.0.2.1", "node-b"))]
     assert str(next(iter(announcements([web], slices, "node-b", ALLOW).prefixes()))) == "198.51.100.7/32"
     away = announcements([web], slices, "node-a", ALLOW)
-    assert away.routes == () and "no ready (or serving) endpoint on this node" in away.not_announced[0].why
+    assert away.routes == () and "no ready endpoint on this node" in away.not_announced[0].why
     # a serving and terminating endpoint counts while none is ready (a rolling restart's last pod)
     draining = [eps("web", objects.endpoint("192.0.2.1", "node-b", ready=False, serving=True, terminating=True))]
     assert announcements([web], draining, "node-b", ALLOW).prefixes()
+    # ... and not once another is ready elsewhere: node-b withdraws (new flows go to node-c) while its
+    # proxy still delivers what arrives meanwhile to the terminating pod
+    moved = [
+        eps(
+            "web",
+            objects.endpoint("192.0.2.1", "node-b", ready=False, serving=True, terminating=True),
+            objects.endpoint("192.0.2.2", "node-c"),
+        )
+    ]
+    assert not announcements([web], moved, "node-b", ALLOW).prefixes()
+    assert announcements([web], moved, "node-c", ALLOW).prefixes()
 
 
 def test_only_addresses_inside_a_pool_the_service_may_use() -> None:
