@@ -257,9 +257,11 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
         f"--namespace={AGENT_NAMESPACE}",
         "--bgp-lab-timers",
         "--log-format=json",
-        # Services: flock's proxy instead of kube-proxy, external addresses in the lab's range.
+        # Services: flock's proxy instead of kube-proxy; the external addresses it translates and
+        # announces are the LoadBalancerPools' (lab-default: the lab's external ranges).  A leaving node
+        # (cordoned, stopping) withdraws its Service routes 2 s after the graceful-shutdown community.
         "--service-proxy",
-        *(f"--service-external-cidr={net}" for net in SERVICE_EXTERNAL_RANGES),
+        "--bgp-leave-seconds=2",
     ]
 
 
