@@ -3,6 +3,11 @@
 EndpointSlices written by the lab's controller, and every path probed with flock-lab's probes,
 which name the pod that answered (``served_by``) and the source address it saw.
 
+Issue 34, from outside: what the fabric's BIRD learns (``flock-lab fabric routes``' parser) under every
+announcement rule, a readiness flip moving an eTP Local route within a second, rolling restarts and a
+drained node under a stream of connections from the internet (none refused, none lost), and the
+allow-list refusing a hijack of the internet host's own addresses.
+
 Pods: ``shop/web-{1,2,3}`` on node1..3 (``app=web``, http=8080/TCP, 5353/UDP), ``shop/client`` and
 ``shop/other`` on node1 (the clients), ``shop/loc`` on node2 (``app=loc``).  Each test makes its own
 Service(s) and deletes them; the pods it changes it puts back.
@@ -34,7 +39,9 @@ from flock.lab._nsio import http_in, socket_in
 from flock.lab._plan import INTERNET, INTERNET4, INTERNET6, SERVICE_EXTERNAL_RANGES
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, endpoint_for, probe_one
+from flock.lab._routes import FabricRoute, fabric_routes
 from flock.lab._state import require_state
+from flock.lab._stream import StreamResult, stream_between
 from flock.lab.cli import main
 
 pytestmark = pytest.mark.services
@@ -487,3 +494,251 @@ async def test_a_udp_flow_to_a_deleted_endpoint_moves_on(lab: LabPlan, kubectl: 
             if any(p.key == "shop/udp-2" for p in load_pods(lab)):
                 await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/udp-2", "--grace", "0")
             await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", "shop/udp-3", "--grace", "0")
+
+
+# --- issue 34: announcements as the fabric sees them, streams from the internet -----------------------------
+
+
+def lb_service(name: str, selector: dict[str, str], *, etp: str = "Cluster", ips: str | None = None) -> dict[str, Any]:
+    """A LoadBalancer Service of http only (the lab's pods answer TCP with their name)."""
+    svc = service(name, selector, type="LoadBalancer", externalTrafficPolicy=etp)
+    svc["spec"]["ports"] = [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    if ips is not None:
+        svc["metadata"]["annotations"] = {"flock.fritzlab.net/loadBalancerIPs": ips}
+    return svc
+
+
+async def routes(lab: LabPlan) -> dict[str, FabricRoute]:
+    return {str(r.prefix): r for r in await fabric_routes(lab.fabric_dir / "bird.ctl")}
+
+
+async def forwarding(lab: LabPlan, address: str) -> set[str]:
+    """The nodes the fabric forwards *address* to (empty: no route)."""
+    ip = ipaddress.ip_address(address)
+    route = (await routes(lab)).get(f"{ip}/{ip.max_prefixlen}")
+    return {p.source for p in route.forwarding} if route is not None else set()
+
+
+async def until_forwarding(lab: LabPlan, address: str, nodes: set[str], within: float = 10.0) -> float:
+    """Seconds until the fabric forwards *address* to exactly *nodes*."""
+    start = time.monotonic()
+    with trio.fail_after(within):
+        while (now := await forwarding(lab, address)) != nodes:
+            print(f"fabric: {address} via {sorted(now)}, waiting for {sorted(nodes)}")
+            await trio.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def addresses_of(kubectl: Kubectl, name: str, count: int = 2) -> list[str]:
+    with trio.fail_after(SETTLE_S):
+        while True:
+            got = await kubectl.json("get", "svc", name, "-n", "shop")
+            ingress = ((got.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+            if len(ingress) == count:
+                return [i["ip"] for i in ingress]
+            await trio.sleep(0.1)
+
+
+@asynccontextmanager
+async def lab_pods(lab: LabPlan, app: str, nodes: list[str]) -> AsyncIterator[list[str]]:
+    """Pods ``shop/<app>-<i>`` labelled ``app=<app>``, one per node in *nodes*; deleted afterwards."""
+    keys = [f"shop/{app}-{i}" for i in range(1, len(nodes) + 1)]
+    for key, node in zip(keys, nodes, strict=True):
+        await trio.to_thread.run_sync(
+            cli, lab.dir, "pod", "add", node, key, "--label", f"app={app}", "--port", "http=8080/TCP"
+        )
+    try:
+        yield keys
+    finally:
+        present = {p.key for p in load_pods(lab)}
+        for key in keys:
+            if key in present:
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", key, "--grace", "0")
+
+
+async def test_the_fabric_learns_what_the_announcement_rules_say(lab: LabPlan, kubectl: Kubectl) -> None:
+    """eTP Cluster from every node while an endpoint is ready, withdrawn everywhere without; eTP Local
+    only from the nodes with a ready endpoint, a readiness flip moving it within a second; a shared
+    address announced while either Service wants it; a pool's communities on its routes, and a
+    Service outside the pool's selector given nothing."""
+    every = {n.name for n in lab.nodes}
+    tagged_pool = {
+        "apiVersion": "flock.fritzlab.net/v1alpha1",
+        "kind": "LoadBalancerPool",
+        "metadata": {"name": "lab-tagged"},
+        "spec": {
+            "blocks": [{"cidr": "2001:db8:ef::/120"}],
+            "serviceSelector": {"matchLabels": {"tier": "public"}},
+            "communities": ["64512:34", "64512:3:4"],
+        },
+    }
+    tagged = lb_service("tagged", {"app": "ann"}, ips="2001:db8:ef::7")
+    tagged["metadata"]["labels"] = {"tier": "public"}
+    tagged["spec"].update(ipFamilyPolicy="SingleStack", ipFamilies=["IPv6"])
+    untagged = lb_service("untagged", {"app": "ann"}, ips="2001:db8:ef::8")
+    untagged["spec"].update(ipFamilyPolicy="SingleStack", ipFamilies=["IPv6"])
+    shared_a = lb_service("shared-a", {"app": "ann"}, ips="2001:db8:ee::42,192.0.2.242")
+    shared_b = lb_service("shared-b", {"app": "nobody"}, ips="2001:db8:ee::42,192.0.2.242")
+    shared_b["spec"]["ports"] = [{"name": "http", "port": 8000, "targetPort": 8080, "protocol": "TCP"}]
+    for svc in (shared_a, shared_b):
+        svc["metadata"]["annotations"]["flock.fritzlab.net/allow-shared-ip"] = "lab"
+    with trio.fail_after(150):
+        await kubectl.run("apply", "-f", "-", stdin=json.dumps(tagged_pool))
+        try:
+            async with (
+                lab_pods(lab, "ann", ["node1", "node2"]) as (ann1, ann2),
+                applied(
+                    kubectl,
+                    lb_service("ann-cluster", {"app": "ann"}, ips="2001:db8:ee::40,192.0.2.240"),
+                    lb_service("ann-local", {"app": "ann"}, etp="Local", ips="2001:db8:ee::41,192.0.2.241"),
+                    tagged,
+                    untagged,
+                    shared_a,
+                    shared_b,
+                ),
+            ):
+                for address in ("2001:db8:ee::40", "192.0.2.240"):
+                    await until_forwarding(lab, address, every)
+                for address in ("2001:db8:ee::41", "192.0.2.241"):
+                    await until_forwarding(lab, address, {"node1", "node2"})
+                # a readiness flip of node2's only endpoint moves the Local address off node2
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", ann2, "false")
+                took = await until_forwarding(lab, "2001:db8:ee::41", {"node1"}, within=5)
+                print(f"eTP Local: node2 out of the fabric's ECMP set {took * 1000:.0f} ms after `pod ready false`")
+                assert took < 1.0, f"the fabric still forwarded to node2 {took:.2f} s after its endpoint went unready"
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", ann2, "true")
+                await until_forwarding(lab, "2001:db8:ee::41", {"node1", "node2"})
+                # no endpoint ready anywhere: eTP Cluster withdrawn from every node, and back
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", ann1, "false")
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", ann2, "false")
+                await until_forwarding(lab, "2001:db8:ee::40", set())
+                await until_forwarding(lab, "2001:db8:ee::42", set())  # shared-b has no endpoint either
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", ann1, "true")
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "ready", ann2, "true")
+                await until_forwarding(lab, "2001:db8:ee::40", every)
+                # the shared address: shared-a wants it, shared-b (no endpoint) does not
+                assert sorted(await addresses_of(kubectl, "shared-b")) == sorted(["2001:db8:ee::42", "192.0.2.242"])
+                await until_forwarding(lab, "2001:db8:ee::42", every)
+                # the tagged pool: its communities on the route; the Service outside its selector: nothing
+                await until_forwarding(lab, "2001:db8:ef::7", every)
+                path = (await routes(lab))["2001:db8:ef::7/128"].paths[0]
+                assert (64512, 34) in path.communities and (64512, 3, 4) in path.large_communities, path
+                assert not await fabric_has(lab, "2001:db8:ef::8/128")
+                refused = await kubectl.json("get", "svc", "untagged", "-n", "shop")
+                assert not ((refused.get("status") or {}).get("loadBalancer") or {}).get("ingress")
+        finally:
+            await kubectl.run("delete", "loadbalancerpool", "lab-tagged", "--wait=false")
+
+
+async def _roll(lab: LabPlan, app: str, old: list[str], nodes: list[str]) -> list[str]:
+    """A rolling update as a Deployment's: for each old pod, a new one on the next node, then the old
+    one deleted with a 2 s grace (it keeps serving while terminating)."""
+    new = []
+    for i, key in enumerate(old):
+        fresh = f"shop/{app}-r{i + 1}"
+        node = nodes[(i + 1) % len(nodes)]
+        await trio.to_thread.run_sync(
+            cli, lab.dir, "pod", "add", node, fresh, "--label", f"app={app}", "--port", "http=8080/TCP"
+        )
+        await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", key, "--grace", "2")
+        new.append(fresh)
+    return new
+
+
+@pytest.mark.parametrize("etp", ["Cluster", "Local"])
+async def test_a_rolling_restart_under_a_stream_from_the_internet(lab: LabPlan, kubectl: Kubectl, etp: str) -> None:
+    """Every pod of a LoadBalancer Service replaced, each new one on another node, while the internet
+    opens 50 connections a second to its address: none refused, none lost."""
+    app = f"roll-{etp.lower()}"
+    nodes = [n.name for n in lab.nodes]
+    with trio.fail_after(150):
+        async with lab_pods(lab, app, nodes) as old, applied(kubectl, lb_service(app, {"app": app}, etp=etp)):
+            v6, _ = await addresses_of(kubectl, app)
+            await until_forwarding(lab, v6, set(nodes))
+            await until(lab, INTERNET, at(v6), HTTP, 6, lambda r: bool(r.served_by))
+            done = trio.Event()
+            async with trio.open_nursery() as nursery:
+                outcome: list[StreamResult] = []
+
+                async def run_stream() -> None:
+                    src, dst = ends(lab, INTERNET, source=True), at(v6)
+                    outcome.append(await stream_between(src, dst, HTTP, 6, rate=50, until=done))
+
+                nursery.start_soon(run_stream)
+                await trio.sleep(1)
+                new = await _roll(lab, app, old, nodes)
+                await trio.sleep(3)  # the last old pod's grace, and a little more
+                done.set()
+            (result,) = outcome
+            print(f"rolling restart, eTP {etp}: {result.text()}; first failures: {result.to_json()['first_failures']}")
+            assert result.refused == 0 and result.lost == 0, result.to_json()
+            assert set(new) <= set(result.served_by) and result.started > 100
+            for key in new:
+                await trio.to_thread.run_sync(cli, lab.dir, "pod", "del", key, "--grace", "0")
+
+
+async def test_a_drained_node_under_a_stream_from_the_internet(lab: LabPlan, kubectl: Kubectl) -> None:
+    """``kubectl cordon node1``: node1 announces its Service routes with the graceful-shutdown community
+    (the fabric stops forwarding to it at once), withdraws them 2 s later, and its pod goes; the
+    internet's stream meanwhile: none refused, none lost.  Uncordoned, node1 announces again."""
+    every = {n.name for n in lab.nodes}
+    with trio.fail_after(150):
+        async with (
+            lab_pods(lab, "drained", [n.name for n in lab.nodes]) as (pod1, _, _),
+            applied(kubectl, lb_service("drained", {"app": "drained"})),
+        ):
+            v6, _ = await addresses_of(kubectl, "drained")
+            await until_forwarding(lab, v6, every)
+            done = trio.Event()
+            outcome: list[StreamResult] = []
+            try:
+                async with trio.open_nursery() as nursery:
+
+                    async def run_stream() -> None:
+                        src = ends(lab, INTERNET, source=True)
+                        outcome.append(await stream_between(src, at(v6), HTTP, 6, rate=50, until=done))
+
+                    nursery.start_soon(run_stream)
+                    await trio.sleep(1)
+                    await kubectl.run("cordon", "node1")
+                    await until_forwarding(lab, v6, every - {"node1"}, within=3)
+                    leaving = [p for p in (await routes(lab))[f"{v6}/128"].paths if p.source == "node1"]
+                    if leaving:  # (already withdrawn if the 2 s went by)
+                        assert leaving[0].leaving and leaving[0].local_preference == 0, leaving
+                    with trio.fail_after(5):  # withdrawn after --bgp-leave-seconds=2
+                        while any(p.source == "node1" for p in (await routes(lab))[f"{v6}/128"].paths):  # noqa: ASYNC110
+                            await trio.sleep(0.1)
+                    await kubectl.run("delete", "pod", "-n", "shop", pod1.split("/")[1])  # evicted
+                    await trio.sleep(1)
+                    done.set()
+            finally:
+                await kubectl.run("uncordon", "node1")
+            (result,) = outcome
+            print(f"node1 drained: {result.text()}; first failures: {result.to_json()['first_failures']}")
+            assert result.refused == 0 and result.lost == 0, result.to_json()
+            await until_forwarding(lab, v6, every)  # uncordoned: node1 announces again (eTP Cluster)
+
+
+async def test_the_allow_list_refuses_a_hijack(lab: LabPlan, kubectl: Kubectl) -> None:
+    """CVE-2020-8554: a Service claiming the internet host's own addresses as externalIPs, and one asking
+    for a load-balancer address outside every pool: neither announced (the fabric never learns them)
+    nor translated on any node (a node still reaches the real internet host)."""
+    hijack = service("hijack", {"app": "web"}, externalIPs=[str(INTERNET6), str(INTERNET4)])
+    with trio.fail_after(120):
+        async with applied(kubectl, hijack, lb_service("grab", {"app": "web"}, ips="2001:db8:bad::7")) as (svc, _):
+            for family, address in cluster_ips(svc).items():  # the proxies applied the Service
+                await until(lab, "shop/client", at(address), HTTP, family, connected)
+            await trio.sleep(2)
+            for address in (str(INTERNET6), str(INTERNET4), "2001:db8:bad::7"):
+                ip = ipaddress.ip_address(address)
+                assert not await fabric_has(lab, f"{ip}/{ip.max_prefixlen}"), address
+            for node in lab.nodes:
+                table = await trio.run_process(
+                    ["ip", "netns", "exec", node.netns, "nft", "list", "table", "inet", "flock-services"],
+                    capture_stdout=True,
+                )
+                text = table.stdout.decode()
+                assert str(INTERNET6) not in text and str(INTERNET4) not in text and "2001:db8:bad::7" not in text
+                for family, address in ((6, str(INTERNET6)), (4, str(INTERNET4))):
+                    r = await probe(lab, node.name, at(address), HTTP, family)
+                    assert r.connected and r.served_by == INTERNET, r  # the real host, not a pod
