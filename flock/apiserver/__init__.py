@@ -88,6 +88,7 @@ from ._objects import (
 from ._resources import (
     CLUSTERNETWORKPOLICIES,
     ENDPOINTSLICES,
+    EVENTS,
     LEASES,
     LOADBALANCERPOOLS,
     NAMESPACES,
@@ -107,6 +108,7 @@ from ._store import ObjectStore
 __all__ = [
     "CLUSTERNETWORKPOLICIES",
     "ENDPOINTSLICES",
+    "EVENTS",
     "LEASES",
     "LOADBALANCERPOOLS",
     "NAMESPACES",

@@ -139,6 +139,10 @@ LEASES = Resource(
     namespaced=True,
     requires_spec=False,
 )
+# core/v1 Events (flock-controller's reasons, shown by `kubectl describe`): stored and listed.
+EVENTS = Resource(
+    group="", version="v1", plural="events", kind="Event", namespaced=True, short_names=("ev",), requires_spec=False
+)
 # What deploy/'s kustomization holds besides flock's own kinds: stored and listed, checked only
 # for what every object needs (name, labels, annotations; a CRD's names, a DaemonSet's spec).
 CUSTOMRESOURCEDEFINITIONS = Resource(
@@ -205,6 +209,7 @@ RESOURCES = (
     ENDPOINTSLICES,
     LOADBALANCERPOOLS,
     LEASES,
+    EVENTS,
     CUSTOMRESOURCEDEFINITIONS,
     SERVICEACCOUNTS,
     CONFIGMAPS,

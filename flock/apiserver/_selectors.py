@@ -32,7 +32,23 @@ SUPPORTED_FIELDS = {
     "ClusterNetworkPolicy": ("metadata.name", "metadata.namespace"),  # a custom resource's two
     "Node": ("metadata.name",),
     "Service": ("metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"),
-    "EndpointSlice": ("metadata.name", "metadata.namespace"),  # (and spec.unschedulable, which nothing here selects by)
+    "EndpointSlice": ("metadata.name", "metadata.namespace"),
+    # what kubectl describe asks for an object's events by
+    "Event": (
+        "metadata.name",
+        "metadata.namespace",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    ),  # (and spec.unschedulable, which nothing here selects by)
     # deploy/'s other kinds (kubectl delete's wait watches by metadata.name)
     **{
         kind: ("metadata.name", "metadata.namespace")

@@ -33,6 +33,7 @@ SERVICES = Kind("/api/v1", "services", True)
 NAMESPACES = Kind("/api/v1", "namespaces", False)
 POOLS = Kind("/apis/flock.fritzlab.net/v1alpha1", "loadbalancerpools", False)
 LEASES = Kind("/apis/coordination.k8s.io/v1", "leases", True)
+EVENTS = Kind("/api/v1", "events", True)
 
 
 class ApiRefused(RuntimeError):

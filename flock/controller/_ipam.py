@@ -49,8 +49,10 @@ METALLB_ANNOTATION_IPS = "metallb.universe.tf/loadBalancerIPs"
 # The sharing key: flock's, else MetalLB's.
 ANNOTATION_SHARING = "flock.fritzlab.net/allow-shared-ip"
 METALLB_ANNOTATION_SHARING = "metallb.universe.tf/allow-shared-ip"
-# The Service condition the controller writes.
+# The Service conditions the controller writes: the load-balancer address, and whether spec.externalIPs
+# lie inside the pools (CVE-2020-8554: outside, no agent translates or announces them).
 CONDITION_TYPE = "flock.fritzlab.net/LoadBalancerAddress"
+EXTERNAL_IPS_CONDITION = "flock.fritzlab.net/ExternalIPs"
 
 
 class Reason(enum.Enum):
@@ -61,6 +63,7 @@ class Reason(enum.Enum):
     ADDRESS_IN_USE = "AddressInUse"  # a requested address held by another Service, sharing refused
     WRONG_FAMILY = "WrongFamily"  # a requested address of a family the Service does not ask for
     INVALID_REQUEST = "InvalidRequest"  # the annotation does not parse
+    IN_POOL = "InPool"  # every externalIP lies in a pool the Service may use
 
 
 @attrs.frozen
@@ -70,7 +73,7 @@ class ServiceCondition:
 
     @property
     def status(self) -> str:
-        return "True" if self.reason is Reason.ALLOCATED else "False"
+        return "True" if self.reason in (Reason.ALLOCATED, Reason.IN_POOL) else "False"
 
 
 @attrs.frozen
@@ -163,6 +166,72 @@ class LbService:
             sharing_key=str(sharing) if sharing else None,
             current=tuple(current),
         )
+
+
+@attrs.frozen
+class ExternalIps:
+    """A Service's ``spec.externalIPs`` (any type), as the allow-list check reads them."""
+
+    namespace: str
+    name: str
+    addresses: tuple[IPAddress, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    namespace_labels: tuple[tuple[str, str], ...] = ()
+    error: str | None = None  # an entry that is not an address
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def from_object(
+        cls, obj: Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None
+    ) -> ExternalIps | None:
+        """None for a Service without externalIPs."""
+        raw = (obj.get("spec") or {}).get("externalIPs") or []
+        if not raw:
+            return None
+        meta = obj.get("metadata") or {}
+        addresses: list[IPAddress] = []
+        error = None
+        for text in raw if isinstance(raw, list) else [raw]:
+            try:
+                addresses.append(ipaddress.ip_address(str(text)))
+            except ValueError:
+                error = f"externalIPs entry {str(text)[:64]!r} is not an address"
+        return cls(
+            str(meta.get("namespace", "")),
+            str(meta["name"]),
+            tuple(addresses),
+            tuple(sorted((meta.get("labels") or {}).items())),
+            tuple(sorted((namespace_labels or {}).items())),
+            error,
+        )
+
+
+def external_ip_conditions(pools: Iterable[Pool], services: Iterable[ExternalIps]) -> dict[str, ServiceCondition]:
+    """Per Service with externalIPs: ``InPool``, or ``NotInPool`` naming the addresses outside every
+    enabled, non-conflicting pool whose selectors match it (no agent translates or announces those)."""
+    ordered_pools = sorted(pools, key=lambda p: p.name)
+    overlaps = _overlaps(ordered_pools)
+    usable = [p for p in ordered_pools if not p.disabled and p.name not in overlaps]
+    out: dict[str, ServiceCondition] = {}
+    for svc in services:
+        probe = LbService(svc.namespace, svc.name, (), labels=svc.labels, namespace_labels=svc.namespace_labels)
+        outside = [a for a in svc.addresses if not any(p.holds(a) and p.serves(probe) for p in usable)]
+        if svc.error is not None:
+            out[svc.key] = ServiceCondition(Reason.INVALID_REQUEST, svc.error)
+        elif outside:
+            shown = ", ".join(str(a) for a in outside[:8]) + (
+                f" and {len(outside) - 8} more" if len(outside) > 8 else ""
+            )
+            out[svc.key] = ServiceCondition(
+                Reason.NOT_IN_POOL,
+                f"externalIPs {shown} outside every pool this Service may use: not translated, not announced",
+            )
+        else:
+            out[svc.key] = ServiceCondition(Reason.IN_POOL, "every externalIP lies in a pool this Service may use")
+    return out
 
 
 @attrs.frozen

@@ -15,15 +15,30 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ._api import NAMESPACES, POOLS, SERVICES, Conflict, NotFound, ObjectApi
-from ._ipam import CONDITION_TYPE, Allocation, LbService, Plan, Pool, PoolStatus, plan
+from ._api import EVENTS, NAMESPACES, POOLS, SERVICES, ApiRefused, Conflict, NotFound, ObjectApi
+from ._ipam import (
+    CONDITION_TYPE,
+    EXTERNAL_IPS_CONDITION,
+    Allocation,
+    ExternalIps,
+    LbService,
+    Plan,
+    Pool,
+    PoolStatus,
+    ServiceCondition,
+    external_ip_conditions,
+    plan,
+)
 
 log = logging.getLogger("flock.controller.ipam")
 
 Fence = Callable[[], Awaitable[bool]]
+OUR_CONDITIONS = (CONDITION_TYPE, EXTERNAL_IPS_CONDITION)
+EVENT_COMPONENT = "flock-controller"
 
 
 class Stale(Exception):
@@ -38,28 +53,35 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def service_status(current: Mapping[str, Any] | None, allocation: Allocation | None) -> dict[str, Any]:
-    """*current* status with flock's ingress and condition (*allocation* None: both removed)."""
+def _condition(kind: str, c: ServiceCondition, old: Mapping[str, Any] | None) -> dict[str, Any]:
+    same = old is not None and old.get("status") == c.status
+    return {
+        "type": kind,
+        "status": c.status,
+        "reason": c.reason.value,
+        "message": c.message,
+        "lastTransitionTime": old.get("lastTransitionTime") if same and old else _now(),
+    }
+
+
+def service_status(
+    current: Mapping[str, Any] | None, allocation: Allocation | None, external: ServiceCondition | None = None
+) -> dict[str, Any]:
+    """*current* status with flock's ingress and conditions (*allocation* None: the load-balancer ones
+    removed; *external* None: the externalIPs condition removed)."""
     status = copy.deepcopy(dict(current or {}))
-    conditions = [c for c in status.get("conditions") or [] if c.get("type") != CONDITION_TYPE]
-    old = next((c for c in status.get("conditions") or [] if c.get("type") == CONDITION_TYPE), None)
+    before = {c.get("type"): c for c in status.get("conditions") or []}
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") not in OUR_CONDITIONS]
     if allocation is None:
-        status["loadBalancer"] = {}
+        if CONDITION_TYPE in before:  # ours until now: released (another writer's ingress is left alone)
+            status["loadBalancer"] = {}
     else:
         status["loadBalancer"] = (
             {"ingress": [{"ip": str(a), "ipMode": "VIP"} for a in allocation.addresses]} if allocation.addresses else {}
         )
-        c = allocation.condition
-        same = old is not None and old.get("status") == c.status
-        conditions.append(
-            {
-                "type": CONDITION_TYPE,
-                "status": c.status,
-                "reason": c.reason.value,
-                "message": c.message,
-                "lastTransitionTime": old.get("lastTransitionTime") if same and old else _now(),
-            }
-        )
+        conditions.append(_condition(CONDITION_TYPE, allocation.condition, before.get(CONDITION_TYPE)))
+    if external is not None:
+        conditions.append(_condition(EXTERNAL_IPS_CONDITION, external, before.get(EXTERNAL_IPS_CONDITION)))
     if conditions:
         status["conditions"] = conditions
     else:
@@ -68,7 +90,53 @@ def service_status(current: Mapping[str, Any] | None, allocation: Allocation | N
 
 
 def _ours(status: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == CONDITION_TYPE for c in status.get("conditions") or [])
+    return any(c.get("type") in OUR_CONDITIONS for c in status.get("conditions") or [])
+
+
+def refusals(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(reason, message) of each of flock's conditions that turned False, or changed while False, from
+    *before* to *after*: what an Event says (once per change, not once per pass)."""
+    old = {c.get("type"): c for c in before.get("conditions") or []}
+    found = []
+    for c in after.get("conditions") or []:
+        if c.get("type") not in OUR_CONDITIONS or c.get("status") != "False":
+            continue
+        prior = old.get(c["type"])
+        if prior is None or (prior.get("status"), prior.get("reason"), prior.get("message")) != (
+            "False",
+            c.get("reason"),
+            c.get("message"),
+        ):
+            found.append((str(c.get("reason")), str(c.get("message"))))
+    return found
+
+
+def event(service: Mapping[str, Any], reason: str, message: str, identity: str) -> dict[str, Any]:
+    """A core/v1 Warning Event about *service* (``kubectl describe service`` lists it)."""
+    meta = service["metadata"]
+    now = _now()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": meta.get("namespace", "default")},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "name": meta["name"],
+            "namespace": meta.get("namespace", "default"),
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning",
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": identity[:128],
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 def pool_status(current: Mapping[str, Any] | None, value: PoolStatus) -> dict[str, Any]:
@@ -102,8 +170,9 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return bool(strip(a) == strip(b))
 
 
-async def reconcile(api: ObjectApi, fence: Fence) -> Plan:
-    """One pass; raises :class:`Stale` (read again) or :class:`Fenced` (stop writing)."""
+async def reconcile(api: ObjectApi, fence: Fence, identity: str = EVENT_COMPONENT) -> Plan:
+    """One pass; raises :class:`Stale` (read again) or :class:`Fenced` (stop writing).  A condition of
+    flock's turning False (or changing while False) is also told as a Warning Event on the Service."""
     try:
         pool_objects = await api.list(POOLS)
     except NotFound:
@@ -117,12 +186,18 @@ async def reconcile(api: ObjectApi, fence: Fence) -> Plan:
     namespace_labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in await api.list(NAMESPACES)}
     service_objects = await api.list(SERVICES)
     values: dict[str, LbService] = {}
+    externals: list[ExternalIps] = []
     for obj in service_objects:
         meta = obj["metadata"]
-        value = LbService.from_object(obj, namespace_labels.get(meta.get("namespace", ""), {}))
+        labels = namespace_labels.get(meta.get("namespace", ""), {})
+        value = LbService.from_object(obj, labels)
         if value is not None:
             values[value.key] = value
+        external = ExternalIps.from_object(obj, labels)
+        if external is not None:
+            externals.append(external)
     result = plan(pools, values.values())
+    external_conditions = external_ip_conditions(pools, externals)
 
     writes: list[tuple[int, dict[str, Any]]] = []
     for obj in service_objects:
@@ -130,9 +205,10 @@ async def reconcile(api: ObjectApi, fence: Fence) -> Plan:
         key = f"{meta.get('namespace')}/{meta['name']}"
         current = obj.get("status") or {}
         allocation = result.services.get(key)
-        if allocation is None and not _ours(current):
+        outside = external_conditions.get(key)
+        if allocation is None and outside is None and not _ours(current):
             continue  # not ours, never was
-        wanted = service_status(current, allocation)
+        wanted = service_status(current, allocation, outside)
         if _same(wanted, current):
             continue
         held = values[key].current if key in values else ()
@@ -140,13 +216,20 @@ async def reconcile(api: ObjectApi, fence: Fence) -> Plan:
         writes.append((0 if releases else 1, {**obj, "status": wanted}))
     for _, obj in sorted(writes, key=lambda w: w[0]):
         await _write(api, fence, SERVICES, obj)
+        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
         log.info(
             "service status written",
             extra={
-                "service": f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}",
+                "service": key,
                 "ingress": [i["ip"] for i in obj["status"].get("loadBalancer", {}).get("ingress", [])],
             },
         )
+        before = next((o.get("status") or {} for o in service_objects if o["metadata"] is obj["metadata"]), {})
+        for reason, message in refusals(before, obj["status"]):
+            try:
+                await api.create(EVENTS, event(obj, reason, message, identity))
+            except (ApiRefused, OSError) as e:  # an Event is best effort: the condition holds the truth
+                log.warning("event not written", extra={"service": key, "reason": reason, "error": str(e)[:200]})
     for obj in pool_objects:
         name = obj["metadata"]["name"]
         if name not in result.pools:

@@ -401,5 +401,19 @@ def test_load_balancer_pools_and_leases_with_kubectl(kubectl: Kubectl, api: ApiS
     kubectl.run("apply", "-f", "-", stdin=json.dumps(lease))
     row = kubectl.run("get", "leases", "-n", "kube-system", "--no-headers").stdout.split()
     assert row[:2] == ["flock-controller", "controller-0"]
-    kubectl.run("delete", "svc", "lbipam", "-n", "shop")
+    # CVE-2020-8554: externalIPs outside every pool get a condition and one Event, which describe shows
+    hijack = _merge(SERVICE, {"metadata": {"name": "hijack"}, "spec": {"externalIPs": ["203.0.113.7"]}})
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(hijack))
+    trio.run(one_pass)
+    trio.run(one_pass)  # nothing changed: no second Event
+    got = json.loads(kubectl.run("get", "svc", "hijack", "-n", "shop", "-o", "json").stdout)
+    (condition,) = [c for c in got["status"]["conditions"] if c["type"] == "flock.fritzlab.net/ExternalIPs"]
+    assert (condition["status"], condition["reason"]) == ("False", "NotInPool") and "203.0.113.7" in condition[
+        "message"
+    ]
+    described = kubectl.run("describe", "svc", "hijack", "-n", "shop").stdout
+    assert "NotInPool" in described and "203.0.113.7" in described and "flock-controller" in described, described
+    events = json.loads(kubectl.run("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
+    assert [e["reason"] for e in events if e["involvedObject"]["name"] == "hijack"] == ["NotInPool"]
+    kubectl.run("delete", "svc", "lbipam", "hijack", "-n", "shop")
     kubectl.run("delete", "loadbalancerpool", "lab")

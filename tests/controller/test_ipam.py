@@ -182,3 +182,23 @@ def test_invariants(pools: list[Pool], services: list[LbService]) -> None:
         for family, count in p.pools[pool.name].counts.items():
             given_here = {a for a in holders if a.version == family and pool.holds(a)}  # type: ignore[attr-defined]
             assert count.used == len(given_here) <= count.total
+
+
+def test_external_ips_outside_every_pool_get_a_condition() -> None:
+    from flock.controller._ipam import ExternalIps, external_ip_conditions
+
+    public = Pool("public", (N("198.51.100.0/26"),), service_selector=LabelSelector((("tier", "public"),)))
+    raw = {"metadata": {"namespace": "shop", "name": "web", "labels": {"tier": "public"}}, "spec": {}}
+    assert ExternalIps.from_object(raw) is None  # no externalIPs: no condition either
+    raw["spec"]["externalIPs"] = ["198.51.100.7", "203.0.113.7"]
+    mixed = ExternalIps.from_object(raw)
+    inside = ExternalIps("shop", "in", (A("198.51.100.8"),), labels=(("tier", "public"),))
+    unlabelled = ExternalIps("shop", "plain", (A("198.51.100.9"),))
+    hostile = ExternalIps.from_object({"metadata": {"name": "x"}, "spec": {"externalIPs": ["not-an-ip" * 40]}})
+    assert mixed is not None and hostile is not None
+    found = external_ip_conditions([public, POOL], [mixed, inside, unlabelled, hostile])
+    assert found["shop/web"].reason is Reason.NOT_IN_POOL and found["shop/web"].status == "False"
+    assert "203.0.113.7" in found["shop/web"].message and "198.51.100.7" not in found["shop/web"].message
+    assert (found["shop/in"].reason, found["shop/in"].status) == (Reason.IN_POOL, "True")
+    assert found["shop/plain"].reason is Reason.NOT_IN_POOL  # in a pool it may not use (its selector)
+    assert found["/x"].reason is Reason.INVALID_REQUEST and len(found["/x"].message) < 120  # bounded

@@ -826,7 +826,8 @@ def test_controller_rbac_writes_only_status_and_its_lease() -> None:
         for res in r["resources"]
         if set(r["verbs"]) - {"get", "list", "watch"}
     }
-    assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status")}
+    # its status writes, and Events (create only: it never reads or changes anyone else's)
+    assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status"), ("", "events")}
     (lease,) = [o for o in objects if o["kind"] == "Role"]
     assert lease["metadata"]["namespace"] == "kube-system"
     assert {n for r in lease["rules"] for n in r.get("resourceNames", [])} == {"flock-controller"}
