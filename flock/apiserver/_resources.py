@@ -181,6 +181,15 @@ DAEMONSETS = Resource(
     short_names=("ds",),
     status_subresource=True,
 )
+DEPLOYMENTS = Resource(
+    group="apps",
+    version="v1",
+    plural="deployments",
+    kind="Deployment",
+    namespaced=True,
+    short_names=("deploy",),
+    status_subresource=True,
+)
 _RBAC = "rbac.authorization.k8s.io"
 CLUSTERROLES = Resource(
     group=_RBAC, version="v1", plural="clusterroles", kind="ClusterRole", namespaced=False, requires_spec=False
@@ -214,6 +223,7 @@ RESOURCES = (
     SERVICEACCOUNTS,
     CONFIGMAPS,
     DAEMONSETS,
+    DEPLOYMENTS,
     CLUSTERROLES,
     CLUSTERROLEBINDINGS,
     ROLES,

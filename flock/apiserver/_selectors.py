@@ -57,6 +57,7 @@ SUPPORTED_FIELDS = {
             "ServiceAccount",
             "ConfigMap",
             "DaemonSet",
+            "Deployment",
             "ClusterRole",
             "ClusterRoleBinding",
             "Role",

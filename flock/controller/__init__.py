@@ -7,7 +7,7 @@ resourceVersion and preceded by a Lease renewal), :mod:`._lease` (leader
 election with a coordination.k8s.io Lease), :mod:`._loop` (the pass repeated).
 """
 
-from ._api import HttpApi, Kind, ObjectApi
+from ._api import HttpApi, Kind, KubeApi, ObjectApi
 from ._ipam import (
     ANNOTATION_IPS,
     ANNOTATION_SHARING,
@@ -42,6 +42,7 @@ __all__ = [
     "Fenced",
     "HttpApi",
     "Kind",
+    "KubeApi",
     "LbService",
     "LeaseSettings",
     "LoadBalancerController",

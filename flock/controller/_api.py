@@ -1,4 +1,7 @@
-"""What the controller needs of the API server (:class:`ObjectApi`), and one plain-HTTP client of it.
+"""What the controller needs of the API server (:class:`ObjectApi`), and two clients of it: :class:`KubeApi`
+(kubernetes-asyncio's, as the agent's: in-cluster service account or a kubeconfig — TLS, tokens, client
+certificates, exec plugins, the token re-read as it rotates) and :class:`HttpApi` (plain HTTP, no
+credentials: the lab's and tests' API server).
 
 Every write carries the object's ``resourceVersion``; a stale one is refused
 with :class:`Conflict` (409) and the caller re-reads: that, not the Lease, is
@@ -12,8 +15,12 @@ import json
 import urllib.parse
 from typing import Any, Protocol
 
+import aiohttp
 import attrs
 import trio
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from flock.watchers import KubeClient
 
 
 @attrs.frozen
@@ -94,6 +101,57 @@ class HttpApi:
 
     async def _run(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         return await trio.to_thread.run_sync(self._call, method, path, body, abandon_on_cancel=True)
+
+    async def list(self, kind: Kind) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await self._run("GET", kind.path()))["items"]
+        return items
+
+    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self._run("GET", kind.path(namespace, name))
+
+    async def create(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        return await self._run("POST", kind.path(obj["metadata"].get("namespace")), obj)
+
+    async def replace(self, kind: Kind, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self._run("PUT", kind.path(meta.get("namespace"), meta["name"], "status" if status else ""), obj)
+
+
+@attrs.frozen
+class KubeApi:
+    """The API server through kubernetes-asyncio's ApiClient (a :class:`flock.watchers.KubeClient`,
+    which carries the configuration and the asyncio bridge); objects as plain dicts."""
+
+    client: KubeClient
+    io_timeout: float = 10.0
+
+    async def _run(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        api_client = self.client.api_client
+
+        async def call() -> Any:
+            return await api_client.call_api(
+                path,
+                method,
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body=body,
+                response_types_map={200: "object", 201: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=self.io_timeout,
+            )
+
+        try:
+            answer: dict[str, Any] = await self.client.bridge.call(call)
+        except ApiException as exc:
+            try:
+                message = str(json.loads(exc.body or b"{}").get("message", ""))
+            except (TypeError, ValueError, AttributeError):
+                message = str(exc.reason)
+            error = {409: Conflict, 404: NotFound}.get(exc.status or 0, ApiRefused)
+            raise error(method, path, exc.status or 0, message[:500]) from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise OSError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        return answer
 
     async def list(self, kind: Kind) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (await self._run("GET", kind.path()))["items"]

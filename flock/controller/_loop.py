@@ -24,13 +24,14 @@ class LoadBalancerController:
     fence: Fence
     resync_seconds: float = 1.0
     error_retry_seconds: float = 2.0
+    identity: str = "flock-controller"  # the Events' reportingInstance
     passes: int = attrs.field(default=0, init=False)
     conflicts: int = attrs.field(default=0, init=False)
 
     async def run(self) -> None:
         while True:
             try:
-                await reconcile(self.api, self.fence)
+                await reconcile(self.api, self.fence, self.identity)
                 self.passes += 1
             except Stale:
                 self.conflicts += 1

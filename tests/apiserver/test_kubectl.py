@@ -318,13 +318,13 @@ def test_endpoint_slices_with_kubectl(kubectl: Kubectl) -> None:
 
 @pytest.mark.parametrize("server_side", [False, True], ids=["client-side", "server-side"])
 def test_a_kind_not_served_is_no_match(kubectl: Kubectl, server_side: bool) -> None:
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "shop"}}
+    deployment = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "web", "namespace": "shop"}}
     ingress = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
         "metadata": {"name": "web", "namespace": "shop"},
     }
-    for obj, kind, version in ((deployment, "Deployment", "apps/v1"), (ingress, "Ingress", "networking.k8s.io/v1")):
+    for obj, kind, version in ((deployment, "StatefulSet", "apps/v1"), (ingress, "Ingress", "networking.k8s.io/v1")):
         args = ["apply", "--server-side"] if server_side else ["apply"]
         proc = kubectl.run(*args, "-f", "-", stdin=json.dumps(obj), check=False)
         assert proc.returncode == 1 and "failed to download openapi" not in proc.stderr

@@ -9,7 +9,9 @@ Also a single writer end to end: pools' status, a request outside every pool, a 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -23,10 +25,13 @@ from flock.controller import (
     Elector,
     HttpApi,
     Kind,
+    KubeApi,
     LeaseSettings,
     LoadBalancerController,
+    ObjectApi,
     reconcile,
 )
+from flock.watchers import open_kube_client
 
 
 @pytest.fixture
@@ -143,12 +148,26 @@ async def test_two_writers_believing_they_lead_never_give_one_address_twice(api:
     assert sum(w.passes for w in writers) > 0
 
 
-async def test_one_writer_end_to_end(api: ApiServer) -> None:
-    http = HttpApi(api.url)
+@asynccontextmanager
+async def client_of(api: ApiServer, how: str, tmp_path: Path) -> AsyncIterator[ObjectApi]:
+    """Plain HTTP (the lab's), or kubernetes-asyncio through a kubeconfig (a cluster's)."""
+    if how == "http":
+        yield HttpApi(api.url)
+        return
+    async with open_kube_client(api.write_kubeconfig(tmp_path / "kubeconfig")) as kube:
+        yield KubeApi(kube)
 
+
+@pytest.mark.parametrize("how", ["http", "kubeconfig"])
+async def test_one_writer_end_to_end(api: ApiServer, how: str, tmp_path: Path) -> None:
     async def always() -> bool:
         return True
 
+    async with client_of(api, how, tmp_path) as http:
+        await _one_writer(api, http, always)
+
+
+async def _one_writer(api: ApiServer, http: ObjectApi, always: Callable[[], Awaitable[bool]]) -> None:
     with trio.fail_after(20):
         await http.create(LOADBALANCERPOOLS_KIND, pool("lab", "2001:db8:ee::/64", "192.0.2.224/27"))
         await http.create(SERVICES_KIND, lb_service("web"))

@@ -40,6 +40,7 @@ MANIFESTS = (
     "crd-loadbalancerpool.yaml",
     "rbac.yaml",
     "controller-rbac.yaml",
+    "controller.yaml",
     "bird-bootstrap.yaml",
     "daemonset.yaml",
 )
@@ -98,6 +99,7 @@ def test_manifests_validate_against_kubernetes_schemas(version):
         "RoleBinding",
         "ConfigMap",
         "DaemonSet",
+        "Deployment",
     }
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -831,3 +833,20 @@ def test_controller_rbac_writes_only_status_and_its_lease() -> None:
     (lease,) = [o for o in objects if o["kind"] == "Role"]
     assert lease["metadata"]["namespace"] == "kube-system"
     assert {n for r in lease["rules"] for n in r.get("resourceNames", [])} == {"flock-controller"}
+
+
+def test_the_controller_deployment_is_unprivileged_and_runs_as_its_account() -> None:
+    (deployment,) = load("controller.yaml")
+    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] == 2  # a writer, a standby
+    pod = deployment["spec"]["template"]["spec"]
+    (sa,) = [o for o in load("controller-rbac.yaml") if o["kind"] == "ServiceAccount"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] == "flock-controller"
+    assert deployment["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    assert not pod.get("hostNetwork") and "volumes" not in pod
+    (container,) = pod["containers"]
+    assert container["command"][0] == "flock-controller"  # in-cluster: the service account's token and CA
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] and security["runAsUser"] != 0 and not security["allowPrivilegeEscalation"]
+    assert security["readOnlyRootFilesystem"] and security["capabilities"]["drop"] == ["ALL"]
+    assert {e["name"] for e in container["env"]} == {"POD_NAME"}  # its identity in the Lease
+    assert container["resources"]["limits"]["memory"] and container["image"].split(":")[0] == "flock"
