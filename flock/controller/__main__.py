@@ -20,6 +20,7 @@ from flock.watchers import ClientConfigError, open_kube_client
 from ._api import HttpApi, KubeApi, ObjectApi
 from ._lease import Elector, LeaseSettings
 from ._loop import LoadBalancerController
+from ._watch import WatchingController
 
 log = logging.getLogger("flock.controller")
 
@@ -32,11 +33,17 @@ async def _run(api: ObjectApi, identity: str, settings: LeaseSettings, resync: f
 
 
 async def _main(url: str | None, kubeconfig: str | None, identity: str, settings: LeaseSettings, resync: float) -> None:
-    if url is not None:
+    if url is not None:  # plain HTTP (the lab's, tests'): a pass every resync
         await _run(HttpApi(url), identity, settings, resync)
         return
-    async with open_kube_client(kubeconfig) as client:
-        await _run(KubeApi(client), identity, settings, resync)
+    async with open_kube_client(kubeconfig) as client:  # a cluster's: a pass per change, by watches
+        api = KubeApi(client)
+        elector = Elector(api, identity, settings)
+        controller = WatchingController(api, client, elector.confirm, identity=identity)
+        log.info(
+            "standing for election", extra={"identity": identity, "lease": f"{settings.namespace}/{settings.name}"}
+        )
+        await elector.run(controller.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}")
     p.add_argument("--lease-namespace", default="kube-system")
     p.add_argument("--lease-name", default="flock-controller")
-    p.add_argument("--resync-seconds", type=float, default=1.0)
+    p.add_argument(
+        "--resync-seconds", type=float, default=1.0, help="with --api-url: a pass this often (watches otherwise)"
+    )
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     args = p.parse_args(argv)
     logs.configure(fmt=args.log_format)

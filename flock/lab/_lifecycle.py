@@ -334,7 +334,8 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
         ProcessSpec(
             "lb-controller",
             # flock-controller (LoadBalancer addresses from LoadBalancerPools, elected by a Lease), in the
-            # fabric namespace beside the lab's controllers; one replica, as a lab needs.
+            # fabric namespace beside the lab's controllers; one replica, as a lab needs (deploy/'s
+            # Deployment has two).
             (
                 "ip",
                 "netns",
@@ -343,8 +344,8 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
                 sys.executable,
                 "-m",
                 "flock.controller",
-                "--api-url",
-                plan.apiserver_url,
+                "--kubeconfig",  # as in a cluster: kubernetes-asyncio's client, a pass per change (watches)
+                str(plan.fabric_dir / "kubeconfig"),
                 "--identity",
                 "lab-controller-0",
             ),
