@@ -15,11 +15,11 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ._api import EVENTS, NAMESPACES, POOLS, SERVICES, ApiRefused, Conflict, NotFound, ObjectApi
+from ._api import NAMESPACES, POOLS, SERVICES, ApiRefused, Conflict, NotFound, ObjectApi
+from ._events import EVENT_COMPONENT, record
 from ._ipam import (
     CONDITION_TYPE,
     EXTERNAL_IPS_CONDITION,
@@ -38,7 +38,6 @@ log = logging.getLogger("flock.controller.ipam")
 
 Fence = Callable[[], Awaitable[bool]]
 OUR_CONDITIONS = (CONDITION_TYPE, EXTERNAL_IPS_CONDITION)
-EVENT_COMPONENT = "flock-controller"
 
 
 class Stale(Exception):
@@ -109,34 +108,6 @@ def refusals(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[
         ):
             found.append((str(c.get("reason")), str(c.get("message"))))
     return found
-
-
-def event(service: Mapping[str, Any], reason: str, message: str, identity: str) -> dict[str, Any]:
-    """A core/v1 Warning Event about *service* (``kubectl describe service`` lists it)."""
-    meta = service["metadata"]
-    now = _now()
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": meta.get("namespace", "default")},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "name": meta["name"],
-            "namespace": meta.get("namespace", "default"),
-            "uid": meta.get("uid", ""),
-            "resourceVersion": meta.get("resourceVersion", ""),
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning",
-        "source": {"component": EVENT_COMPONENT},
-        "reportingComponent": EVENT_COMPONENT,
-        "reportingInstance": identity[:128],
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
 
 
 def pool_status(current: Mapping[str, Any] | None, value: PoolStatus) -> dict[str, Any]:
@@ -227,7 +198,7 @@ async def reconcile(api: ObjectApi, fence: Fence, identity: str = EVENT_COMPONEN
         before = next((o.get("status") or {} for o in service_objects if o["metadata"] is obj["metadata"]), {})
         for reason, message in refusals(before, obj["status"]):
             try:
-                await api.create(EVENTS, event(obj, reason, message, identity))
+                await record(api, obj, reason, message, identity)
             except (ApiRefused, OSError) as e:  # an Event is best effort: the condition holds the truth
                 log.warning("event not written", extra={"service": key, "reason": reason, "error": str(e)[:200]})
     for obj in pool_objects:

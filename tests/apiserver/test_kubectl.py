@@ -415,5 +415,13 @@ def test_load_balancer_pools_and_leases_with_kubectl(kubectl: Kubectl, api: ApiS
     assert "NotInPool" in described and "203.0.113.7" in described and "flock-controller" in described, described
     events = json.loads(kubectl.run("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
     assert [e["reason"] for e in events if e["involvedObject"]["name"] == "hijack"] == ["NotInPool"]
+    # moved inside the pool, then back out: the same Event, its count bumped (describe: x2), not a second
+    for address in ("192.0.2.230", "203.0.113.7"):
+        kubectl.run("patch", "svc", "hijack", "-n", "shop", "-p", json.dumps({"spec": {"externalIPs": [address]}}))
+        trio.run(one_pass)
+    events = json.loads(kubectl.run("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
+    assert [(e["reason"], e["count"]) for e in events if e["involvedObject"]["name"] == "hijack"] == [("NotInPool", 2)]
+    described = kubectl.run("describe", "svc", "hijack", "-n", "shop").stdout
+    assert "(x2 over" in described and described.count("NotInPool") == 1, described
     kubectl.run("delete", "svc", "lbipam", "hijack", "-n", "shop")
     kubectl.run("delete", "loadbalancerpool", "lab")

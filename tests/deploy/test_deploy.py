@@ -828,8 +828,10 @@ def test_controller_rbac_writes_only_status_and_its_lease() -> None:
         for res in r["resources"]
         if set(r["verbs"]) - {"get", "list", "watch"}
     }
-    # its status writes, and Events (create only: it never reads or changes anyone else's)
+    # its status writes, and Events (created, the same one bumped when told again; no list, no delete)
     assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status"), ("", "events")}
+    (events,) = [r for r in role["rules"] if "events" in r["resources"]]
+    assert set(events["verbs"]) == {"create", "get", "update"}
     (lease,) = [o for o in objects if o["kind"] == "Role"]
     assert lease["metadata"]["namespace"] == "kube-system"
     assert {n for r in lease["rules"] for n in r.get("resourceNames", [])} == {"flock-controller"}
