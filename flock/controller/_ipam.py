@@ -209,6 +209,16 @@ class ExternalIps:
         )
 
 
+def _outside(usable: Sequence[Pool], svc: ExternalIps) -> list[IPAddress]:
+    probe = LbService(svc.namespace, svc.name, (), labels=svc.labels, namespace_labels=svc.namespace_labels)
+    return [a for a in svc.addresses if not any(p.holds(a) and p.serves(probe) for p in usable)]
+
+
+def _named(addresses: Sequence[object], most: int = 8) -> str:
+    shown = ", ".join(str(a) for a in addresses[:most])
+    return shown + (f" and {len(addresses) - most} more" if len(addresses) > most else "")
+
+
 def external_ip_conditions(pools: Iterable[Pool], services: Iterable[ExternalIps]) -> dict[str, ServiceCondition]:
     """Per Service with externalIPs: ``InPool``, or ``NotInPool`` naming the addresses outside every
     enabled, non-conflicting pool whose selectors match it (no agent translates or announces those)."""
@@ -217,17 +227,13 @@ def external_ip_conditions(pools: Iterable[Pool], services: Iterable[ExternalIps
     usable = [p for p in ordered_pools if not p.disabled and p.name not in overlaps]
     out: dict[str, ServiceCondition] = {}
     for svc in services:
-        probe = LbService(svc.namespace, svc.name, (), labels=svc.labels, namespace_labels=svc.namespace_labels)
-        outside = [a for a in svc.addresses if not any(p.holds(a) and p.serves(probe) for p in usable)]
+        outside = _outside(usable, svc)
         if svc.error is not None:
             out[svc.key] = ServiceCondition(Reason.INVALID_REQUEST, svc.error)
         elif outside:
-            shown = ", ".join(str(a) for a in outside[:8]) + (
-                f" and {len(outside) - 8} more" if len(outside) > 8 else ""
-            )
             out[svc.key] = ServiceCondition(
                 Reason.NOT_IN_POOL,
-                f"externalIPs {shown} outside every pool this Service may use: not translated, not announced",
+                f"externalIPs {_named(outside)} outside every pool this Service may use: not translated, not announced",
             )
         else:
             out[svc.key] = ServiceCondition(Reason.IN_POOL, "every externalIP lies in a pool this Service may use")
@@ -261,6 +267,7 @@ class PoolStatus:
 class Plan:
     services: Mapping[str, Allocation]  # by Service key
     pools: Mapping[str, PoolStatus]  # by pool name
+    external: Mapping[str, ServiceCondition] = attrs.field(factory=dict)  # by key: Services with externalIPs
 
 
 @attrs.define(eq=False)
@@ -314,7 +321,9 @@ def _lowest_free(block: IPNetwork, taken: Iterable[IPAddress]) -> IPAddress | No
     return ipaddress.ip_address(n) if block.version == 6 else ipaddress.IPv4Address(n)
 
 
-def plan(pools: Iterable[Pool], services: Iterable[LbService]) -> Plan:
+def plan(pools: Iterable[Pool], services: Iterable[LbService], externals: Iterable[ExternalIps] = ()) -> Plan:
+    """*services*' addresses and conditions, *externals*' conditions, the pools' status (whose
+    conflicts name requested addresses and externalIPs outside every pool the Service may use)."""
     ordered_pools = sorted(pools, key=lambda p: p.name)
     overlaps = _overlaps(ordered_pools)
     usable = [p for p in ordered_pools if not p.disabled and p.name not in overlaps]
@@ -361,7 +370,7 @@ def plan(pools: Iterable[Pool], services: Iterable[LbService]) -> Plan:
                     failure = failure or ServiceCondition(
                         Reason.NOT_IN_POOL, f"requested {address} is outside every pool this Service may use"
                     )
-                    outside.setdefault(service.key, []).append(str(address))
+                    outside.setdefault(service.key, []).append(f"requested {address}")
                 elif not holders.may_take(address, service):
                     failure = failure or ServiceCondition(
                         Reason.ADDRESS_IN_USE, f"requested {address} is held by another Service and may not be shared"
@@ -397,7 +406,12 @@ def plan(pools: Iterable[Pool], services: Iterable[LbService]) -> Plan:
         s.key: Allocation(tuple(given[s.key][f] for f in s.families if f in given[s.key]), conditions[s.key])
         for s in ordered
     }
-    return Plan(allocations, _pool_status(ordered_pools, overlaps, usable, holders, outside))
+    external_list = sorted(externals, key=lambda e: e.key)
+    external = external_ip_conditions(ordered_pools, external_list)
+    for svc in external_list:
+        if svc.error is None and (addresses := _outside(usable, svc)):
+            outside.setdefault(svc.key, []).extend(f"externalIP {a}" for a in addresses)
+    return Plan(allocations, _pool_status(ordered_pools, overlaps, usable, holders, outside), external)
 
 
 def _shared(candidates: Sequence[Pool], service: LbService, family: int, holders: _Holders) -> IPAddress | None:
@@ -429,8 +443,7 @@ def _pool_status(
     statuses: dict[str, PoolStatus] = {}
     usable_names = {p.name for p in usable}
     outside_text = tuple(
-        f"Service {key} requests {', '.join(addrs)}: outside every pool it may use"
-        for key, addrs in sorted(outside.items())
+        f"Service {key}: {_named(addrs, 4)} outside every pool it may use" for key, addrs in sorted(outside.items())
     )
     for pool in pools:
         counts: dict[int, FamilyCount] = {}
