@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
-from flock.watchers import Change, Informer, InformerSettings, KubeApiError, KubeClient, ListWatchSource
+from flock.watchers import Change, Informer, InformerSettings, KubeApiError, ListWatchSource
 
 from ._api import NAMESPACES, POOLS, SERVICES, ApiRefused, Kind, ObjectApi
 from ._ipam import Plan
@@ -88,12 +88,22 @@ class _Wake:
         self.event = trio.Event()
 
 
+class ControllerSources(Protocol):
+    """Where the informers read (a :class:`flock.watchers.KubeClient`; an in-memory store in tests)."""
+
+    def services(self) -> ListWatchSource: ...
+
+    def namespaces(self) -> ListWatchSource: ...
+
+    def load_balancer_pools(self) -> ListWatchSource: ...
+
+
 @attrs.define(eq=False)
 class WatchingController:
     """Runs while its elector leads (the elector's *work*); returns when fenced off."""
 
     api: ObjectApi
-    kube: KubeClient
+    kube: ControllerSources
     fence: Fence
     identity: str = "flock-controller"
     resync_seconds: float = RESYNC_S
