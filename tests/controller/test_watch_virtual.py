@@ -4,6 +4,8 @@ store, so the debounce, the passes and the periodic resync happen at exact virtu
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -91,6 +93,19 @@ async def always() -> bool:
     return True
 
 
+@asynccontextmanager
+async def running(store: ObjectStore, within: float) -> AsyncIterator[tuple[StoreApi, WatchingController]]:
+    """A WatchingController over *store* (resync every 300 s), settled: listed, first pass done."""
+    api = StoreApi(store)
+    controller = WatchingController(api, StoreSources(store), always, resync_seconds=300)
+    with trio.fail_after(within):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(controller.run)
+            await trio.sleep(1.0)
+            yield api, controller
+            nursery.cancel_scope.cancel()
+
+
 @pytest.fixture
 def store() -> ObjectStore:
     store = ObjectStore(service_cluster_ip_range="fd00:10:96::/112,192.0.2.192/27")
@@ -102,60 +117,42 @@ def store() -> ObjectStore:
 async def test_a_burst_is_written_one_debounce_after_its_first_change(
     store: ObjectStore, autojump_clock: trio.abc.Clock
 ) -> None:
-    api = StoreApi(store)
-    controller = WatchingController(api, StoreSources(store), always, resync_seconds=300)
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(controller.run)
-            await trio.sleep(1.0)  # listed, the first pass (the pool's status) and its echo done, idle
-            assert (controller.passes, api.written) == (2, [])
-            start = trio.current_time()
-            for i in range(5):  # five Services 10 ms apart: kubectl apply -f of a directory
-                store.create(SERVICES, lb_service(f"web-{i}"))
-                await trio.sleep(0.01)
-            await trio.sleep(1.0)
-            # one pass for the burst, DEBOUNCE_S after its first change, every Service in it
-            assert sorted(api.written) == [(start + DEBOUNCE_S, f"web-{i}") for i in range(5)]
-            given = [a for s in store.list(SERVICES)[0] for a in ingress(s)]
-            assert len(given) == len(set(given)) == 10
-            # then one more pass, woken by its own writes coming back, that writes nothing
-            assert controller.passes == 4
-            nursery.cancel_scope.cancel()
+    async with running(store, 60) as (api, controller):  # listed, the first pass and its echo done, idle
+        assert (controller.passes, api.written) == (2, [])
+        start = trio.current_time()
+        for i in range(5):  # five Services 10 ms apart: kubectl apply -f of a directory
+            store.create(SERVICES, lb_service(f"web-{i}"))
+            await trio.sleep(0.01)
+        await trio.sleep(1.0)
+        # one pass for the burst, DEBOUNCE_S after its first change, every Service in it
+        assert sorted(api.written) == [(start + DEBOUNCE_S, f"web-{i}") for i in range(5)]
+        given = [a for s in store.list(SERVICES)[0] for a in ingress(s)]
+        assert len(given) == len(set(given)) == 10
+        # then one more pass, woken by its own writes coming back, that writes nothing
+        assert controller.passes == 4
 
 
 async def test_the_periodic_resync_is_the_safety_net(store: ObjectStore, autojump_clock: trio.abc.Clock) -> None:
-    api = StoreApi(store)
-    controller = WatchingController(api, StoreSources(store), always, resync_seconds=300)
-    with trio.fail_after(2000):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(controller.run)
-            await trio.sleep(1.0)
-            assert controller.passes == 2  # the first, and the echo of its pool status write at DEBOUNCE_S
-            last = DEBOUNCE_S  # when that echo pass ran
-            for n in (3, 4, 5):
-                await trio.sleep_until(last + 299.0)
-                assert controller.passes == n - 1  # nothing changed: no pass
-                while controller.passes < n:  # noqa: ASYNC110 (a virtual-time probe of when it runs)
-                    await trio.sleep(0.001)
-                assert trio.current_time() - last == pytest.approx(300.0 + DEBOUNCE_S, abs=0.002)
-                last = trio.current_time()
-            nursery.cancel_scope.cancel()
+    async with running(store, 2000) as (_, controller):
+        assert controller.passes == 2  # the first, and the echo of its pool status write at DEBOUNCE_S
+        last = DEBOUNCE_S  # when that echo pass ran
+        for n in (3, 4, 5):
+            await trio.sleep_until(last + 299.0)
+            assert controller.passes == n - 1  # nothing changed: no pass
+            while controller.passes < n:  # noqa: ASYNC110 (a virtual-time probe of when it runs)
+                await trio.sleep(0.001)
+            assert trio.current_time() - last == pytest.approx(300.0 + DEBOUNCE_S, abs=0.002)
+            last = trio.current_time()
 
 
 async def test_a_pool_change_reaches_the_services(store: ObjectStore, autojump_clock: trio.abc.Clock) -> None:
     """A Service with no pool waits (NoPool); the pool appearing wakes a pass that gives it its address."""
     store.delete(LOADBALANCERPOOLS, "lab")
     store.create(SERVICES, lb_service("web"))
-    api = StoreApi(store)
-    controller = WatchingController(api, StoreSources(store), always, resync_seconds=300)
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(controller.run)
-            await trio.sleep(1.0)
-            assert ingress(store.get(SERVICES, "web", "default")) == []
-            created = trio.current_time()
-            store.create(LOADBALANCERPOOLS, pool("lab", "2001:db8:ee::/120", "192.0.2.224/27"))
-            await trio.sleep(1.0)
-            assert ingress(store.get(SERVICES, "web", "default")) == ["2001:db8:ee::", "192.0.2.224"]
-            assert api.written[-1] == (created + DEBOUNCE_S, "web")
-            nursery.cancel_scope.cancel()
+    async with running(store, 60) as (api, _):
+        assert ingress(store.get(SERVICES, "web", "default")) == []
+        created = trio.current_time()
+        store.create(LOADBALANCERPOOLS, pool("lab", "2001:db8:ee::/120", "192.0.2.224/27"))
+        await trio.sleep(1.0)
+        assert ingress(store.get(SERVICES, "web", "default")) == ["2001:db8:ee::", "192.0.2.224"]
+        assert api.written[-1] == (created + DEBOUNCE_S, "web")
