@@ -138,7 +138,11 @@ class LbService:
         meta = obj.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         families = tuple(6 if f == "IPv6" else 4 for f in spec.get("ipFamilies") or ["IPv4"])
-        ports = frozenset((str(p.get("protocol") or "TCP"), int(p["port"])) for p in spec.get("ports") or [])
+        try:
+            ports = frozenset((str(p.get("protocol") or "TCP"), int(p["port"])) for p in spec.get("ports") or [])
+            ports_error = None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # the API server checks; a fake may not
+            ports, ports_error = frozenset(), f"spec.ports does not parse: {type(e).__name__}: {str(e)[:100]}"
         raw = annotations.get(ANNOTATION_IPS, annotations.get(METALLB_ANNOTATION_IPS, spec.get("loadBalancerIP")))
         requested: tuple[IPAddress, ...] = ()
         error = None
@@ -146,7 +150,7 @@ class LbService:
             try:
                 requested = tuple(ipaddress.ip_address(t.strip()) for t in str(raw).split(",") if t.strip())
             except ValueError as e:
-                error = f"requested addresses {raw!r}: {e}"
+                error = f"requested addresses {str(raw)[:100]!r}: {str(e)[:100]}"
         current: list[IPAddress] = []
         for ingress in ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []:
             try:
@@ -162,7 +166,7 @@ class LbService:
             labels=tuple(sorted((meta.get("labels") or {}).items())),
             namespace_labels=tuple(sorted((namespace_labels or {}).items())),
             requested=requested,
-            request_error=error,
+            request_error=ports_error or error,
             sharing_key=str(sharing) if sharing else None,
             current=tuple(current),
         )

@@ -229,3 +229,18 @@ def test_conflict_messages_are_bounded_by_whole_lines() -> None:
     text = bounded(lines)
     assert len(text) <= MESSAGE_LIMIT and text.endswith("; and 87 more") and lines[12] in text
     assert len(bounded(["z" * 5000, "b"])) <= MESSAGE_LIMIT
+
+
+def test_a_service_that_does_not_parse_gets_a_condition_not_a_crash() -> None:
+    def lb(spec: dict[str, object], annotations: dict[str, str] | None = None) -> LbService:
+        raw = {"metadata": {"name": "odd", "namespace": "shop", "annotations": annotations or {}}, "spec": spec}
+        found = LbService.from_object({**raw, "spec": {"type": "LoadBalancer", **spec}})
+        assert found is not None
+        return found
+
+    for bad in ({"ports": [{"port": "http"}]}, {"ports": [{"protocol": "TCP"}]}, {"ports": ["80"]}):
+        odd = lb(bad)
+        assert odd.request_error is not None and odd.request_error.startswith("spec.ports does not parse")
+        assert plan([POOL], [odd]).services["shop/odd"].condition.reason is Reason.INVALID_REQUEST
+    huge = lb({}, {"flock.fritzlab.net/loadBalancerIPs": "x" * 100_000})
+    assert huge.request_error is not None and len(huge.request_error) < 300
