@@ -15,12 +15,10 @@ import json
 import urllib.parse
 from typing import Any, Protocol
 
-import aiohttp
 import attrs
 import trio
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from flock.watchers import KubeClient
+from flock.watchers import KubeApiError, KubeClient, TransientKubeError
 
 
 @attrs.frozen
@@ -126,32 +124,13 @@ class KubeApi:
     io_timeout: float = 10.0
 
     async def _run(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-        api_client = self.client.api_client
-
-        async def call() -> Any:
-            return await api_client.call_api(
-                path,
-                method,
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                response_types_map={200: "object", 201: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _request_timeout=self.io_timeout,
-            )
-
         try:
-            answer: dict[str, Any] = await self.client.bridge.call(call)
-        except ApiException as exc:
-            try:
-                message = str(json.loads(exc.body or b"{}").get("message", ""))
-            except (TypeError, ValueError, AttributeError):
-                message = str(exc.reason)
-            error = {409: Conflict, 404: NotFound}.get(exc.status or 0, ApiRefused)
-            raise error(method, path, exc.status or 0, message[:500]) from None
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise OSError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
-        return answer
+            return await self.client.request(method, path, body, self.io_timeout)
+        except KubeApiError as exc:
+            error = {409: Conflict, 404: NotFound}.get(exc.status, ApiRefused)
+            raise error(method, path, exc.status, str(exc)[:500]) from None
+        except TransientKubeError as exc:
+            raise OSError(str(exc)[:500]) from None
 
     async def list(self, kind: Kind) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (await self._run("GET", kind.path()))["items"]

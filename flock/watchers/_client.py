@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import (
 from ._bridge import AsyncioBridge, open_bridge
 from ._config import in_cluster_configuration, kubeconfig_configuration
 from ._informer import ListOptions
-from ._source import CLOSE_SECONDS, KubeSource
+from ._source import CLOSE_SECONDS, KubeSource, translated_errors
 
 NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL = "flock.fritzlab.net", "v1alpha1", "nodeconfigs"
 # kubernetes-sigs/network-policy-api's ClusterNetworkPolicy (deploy/crd-clusternetworkpolicy.yaml).
@@ -44,6 +44,27 @@ class KubeClient:
 
     bridge: AsyncioBridge
     api_client: ApiClient
+
+    async def request(self, method: str, path: str, body: Any = None, io_seconds: float = 10.0) -> dict[str, Any]:
+        """One request for a JSON object (*path*: ``/api/v1/namespaces/x/services/y/status``), with the
+        client's credentials; raises :class:`KubeApiError` (its HTTP status) or :class:`TransientKubeError`."""
+        api_client = self.api_client
+
+        async def call() -> Any:
+            return await api_client.call_api(
+                path,
+                method,
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body=body,
+                response_types_map={200: "object", 201: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=io_seconds,
+            )
+
+        with translated_errors(f"{method} {path}"):
+            answer: dict[str, Any] = await self.bridge.call(call)
+        return answer
 
     def pods_on_node(self, node: str) -> KubeSource:
         """Pods in every namespace with ``spec.nodeName=<node>``."""

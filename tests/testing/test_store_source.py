@@ -145,8 +145,8 @@ def test_loads_json_lines_and_json_files(tmp_path: Path) -> None:
     listed = tmp_path / "list.json"
     listed.write_text(json.dumps({"kind": "List", "items": [pod_object("b", "q", "n1")]}, indent=2))
     assert load_objects(store, listed) == 1
-    listed.write_text(json.dumps([{"kind": "Deployment", "metadata": {"name": "s"}}]))
-    with pytest.raises(SystemExit, match=r"list\.json: cannot load object of kind 'Deployment'"):
+    listed.write_text(json.dumps([{"kind": "StatefulSet", "metadata": {"name": "s"}}]))
+    with pytest.raises(SystemExit, match=r"list\.json: cannot load object of kind 'StatefulSet'"):
         load_objects(store, listed)
 
 
