@@ -26,26 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from labkit import emit
 
-from flock.lab import LabPlan, down
-from flock.lab._nsio import socket_in
-from flock.lab._routes import fabric_routes
-from flock.lab._state import require_state
-from flock.lab.cli import main as lab_main
+from flock.apiserver import SERVICES
+from flock.lab import LabPlan, PortSpec, api_client, down, fabric_routes, pod_add, pod_ready, socket_in, up
 
 ADDRESS = "2001:db8:ee::60"
 PORT = 53
-
-
-def _cli(directory: Path, *args: str) -> None:
-    if lab_main([*args, "--dir", str(directory)]) != 0:
-        raise RuntimeError(f"flock-lab {' '.join(args)} failed")
-
-
-async def cli(directory: Path, *args: str) -> None:
-    """``flock-lab ARGS`` (it runs trio itself: in a thread)."""
-    await trio.to_thread.run_sync(_cli, directory, *args)
+UDP = (PortSpec(5353, "UDP"),)
 
 
 async def forwarding(plan: LabPlan) -> set[str]:
@@ -95,13 +82,13 @@ def compare(before: list[str], after: list[str], kept: set[str]) -> dict[str, An
     }
 
 
-async def run(flows: int, kubectl: str) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="flab-e-", dir="/run"))
+async def run(flows: int) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="flab-e-", dir="/run"))  # short: unix socket paths
     try:
-        await cli(directory, "up", "--nodes", "3", "--internet")
-        plan = require_state(directory).plan
+        plan = LabPlan.make(directory, 3, internet=True)
+        await up(plan)
         for i in (1, 2):
-            await cli(directory, "pod", "add", f"node{i}", f"shop/e-{i}", "--label", "app=e", "--port", "5353/UDP")
+            await pod_add(plan, f"node{i}", f"shop/e-{i}", labels={"app": "e"}, ports=UDP)
         svc = {
             "apiVersion": "v1",
             "kind": "Service",
@@ -119,11 +106,7 @@ async def run(flows: int, kubectl: str) -> None:
                 "ports": [{"name": "dns", "port": PORT, "targetPort": 5353, "protocol": "UDP"}],
             },
         }
-        await trio.run_process(
-            [kubectl, f"--kubeconfig={directory / 'kubeconfig'}", "apply", "-f", "-"],
-            stdin=json.dumps(svc).encode(),
-            capture_stdout=True,
-        )
+        await api_client(plan).create(SERVICES, svc)
         await until_forwarding(plan, {"node1", "node2"})
         assert plan.internet_netns is not None
         socks = []
@@ -133,19 +116,23 @@ async def run(flows: int, kubectl: str) -> None:
             await sock.connect((ADDRESS, PORT))
             socks.append(sock)
         before = await ask(socks)
-        await cli(directory, "pod", "add", "node3", "shop/e-3", "--label", "app=e", "--port", "5353/UDP")
+        await pod_add(plan, "node3", "shop/e-3", labels={"app": "e"}, ports=UDP)
         await until_forwarding(plan, {"node1", "node2", "node3"})
         joined = await ask(socks)
-        await cli(directory, "pod", "ready", "shop/e-3", "false")
+        await pod_ready(plan, "shop/e-3", False)
         await until_forwarding(plan, {"node1", "node2"})
         left = await ask(socks)
-        emit(
-            {
-                "bench": "lab_ecmp",
-                "spread_before": {n: before.count(n) for n in sorted(set(before))},
-                "node3_joins": compare(before, joined, {"node1", "node2"}),
-                "node3_leaves": compare(joined, left, {"node1", "node2"}),
-            }
+        print(
+            json.dumps(
+                {
+                    "bench": "lab_ecmp",
+                    "spread_before": {n: before.count(n) for n in sorted(set(before))},
+                    "node3_joins": compare(before, joined, {"node1", "node2"}),
+                    "node3_leaves": compare(joined, left, {"node1", "node2"}),
+                },
+                separators=(",", ":"),
+            ),
+            flush=True,
         )
         for sock in socks:
             sock.close()
@@ -157,6 +144,4 @@ async def run(flows: int, kubectl: str) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flows", type=int, default=300)
-    ap.add_argument("--kubectl", default=shutil.which("kubectl") or "kubectl")
-    args = ap.parse_args()
-    trio.run(run, args.flows, args.kubectl)
+    trio.run(run, ap.parse_args().flows)
