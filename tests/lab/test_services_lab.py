@@ -36,7 +36,7 @@ import trio
 
 from flock.lab import LabPlan, down, fabric_has, load_pods
 from flock.lab._fabric import birdc
-from flock.lab._nsio import http_in, socket_in
+from flock.lab._nsio import http_in, run_in, socket_in
 from flock.lab._plan import INTERNET, INTERNET4, INTERNET6, SERVICE_EXTERNAL_RANGES
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, endpoint_for, probe_one
@@ -823,3 +823,21 @@ async def test_the_allow_list_refuses_a_hijack(lab: LabPlan, kubectl: Kubectl) -
             for address in ("2001:db8:ffff::7", "203.0.113.7", "2001:db8:bad::7"):
                 r = await probe(lab, INTERNET, at(address), HTTP, ipaddress.ip_address(address).version)
                 assert not r.connected and not r.served_by, r
+
+
+async def test_a_service_address_off_its_ports_ends_at_the_node(lab: LabPlan, kubectl: Kubectl) -> None:
+    """A packet to an announced Service address that no Service port takes (a ping, another port) ends
+    at the node the fabric chose.  Otherwise the node, which holds no route to the address, sends it
+    back along its default route to the fabric, which sends it to a node again: a loop until the hop
+    limit runs out, some 30 crossings of the fabric for each packet from the internet."""
+    addresses = ("2001:db8:ee::44", "192.0.2.244")
+    with trio.fail_after(60):
+        async with applied(kubectl, lb_service("loop", {"app": "web"}, ips=",".join(addresses))):
+            assert lab.internet_netns is not None
+            for address in addresses:
+                await until_forwarding(lab, address, {n.name for n in lab.nodes})
+                await until(lab, INTERNET, at(address), HTTP, ipaddress.ip_address(address).version, connected)
+                for _ in range(3):  # three flows: the fabric's hash may pick another node for each
+                    ping = await run_in(lab.internet_netns, ["ping", "-c", "1", "-W", "1", address])
+                    text = ping.stdout.decode() + ping.stderr.decode()
+                    assert "exceeded" not in text, f"a ping of {address} from the internet looped:\n{text}"
