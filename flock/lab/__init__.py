@@ -3,12 +3,13 @@
 from flock.lab._check import Probe, matrix_text, reachability, summary, wait_anycast_routes
 from flock.lab._fabric import RestartDrill, birdc, established, fabric_has, graceful_restart_under_ping
 from flock.lab._lifecycle import agent_ready, api_client, down, up
-from flock.lab._nsio import in_netns, netns_path, run_in
+from flock.lab._nsio import in_netns, netns_path, run_in, socket_in
 from flock.lab._plan import LabPlan, NodePlan
 from flock.lab._pods import CniFailure, LabPod, finish_pod, load_pods, pod_add, pod_check, pod_del, pod_label, pod_ready
 from flock.lab._policy import apply_objects, delete, ns_add, ns_label, server_version, wait_applied
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, matrix, probe_all, probe_one
+from flock.lab._routes import FabricPath, FabricRoute, fabric_routes, parse_routes
 from flock.lab._runtime import CniParams, PluginOutcome, exec_conflist, exec_plugin, load_conflist
 from flock.lab._state import LabError, LabState, load_procs, load_state, process_refs
 from flock.lab._status import status, status_text
@@ -17,6 +18,8 @@ __all__ = [
     "CniFailure",
     "CniParams",
     "Endpoint",
+    "FabricPath",
+    "FabricRoute",
     "LabError",
     "LabPlan",
     "LabPod",
@@ -37,6 +40,7 @@ __all__ = [
     "exec_conflist",
     "exec_plugin",
     "fabric_has",
+    "fabric_routes",
     "finish_pod",
     "graceful_restart_under_ping",
     "in_netns",
@@ -49,6 +53,7 @@ __all__ = [
     "netns_path",
     "ns_add",
     "ns_label",
+    "parse_routes",
     "pod_add",
     "pod_check",
     "pod_del",
@@ -60,6 +65,7 @@ __all__ = [
     "reachability",
     "run_in",
     "server_version",
+    "socket_in",
     "status",
     "status_text",
     "summary",

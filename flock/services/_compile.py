@@ -317,6 +317,8 @@ def _service_port(
         return _names.port_chain(kind, family, ns, name, protocol, port.port)
 
     b.member(_nft.CLUSTER_IPS, _nft.address(cluster_ip))
+    for ip in externals:  # any other port of these addresses: refused (never routed back to the fabric)
+        b.member(_nft.EXTERNAL_IPS, _nft.address(ip))
     for ep in cat.reachable:
         if ep.maybe_local:  # only a pod on this node can reach itself through this node
             b.member(_nft.HAIRPIN, _nft.hairpin_member(ep.address))

@@ -58,6 +58,7 @@ NODEPORT_SPREAD = "nodeport-spread"  # the same three, keyed by each node addres
 NODEPORT_ENDPOINTS = "nodeport-endpoints"
 NODEPORT_ONE_ENDPOINT = "nodeport-one-endpoint"
 CLUSTER_IPS = "cluster-ips"
+EXTERNAL_IPS = "external-ips"  # the external addresses translated here (announced over BGP, perhaps)
 NODE_IPS = "node-ips"
 POD_CIDRS = "pod-cidrs"
 HAIRPIN = "hairpin"  # endpoint . endpoint: an endpoint reaching itself through a Service is masqueraded
@@ -103,6 +104,7 @@ def skeleton_names() -> dict[str, str]:
         names[per_family(ONE_ENDPOINT, f)] = f"type {service} : {addr} . inet_service;"
         names[per_family(NODEPORT_ONE_ENDPOINT, f)] = f"type {service} : {addr} . inet_service;"
         names[per_family(CLUSTER_IPS, f)] = f"type {addr};"
+        names[per_family(EXTERNAL_IPS, f)] = f"type {addr};"
         names[per_family(NODE_IPS, f)] = f"type {addr};"
         names[per_family(POD_CIDRS, f)] = f"type {addr}; flags interval;"
         names[per_family(HAIRPIN, f)] = f"type {addr} . {addr};"
@@ -303,6 +305,9 @@ def _skeleton_decls(sk: Skeleton) -> list[str]:
         )
     for f in Family:  # a ClusterIP on a port no Service has: refused, not routed on
         check.append(f"{ip_kw(f)} daddr @{per_family(CLUSTER_IPS, f)} goto {REJECT_CHAIN}")
+        # the same for an external address: this node announces it, and routed on, a packet for it would
+        # go back to the fabric, which sends it here again, until its hop limit runs out
+        check.append(f"{ip_kw(f)} daddr @{per_family(EXTERNAL_IPS, f)} goto {REJECT_CHAIN}")
     chains += [(SERVICES_CHAIN, services), (CHECK_CHAIN, check)]
     for f in Family:
         kw = ip_kw(f)

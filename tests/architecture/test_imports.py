@@ -283,7 +283,7 @@ BENCH = ROOT.parent / "bench"
 # Benches that import only installed, public modules (issue 26): no sibling script off sys.path, no
 # private flock module.  Every bench belongs here; the others still import bench/stats.py, bench/labkit.py
 # or flock's private modules.
-INSTALLED_ONLY = ("policy_enforce.py", "cri_latency.py")
+INSTALLED_ONLY = ("policy_enforce.py", "cri_latency.py", "lab_ecmp.py")
 
 
 def _edits_sys_path(tree: ast.AST) -> bool:

@@ -25,6 +25,9 @@ def test_every_prefix_and_path_is_read() -> None:
     service = routes["2001:db8:ee::/128"]
     assert sorted(p.source for p in service.forwarding) == ["node1", "node2", "node3"]  # ECMP over every node
     assert sum(p.best for p in service.paths) == 1
+    # IPv4 over the IPv6 sessions: the node's IPv6 address is the next hop (RFC 8950 extended next hop)
+    four = routes["192.0.2.224/32"]
+    assert sorted(p.next_hop for p in four.forwarding) == [f"2001:db8:ffff::10{i}" for i in (1, 2, 3)]
 
 
 def test_a_leaving_nodes_path_is_learned_and_not_forwarded_over() -> None:

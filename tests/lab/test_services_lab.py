@@ -35,11 +35,12 @@ import pytest
 import trio
 
 from flock.lab import LabPlan, down, fabric_has, load_pods
-from flock.lab._nsio import http_in, socket_in
+from flock.lab._fabric import birdc
+from flock.lab._nsio import http_in, run_in, socket_in
 from flock.lab._plan import INTERNET, INTERNET4, INTERNET6, SERVICE_EXTERNAL_RANGES
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, endpoint_for, probe_one
-from flock.lab._routes import FabricRoute, fabric_routes
+from flock.lab._routes import FabricRoute, fabric_routes, parse_routes
 from flock.lab._state import require_state
 from flock.lab._stream import StreamResult, stream_between
 from flock.lab.cli import main
@@ -47,6 +48,7 @@ from flock.lab.cli import main
 pytestmark = pytest.mark.services
 
 HTTP, DNS = PortSpec(80, "TCP"), PortSpec(53, "UDP")
+SERVICE_NAME = "kubernetes.io/service-name"
 WEB = ("shop/web-1", "shop/web-2", "shop/web-3")
 SETTLE_S = 15.0  # a new Service through the API server, the controller and three agents' tables
 
@@ -570,6 +572,7 @@ async def test_the_fabric_learns_what_the_announcement_rules_say(lab: LabPlan, k
             "blocks": [{"cidr": "2001:db8:ef::/120"}],
             "serviceSelector": {"matchLabels": {"tier": "public"}},
             "communities": ["64512:34", "64512:3:4"],
+            "localPreference": 250,
         },
     }
     tagged = lb_service("tagged", {"app": "ann"}, ips="2001:db8:ef::7")
@@ -623,11 +626,64 @@ async def test_the_fabric_learns_what_the_announcement_rules_say(lab: LabPlan, k
                 await until_forwarding(lab, "2001:db8:ef::7", every)
                 path = (await routes(lab))["2001:db8:ef::7/128"].paths[0]
                 assert (64512, 34) in path.communities and (64512, 3, 4) in path.large_communities, path
+                # its localPreference leaves every node's BIRD on the route; the fabric, an eBGP peer,
+                # does not get it (LOCAL_PREF stays inside an AS, RFC 4271 5.1.5) and says 100
+                for node in lab.nodes:
+                    sent = parse_routes(
+                        await birdc(node.bird_ctl, "show", "route", "export", "bgp_fabric", "all", "2001:db8:ef::7/128")
+                    )
+                    assert [p.local_preference for r in sent for p in r.paths] == [250], (node.name, sent)
+                assert {p.local_preference for p in (await routes(lab))["2001:db8:ef::7/128"].paths} == {100}
                 assert not await fabric_has(lab, "2001:db8:ef::8/128")
                 refused = await kubectl.json("get", "svc", "untagged", "-n", "shop")
                 assert not ((refused.get("status") or {}).get("loadBalancer") or {}).get("ingress")
         finally:
             await kubectl.run("delete", "loadbalancerpool", "lab-tagged", "--wait=false")
+
+
+async def endpoint_conditions(kubectl: Kubectl, service_name: str) -> list[dict[str, bool]]:
+    slices = await kubectl.json("get", "endpointslices", "-n", "shop")  # (the lab's API server: no label selector)
+    mine = [s for s in slices["items"] if s["metadata"].get("labels", {}).get(SERVICE_NAME) == service_name]
+    return [e.get("conditions") or {} for s in mine for e in s.get("endpoints") or []]
+
+
+def _only_terminating(conditions: list[dict[str, bool]]) -> bool:
+    """Every endpoint (the pod's, in the IPv6 and the IPv4 slice) serving, terminating, not ready."""
+    return bool(conditions) and all(
+        (c.get("ready"), c.get("serving"), c.get("terminating")) == (False, True, True) for c in conditions
+    )
+
+
+async def test_etp_local_a_terminating_endpoint_keeps_its_node_while_none_is_ready(
+    lab: LabPlan, kubectl: Kubectl
+) -> None:
+    """eTP Local with one pod, on node3, deleted with a 3 s grace: while it is serving and terminating
+    and no endpoint is ready anywhere, node3 still announces the address (and the pod answers the
+    internet); once it is gone, nobody does."""
+    addresses = ("2001:db8:ee::43", "192.0.2.243")
+    with trio.fail_after(60):
+        async with (
+            lab_pods(lab, "term", ["node3"]) as (pod,),
+            applied(kubectl, lb_service("term", {"app": "term"}, etp="Local", ips=",".join(addresses))),
+        ):
+            for address in addresses:
+                await until_forwarding(lab, address, {"node3"})
+            await until(lab, INTERNET, at(addresses[0]), HTTP, 6, lambda r: r.served_by == pod)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, cli, lab.dir, "pod", "del", pod, "--grace", "3")
+                with trio.fail_after(2):  # the slice says so: serving, terminating, not ready
+                    while not _only_terminating(now := await endpoint_conditions(kubectl, "term")):
+                        print(f"term's endpoints: {now}")
+                        await trio.sleep(0.05)
+                for _ in range(10):  # a second and more of it: still node3's, and the pod still answers
+                    for address in addresses:
+                        assert await forwarding(lab, address) == {"node3"}, address
+                    r = await probe(lab, INTERNET, at(addresses[0]), HTTP, 6)
+                    assert r.served_by == pod, r
+                    await trio.sleep(0.05)
+                assert (await endpoint_conditions(kubectl, "term"))[0]["terminating"]
+            for address in addresses:  # gone: withdrawn
+                await until_forwarding(lab, address, set(), within=5)
 
 
 async def _roll(lab: LabPlan, app: str, old: list[str], nodes: list[str]) -> list[str]:
@@ -701,13 +757,21 @@ async def test_a_drained_node_under_a_stream_from_the_internet(lab: LabPlan, kub
                     nursery.start_soon(run_stream)
                     await trio.sleep(1)
                     await kubectl.run("cordon", "node1")
-                    await until_forwarding(lab, v6, every - {"node1"}, within=3)
-                    leaving = [p for p in (await routes(lab))[f"{v6}/128"].paths if p.source == "node1"]
-                    if leaving:  # (already withdrawn if the 2 s went by)
-                        assert leaving[0].leaving and leaving[0].local_preference == 0, leaving
-                    with trio.fail_after(5):  # withdrawn after --bgp-leave-seconds=2
-                        while any(p.source == "node1" for p in (await routes(lab))[f"{v6}/128"].paths):  # noqa: ASYNC110
-                            await trio.sleep(0.1)
+                    cordoned = time.monotonic()
+                    shut: float | None = None  # node1's path seen with the graceful-shutdown community
+                    with trio.fail_after(5):  # then withdrawn, after --bgp-leave-seconds=2
+                        while node1 := [p for p in (await routes(lab))[f"{v6}/128"].paths if p.source == "node1"]:
+                            if node1[0].leaving:
+                                assert node1[0].local_preference == 0, node1
+                                assert await forwarding(lab, v6) == every - {"node1"}
+                                shut = shut if shut is not None else time.monotonic() - cordoned
+                            await trio.sleep(0.05)
+                    gone = time.monotonic() - cordoned
+                    assert shut is not None, "node1's route was withdrawn without the graceful-shutdown community"
+                    print(
+                        f"cordon node1: 65535:0 at the fabric after {shut * 1000:.0f} ms, withdrawn after {gone:.2f} s"
+                    )
+                    assert gone - shut > 1.0, (shut, gone)
                     await kubectl.run("delete", "pod", "-n", "shop", pod1.split("/")[1])  # evicted
                     await trio.sleep(1)
                     done.set()
@@ -720,25 +784,60 @@ async def test_a_drained_node_under_a_stream_from_the_internet(lab: LabPlan, kub
 
 
 async def test_the_allow_list_refuses_a_hijack(lab: LabPlan, kubectl: Kubectl) -> None:
-    """CVE-2020-8554: a Service claiming the internet host's own addresses as externalIPs, and one asking
-    for a load-balancer address outside every pool: neither announced (the fabric never learns them)
-    nor translated on any node (a node still reaches the real internet host)."""
-    hijack = service("hijack", {"app": "web"}, externalIPs=[str(INTERNET6), str(INTERNET4)])
+    """CVE-2020-8554: a Service claiming as externalIPs the internet host's own addresses and two outside
+    every pool (203.0.113.7, 2001:db8:ffff::7) beside two inside the lab's pool, and one asking for a
+    load-balancer address outside every pool: only the pool's addresses are announced and reached from
+    the internet; the others the fabric never learns and no node translates (a node still reaches the
+    real internet host; the internet reaches no pod at them)."""
+    outside = [str(INTERNET6), str(INTERNET4), "2001:db8:ffff::7", "203.0.113.7"]
+    inside = ["2001:db8:ee::57", "192.0.2.247"]
+    hijack = service("hijack", {"app": "web"}, externalIPs=[*outside, *inside])
+    every = {n.name for n in lab.nodes}
     with trio.fail_after(120):
         async with applied(kubectl, hijack, lb_service("grab", {"app": "web"}, ips="2001:db8:bad::7")) as (svc, _):
             for family, address in cluster_ips(svc).items():  # the proxies applied the Service
                 await until(lab, "shop/client", at(address), HTTP, family, connected)
-            await trio.sleep(2)
-            for address in (str(INTERNET6), str(INTERNET4), "2001:db8:bad::7"):
-                ip = ipaddress.ip_address(address)
-                assert not await fabric_has(lab, f"{ip}/{ip.max_prefixlen}"), address
+            for address in inside:  # the pool's addresses: announced by every node, served
+                await until_forwarding(lab, address, every)
+                r = await until(lab, INTERNET, at(address), HTTP, ipaddress.ip_address(address).version, connected)
+                assert r.served_by in WEB, r
+            refused = [*outside, "2001:db8:bad::7"]
+            end = trio.current_time() + 2
+            while trio.current_time() < end:  # never learned
+                learned = await routes(lab)
+                for address in refused:
+                    ip = ipaddress.ip_address(address)
+                    assert f"{ip}/{ip.max_prefixlen}" not in learned, address
+                await trio.sleep(0.1)
             for node in lab.nodes:
                 table = await trio.run_process(
                     ["ip", "netns", "exec", node.netns, "nft", "list", "table", "inet", "flock-services"],
                     capture_stdout=True,
                 )
                 text = table.stdout.decode()
-                assert str(INTERNET6) not in text and str(INTERNET4) not in text and "2001:db8:bad::7" not in text
+                assert all(a in text for a in inside), (node.name, inside)
+                assert not [a for a in refused if a in text], (node.name, [a for a in refused if a in text])
                 for family, address in ((6, str(INTERNET6)), (4, str(INTERNET4))):
                     r = await probe(lab, node.name, at(address), HTTP, family)
                     assert r.connected and r.served_by == INTERNET, r  # the real host, not a pod
+            for address in ("2001:db8:ffff::7", "203.0.113.7", "2001:db8:bad::7"):
+                r = await probe(lab, INTERNET, at(address), HTTP, ipaddress.ip_address(address).version)
+                assert not r.connected and not r.served_by, r
+
+
+async def test_a_service_address_off_its_ports_ends_at_the_node(lab: LabPlan, kubectl: Kubectl) -> None:
+    """A packet to an announced Service address that no Service port takes (a ping, another port) ends
+    at the node the fabric chose.  Otherwise the node, which holds no route to the address, sends it
+    back along its default route to the fabric, which sends it to a node again: a loop until the hop
+    limit runs out, some 30 crossings of the fabric for each packet from the internet."""
+    addresses = ("2001:db8:ee::44", "192.0.2.244")
+    with trio.fail_after(60):
+        async with applied(kubectl, lb_service("loop", {"app": "web"}, ips=",".join(addresses))):
+            assert lab.internet_netns is not None
+            for address in addresses:
+                await until_forwarding(lab, address, {n.name for n in lab.nodes})
+                await until(lab, INTERNET, at(address), HTTP, ipaddress.ip_address(address).version, connected)
+                for _ in range(3):  # three flows: the fabric's hash may pick another node for each
+                    ping = await run_in(lab.internet_netns, ["ping", "-c", "1", "-W", "1", address])
+                    text = ping.stdout.decode() + ping.stderr.decode()
+                    assert "exceeded" not in text, f"a ping of {address} from the internet looped:\n{text}"
