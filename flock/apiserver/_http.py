@@ -84,6 +84,8 @@ class HttpFrontend:
     netns: str | None = None
     # More (host, port) to serve on, in the process's own namespace (port 0: any; kept across restarts).
     also_listen: list[tuple[str, int]] = attrs.field(factory=list)
+    # Bearer tokens the API accepts (kube-apiserver's --token-auth-file); None: every request, unchecked.
+    tokens: frozenset[str] | None = None
     # (method, path?query) of the latest API requests; bounded for a long-running lab server.
     requests: collections.deque[tuple[str, str]] = attrs.field(
         init=False, factory=lambda: collections.deque(maxlen=100_000)
@@ -175,6 +177,8 @@ class HttpFrontend:
         try:
             if not control:
                 await self._serving.wait()
+                if self.tokens is not None and not self._authenticated(request):
+                    return _json(status_object(401, "Unauthorized", "Unauthorized"), 401)
                 if self._fail_remaining > 0:
                     self._fail_remaining -= 1
                     return _json(status_object(self._fail_status, "injected failure"), self._fail_status)
@@ -183,6 +187,10 @@ class HttpFrontend:
             return _status_response(err)
         finally:
             self._inflight.pop(task, None)
+
+    def _authenticated(self, request: web.Request) -> bool:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and token.strip() in (self.tokens or frozenset())
 
     @property
     def open_requests(self) -> int:

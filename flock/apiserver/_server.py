@@ -43,10 +43,10 @@ def kubeconfig(url: str, token: str = "flock-testing") -> dict[str, Any]:
     }
 
 
-def write_kubeconfig(path: str | os.PathLike[str], url: str) -> Path:
+def write_kubeconfig(path: str | os.PathLike[str], url: str, token: str = "flock-testing") -> Path:
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(kubeconfig(url), indent=2) + "\n")
+    tmp.write_text(json.dumps(kubeconfig(url, token), indent=2) + "\n")
     os.replace(tmp, target)
     return target
 
@@ -76,6 +76,7 @@ class ApiServer:
     watch_list: bool = True  # the WatchList feature gate (see HttpFrontend)
     paged_cache_lists: bool = False  # lists at "0" honour limit (1.33's cache snapshots)
     resource_version_wait: float = RESOURCE_VERSION_WAIT  # the watch cache's wait for a future version
+    tokens: frozenset[str] | None = None  # bearer tokens accepted (None: no check); see HttpFrontend
     _frontend: HttpFrontend = attrs.field(init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
@@ -89,6 +90,7 @@ class ApiServer:
             watch_list=self.watch_list,
             paged_cache_lists=self.paged_cache_lists,
             resource_version_wait=self.resource_version_wait,
+            tokens=self.tokens,
         )
 
     # ---- lifecycle ------------------------------------------------------------
@@ -161,8 +163,8 @@ class ApiServer:
         """Requests (watches included) the server is serving right now."""
         return self._call(lambda: self._frontend.open_requests)
 
-    def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
-        return write_kubeconfig(path, self.url)
+    def write_kubeconfig(self, path: str | os.PathLike[str], token: str = "flock-testing") -> Path:
+        return write_kubeconfig(path, self.url, token)
 
     # ---- objects (straight to the store: thread-safe) ---------------------------
 

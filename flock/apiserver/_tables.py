@@ -12,6 +12,7 @@ object as ``includeObject`` says (default: its metadata only).
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -96,9 +97,29 @@ def _age(timestamp: Any) -> str:
     return human_duration((datetime.datetime.now(datetime.UTC) - then).total_seconds())
 
 
+# A printer column's JSONPath, as CRDs write them: fields, [index] and [?(@.field=="value")] filters
+# (``.status.conditions[?(@.type=="Ready")].status``); a filter takes its first match.
+_STEP = re.compile(r"""\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_-]+)\s*==\s*["']([^"']*)["']\)\]""")
+
+
 def _path(obj: Any, json_path: str) -> Any:
-    for part in json_path.strip(".").split("."):
-        obj = obj.get(part) if isinstance(obj, Mapping) else None
+    text = json_path if json_path.startswith((".", "[")) else f".{json_path}"
+    position = 0
+    while position < len(text):
+        step = _STEP.match(text, position)
+        if step is None:
+            return None
+        position = step.end()
+        field, index, key, value = step.groups()
+        if field is not None:
+            obj = obj.get(field) if isinstance(obj, Mapping) else None
+        elif index is not None:
+            obj = obj[int(index)] if isinstance(obj, list) and int(index) < len(obj) else None
+        else:
+            matches = (
+                [o for o in obj if isinstance(o, Mapping) and str(o.get(key)) == value] if isinstance(obj, list) else []
+            )
+            obj = matches[0] if matches else None
     return obj
 
 
@@ -358,6 +379,7 @@ _CUSTOM_DEFAULTS: dict[Resource, tuple[Column, ...]] = {
         Column("IPv6 Free", "string", ".status.ipv6.free"),
         Column("IPv4 Free", "string", ".status.ipv4.free"),
         Column("Used", "integer", ".status.used"),
+        Column("Conflict", "string", '.status.conditions[?(@.type=="Conflict")].status'),
         Column("Age", "date", ".metadata.creationTimestamp"),
     ),
     CLUSTERNETWORKPOLICIES: (

@@ -1,4 +1,4 @@
-"""``flock-controller [--kubeconfig PATH | --api-url URL]``: flock-controller (see the package).
+"""``flock-controller [--kubeconfig PATH | --api-url URL] [--health-port PORT]``: flock-controller (see the package).
 
 In a cluster it runs with its service account (no flag); ``--kubeconfig`` as the agent's; ``--api-url``
 speaks plain HTTP without credentials (the lab's API server)."""
@@ -10,40 +10,61 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
+import attrs
 import trio
 
 from flock import logs
 from flock.watchers import ClientConfigError, open_kube_client
 
 from ._api import HttpApi, KubeApi, ObjectApi
+from ._health import serve_health
 from ._lease import Elector, LeaseSettings
 from ._loop import LoadBalancerController
+from ._metrics import Progress
 from ._watch import WatchingController
 
 log = logging.getLogger("flock.controller")
 
 
-async def _run(api: ObjectApi, identity: str, settings: LeaseSettings, resync: float) -> None:
-    elector = Elector(api, identity, settings)
-    controller = LoadBalancerController(api, elector.confirm, resync_seconds=resync, identity=identity)
-    log.info("standing for election", extra={"identity": identity, "lease": f"{settings.namespace}/{settings.name}"})
-    await elector.run(controller.run)
+@attrs.frozen
+class Options:
+    url: str | None  # plain HTTP, no credentials (the lab's, tests')
+    kubeconfig: str | None  # None with no url: the pod's service account
+    identity: str
+    lease: LeaseSettings
+    resync_seconds: float  # with url: a pass this often
+    health_port: int | None  # /healthz, /readyz, /metrics on every family; None: none
 
 
-async def _main(url: str | None, kubeconfig: str | None, identity: str, settings: LeaseSettings, resync: float) -> None:
-    if url is not None:  # plain HTTP (the lab's, tests'): a pass every resync
-        await _run(HttpApi(url), identity, settings, resync)
-        return
-    async with open_kube_client(kubeconfig) as client:  # a cluster's: a pass per change, by watches
-        api = KubeApi(client)
-        elector = Elector(api, identity, settings)
-        controller = WatchingController(api, client, elector.confirm, identity=identity)
+async def _lead(
+    api: ObjectApi, elector: Elector, controller: Progress, run: Callable[[], Awaitable[None]], options: Options
+) -> None:
+    async with trio.open_nursery() as nursery:
+        if options.health_port is not None:
+            await nursery.start(serve_health, options.health_port, elector, controller)
         log.info(
-            "standing for election", extra={"identity": identity, "lease": f"{settings.namespace}/{settings.name}"}
+            "standing for election",
+            extra={"identity": options.identity, "lease": f"{options.lease.namespace}/{options.lease.name}"},
         )
-        await elector.run(controller.run)
+        await elector.run(run)
+
+
+async def _main(options: Options) -> None:
+    if options.url is not None:  # plain HTTP (the lab's, tests'): a pass every resync
+        api: ObjectApi = HttpApi(options.url)
+        elector = Elector(api, options.identity, options.lease)
+        polling = LoadBalancerController(
+            api, elector.confirm, resync_seconds=options.resync_seconds, identity=options.identity
+        )
+        await _lead(api, elector, polling, polling.run, options)
+        return
+    async with open_kube_client(options.kubeconfig) as client:  # a cluster's: a pass per change, by watches
+        api = KubeApi(client)
+        elector = Elector(api, options.identity, options.lease)
+        watching = WatchingController(api, client, elector.confirm, identity=options.identity)
+        await _lead(api, elector, watching, watching.run, options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,12 +80,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--resync-seconds", type=float, default=1.0, help="with --api-url: a pass this often (watches otherwise)"
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz, /readyz and /metrics on this port, every address family (default: none)",
+    )
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     args = p.parse_args(argv)
     logs.configure(fmt=args.log_format)
-    settings = LeaseSettings(namespace=args.lease_namespace, name=args.lease_name)
+    options = Options(
+        url=args.api_url,
+        kubeconfig=args.kubeconfig,
+        identity=args.identity,
+        lease=LeaseSettings(namespace=args.lease_namespace, name=args.lease_name),
+        resync_seconds=args.resync_seconds,
+        health_port=args.health_port,
+    )
     try:
-        trio.run(_main, args.api_url, args.kubeconfig, args.identity, settings, args.resync_seconds)
+        trio.run(_main, options)
     except ClientConfigError as exc:
         log.critical("no API server configuration", extra={"error": str(exc)})
         print(f"flock-controller: {exc}", file=sys.stderr)

@@ -138,7 +138,11 @@ class LbService:
         meta = obj.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         families = tuple(6 if f == "IPv6" else 4 for f in spec.get("ipFamilies") or ["IPv4"])
-        ports = frozenset((str(p.get("protocol") or "TCP"), int(p["port"])) for p in spec.get("ports") or [])
+        try:
+            ports = frozenset((str(p.get("protocol") or "TCP"), int(p["port"])) for p in spec.get("ports") or [])
+            ports_error = None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # the API server checks; a fake may not
+            ports, ports_error = frozenset(), f"spec.ports does not parse: {type(e).__name__}: {str(e)[:100]}"
         raw = annotations.get(ANNOTATION_IPS, annotations.get(METALLB_ANNOTATION_IPS, spec.get("loadBalancerIP")))
         requested: tuple[IPAddress, ...] = ()
         error = None
@@ -146,7 +150,7 @@ class LbService:
             try:
                 requested = tuple(ipaddress.ip_address(t.strip()) for t in str(raw).split(",") if t.strip())
             except ValueError as e:
-                error = f"requested addresses {raw!r}: {e}"
+                error = f"requested addresses {str(raw)[:100]!r}: {str(e)[:100]}"
         current: list[IPAddress] = []
         for ingress in ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []:
             try:
@@ -162,7 +166,7 @@ class LbService:
             labels=tuple(sorted((meta.get("labels") or {}).items())),
             namespace_labels=tuple(sorted((namespace_labels or {}).items())),
             requested=requested,
-            request_error=error,
+            request_error=ports_error or error,
             sharing_key=str(sharing) if sharing else None,
             current=tuple(current),
         )
@@ -209,6 +213,16 @@ class ExternalIps:
         )
 
 
+def _outside(usable: Sequence[Pool], svc: ExternalIps) -> list[IPAddress]:
+    probe = LbService(svc.namespace, svc.name, (), labels=svc.labels, namespace_labels=svc.namespace_labels)
+    return [a for a in svc.addresses if not any(p.holds(a) and p.serves(probe) for p in usable)]
+
+
+def _named(addresses: Sequence[object], most: int = 8) -> str:
+    shown = ", ".join(str(a) for a in addresses[:most])
+    return shown + (f" and {len(addresses) - most} more" if len(addresses) > most else "")
+
+
 def external_ip_conditions(pools: Iterable[Pool], services: Iterable[ExternalIps]) -> dict[str, ServiceCondition]:
     """Per Service with externalIPs: ``InPool``, or ``NotInPool`` naming the addresses outside every
     enabled, non-conflicting pool whose selectors match it (no agent translates or announces those)."""
@@ -217,17 +231,13 @@ def external_ip_conditions(pools: Iterable[Pool], services: Iterable[ExternalIps
     usable = [p for p in ordered_pools if not p.disabled and p.name not in overlaps]
     out: dict[str, ServiceCondition] = {}
     for svc in services:
-        probe = LbService(svc.namespace, svc.name, (), labels=svc.labels, namespace_labels=svc.namespace_labels)
-        outside = [a for a in svc.addresses if not any(p.holds(a) and p.serves(probe) for p in usable)]
+        outside = _outside(usable, svc)
         if svc.error is not None:
             out[svc.key] = ServiceCondition(Reason.INVALID_REQUEST, svc.error)
         elif outside:
-            shown = ", ".join(str(a) for a in outside[:8]) + (
-                f" and {len(outside) - 8} more" if len(outside) > 8 else ""
-            )
             out[svc.key] = ServiceCondition(
                 Reason.NOT_IN_POOL,
-                f"externalIPs {shown} outside every pool this Service may use: not translated, not announced",
+                f"externalIPs {_named(outside)} outside every pool this Service may use: not translated, not announced",
             )
         else:
             out[svc.key] = ServiceCondition(Reason.IN_POOL, "every externalIP lies in a pool this Service may use")
@@ -261,6 +271,7 @@ class PoolStatus:
 class Plan:
     services: Mapping[str, Allocation]  # by Service key
     pools: Mapping[str, PoolStatus]  # by pool name
+    external: Mapping[str, ServiceCondition] = attrs.field(factory=dict)  # by key: Services with externalIPs
 
 
 @attrs.define(eq=False)
@@ -314,7 +325,9 @@ def _lowest_free(block: IPNetwork, taken: Iterable[IPAddress]) -> IPAddress | No
     return ipaddress.ip_address(n) if block.version == 6 else ipaddress.IPv4Address(n)
 
 
-def plan(pools: Iterable[Pool], services: Iterable[LbService]) -> Plan:
+def plan(pools: Iterable[Pool], services: Iterable[LbService], externals: Iterable[ExternalIps] = ()) -> Plan:
+    """*services*' addresses and conditions, *externals*' conditions, the pools' status (whose
+    conflicts name requested addresses and externalIPs outside every pool the Service may use)."""
     ordered_pools = sorted(pools, key=lambda p: p.name)
     overlaps = _overlaps(ordered_pools)
     usable = [p for p in ordered_pools if not p.disabled and p.name not in overlaps]
@@ -361,7 +374,7 @@ def plan(pools: Iterable[Pool], services: Iterable[LbService]) -> Plan:
                     failure = failure or ServiceCondition(
                         Reason.NOT_IN_POOL, f"requested {address} is outside every pool this Service may use"
                     )
-                    outside.setdefault(service.key, []).append(str(address))
+                    outside.setdefault(service.key, []).append(f"requested {address}")
                 elif not holders.may_take(address, service):
                     failure = failure or ServiceCondition(
                         Reason.ADDRESS_IN_USE, f"requested {address} is held by another Service and may not be shared"
@@ -397,7 +410,12 @@ def plan(pools: Iterable[Pool], services: Iterable[LbService]) -> Plan:
         s.key: Allocation(tuple(given[s.key][f] for f in s.families if f in given[s.key]), conditions[s.key])
         for s in ordered
     }
-    return Plan(allocations, _pool_status(ordered_pools, overlaps, usable, holders, outside))
+    external_list = sorted(externals, key=lambda e: e.key)
+    external = external_ip_conditions(ordered_pools, external_list)
+    for svc in external_list:
+        if svc.error is None and (addresses := _outside(usable, svc)):
+            outside.setdefault(svc.key, []).extend(f"externalIP {a}" for a in addresses)
+    return Plan(allocations, _pool_status(ordered_pools, overlaps, usable, holders, outside), external)
 
 
 def _shared(candidates: Sequence[Pool], service: LbService, family: int, holders: _Holders) -> IPAddress | None:
@@ -429,8 +447,7 @@ def _pool_status(
     statuses: dict[str, PoolStatus] = {}
     usable_names = {p.name for p in usable}
     outside_text = tuple(
-        f"Service {key} requests {', '.join(addrs)}: outside every pool it may use"
-        for key, addrs in sorted(outside.items())
+        f"Service {key}: {_named(addrs, 4)} outside every pool it may use" for key, addrs in sorted(outside.items())
     )
     for pool in pools:
         counts: dict[int, FamilyCount] = {}

@@ -91,10 +91,16 @@ class Elector:
     _seen_at: float = attrs.field(default=0.0, init=False)
     _renewed_at: float | None = attrs.field(default=None, init=False)  # trio clock of our last write
     _leading: bool = attrs.field(default=False, init=False)
+    _answered_at: float | None = attrs.field(default=None, init=False)  # trio clock of the API's last answer
 
     @property
     def leading(self) -> bool:
         return self._leading
+
+    @property
+    def answered_at(self) -> float | None:
+        """When the API server last answered a look at the Lease (trio clock); None: never yet."""
+        return self._answered_at
 
     async def run(self, work: Callable[[], Awaitable[None]]) -> None:
         """Take the lease, run *work* while holding it, stand again when it is lost; until cancelled."""
@@ -156,9 +162,11 @@ class Elector:
             try:
                 lease = await self.api.get(LEASES, s.name, s.namespace)
             except NotFound:
+                self._answered_at = now
                 await self.api.create(LEASES, self._record(None))
                 self._mark_written(now)
                 return True
+            self._answered_at = now
             version = str(lease["metadata"].get("resourceVersion"))
             if version != self._seen_version:
                 self._seen_version, self._seen_at = version, now

@@ -8,6 +8,7 @@ import attrs
 import trio
 
 from ._api import ApiRefused, ObjectApi
+from ._ipam import Plan
 from ._reconcile import Fence, Fenced, Stale, reconcile
 
 log = logging.getLogger("flock.controller.ipam")
@@ -27,11 +28,13 @@ class LoadBalancerController:
     identity: str = "flock-controller"  # the Events' reportingInstance
     passes: int = attrs.field(default=0, init=False)
     conflicts: int = attrs.field(default=0, init=False)
+    failures: int = attrs.field(default=0, init=False)
+    last_plan: Plan | None = attrs.field(default=None, init=False)  # what the last complete pass planned
 
     async def run(self) -> None:
         while True:
             try:
-                await reconcile(self.api, self.fence, self.identity)
+                self.last_plan = await reconcile(self.api, self.fence, self.identity)
                 self.passes += 1
             except Stale:
                 self.conflicts += 1
@@ -42,6 +45,7 @@ class LoadBalancerController:
                 log.warning("no longer holding the lease: stopping writes")
                 return
             except (ApiRefused, OSError) as e:
+                self.failures += 1
                 log.warning("reconcile failed", extra={"error": str(e)})
                 await trio.sleep(self.error_retry_seconds)
                 continue

@@ -15,11 +15,11 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
-import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ._api import EVENTS, NAMESPACES, POOLS, SERVICES, ApiRefused, Conflict, NotFound, ObjectApi
+from ._api import NAMESPACES, POOLS, SERVICES, ApiRefused, Conflict, NotFound, ObjectApi
+from ._events import EVENT_COMPONENT, record
 from ._ipam import (
     CONDITION_TYPE,
     EXTERNAL_IPS_CONDITION,
@@ -30,7 +30,6 @@ from ._ipam import (
     Pool,
     PoolStatus,
     ServiceCondition,
-    external_ip_conditions,
     plan,
 )
 
@@ -38,7 +37,6 @@ log = logging.getLogger("flock.controller.ipam")
 
 Fence = Callable[[], Awaitable[bool]]
 OUR_CONDITIONS = (CONDITION_TYPE, EXTERNAL_IPS_CONDITION)
-EVENT_COMPONENT = "flock-controller"
 
 
 class Stale(Exception):
@@ -111,31 +109,33 @@ def refusals(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[
     return found
 
 
-def event(service: Mapping[str, Any], reason: str, message: str, identity: str) -> dict[str, Any]:
-    """A core/v1 Warning Event about *service* (``kubectl describe service`` lists it)."""
-    meta = service["metadata"]
-    now = _now()
+MESSAGE_LIMIT = 1024
+
+
+def bounded(lines: Sequence[str], limit: int = MESSAGE_LIMIT) -> str:
+    """*lines* joined by "; " within *limit* characters, then how many more (whole lines only)."""
+    reserve = len("; and 9999999 more")
+    text = ""
+    for i, line in enumerate(lines):
+        joined = f"{text}; {line}" if text else line
+        if len(joined) > limit - (reserve if i < len(lines) - 1 else 0):
+            more = len(lines) - i
+            return f"{text}; and {more} more" if text else f"{line[: limit - 2 * reserve]}...; and {more - 1} more"
+        text = joined
+    return text
+
+
+def _pool_condition(
+    kind: str, state: bool, reason: str, message: str, current: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    status = "True" if state else "False"
+    old = next((c for c in (current or {}).get("conditions") or [] if c.get("type") == kind), None)
     return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": meta.get("namespace", "default")},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "name": meta["name"],
-            "namespace": meta.get("namespace", "default"),
-            "uid": meta.get("uid", ""),
-            "resourceVersion": meta.get("resourceVersion", ""),
-        },
+        "type": kind,
+        "status": status,
         "reason": reason,
-        "message": message[:1024],
-        "type": "Warning",
-        "source": {"component": EVENT_COMPONENT},
-        "reportingComponent": EVENT_COMPONENT,
-        "reportingInstance": identity[:128],
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
+        "message": message,
+        "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else _now(),
     }
 
 
@@ -144,18 +144,19 @@ def pool_status(current: Mapping[str, Any] | None, value: PoolStatus) -> dict[st
     for family, count in value.counts.items():
         status[f"ipv{family}"] = {"total": str(count.total), "used": count.used, "free": str(count.free)}
     status["used"] = sum(c.used for c in value.counts.values())
-    old = next((c for c in (current or {}).get("conditions") or [] if c.get("type") == "Conflict"), None)
-    state = "True" if value.conflicts else "False"
+    conflict = bool(value.conflicts)
     status["conditions"] = [
-        {
-            "type": "Conflict",
-            "status": state,
-            "reason": "Conflict" if value.conflicts else "NoConflict",
-            "message": "; ".join(value.conflicts)[:1024],
-            "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == state else _now(),
-        }
+        _pool_condition(
+            "Conflict", conflict, "Conflict" if conflict else "NoConflict", bounded(value.conflicts), current
+        ),
+        _pool_condition("Valid", True, "Valid", "", current),
     ]
     return status
+
+
+def invalid_pool_status(current: Mapping[str, Any] | None, error: str) -> dict[str, Any]:
+    """A pool whose spec does not parse: it gives nothing; its Valid condition says why."""
+    return {"conditions": [_pool_condition("Valid", False, "InvalidSpec", error[:MESSAGE_LIMIT], current)]}
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -178,10 +179,12 @@ async def reconcile(api: ObjectApi, fence: Fence, identity: str = EVENT_COMPONEN
     except NotFound:
         pool_objects = []  # the CRD is not installed: no pool
     pools: list[Pool] = []
+    invalid: dict[str, str] = {}
     for obj in pool_objects:
         try:
             pools.append(Pool.from_object(obj))
         except (ValueError, KeyError, TypeError) as e:
+            invalid[obj["metadata"]["name"]] = str(e)
             log.warning("pool ignored", extra={"pool": obj["metadata"].get("name"), "error": str(e)})
     namespace_labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in await api.list(NAMESPACES)}
     service_objects = await api.list(SERVICES)
@@ -196,8 +199,8 @@ async def reconcile(api: ObjectApi, fence: Fence, identity: str = EVENT_COMPONEN
         external = ExternalIps.from_object(obj, labels)
         if external is not None:
             externals.append(external)
-    result = plan(pools, values.values())
-    external_conditions = external_ip_conditions(pools, externals)
+    result = plan(pools, values.values(), externals)
+    external_conditions = result.external
 
     writes: list[tuple[int, dict[str, Any]]] = []
     for obj in service_objects:
@@ -227,14 +230,17 @@ async def reconcile(api: ObjectApi, fence: Fence, identity: str = EVENT_COMPONEN
         before = next((o.get("status") or {} for o in service_objects if o["metadata"] is obj["metadata"]), {})
         for reason, message in refusals(before, obj["status"]):
             try:
-                await api.create(EVENTS, event(obj, reason, message, identity))
+                await record(api, obj, reason, message, identity)
             except (ApiRefused, OSError) as e:  # an Event is best effort: the condition holds the truth
                 log.warning("event not written", extra={"service": key, "reason": reason, "error": str(e)[:200]})
     for obj in pool_objects:
         name = obj["metadata"]["name"]
-        if name not in result.pools:
+        if name in invalid:
+            wanted = invalid_pool_status(obj.get("status"), invalid[name])
+        elif name in result.pools:
+            wanted = pool_status(obj.get("status"), result.pools[name])
+        else:
             continue
-        wanted = pool_status(obj.get("status"), result.pools[name])
         if not _same(wanted, obj.get("status") or {}):
             await _write(api, fence, POOLS, {**obj, "status": wanted})
     return result

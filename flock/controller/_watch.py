@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
-from flock.watchers import Change, Informer, InformerSettings, KubeApiError, KubeClient, ListWatchSource
+from flock.watchers import Change, Informer, InformerSettings, KubeApiError, ListWatchSource
 
 from ._api import NAMESPACES, POOLS, SERVICES, ApiRefused, Kind, ObjectApi
+from ._ipam import Plan
 from ._loop import STALE_RETRY_SECONDS
 from ._reconcile import Fence, Fenced, Stale, reconcile
 
@@ -87,12 +88,22 @@ class _Wake:
         self.event = trio.Event()
 
 
+class ControllerSources(Protocol):
+    """Where the informers read (a :class:`flock.watchers.KubeClient`; an in-memory store in tests)."""
+
+    def services(self) -> ListWatchSource: ...
+
+    def namespaces(self) -> ListWatchSource: ...
+
+    def load_balancer_pools(self) -> ListWatchSource: ...
+
+
 @attrs.define(eq=False)
 class WatchingController:
     """Runs while its elector leads (the elector's *work*); returns when fenced off."""
 
     api: ObjectApi
-    kube: KubeClient
+    kube: ControllerSources
     fence: Fence
     identity: str = "flock-controller"
     resync_seconds: float = RESYNC_S
@@ -100,6 +111,8 @@ class WatchingController:
     settings: InformerSettings = SETTINGS
     passes: int = attrs.field(default=0, init=False)
     conflicts: int = attrs.field(default=0, init=False)
+    failures: int = attrs.field(default=0, init=False)
+    last_plan: Plan | None = attrs.field(default=None, init=False)  # what the last complete pass planned
 
     async def run(self) -> None:
         wake = _Wake()
@@ -128,7 +141,7 @@ class WatchingController:
                 await cached.synced()
             wake.renew()  # changes from here on wake the next pass
             try:
-                await reconcile(cached, self.fence, self.identity)
+                self.last_plan = await reconcile(cached, self.fence, self.identity)
                 self.passes += 1
             except Stale:
                 self.conflicts += 1
@@ -139,6 +152,7 @@ class WatchingController:
                 log.warning("no longer holding the lease: stopping writes")
                 return
             except (ApiRefused, OSError) as exc:
+                self.failures += 1
                 log.warning("reconcile failed", extra={"error": str(exc)[:300]})
                 await trio.sleep(self.error_retry_seconds)
                 continue

@@ -389,9 +389,9 @@ def test_load_balancer_pools_and_leases_with_kubectl(kubectl: Kubectl, api: ApiS
     trio.run(one_pass)
     assert kubectl.run("get", "svc", "lbipam", "-n", "shop", "--no-headers").stdout.split()[3] == "2001:db8:ee::"
     header, row = kubectl.run("get", "loadbalancerpools").stdout.splitlines()
-    assert header.split() == ["NAME", "DISABLED", "IPV6", "FREE", "IPV4", "FREE", "USED", "AGE"]
+    assert header.split() == ["NAME", "DISABLED", "IPV6", "FREE", "IPV4", "FREE", "USED", "CONFLICT", "AGE"]
     cells = row.split()  # DISABLED: <none> here (the fake server applies no schema defaults), false upstream
-    assert (cells[0], cells[2:5]) == ("lab", [str(2**64 - 1), "32", "1"])
+    assert (cells[0], cells[2:6]) == ("lab", [str(2**64 - 1), "32", "1", "False"])
     lease = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -415,5 +415,33 @@ def test_load_balancer_pools_and_leases_with_kubectl(kubectl: Kubectl, api: ApiS
     assert "NotInPool" in described and "203.0.113.7" in described and "flock-controller" in described, described
     events = json.loads(kubectl.run("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
     assert [e["reason"] for e in events if e["involvedObject"]["name"] == "hijack"] == ["NotInPool"]
+    # the pool's status names it too (an address outside every pool), and kubectl get shows the conflict
+    (_, row) = kubectl.run("get", "loadbalancerpools").stdout.splitlines()
+    assert row.split()[5] == "True"
+    shown = yaml.safe_load(kubectl.run("get", "loadbalancerpool", "lab", "-o", "yaml").stdout)["status"]
+    assert {k: shown[k] for k in ("ipv4", "used")} == {"ipv4": {"total": "32", "used": 0, "free": "32"}, "used": 1}
+    conditions = {c["type"]: c for c in shown["conditions"]}
+    assert conditions["Conflict"]["message"] == (
+        "Service shop/hijack: externalIP 203.0.113.7 outside every pool it may use"
+    )
+    assert conditions["Valid"]["status"] == "True"
+    # a pool whose selector does not parse gives nothing and says why
+    odd = _merge(pool, {"metadata": {"name": "odd"}, "spec": {"blocks": [{"cidr": "198.51.100.0/24"}]}})
+    odd["spec"]["serviceSelector"] = {"matchExpressions": [{"key": "tier", "operator": "In"}]}
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(odd))
+    trio.run(one_pass)
+    shown = json.loads(kubectl.run("get", "loadbalancerpool", "odd", "-o", "json").stdout)["status"]
+    ((valid),) = shown["conditions"]
+    assert (valid["type"], valid["status"], valid["reason"]) == ("Valid", "False", "InvalidSpec")
+    assert "expected at least one value for In" in valid["message"]
+    kubectl.run("delete", "loadbalancerpool", "odd")
+    # moved inside the pool, then back out: the same Event, its count bumped (describe: x2), not a second
+    for address in ("192.0.2.230", "203.0.113.7"):
+        kubectl.run("patch", "svc", "hijack", "-n", "shop", "-p", json.dumps({"spec": {"externalIPs": [address]}}))
+        trio.run(one_pass)
+    events = json.loads(kubectl.run("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
+    assert [(e["reason"], e["count"]) for e in events if e["involvedObject"]["name"] == "hijack"] == [("NotInPool", 2)]
+    described = kubectl.run("describe", "svc", "hijack", "-n", "shop").stdout
+    assert "(x2 over" in described and described.count("NotInPool") == 1, described
     kubectl.run("delete", "svc", "lbipam", "hijack", "-n", "shop")
     kubectl.run("delete", "loadbalancerpool", "lab")

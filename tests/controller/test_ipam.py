@@ -202,3 +202,45 @@ def test_external_ips_outside_every_pool_get_a_condition() -> None:
     assert (found["shop/in"].reason, found["shop/in"].status) == (Reason.IN_POOL, "True")
     assert found["shop/plain"].reason is Reason.NOT_IN_POOL  # in a pool it may not use (its selector)
     assert found["/x"].reason is Reason.INVALID_REQUEST and len(found["/x"].message) < 120  # bounded
+
+
+def test_pools_status_names_every_address_outside_every_pool() -> None:
+    from flock.controller._ipam import ExternalIps
+
+    many = ExternalIps("shop", "many", tuple(A(f"203.0.113.{i}") for i in range(1, 11)))
+    inside = ExternalIps("shop", "in", (A("192.0.2.225"),))
+    pinned = svc("pinned", 4, requested=(A("198.51.100.7"),))
+    result = plan([POOL], [pinned], [many, inside])
+    assert set(result.external) == {"shop/many", "shop/in"}
+    assert result.external["shop/in"].reason is Reason.IN_POOL
+    assert result.pools["lab"].conflicts == (
+        "Service default/pinned: requested 198.51.100.7 outside every pool it may use",
+        "Service shop/many: externalIP 203.0.113.1, externalIP 203.0.113.2, externalIP 203.0.113.3, "
+        "externalIP 203.0.113.4 and 6 more outside every pool it may use",
+    )
+    assert plan([POOL], [], [inside]).pools["lab"].conflicts == ()
+
+
+def test_conflict_messages_are_bounded_by_whole_lines() -> None:
+    from flock.controller._reconcile import MESSAGE_LIMIT, bounded
+
+    assert bounded([]) == "" and bounded(["a", "b"]) == "a; b"
+    lines = [f"Service default/s{i}: requested 203.0.113.{i} outside every pool it may use" for i in range(100)]
+    text = bounded(lines)
+    assert len(text) <= MESSAGE_LIMIT and text.endswith("; and 87 more") and lines[12] in text
+    assert len(bounded(["z" * 5000, "b"])) <= MESSAGE_LIMIT
+
+
+def test_a_service_that_does_not_parse_gets_a_condition_not_a_crash() -> None:
+    def lb(spec: dict[str, object], annotations: dict[str, str] | None = None) -> LbService:
+        raw = {"metadata": {"name": "odd", "namespace": "shop", "annotations": annotations or {}}, "spec": spec}
+        found = LbService.from_object({**raw, "spec": {"type": "LoadBalancer", **spec}})
+        assert found is not None
+        return found
+
+    for bad in ({"ports": [{"port": "http"}]}, {"ports": [{"protocol": "TCP"}]}, {"ports": ["80"]}):
+        odd = lb(bad)
+        assert odd.request_error is not None and odd.request_error.startswith("spec.ports does not parse")
+        assert plan([POOL], [odd]).services["shop/odd"].condition.reason is Reason.INVALID_REQUEST
+    huge = lb({}, {"flock.fritzlab.net/loadBalancerIPs": "x" * 100_000})
+    assert huge.request_error is not None and len(huge.request_error) < 300

@@ -828,8 +828,10 @@ def test_controller_rbac_writes_only_status_and_its_lease() -> None:
         for res in r["resources"]
         if set(r["verbs"]) - {"get", "list", "watch"}
     }
-    # its status writes, and Events (create only: it never reads or changes anyone else's)
+    # its status writes, and Events (created, the same one bumped when told again; no list, no delete)
     assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status"), ("", "events")}
+    (events,) = [r for r in role["rules"] if "events" in r["resources"]]
+    assert set(events["verbs"]) == {"create", "get", "update"}
     (lease,) = [o for o in objects if o["kind"] == "Role"]
     assert lease["metadata"]["namespace"] == "kube-system"
     assert {n for r in lease["rules"] for n in r.get("resourceNames", [])} == {"flock-controller"}
@@ -850,3 +852,15 @@ def test_the_controller_deployment_is_unprivileged_and_runs_as_its_account() -> 
     assert security["readOnlyRootFilesystem"] and security["capabilities"]["drop"] == ["ALL"]
     assert {e["name"] for e in container["env"]} == {"POD_NAME"}  # its identity in the Lease
     assert container["resources"]["limits"]["memory"] and container["image"].split(":")[0] == "flock"
+    # its probes reach the port it serves them on (flock-controller --health-port)
+    (port,) = container["ports"]
+    assert f"--health-port={port['containerPort']}" in container["command"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
+    assert "--health-port" in controller_help()
+
+
+def controller_help() -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "flock.controller", "--help"], capture_output=True, text=True, check=True
+    ).stdout
