@@ -18,7 +18,7 @@ supervises the process: :meth:`WireGuardDevice.ensure` finds the interface gone 
 creates it again, and the caller configures it again.  Its UAPI socket lives in the file system,
 not the namespace: one machine cannot have two wireguard-go devices of one name even in two
 namespaces (the lab gives each node its own name); ``ensure`` checks that the socket's process is in
-this namespace (``SO_PEERCRED``) and refuses one that is not.
+this namespace (its socket table) and refuses one that is not.
 
 Secrets: a private key reaches ``wg`` on its stdin (``private-key /dev/stdin``), never in argv or the
 environment; ``wg show dump`` prints the private key, which is dropped as the first line is parsed;
@@ -37,13 +37,12 @@ import logging
 import os
 import shutil
 import socket
-import struct
 from collections.abc import Iterable, Mapping
 
 import attrs
 import trio
 
-from flock.netns import netns_path
+from flock.netns import call_in_netns, netns_path
 from flock.wireguard._keys import PrivateKey, PublicKey
 from flock.wireguard._model import Endpoint, IPNetwork, Peer, network_order
 
@@ -51,6 +50,19 @@ log = logging.getLogger("flock.wireguard")
 
 SOCKET_DIR = "/var/run/wireguard"  # wireguard-go's and wg's UAPI directory (compiled into both)
 MAX_NAME = 15  # IFNAMSIZ - 1
+
+
+def _pid_holding(inode: int) -> int | None:
+    """The process with socket *inode* open (None: no longer any)."""
+    wanted = f"socket:[{inode}]"
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == wanted for fd in fds):
+                return int(pid)
+        except OSError:  # gone, or a thread's view we may not read
+            continue
+    return None
 
 
 class DeviceChoice(enum.StrEnum):
@@ -285,7 +297,7 @@ class WireGuardDevice:
         state = await self.show()
         args, change = plan_set(state, key.public_key, listen_port, peers)
         if change.key_set:
-            args += ["private-key", "/dev/stdin"]
+            args[:0] = ["private-key", "/dev/stdin"]  # the device's settings come before the first peer
         if change:
             stdin = (key.reveal_base64() + "\n").encode("ascii") if change.key_set else b""
             await self._run("wg set", [self.tools.wg, "set", self.name, *args], stdin=stdin, secret=key)
@@ -339,25 +351,32 @@ class WireGuardDevice:
         return str(links[0].get("linkinfo", {}).get("info_kind", "")) if links else None
 
     def _socket_owner(self) -> int | None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.connect(self.socket_path)
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        except (FileNotFoundError, ConnectionRefusedError):
+        # SO_PEERCRED would name the process that made the listening socket: wireguard-go's first
+        # process, which exits once its daemon runs.  The namespace's own socket table
+        # (/proc/thread-self/net/unix, read from a thread in it) says whether the socket is this
+        # namespace's; the process holding it is found by the socket's inode.
+        if not os.path.exists(self.socket_path):
             return None
-        finally:
-            sock.close()
-        pid = struct.unpack("3i", creds)[0]
-        ours = os.stat(netns_path(self.netns) if self.netns is not None else "/proc/self/ns/net")
-        try:
-            theirs = os.stat(f"/proc/{pid}/ns/net")
-        except FileNotFoundError:
-            return None  # it just exited
-        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
-            raise NotWireGuard(
-                self.name, "ensure", f"{self.socket_path} is served by process {pid} in another network namespace"
-            )
-        return pid
+        inode = call_in_netns(self.netns, self._listening_inode)
+        if inode is None:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                probe.connect(self.socket_path)
+            except (FileNotFoundError, ConnectionRefusedError):
+                return None  # a stale socket (its process died): wireguard-go and wg replace it
+            finally:
+                probe.close()
+            raise NotWireGuard(self.name, "ensure", f"{self.socket_path} is served from another network namespace")
+        return _pid_holding(inode)
+
+    def _listening_inode(self) -> int | None:
+        with open("/proc/thread-self/net/unix") as table:
+            for line in table:
+                fields = line.split()
+                # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening
+                if len(fields) == 8 and fields[7] == self.socket_path and int(fields[3], 16) & 0x10000:
+                    return int(fields[6])
+        return None
 
     def _enter(self, argv: list[str]) -> list[str]:
         if self.netns is None:
