@@ -6,7 +6,8 @@ is refused by name, never guessed:
 
 - a node without a key yet (its pods are unreachable through the tunnel until it has one: the
   fail-closed rules, not this module, keep that traffic from leaving in the clear);
-- a node without an address of the fabric's family (no endpoint);
+- a node without an address of the fabric's family, or whose address lies in a pod block (the
+  tunnel's own packets would be routed into the tunnel);
 - a key claimed by two nodes, or this node's own key claimed by another (``wg`` keeps one peer per key);
 - a pod block claimed by two nodes (or overlapping another node's, or this node's): the block goes to
   neither, since WireGuard routes by allowed IPs and one block given to two peers would send one
@@ -24,6 +25,7 @@ import attrs
 from flock.wireguard._keys import PublicKey
 from flock.wireguard._model import Endpoint, IPAddress, IPNetwork, Peer, network_order
 
+BlocksByLength = dict[tuple[int, int], dict[int, IPNetwork]]  # (family, prefix length) → first address → block
 DEFAULT_KEEPALIVE_S = 25  # wg(8)'s advice; also: a peer added with it sends a keepalive at once (a handshake)
 
 
@@ -107,7 +109,11 @@ def desired_peers(
             for name in names:
                 refuse(name, RefusalReason.DUPLICATE_KEY, f"key {key} is claimed by {', '.join(names)}")
 
-    lost = _conflicting_blocks([mine, *others] if mine is not None else others)
+    everyone = [mine, *others] if mine is not None else others
+    lost = _conflicting_blocks(everyone)
+    blocks_by_length: BlocksByLength = defaultdict(dict)
+    for block in (block for node in everyone for block in node.pod_blocks):
+        blocks_by_length[block.version, block.prefixlen][int(block.network_address)] = block
     peers: list[tuple[str, Peer]] = []
     for node in others:
         for block, claimants in sorted(lost.get(node.name, {}).items(), key=lambda kv: network_order(kv[0])):
@@ -123,11 +129,26 @@ def desired_peers(
         if address is None:
             refuse(node.name, RefusalReason.NO_ENDPOINT, f"no IPv{fabric_family} node address (the fabric's family)")
             continue
+        inside = _block_holding(address, blocks_by_length)
+        if inside is not None:  # the tunnel's own packets would be routed into the tunnel
+            refuse(node.name, RefusalReason.NO_ENDPOINT, f"its address {address} lies in pod block {inside}")
+            continue
         assert node.public_key is not None  # refused above otherwise
         blocks = frozenset(node.pod_blocks) - lost.get(node.name, {}).keys()
         peer = Peer(node.public_key, Endpoint(address, listen_port), blocks, persistent_keepalive)
         peers.append((node.name, peer))
     return PeerPlan(tuple(peers), tuple(refusals))
+
+
+def _block_holding(address: IPAddress, blocks_by_length: BlocksByLength) -> IPNetwork | None:
+    """The pod block *address* lies in, if any: one lookup per prefix length in use, not per block."""
+    for (version, length), blocks in blocks_by_length.items():
+        if version == address.version:
+            width = address.max_prefixlen
+            found = blocks.get(int(address) >> (width - length) << (width - length))
+            if found is not None:
+                return found
+    return None
 
 
 def _conflicting_blocks(nodes: Iterable[NodeWireGuard]) -> dict[str, dict[IPNetwork, set[str]]]:

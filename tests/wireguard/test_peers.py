@@ -47,7 +47,8 @@ def test_refusals_are_named() -> None:
     own = node("e", 0, ("2001:db8::5",), ("2001:db8:5::/64",))
     twin1 = node("f", 5, ("2001:db8::6",), ("2001:db8:6::/64",))
     twin2 = node("g", 5, ("2001:db8::7",), ("2001:db8:7::/64",))
-    plan = desired_peers("a", [A, B, keyless, own, twin1, twin2], fabric_family=6, listen_port=1)
+    looped = node("h", 6, ("2001:db8:1::99",), ("2001:db8:8::/64",))  # its address is in a's pod block
+    plan = desired_peers("a", [A, B, keyless, own, twin1, twin2, looped], fabric_family=6, listen_port=1)
     assert [name for name, _ in plan.peers] == ["b"]
     reasons = {(r.node, r.reason) for r in plan.refusals}
     assert reasons == {
@@ -55,7 +56,9 @@ def test_refusals_are_named() -> None:
         ("e", RefusalReason.OWN_KEY),
         ("f", RefusalReason.DUPLICATE_KEY),
         ("g", RefusalReason.DUPLICATE_KEY),
+        ("h", RefusalReason.NO_ENDPOINT),
     }
+    assert "lies in pod block 2001:db8:1::/64" in next(str(r) for r in plan.refusals if r.node == "h")
     assert "f, g" in next(str(r) for r in plan.refusals if r.node == "g")
 
 

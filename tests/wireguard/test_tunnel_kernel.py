@@ -30,6 +30,7 @@ import trio
 from flock.netns import call_in_netns
 from flock.testing.netns import Netns, NetnsPool
 from flock.wireguard import (
+    Change,
     DeviceChoice,
     DeviceKind,
     KernelWireGuardMissing,
@@ -163,11 +164,11 @@ def _route_through(node: Node, other: Node) -> None:
     node.ns.ip("-4", "route", "replace", other.block4, "dev", node.device.name, "src", node.pod4)
 
 
-async def _configure(node: Node, world: World) -> None:
-    plan = desired_peers(node.name, [world.a.info(), world.b.info()], fabric_family=6, listen_port=PORT)
+async def _configure(node: Node, world: World, fabric_family: int = 6) -> Change:
+    plan = desired_peers(node.name, [world.a.info(), world.b.info()], fabric_family=fabric_family, listen_port=PORT)
     assert plan.refusals == ()
     assert node.keys is not None
-    await node.device.configure(node.keys.current, PORT, plan.peer_list)
+    return await node.device.configure(node.keys.current, PORT, plan.peer_list)
 
 
 @contextlib.asynccontextmanager
@@ -544,3 +545,19 @@ async def test_wireguard_go_gone_is_created_again(tunnel: World) -> None:
     _route_through(a, tunnel.b)
     await _configure(a, tunnel)
     await _traffic_both_families(tunnel)
+
+
+async def test_an_ipv4_fabric(tunnel: World) -> None:
+    """The same peers over the IPv4 node addresses: the endpoint changes in place, the rest holds."""
+    a, b = tunnel.a, tunnel.b
+    assert b.keys is not None
+    capture = Capture.open(a.ns, a.veth)
+    try:
+        changes = [await _configure(n, tunnel, fabric_family=4) for n in (a, b)]
+        await _traffic_both_families(tunnel)
+        report = _inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
+    finally:
+        capture.close()
+    assert [(len(c.updated), c.added, c.removed) for c in changes] == [(1, (), ()), (1, (), ())]
+    assert report.plaintext == [] and report.marker_seen == 0 and report.by_type[4] >= 12
+    assert str((await a.device.show()).peers[b.keys.public_key].endpoint) == f"{b.fabric4}:{PORT}"
