@@ -280,7 +280,7 @@ class WireGuardDevice:
         self._kind = kind
         log.info(
             "WireGuard device ready",
-            extra={"device": self.name, "kind": str(kind), "created": created, "netns": self.netns},
+            extra={"device": self.name, "kind": str(kind), "new": created, "netns": self.netns},
         )
         return kind
 

@@ -177,9 +177,13 @@ class _Export:
     keys: NodeKey
 
 
-def test_private_key_never_shown(caplog: pytest.LogCaptureFixture) -> None:
-    key = PrivateKey.generate()
-    keys = NodeKey(key, PrivateKey.generate())
+def test_private_key_never_shown(caplog: pytest.LogCaptureFixture, tmp_path) -> None:
+    caplog.set_level(logging.DEBUG, logger="flock.wireguard")
+    store = KeyStore(tmp_path / "k")
+    store.load_or_create()
+    keys = store.rotate()  # flock's own log lines about the keys, captured below
+    store.forget_previous()
+    key = keys.current
     assert keys.previous is not None
     secrets = [key.reveal_base64(), keys.previous.reveal_base64()]
     secrets += [base64.b64decode(s).hex() for s in secrets]
@@ -199,6 +203,7 @@ def test_private_key_never_shown(caplog: pytest.LogCaptureFixture) -> None:
             logger.removeHandler(handler)
     shown.append(stream.getvalue())
     shown.append(caplog.text)
+    assert "WireGuard key rotated" in caplog.text
     for text in shown:
         assert key.public_key.base64 in text or "<secret>" in text, text
         for secret in secrets:

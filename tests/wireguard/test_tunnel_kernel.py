@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ipaddress
+import logging
 import os
 import secrets
 import signal
@@ -27,6 +28,7 @@ import attrs
 import pytest
 import trio
 
+from flock.logs import JsonFormatter
 from flock.netns import call_in_netns
 from flock.testing.netns import Netns, NetnsPool
 from flock.wireguard import (
@@ -101,7 +103,8 @@ def _wireguard_go_pids_in(ns: Netns) -> list[int]:
 
 
 @pytest.fixture
-def world(require_root: None, tmp_path) -> Iterator[World]:
+def world(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture) -> Iterator[World]:
+    caplog.set_level(logging.DEBUG, logger="flock.wireguard")  # every record made (and checked for secrets)
     missing = Tools().missing(DeviceChoice.USERSPACE)
     if missing:
         pytest.fail("missing: " + ", ".join(missing) + " (scripts/bootstrap installs them)")
@@ -432,7 +435,7 @@ async def test_devices_adopted_and_the_kernel_choice_refused(tunnel: World) -> N
     assert await a.device.ensure() == DeviceKind.USERSPACE
 
 
-async def test_private_key_never_in_argv_or_environment(tunnel: World) -> None:
+async def test_private_key_never_in_argv_environment_or_log(tunnel: World, caplog: pytest.LogCaptureFixture) -> None:
     a, b = tunnel.a, tunnel.b
     assert a.keys is not None and b.keys is not None
     secret_texts = [n.keys.current.reveal_base64() for n in (a, b) if n.keys is not None]
@@ -441,6 +444,10 @@ async def test_private_key_never_in_argv_or_environment(tunnel: World) -> None:
     for pid in [await n.device.userspace_pid() for n in (a, b)]:
         for what in ("cmdline", "environ"):
             log += _read(f"/proc/{pid}/{what}")
+    formatter = JsonFormatter()
+    records = [formatter.format(r) for r in caplog.records if r.name.startswith("flock.wireguard")]
+    assert any("WireGuard device configured" in r for r in records) and any("key created" in r for r in records)
+    log += "\n".join(records)
     for secret in secret_texts:
         assert secret not in log
     # the key files stay private
