@@ -147,6 +147,7 @@ async def main(rounds: int) -> None:
             allocation.append(time.perf_counter() - start)
             announce.append(allocation[-1] + await until_forwarding(plan, f"{address}/128", every))
             await api.delete(SERVICES, name, "shop")
+            await until_forwarding(plan, f"{address}/128", set())  # withdrawn before the next round reuses it
         emit({"what": "LoadBalancer Service created → addresses written (flock-controller)", **stats_ms(allocation)})
         emit({"what": "LoadBalancer Service created → the fabric forwards to every node", **stats_ms(announce)})
 
