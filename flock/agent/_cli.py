@@ -42,6 +42,8 @@ class AgentSettings:
     service_external_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     # the ClusterIP ranges announced over BGP (as they are: aggregates), from every node
     announce_cluster_ip_ranges: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # an eTP Cluster Service without an endpoint anywhere: its routes withdrawn (or kept: --keep-...)
+    withdraw_without_endpoints: bool = True
     # leaving (SIGTERM, cordoned, excluded from load balancers): Service routes with GRACEFUL_SHUTDOWN this long
     bgp_leave_seconds: float = 5.0
 
@@ -155,6 +157,13 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         "node, so routers outside the cluster reach ClusterIPs (repeatable; with --service-proxy)",
     )
     parser.add_argument(
+        "--keep-service-routes-without-endpoints",
+        action="store_true",
+        help="keep announcing an externalTrafficPolicy: Cluster Service's addresses while it has no endpoint "
+        "anywhere (default: withdrawn on every node, so the fabric fails over to another announcement instead "
+        "of sending clients to nodes that would refuse them)",
+    )
+    parser.add_argument(
         "--bgp-leave-seconds",
         type=float,
         default=5.0,
@@ -203,5 +212,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         service_external_cidrs=tuple(args.service_external_cidr),
         bgp_leave_seconds=args.bgp_leave_seconds,
         announce_cluster_ip_ranges=tuple(args.announce_cluster_ip_range),
+        withdraw_without_endpoints=not args.keep_service_routes_without_endpoints,
     )
     return settings, args

@@ -131,5 +131,6 @@ def services_part(
         forget=functools.partial(_forget, settings.host_netns),
         on_announce=state.set_service_routes if settings.bird else None,
         cluster_ip_ranges=settings.announce_cluster_ip_ranges,
+        withdraw_without_endpoints=settings.withdraw_without_endpoints,
     )
     return ServicesPart(inputs, proxy, health)

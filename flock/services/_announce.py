@@ -150,7 +150,7 @@ def announcements(
                 if not kept:
                     refused.append(NotAnnounced(address, service.key, why))
                     continue
-                why = "externalTrafficPolicy Cluster without an endpoint (withdraw_without_endpoints off)"
+                why = "externalTrafficPolicy Cluster without an endpoint (--keep-service-routes-without-endpoints)"
             if not alone:
                 shared_elsewhere.add(_exact(address))
             held = wanted.setdefault(_exact(address), (pool, [], []))

@@ -90,6 +90,8 @@ class ServiceProxy:
     # where the routes this node announces go (the node's BIRD); the allow-list is the config's
     on_announce: Callable[[tuple[ServiceRoutes, ...]], None] | None = None
     cluster_ip_ranges: tuple[IPNetwork, ...] = ()  # announced as they are (aggregates)
+    # eTP Cluster without an endpoint anywhere: withdrawn on every node (True), or kept announced
+    withdraw_without_endpoints: bool = True
     # deletes stale UDP conntrack entries in the node's namespace (flock.services.forget_stale on a thread)
     forget: Callable[[list[StaleFlows]], Awaitable[int]] | None = None
     counters_every: float = COUNTERS_EVERY_S
@@ -223,6 +225,7 @@ class ServiceProxy:
             slices,
             engine.node.name,
             allow,
+            withdraw_without_endpoints=self.withdraw_without_endpoints,
             cluster_ip_ranges=[(net, None) for net in self.cluster_ip_ranges],
         )
         alone = {r.prefix for r in result.routes if r.alone}

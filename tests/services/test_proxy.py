@@ -455,3 +455,25 @@ async def test_the_cluster_ip_range_is_announced_when_configured(world: World, a
         await trio.sleep(1)
         assert handed == [(ServiceRoutes("cluster-ips", (cluster,)),)]
         nursery.cancel_scope.cancel()
+
+
+async def test_routes_without_endpoints_are_kept_when_asked(world: World, autojump_clock):
+    from flock.model import ServiceRoutes
+    from flock.services import AllowList, AnnouncePool
+
+    pool = AnnouncePool("public", (ipaddress.ip_network("2001:db8:ee::/64"),))
+    lb = Service.from_object(
+        service("lb", ["fd00:10:96::c"], [port("http", 80)], type="LoadBalancer", lb_ips=["2001:db8:ee::7"])
+    )
+    world.inputs.replace(SERVICES, {lb.key: lb})
+    world.inputs.replace(ENDPOINT_SLICES, {})  # no endpoint anywhere
+    handed: list[tuple[ServiceRoutes, ...]] = []
+    proxy = world.proxy(on_announce=handed.append, withdraw_without_endpoints=False)
+    proxy.config = lambda: ServicesConfig(allow=AllowList.build([pool]))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        await trio.sleep(1)
+        assert [r.nets for r in handed[-1]] == [(ipaddress.ip_network("2001:db8:ee::7/128"),)]
+        (miss,) = [a for a in proxy.announcements.routes]
+        assert "keep-service-routes-without-endpoints" in miss.why
+        nursery.cancel_scope.cancel()
