@@ -67,8 +67,29 @@ class ObjectApi(Protocol):
         ...
 
 
+class _Verbs:
+    """:class:`ObjectApi`'s four verbs over one ``_run(method, path, body)`` (the clients below)."""
+
+    async def _run(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def list(self, kind: Kind) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await self._run("GET", kind.path()))["items"]
+        return items
+
+    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self._run("GET", kind.path(namespace, name))
+
+    async def create(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        return await self._run("POST", kind.path(obj["metadata"].get("namespace")), obj)
+
+    async def replace(self, kind: Kind, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self._run("PUT", kind.path(meta.get("namespace"), meta["name"], "status" if status else ""), obj)
+
+
 @attrs.frozen
-class HttpApi:
+class HttpApi(_Verbs):
     """The API server over plain HTTP (the lab's, tests'); no credentials."""
 
     url: str  # http://[2001:db8::1]:6443
@@ -100,23 +121,9 @@ class HttpApi:
     async def _run(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         return await trio.to_thread.run_sync(self._call, method, path, body, abandon_on_cancel=True)
 
-    async def list(self, kind: Kind) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = (await self._run("GET", kind.path()))["items"]
-        return items
-
-    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return await self._run("GET", kind.path(namespace, name))
-
-    async def create(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
-        return await self._run("POST", kind.path(obj["metadata"].get("namespace")), obj)
-
-    async def replace(self, kind: Kind, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
-        meta = obj["metadata"]
-        return await self._run("PUT", kind.path(meta.get("namespace"), meta["name"], "status" if status else ""), obj)
-
 
 @attrs.frozen
-class KubeApi:
+class KubeApi(_Verbs):
     """The API server through kubernetes-asyncio's ApiClient (a :class:`flock.watchers.KubeClient`,
     which carries the configuration and the asyncio bridge); objects as plain dicts."""
 
@@ -131,17 +138,3 @@ class KubeApi:
             raise error(method, path, exc.status, str(exc)[:500]) from None
         except TransientKubeError as exc:
             raise OSError(str(exc)[:500]) from None
-
-    async def list(self, kind: Kind) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = (await self._run("GET", kind.path()))["items"]
-        return items
-
-    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return await self._run("GET", kind.path(namespace, name))
-
-    async def create(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
-        return await self._run("POST", kind.path(obj["metadata"].get("namespace")), obj)
-
-    async def replace(self, kind: Kind, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
-        meta = obj["metadata"]
-        return await self._run("PUT", kind.path(meta.get("namespace"), meta["name"], "status" if status else ""), obj)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import attrs
 import trio
@@ -32,21 +33,39 @@ class LoadBalancerController:
     last_plan: Plan | None = attrs.field(default=None, init=False)  # what the last complete pass planned
 
     async def run(self) -> None:
-        while True:
-            try:
-                self.last_plan = await reconcile(self.api, self.fence, self.identity)
-                self.passes += 1
-            except Stale:
-                self.conflicts += 1
-                log.info("a write met a newer object: reading again")
-                await trio.sleep(STALE_RETRY_SECONDS)
-                continue
-            except Fenced:
-                log.warning("no longer holding the lease: stopping writes")
-                return
-            except (ApiRefused, OSError) as e:
-                self.failures += 1
-                log.warning("reconcile failed", extra={"error": str(e)})
-                await trio.sleep(self.error_retry_seconds)
-                continue
-            await trio.sleep(self.resync_seconds)
+        while (done := await counted_pass(self, self.api)) is not None:
+            if done:
+                await trio.sleep(self.resync_seconds)
+
+
+class Counted(Protocol):
+    """A controller whose passes :func:`counted_pass` runs and counts."""
+
+    fence: Fence
+    identity: str
+    error_retry_seconds: float
+    passes: int
+    conflicts: int
+    failures: int
+    last_plan: Plan | None
+
+
+async def counted_pass(owner: Counted, api: ObjectApi) -> bool | None:
+    """One :func:`reconcile` pass over *api*, counted on *owner*: True when it completed; False when it
+    met a newer object or the API failed (after a pause: try again); None when fenced off (stop)."""
+    try:
+        owner.last_plan = await reconcile(api, owner.fence, owner.identity)
+        owner.passes += 1
+        return True
+    except Stale:
+        owner.conflicts += 1
+        log.info("a write met a newer object: planning again")
+        await trio.sleep(STALE_RETRY_SECONDS)
+    except Fenced:
+        log.warning("no longer holding the lease: stopping writes")
+        return None
+    except (ApiRefused, OSError) as exc:
+        owner.failures += 1
+        log.warning("reconcile failed", extra={"error": str(exc)[:300]})
+        await trio.sleep(owner.error_retry_seconds)
+    return False

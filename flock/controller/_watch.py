@@ -26,10 +26,10 @@ import trio
 
 from flock.watchers import Change, Informer, InformerSettings, KubeApiError, ListWatchSource
 
-from ._api import NAMESPACES, POOLS, SERVICES, ApiRefused, Kind, ObjectApi
+from ._api import NAMESPACES, POOLS, SERVICES, Kind, ObjectApi
 from ._ipam import Plan
-from ._loop import STALE_RETRY_SECONDS
-from ._reconcile import Fence, Fenced, Stale, reconcile
+from ._loop import counted_pass
+from ._reconcile import Fence
 
 log = logging.getLogger("flock.controller.ipam")
 
@@ -140,21 +140,10 @@ class WatchingController:
             with trio.move_on_after(10.0):
                 await cached.synced()
             wake.renew()  # changes from here on wake the next pass
-            try:
-                self.last_plan = await reconcile(cached, self.fence, self.identity)
-                self.passes += 1
-            except Stale:
-                self.conflicts += 1
-                log.info("a write met a newer object: the watch brings it; planning again")
-                await trio.sleep(STALE_RETRY_SECONDS)
-                continue
-            except Fenced:
-                log.warning("no longer holding the lease: stopping writes")
+            done = await counted_pass(self, cached)
+            if done is None:
                 return
-            except (ApiRefused, OSError) as exc:
-                self.failures += 1
-                log.warning("reconcile failed", extra={"error": str(exc)[:300]})
-                await trio.sleep(self.error_retry_seconds)
+            if not done:
                 continue
             with trio.move_on_after(self.resync_seconds):
                 await wake.event.wait()
