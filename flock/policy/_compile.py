@@ -754,6 +754,37 @@ class Compiler:
             service_sets[name] = ServiceSet(name, family, elements)
         return layout.ruleset(address_sets, service_sets)
 
+    def needed_specs(
+        self,
+        pods: Iterable[PolicyPod],
+        families: tuple[int, ...] = FAMILIES,
+        namespace_labels: Callable[[str], Mapping[str, str]] | None = None,
+    ) -> dict[str, SetSpec]:
+        """The sets pods and nodes fill that :meth:`layout` would give for *pods* as a node's pods: the peers
+        that node needs to know (flock-controller's address groups), found by the same selection as
+        :meth:`layout` without building chains (no ``host_veth`` needed)."""
+        ns_labels = namespace_labels if namespace_labels is not None else _bare_namespace
+        specs: dict[str, SetSpec] = {}
+        for pod in pods:
+            for direction in (Direction.EGRESS, Direction.INGRESS):
+                admin = self._tier_selecting(pod, direction, Tier.ADMIN, ns_labels)
+                if admin:
+                    tc = self._tier_chain(admin, Tier.ADMIN, direction, families)
+                    if tc.chain is not None:
+                        specs.update(tc.specs)
+                selecting = self._selecting(pod, direction)
+                if not selecting:
+                    baseline = self._tier_selecting(pod, direction, Tier.BASELINE, ns_labels)
+                    if baseline:
+                        tc = self._tier_chain(baseline, Tier.BASELINE, direction, families)
+                        if tc.chain is not None:
+                            specs.update(tc.specs)
+                for pol in selecting:
+                    pc = self._policy_chains(pol, direction, families)
+                    if pc.chain is not None:
+                        specs.update(pc.specs)
+        return specs
+
     def layout(
         self,
         locals_: list[PolicyPod],
