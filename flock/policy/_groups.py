@@ -195,11 +195,8 @@ class GroupPlanner:
         if cluster_changed:
             renew.update(self._subjects)
         else:
-            for key, before in changes.policies.items():
-                after = self.inputs.policies.get(key)
-                for pol in (before, after):
-                    if pol is not None:
-                        renew.update(self._spread.get(pol.namespace, ()))
+            for key in changes.policies:  # "ns/name": the nodes with pods in that namespace
+                renew.update(self._spread.get(key.partition("/")[0], ()))
         self._renew_needs(renew)
 
     def drain(self) -> GroupChanges:
