@@ -66,9 +66,11 @@ class ObjectApi(Protocol):
         """PUT *obj* (``status=True``: its /status subresource), guarded by its resourceVersion."""
         ...
 
+    async def delete(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]: ...
+
 
 class _Verbs:
-    """:class:`ObjectApi`'s four verbs over one ``_run(method, path, body)`` (the clients below)."""
+    """:class:`ObjectApi`'s five verbs over one ``_run(method, path, body)`` (the clients below)."""
 
     async def _run(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         raise NotImplementedError
@@ -86,6 +88,9 @@ class _Verbs:
     async def replace(self, kind: Kind, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
         meta = obj["metadata"]
         return await self._run("PUT", kind.path(meta.get("namespace"), meta["name"], "status" if status else ""), obj)
+
+    async def delete(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self._run("DELETE", kind.path(namespace, name))
 
 
 @attrs.frozen

@@ -69,6 +69,9 @@ class CachedApi:
             self.written[kind.plural] = version
         return got
 
+    async def delete(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self.api.delete(kind, name, namespace)
+
     async def synced(self) -> None:
         """Until every cache holds what this writer wrote."""
         for plural, version in self.written.items():

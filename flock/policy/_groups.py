@@ -77,7 +77,7 @@ def _selection_key(pod: PolicyPod | None) -> tuple[object, ...] | None:
     return None if pod is None else (pod.namespace, pod.labels, pod.node)
 
 
-def _same_member(a: PolicyPod, b: PolicyPod) -> bool:
+def same_member(a: PolicyPod, b: PolicyPod) -> bool:
     """Would a group list *a* and *b* the same way (what the agent reads of a member)?"""
     return (
         a.namespace == b.namespace
@@ -371,7 +371,7 @@ class GroupPlanner:
             if now:
                 assert after is not None
                 group.members[key] = after
-                if had is None or not _same_member(had, after):
+                if had is None or not same_member(had, after):
                     self._moved.setdefault(group.name, {})[key] = after
             elif had is not None:
                 del group.members[key]

@@ -128,6 +128,27 @@ class KubeClient:
 
         return KubeSource(self.bridge, "loadbalancerpools", list_pools, get_pool)
 
+    def _cluster_custom(self, plural: str, what: str, field_selector: str = "", label_selector: str = "") -> KubeSource:
+        """Cluster-scoped custom objects of flock's API group (``flock.fritzlab.net/v1alpha1``)."""
+        custom = CustomObjectsApi(self.api_client)
+
+        async def list_objects(**kw: Any) -> Any:
+            return await custom.list_cluster_custom_object(POOL_GROUP, POOL_VERSION, plural, **kw)
+
+        async def get_object(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await custom.get_cluster_custom_object(POOL_GROUP, POOL_VERSION, plural, name, **kw)
+
+        return KubeSource(self.bridge, what, list_objects, get_object, field_selector, label_selector)
+
+    def address_groups(self, label_selector: str = "") -> KubeSource:
+        """AddressGroups (flock-controller's slices), those *label_selector* picks (empty: every one)."""
+        return self._cluster_custom("addressgroups", "addressgroups", label_selector=label_selector)
+
+    def node_address_groups(self, node: str | None = None) -> KubeSource:
+        """NodeAddressGroups: *node*'s alone (``metadata.name``), or every node's (None)."""
+        selector = f"metadata.name={node}" if node is not None else ""
+        return self._cluster_custom("nodeaddressgroups", f"nodeaddressgroups {node or ''}".strip(), selector)
+
     def nodes(self) -> KubeSource:
         """Every Node (their labels and addresses: ClusterNetworkPolicy ``nodes`` peers)."""
         core = CoreV1Api(self.api_client)

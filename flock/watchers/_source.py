@@ -147,11 +147,18 @@ class KubeSource:
     list_call: AsyncioCall
     get_call: Callable[..., Awaitable[Any]]  # (namespace, name, **query)
     field_selector: str = ""
+    label_selector: str = ""  # e.g. flock.fritzlab.net/group in (a,b): an agent's address groups
+
+    def _selectors(self) -> dict[str, Any]:
+        query: dict[str, Any] = {"field_selector": self.field_selector}
+        if self.label_selector:
+            query["label_selector"] = self.label_selector
+        return query
 
     async def list(self, options: ListOptions, on_item: Callable[[Any], None]) -> ListPage:
         """One list request; its body is decoded as it arrives and each item handed to
         *on_item* (see :class:`ListDecoder`): no whole list is ever held."""
-        query: dict[str, Any] = {"field_selector": self.field_selector}
+        query = self._selectors()
         if options.limit:
             query["limit"] = options.limit
         if options.continue_:
@@ -208,7 +215,7 @@ class KubeSource:
             watch=True,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_seconds,
-            field_selector=self.field_selector,
+            **self._selectors(),
         )
         if resource_version:
             query["resource_version"] = resource_version
