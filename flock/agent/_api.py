@@ -53,6 +53,8 @@ class ClusterPods:
 
     listener: ChangeListener
     services: Sequence[ChildSpec] = ()
+    # False: the follower needs this node's pods only (it learns the others elsewhere: address groups)
+    all_pods: bool = True
 
 
 # A follower of the cluster's pods, built for each client.
@@ -135,6 +137,8 @@ class ApiLink:
         follower = self.cluster_pods(client) if self.cluster_pods is not None else None
         if follower is None:
             pods = PodWatcher(client.pods_on_node(node), node)
+        elif not follower.all_pods:
+            pods = PodWatcher(client.pods_on_node(node), node, listeners=(follower.listener,))
         else:
             pods = PodWatcher(client.all_pods(), node, listeners=(follower.listener,))
 

@@ -46,6 +46,9 @@ class AgentSettings:
     withdraw_without_endpoints: bool = True
     # leaving (SIGTERM, cordoned, excluded from load balancers): Service routes with GRACEFUL_SHUTDOWN this long
     bgp_leave_seconds: float = 5.0
+    # NetworkPolicy peers: "pods" (every Pod of the cluster, watched by every agent) or "groups" (this
+    # node's pods and the address groups flock-controller writes for it: issue 35)
+    policy_peers: str = "pods"
 
     @property
     def admin_path(self) -> Path:
@@ -172,6 +175,14 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         "load-balancers) announces its Service routes with the graceful-shutdown community (RFC 8326) this "
         "long before it withdraws them (default: %(default)s)",
     )
+    parser.add_argument(
+        "--policy-peers",
+        choices=("pods", "groups"),
+        default=environ.get("FLOCK_POLICY_PEERS", "pods"),
+        help="where NetworkPolicy peers come from: 'pods' watches every Pod of the cluster; 'groups' watches "
+        "this node's pods and the AddressGroups flock-controller writes for it (needs flock-controller; "
+        "default: $FLOCK_POLICY_PEERS, else %(default)s)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -213,5 +224,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         bgp_leave_seconds=args.bgp_leave_seconds,
         announce_cluster_ip_ranges=tuple(args.announce_cluster_ip_range),
         withdraw_without_endpoints=not args.keep_service_routes_without_endpoints,
+        policy_peers=args.policy_peers,
     )
     return settings, args

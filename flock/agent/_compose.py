@@ -16,6 +16,9 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     ├── api                     flock.agent.ApiLink: connect (retried), then supervisor "api":
     │   ├── nodeconfig-watcher  → NodeState.nodeconfig
     │   ├── pod-watcher         every pod, watched once: this node's → pod lookups for ADD, all → PolicyInputs
+    │   │                       (--policy-peers=groups: this node's pods only, → PeerFeed)
+    │   ├── group-watchers      (--policy-peers=groups) this node's NodeAddressGroups and its groups' AddressGroups
+    │   │                       → PeerFeed → PolicyInputs (flock.watchers._groups)
     │   ├── policy-watchers     NetworkPolicy, Namespace, ClusterNetworkPolicy, Node while needed (cluster-wide) → PolicyInputs
     │   ├── service-watchers    Service, EndpointSlice (cluster-wide) → ServiceInputs (--service-proxy only)
     │   ├── pool-watcher        LoadBalancerPool, Namespace labels → the allow-list in ServiceInputs (same)
@@ -68,6 +71,7 @@ from flock.rpc import Request
 from flock.rpc.server import RpcServer, SocketInUse
 from flock.state import Gate, NodeState
 from flock.store import FILENAME, MIGRATIONS, StoreError, StoreTooNew, backup_path, open_store
+from flock.watchers import PeerFeed
 
 from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink, WatcherFactory, nodeconfig_gate
 from ._bird import BirdFollower, bgp_passwords, bird_inputs, session_monitor
@@ -111,7 +115,8 @@ def compose(
     if settings.bird:
         watchers = (*watchers, bgp_passwords(settings.namespace, state))
     policy_inputs = PolicyInputs()
-    policy_link = PolicyLink(policy_inputs)
+    peers = PeerFeed(policy_inputs, settings.node) if settings.policy_peers == "groups" else None
+    policy_link = PolicyLink(policy_inputs, peers)
     service_proxy = services_part(settings, state, netlink, default_backend(settings.host_netns), metrics.registry)
     if settings.service_proxy:
         watchers = (*watchers, service_proxy.watchers)

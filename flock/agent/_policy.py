@@ -18,7 +18,7 @@ import trio
 from flock.nursery import ChildSpec
 from flock.policy import POLICY_GATE, WAITING_FOR_WATCHERS, ClusterNetworkPolicy, PolicyInputs
 from flock.state import Gate
-from flock.watchers import KubeClient, PolicyWatcher
+from flock.watchers import KubeClient, PeerFeed, PolicyWatcher
 
 from ._api import ClusterPods
 
@@ -31,6 +31,9 @@ class PolicyLink:
     the policy service's watermark and flockctl's :class:`flock.ctl.PolicyWatch`, following the current watchers."""
 
     inputs: PolicyInputs
+    # --policy-peers=groups: this node's pods and its address groups' members (one feed for the agent's life:
+    # each new client's lists reconcile what the previous one left in the inputs)
+    peers: PeerFeed | None = None
     _current: PolicyWatcher | None = attrs.field(init=False, default=None)
     _replaced: trio.Event = attrs.field(init=False, factory=trio.Event)
 
@@ -52,7 +55,16 @@ class PolicyLink:
                 if self._current is watcher:
                     self._set(None)
 
-        return ClusterPods(watcher.pod_listener, [ChildSpec("policy-watchers", run)])
+        if self.peers is None:
+            return ClusterPods(watcher.pod_listener, [ChildSpec("policy-watchers", run)])
+        peers = self.peers
+        peers.progress = watcher.pod_progress
+
+        async def run_groups(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            await peers.run(client, task_status=task_status)
+
+        services = [ChildSpec("policy-watchers", run), ChildSpec("group-watchers", run_groups)]
+        return ClusterPods(peers.local_listener, services, all_pods=False)
 
     def _set(self, watcher: PolicyWatcher | None) -> None:
         self._current = watcher

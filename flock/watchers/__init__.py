@@ -31,6 +31,7 @@ from ._errors import (
     TransientKubeError,
     error_for_status,
 )
+from ._groups import PeerFeed, group_selector
 from ._informer import (
     INITIAL_EVENTS_END,
     Change,
@@ -70,6 +71,7 @@ __all__ = [
     "ListWatchSource",
     "NodeConfigSink",
     "NodeConfigWatcher",
+    "PeerFeed",
     "PodChange",
     "PodWatcher",
     "PolicyWatcher",
@@ -81,6 +83,7 @@ __all__ = [
     "TransientKubeError",
     "decode_secret",
     "error_for_status",
+    "group_selector",
     "in_cluster_configuration",
     "open_bridge",
     "open_kube_client",

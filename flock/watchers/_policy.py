@@ -152,6 +152,16 @@ class _KindFeed:
         self.resource_version = resource_version
         self.progressed()
 
+    def pods_progressed(self, listed: bool, resource_version: str) -> None:
+        """Another feed writes this kind into ``inputs`` (an agent's address groups,
+        :class:`flock.watchers.PeerFeed`) and says how far it is: listed, and through which version."""
+        if listed and not self.listed:
+            self.listed = True
+            self.inputs.mark_synced(self.kind)
+            self.changed()
+        self.resource_version = resource_version
+        self.progressed()
+
     def not_served(self) -> None:
         """The kind is not served: nothing of it is in the cluster; listed, with no version to follow."""
         self.refused.clear()
@@ -248,6 +258,11 @@ class PolicyWatcher:
     @property
     def pod_listener(self) -> ChangeListener:
         """Give this to the PodWatcher that watches every pod (when *pods* is None)."""
+        return self._feeds[Kind.POD]
+
+    @property
+    def pod_progress(self) -> _KindFeed:
+        """Where a :class:`flock.watchers.PeerFeed` that writes the pods says how far it is."""
         return self._feeds[Kind.POD]
 
     @property
