@@ -6,6 +6,7 @@ speaks plain HTTP without credentials (the lab's API server)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ from flock import logs
 from flock.watchers import ClientConfigError, open_kube_client
 
 from ._api import HttpApi, KubeApi, ObjectApi
+from ._groups import GroupController
 from ._health import serve_health
 from ._lease import Elector, LeaseSettings
 from ._loop import LoadBalancerController
@@ -36,14 +38,22 @@ class Options:
     lease: LeaseSettings
     resync_seconds: float  # with url: a pass this often
     health_port: int | None  # /healthz, /readyz, /metrics on every family; None: none
+    address_groups: bool = True  # with a kube client: the address groups agents' NetworkPolicy reads (issue 35)
 
 
 async def _lead(
-    api: ObjectApi, elector: Elector, controller: Progress, run: Callable[[], Awaitable[None]], options: Options
+    api: ObjectApi,
+    elector: Elector,
+    controller: Progress,
+    run: Callable[[], Awaitable[None]],
+    options: Options,
+    groups: GroupController | None = None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         if options.health_port is not None:
-            await nursery.start(serve_health, options.health_port, elector, controller)
+            await nursery.start(
+                functools.partial(serve_health, groups=groups), options.health_port, elector, controller
+            )
         log.info(
             "standing for election",
             extra={"identity": options.identity, "lease": f"{options.lease.namespace}/{options.lease.name}"},
@@ -64,7 +74,23 @@ async def _main(options: Options) -> None:
         api = KubeApi(client)
         elector = Elector(api, options.identity, options.lease)
         watching = WatchingController(api, client, elector.confirm, identity=options.identity)
-        await _lead(api, elector, watching, watching.run, options)
+        if not options.address_groups:
+            await _lead(api, elector, watching, watching.run, options)
+            return
+        groups = GroupController(api, client, elector.confirm)
+
+        async def both() -> None:
+            """The two loops while leading; either returning (fenced off) ends both."""
+            async with trio.open_nursery() as nursery:
+
+                async def one(work: Callable[[], Awaitable[None]]) -> None:
+                    await work()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(one, watching.run)
+                nursery.start_soon(one, groups.run)
+
+        await _lead(api, elector, watching, both, options, groups)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="serve /healthz, /readyz and /metrics on this port, every address family (default: none)",
     )
+    p.add_argument(
+        "--no-address-groups",
+        action="store_true",
+        help="do not write address groups (agents run with --policy-peers=pods: each watches every Pod)",
+    )
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     args = p.parse_args(argv)
     logs.configure(fmt=args.log_format)
@@ -96,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lease=LeaseSettings(namespace=args.lease_namespace, name=args.lease_name),
         resync_seconds=args.resync_seconds,
         health_port=args.health_port,
+        address_groups=not args.no_address_groups,
     )
     try:
         trio.run(_main, options)

@@ -47,13 +47,22 @@ from flock.groups import (
 from flock.model import InvalidObject
 from flock.policy import PolicyInputs
 from flock.policy._groups import GroupPlanner
-from flock.watchers import Change, ChangeType, Informer, InformerSettings, ListWatchSource, PolicyWatcher
+from flock.watchers import (
+    Change,
+    ChangeType,
+    Informer,
+    InformerSettings,
+    KubeApiError,
+    ListWatchSource,
+    PolicyWatcher,
+)
 
 from ._api import ApiRefused, Conflict, Kind, NotFound, ObjectApi
 from ._reconcile import Fence
 
 log = logging.getLogger("flock.controller.groups")
 
+REFUSED_RETRY_S = 60.0  # the CRDs not installed (404) or not allowed (403): asked again this often
 DEBOUNCE_S = 0.05
 MIN_INTERVAL_S = 0.2
 WRITERS = 8  # writes in flight at once
@@ -139,6 +148,31 @@ class GroupController:
         self.planner = GroupPlanner(self.inputs)
 
     async def run(self) -> None:
+        """Follow and write while leading; the CRDs refused (not installed, RBAC) → off, asked again later."""
+        while True:
+            try:
+                await self._run()
+                return
+            except KubeApiError as exc:
+                if exc.status not in (403, 404):
+                    raise
+                log.warning(
+                    "address groups off: AddressGroups refused (%s); asking again in %.0f s",
+                    exc.status,
+                    REFUSED_RETRY_S,
+                    extra={"error": str(exc)[:300]},
+                )
+            self.book = SliceBook()
+            self.inputs = PolicyInputs()
+            self.planner = GroupPlanner(self.inputs)
+            await trio.sleep(REFUSED_RETRY_S)
+
+    @property
+    def members(self) -> int:
+        """Members of every group planned (a pod in two groups counts twice)."""
+        return sum(len(g.members) for g in self.planner.groups.values())
+
+    async def _run(self) -> None:
         watcher = PolicyWatcher(
             self.kube.network_policies(),
             self.kube.namespaces(),

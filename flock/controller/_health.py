@@ -19,7 +19,7 @@ import trio
 from flock.health import HealthServer, Metrics
 
 from ._lease import Elector
-from ._metrics import ControllerCollector, Progress
+from ._metrics import ControllerCollector, GroupProgress, Progress
 
 log = logging.getLogger("flock.controller")
 
@@ -45,9 +45,9 @@ class ControllerReadiness:
         return ["leading: this replica writes"] if self.elector.leading else ["standing by: another replica writes"]
 
 
-def controller_metrics(progress: Progress, elector: Elector) -> Metrics:
+def controller_metrics(progress: Progress, elector: Elector, groups: GroupProgress | None = None) -> Metrics:
     metrics = Metrics()
-    metrics.registry.register(ControllerCollector(progress, lambda: elector.leading))
+    metrics.registry.register(ControllerCollector(progress, lambda: elector.leading, groups))
     return metrics
 
 
@@ -57,11 +57,12 @@ async def serve_health(
     progress: Progress,
     hosts: tuple[str, ...] = ALL_FAMILIES,
     *,
+    groups: GroupProgress | None = None,
     task_status: trio.TaskStatus[list[HealthServer]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve on *port* at each of *hosts* that binds; started() with the servers (their bound ports).
     Error handling: no host binding at all propagates (the port is taken: the pod must not run blind)."""
-    readiness, metrics = ControllerReadiness(elector), controller_metrics(progress, elector)
+    readiness, metrics = ControllerReadiness(elector), controller_metrics(progress, elector, groups)
     async with trio.open_nursery() as nursery:
         servers: list[HealthServer] = []
         skipped: list[OSError] = []

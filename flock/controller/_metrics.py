@@ -31,10 +31,22 @@ class Progress(Protocol):
     def last_plan(self) -> Plan | None: ...
 
 
+class GroupProgress(Protocol):
+    """What the address-group loop tells (:class:`flock.controller._groups.GroupController`)."""
+
+    passes: int
+    writes: int
+    failures: int
+
+    @property
+    def members(self) -> int: ...
+
+
 @attrs.frozen
 class ControllerCollector(Collector):
     progress: Progress
     leading: Callable[[], bool]
+    groups: GroupProgress | None = None
 
     def collect(self) -> Iterator[Metric]:
         p = self.progress
@@ -75,3 +87,19 @@ class ControllerCollector(Collector):
         yield addresses
         yield conflicts
         yield services
+        g = self.groups
+        if g is not None:
+            yield CounterMetricFamily(
+                "flock_controller_group_passes", "Address-group passes completed (issue 35).", value=g.passes
+            )
+            yield CounterMetricFamily(
+                "flock_controller_group_writes",
+                "AddressGroup and NodeAddressGroups objects written (created, updated, deleted).",
+                value=g.writes,
+            )
+            yield CounterMetricFamily(
+                "flock_controller_group_write_failures", "Writes refused or failed (written again).", value=g.failures
+            )
+            yield GaugeMetricFamily(
+                "flock_controller_group_members", "Members of every address group planned.", value=g.members
+            )
