@@ -86,6 +86,7 @@ from ._objects import (
     secret_object,
 )
 from ._resources import (
+    ADDRESSGROUPS,
     CLUSTERNETWORKPOLICIES,
     ENDPOINTSLICES,
     EVENTS,
@@ -93,6 +94,7 @@ from ._resources import (
     LOADBALANCERPOOLS,
     NAMESPACES,
     NETWORKPOLICIES,
+    NODEADDRESSGROUPS,
     NODECONFIGS,
     NODES,
     PODS,
@@ -106,6 +108,7 @@ from ._status import StatusError
 from ._store import ObjectStore
 
 __all__ = [
+    "ADDRESSGROUPS",
     "CLUSTERNETWORKPOLICIES",
     "ENDPOINTSLICES",
     "EVENTS",
@@ -114,6 +117,7 @@ __all__ = [
     "NAMESPACES",
     "NAME_LABEL",
     "NETWORKPOLICIES",
+    "NODEADDRESSGROUPS",
     "NODECONFIGS",
     "NODES",
     "PODS",

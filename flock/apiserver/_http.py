@@ -349,9 +349,7 @@ class HttpFrontend:
 
     async def _list_or_watch(self, request: web.Request, res: Resource, ns: str | None) -> web.StreamResponse:
         q = request.query
-        if q.get("labelSelector"):
-            raise StatusError(400, "flock.testing does not implement labelSelector")
-        selector = FieldSelector.parse(q.get("fieldSelector"), res.kind)
+        selector = FieldSelector.parse(q.get("fieldSelector"), res.kind, q.get("labelSelector"))
         if parse_bool("watch", q.get("watch") or "false"):
             return await self._watch(request, res, ns, selector)
         plan = ListQuery.from_query(q).plan(paged_cache_lists=self.paged_cache_lists)

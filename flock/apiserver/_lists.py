@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from ._labels import Labels
 from ._resources import Resource
 from ._selectors import FieldSelector, FieldValues, ListPlan, encode_continue
 from ._status import expired_list, inconsistent_continue, too_large
@@ -36,12 +37,14 @@ def encode(obj: Any) -> bytes:
 
 @attrs.frozen(slots=True, weakref_slot=False)
 class StoredObject:
-    """One version of an object: its JSON and what selectors read (see :func:`field_values`)."""
+    """One version of an object: its JSON and what selectors read (see :func:`field_values`
+    and :func:`flock.apiserver._labels.object_labels`)."""
 
     key: str  # "namespace/name", or "name" for a cluster-scoped kind
     data: bytes
     resource_version: int
     fields: FieldValues
+    labels: Labels = ()
 
     def decode(self) -> dict[str, Any]:
         """A private copy of the object."""
@@ -196,7 +199,7 @@ def select(
         if limit and len(items) >= limit:
             more = True
             break
-        if matches(obj.fields):
+        if matches(obj.fields, obj.labels):
             items.append(obj)
             last = key
     if node is not None and limit and len(items) >= limit and not more:

@@ -129,6 +129,28 @@ LOADBALANCERPOOLS = Resource(
     status_subresource=True,
     custom=True,
 )
+# Issue 35's address groups (deploy/crd-addressgroups.yaml), written by flock-controller: one slice of
+# one group's members (top-level fields, as an EndpointSlice), and the groups one node needs.
+ADDRESSGROUPS = Resource(
+    group="flock.fritzlab.net",
+    version="v1alpha1",
+    plural="addressgroups",
+    kind="AddressGroup",
+    namespaced=False,
+    short_names=("ag",),
+    requires_spec=False,
+    custom=True,
+)
+NODEADDRESSGROUPS = Resource(
+    group="flock.fritzlab.net",
+    version="v1alpha1",
+    plural="nodeaddressgroups",
+    kind="NodeAddressGroups",
+    namespaced=False,
+    short_names=("nag",),
+    requires_spec=False,
+    custom=True,
+)
 # Leader election (flock-controller's, as client-go's leaderelection uses them): stored, read and
 # written with resourceVersion like any object; spec is optional upstream.
 LEASES = Resource(
@@ -217,6 +239,8 @@ RESOURCES = (
     SERVICES,
     ENDPOINTSLICES,
     LOADBALANCERPOOLS,
+    ADDRESSGROUPS,
+    NODEADDRESSGROUPS,
     LEASES,
     EVENTS,
     CUSTOMRESOURCEDEFINITIONS,

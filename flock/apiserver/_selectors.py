@@ -1,6 +1,7 @@
 """What a list or watch request selects, parsed and checked as kube-apiserver does.
 
-Field selectors (for the fields flock filters on); a list's and a watch's
+Field selectors (for the fields flock filters on), with the request's label
+selector (:mod:`._labels`) alongside; a list's and a watch's
 options (``resourceVersion``, ``resourceVersionMatch``, ``limit``,
 ``continue``, ``sendInitialEvents``, ``allowWatchBookmarks``), validated by the
 rules of ``apimachinery/pkg/apis/meta/internalversion/validation`` (1.32) and
@@ -20,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from ._labels import EVERYTHING, Labels, LabelSelector, LabelSelectorError
 from ._status import FieldError, StatusError, invalid_list_options
 
 # Per resource kind, the fields kube-apiserver accepts in a fieldSelector.
@@ -33,6 +35,10 @@ SUPPORTED_FIELDS = {
     "Node": ("metadata.name",),
     "Service": ("metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"),
     "EndpointSlice": ("metadata.name", "metadata.namespace"),
+    # flock's own custom resources: the two every custom resource has
+    "LoadBalancerPool": ("metadata.name", "metadata.namespace"),
+    "AddressGroup": ("metadata.name", "metadata.namespace"),
+    "NodeAddressGroups": ("metadata.name", "metadata.namespace"),
     # what kubectl describe asks for an object's events by
     "Event": (
         "metadata.name",
@@ -85,13 +91,22 @@ class Requirement:
 
 @attrs.frozen
 class FieldSelector:
+    """A request's field selector and, in *labels*, its label selector: an object is
+    selected when it meets both."""
+
     requirements: tuple[Requirement, ...] = ()
+    labels: LabelSelector = EVERYTHING
 
     @classmethod
-    def parse(cls, text: str | None, kind: str) -> FieldSelector:
-        """Parse ``a=b,c==d,e!=f``; unsupported fields or syntax → 400 like the real server."""
+    def parse(cls, text: str | None, kind: str, labels: str | None = None) -> FieldSelector:
+        """Parse ``a=b,c==d,e!=f`` (and the label selector *labels*, see :mod:`._labels`);
+        unsupported fields or syntax → 400 like the real server."""
+        try:
+            label_selector = LabelSelector.parse(labels)
+        except LabelSelectorError as err:
+            raise StatusError(400, str(err)) from None
         if not text:
-            return cls()
+            return cls(labels=label_selector)
         reqs = []
         for term in text.split(","):
             if "!=" in term:
@@ -109,22 +124,30 @@ class FieldSelector:
             if field not in SUPPORTED_FIELDS.get(kind, ()):
                 raise StatusError(400, f'field label not supported: "{field}"')
             reqs.append(Requirement(field, value.strip(), equal))
-        return cls(tuple(reqs))
+        return cls(tuple(reqs), label_selector)
 
     @property
     def empty(self) -> bool:
-        return not self.requirements
+        return not self.requirements and self.labels.empty
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
-        return all((field_value(obj, r.field) == r.value) == r.equal for r in self.requirements)
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return self.labels.matches(labels) and all(
+            (field_value(obj, r.field) == r.value) == r.equal for r in self.requirements
+        )
 
-    def matcher(self, kind: str) -> Callable[[FieldValues], bool]:
-        """A test of an object's :func:`field_values` (no decoding)."""
+    def matcher(self, kind: str) -> Callable[[FieldValues, Labels], bool]:
+        """A test of an object's :func:`field_values` and labels (no decoding)."""
         fields = SUPPORTED_FIELDS.get(kind, ())
         checks = tuple((fields.index(r.field), r.value, r.equal) for r in self.requirements)
-        if not checks:
+        labels = self.labels
+        if not checks and labels.empty:
             return _everything
-        return lambda values: all((values[i] == value) == equal for i, value, equal in checks)
+        if labels.empty:
+            return lambda values, _: all((values[i] == value) == equal for i, value, equal in checks)
+        return lambda values, found: (
+            labels.matches(found) and all((values[i] == value) == equal for i, value, equal in checks)
+        )
 
     def required(self, field: str) -> str | None:
         """The value an equality requirement demands of *field* (an index can serve it), if any."""
@@ -134,7 +157,7 @@ class FieldSelector:
         return None
 
 
-def _everything(values: FieldValues) -> bool:
+def _everything(values: FieldValues, labels: Labels) -> bool:
     return True
 
 

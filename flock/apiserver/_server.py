@@ -193,8 +193,8 @@ class ApiServer:
     def set_status(self, resource: Resource, name: str, status: Any, namespace: str | None = None) -> dict[str, Any]:
         return self.store.set_status(resource, name, status, namespace)
 
-    def list(self, resource: Resource, field_selector: str = "") -> list[dict[str, Any]]:
-        items, _ = self.store.list(resource, None, FieldSelector.parse(field_selector, resource.kind))
+    def list(self, resource: Resource, field_selector: str = "", label_selector: str = "") -> list[dict[str, Any]]:
+        items, _ = self.store.list(resource, None, FieldSelector.parse(field_selector, resource.kind, label_selector))
         return items
 
     def uninstall(self, resource: Resource) -> int:

@@ -42,6 +42,7 @@ from ._admission import admit, invalid
 from ._crds import check_custom
 from ._deletion import DeleteOptions, delete_pod
 from ._endpointslices import check_update as check_endpoint_slice_update
+from ._labels import Labels, object_labels
 from ._lists import NODE_FIELD, Change, Collection, ListResult, StoredObject, encode, read_version, select
 from ._patch import (
     APPLY_PATCH,
@@ -92,6 +93,7 @@ class NewObject:
     name: str
     data: bytes
     fields: FieldValues
+    labels: Labels = ()
 
 
 # Where a prepared object's resourceVersion goes: metadata comes first and no name, uid or
@@ -152,7 +154,7 @@ class Subscription:
     closed: bool = False
     initial: list[StoredObject] = attrs.field(factory=list)
     resource_version: int = 0
-    _matches: Callable[[FieldValues], bool] = attrs.field(init=False)
+    _matches: Callable[[FieldValues, Labels], bool] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._matches = self.selector.matcher(self.resource.kind)
@@ -162,7 +164,7 @@ class Subscription:
             return False
         if self.namespace is not None and not obj.key.startswith(self.namespace + "/"):
             return False
-        return self._matches(obj.fields)
+        return self._matches(obj.fields, obj.labels)
 
     def event_for(self, change: Change) -> WatchEvent | None:
         """The event this watch gets for *change*: an object entering the
@@ -589,8 +591,11 @@ class ObjectStore:
     ) -> dict[str, Any]:
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
-        fields = old.fields if old is not None and kind == "DELETED" else field_values(new, resource.kind)
-        self._commit_stored(resource, kind, old, StoredObject(key, encode(new), self._rv, fields))
+        if old is not None and kind == "DELETED":
+            fields, labels = old.fields, old.labels
+        else:
+            fields, labels = field_values(new, resource.kind), object_labels(new)
+        self._commit_stored(resource, kind, old, StoredObject(key, encode(new), self._rv, fields, labels))
         return new
 
     def _commit_stored(
@@ -624,7 +629,11 @@ class ObjectStore:
                     self._rv += 1
                     data = obj.data.replace(_PENDING_JSON, b'"%d"' % self._rv, 1)
                     self._commit_stored(
-                        resource, "ADDED", None, StoredObject(obj.key, data, self._rv, obj.fields), sort=False
+                        resource,
+                        "ADDED",
+                        None,
+                        StoredObject(obj.key, data, self._rv, obj.fields, obj.labels),
+                        sort=False,
                     )
             finally:
                 coll.keys.sort()
@@ -634,7 +643,7 @@ class ObjectStore:
         """A prepared Service with its addresses and ports (loaded Services are allocated as created ones)."""
         new = json.loads(obj.data)
         self._admit_new_locked(resource, obj.key, new)
-        return NewObject(obj.key, obj.name, encode(new), field_values(new, resource.kind))
+        return NewObject(obj.key, obj.name, encode(new), field_values(new, resource.kind), object_labels(new))
 
     def _check_custom_locked(self, resource: Resource, new: Mapping[str, Any]) -> None:
         """A custom resource whose CRD object is stored: checked against its schema (see :mod:`._crds`)."""
@@ -750,14 +759,22 @@ def prepare_new(resource: Resource, obj: dict[str, Any], namespace: str | None =
     meta = new["metadata"]
     meta["resourceVersion"] = _PENDING
     return NewObject(
-        _key(resource, meta.get("namespace"), meta["name"]), meta["name"], encode(new), field_values(new, resource.kind)
+        _key(resource, meta.get("namespace"), meta["name"]),
+        meta["name"],
+        encode(new),
+        field_values(new, resource.kind),
+        object_labels(new),
     )
 
 
 def _desired(resource: Resource, obj: Mapping[str, Any]) -> Any:
-    """What ``generation`` counts changes of: the spec (an EndpointSlice's: its endpoints, ports and type)."""
+    """What ``generation`` counts changes of: the spec (an EndpointSlice's: its endpoints, ports and type;
+    an AddressGroup's: all but its metadata)."""
     if resource == ENDPOINTSLICES:
         return obj.get("addressType"), obj.get("endpoints"), obj.get("ports")
+    if resource.custom and not resource.requires_spec:
+        # a custom resource without spec or status subresource: every change but metadata's
+        return {k: v for k, v in obj.items() if k != "metadata"}
     return obj.get("spec")
 
 

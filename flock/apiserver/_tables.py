@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ._resources import (
+    ADDRESSGROUPS,
     CLUSTERNETWORKPOLICIES,
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
@@ -30,6 +31,7 @@ from ._resources import (
     LOADBALANCERPOOLS,
     NAMESPACES,
     NETWORKPOLICIES,
+    NODEADDRESSGROUPS,
     NODECONFIGS,
     NODES,
     PODS,
@@ -380,6 +382,11 @@ _CUSTOM_DEFAULTS: dict[Resource, tuple[Column, ...]] = {
         Column("IPv4 Free", "string", ".status.ipv4.free"),
         Column("Used", "integer", ".status.used"),
         Column("Conflict", "string", '.status.conditions[?(@.type=="Conflict")].status'),
+        Column("Age", "date", ".metadata.creationTimestamp"),
+    ),
+    ADDRESSGROUPS: (Column("Group", "string", ".group"), Column("Age", "date", ".metadata.creationTimestamp")),
+    NODEADDRESSGROUPS: (
+        Column("Revision", "integer", ".revision"),
         Column("Age", "date", ".metadata.creationTimestamp"),
     ),
     CLUSTERNETWORKPOLICIES: (

@@ -1,8 +1,8 @@
 """An informer source reading an :class:`ObjectStore` directly, without HTTP.
 
 Same semantics as the fake API server (it is the same store and the same
-rules: resourceVersions, paging and continue tokens, WatchList, field
-selectors, 410 for compacted versions, ERROR events), minus the sockets, so
+rules: resourceVersions, paging and continue tokens, WatchList, field and
+label selectors, 410 for compacted versions, ERROR events), minus the sockets, so
 virtual-time tests (``autojump_clock``) can drive an informer: the clock never
 jumps while a real socket read is pending there.
 """
@@ -31,7 +31,7 @@ _FRESH_POLL = 0.05
 
 @attrs.define(eq=False)
 class StoreSource:
-    """List/watch/get *resource* objects of *store* matching *field_selector*
+    """List/watch/get *resource* objects of *store* matching *field_selector* and *label_selector*
     (a :class:`flock.watchers.ListWatchSource`).
 
     ``fail_lists`` makes the next list requests raise TransientKubeError (a 5xx burst);
@@ -45,6 +45,7 @@ class StoreSource:
     store: ObjectStore
     resource: Resource
     field_selector: str = ""
+    label_selector: str = ""
     fail_lists: int = 0
     gets: list[tuple[str | None, str]] = attrs.field(factory=list)  # direct GETs asked for
     lists: int = 0  # list requests served (pages)
@@ -74,7 +75,7 @@ class StoreSource:
 
     @property
     def _selector(self) -> FieldSelector:
-        return FieldSelector.parse(self.field_selector, self.resource.kind)
+        return FieldSelector.parse(self.field_selector, self.resource.kind, self.label_selector)
 
     async def list(self, options: ListOptions, on_item: Callable[[Object], None]) -> ListPage:
         """One list request, by the API server's rules (see :meth:`ListQuery.plan`); each item
