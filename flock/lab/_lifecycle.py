@@ -262,6 +262,9 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
         # (cordoned, stopping) withdraws its Service routes 2 s after the graceful-shutdown community.
         "--service-proxy",
         "--bgp-leave-seconds=2",
+        # NetworkPolicy peers from flock-controller's address groups: each agent watches its own pods,
+        # its NodeAddressGroups and the AddressGroups it names, not every Pod (issue 35).
+        "--policy-peers=groups",
     ]
 
 
@@ -333,9 +336,9 @@ def process_specs(plan: LabPlan, nodes: bool = True, agent_program: Sequence[str
         ),
         ProcessSpec(
             "lb-controller",
-            # flock-controller (LoadBalancer addresses from LoadBalancerPools, elected by a Lease), in the
-            # fabric namespace beside the lab's controllers; one replica, as a lab needs (deploy/'s
-            # Deployment has two).
+            # flock-controller (LoadBalancer addresses from LoadBalancerPools, and the address groups the
+            # agents' NetworkPolicy reads; elected by a Lease), in the fabric namespace beside the lab's
+            # controllers; one replica, as a lab needs (deploy/'s Deployment has two).
             (
                 "ip",
                 "netns",
