@@ -12,9 +12,10 @@ import attrs
 import trio
 
 from flock.bird.anycast import follow_pod_readiness
-from flock.model import PodInfo
+from flock.model import InvalidObject, PodInfo
 from flock.nursery import Backoff, ChildSpec, Supervisor
 from flock.pods import NotReady, PodLookupFailed
+from flock.policy import PolicyPod
 from flock.state import NODECONFIG_GATE, Gate, NodeState, gated
 from flock.watchers import (
     ChangeListener,
@@ -177,3 +178,14 @@ class ApiLink:
 
     async def fetch_pod(self, namespace: str, name: str) -> PodInfo | None:
         return await self._lookup().fetch_pod(namespace, name)
+
+    async def fetch_policy_pod(self, namespace: str, name: str) -> PolicyPod | None:
+        """One pod as a policy end, read from the API server (explain's ends the agent does not know);
+        None: no such pod, or one the policy model refuses."""
+        obj = await self._lookup().watcher.source.get(namespace, name)
+        if obj is None:
+            return None
+        try:
+            return PolicyPod.from_object(obj)
+        except InvalidObject:
+            return None

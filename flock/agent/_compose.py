@@ -193,6 +193,7 @@ def compose(
             policy=policy,
             policy_watch=policy_link,
             services=service_proxy.proxy,
+            fetch_pod=api.fetch_policy_pod if peers is not None else None,
         ),
     )
     services = [

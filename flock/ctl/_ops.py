@@ -18,7 +18,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +35,7 @@ from flock.policy import (
     Explanation,
     NftCommand,
     NftError,
+    PolicyPod,
     PolicyService,
     Query,
     Ruleset,
@@ -220,6 +221,9 @@ class AdminOps:
     policy: PolicyService | None = None
     policy_watch: PolicyWatch | None = None
     services: ServiceProxy | None = None  # the service proxy (on or off); None: an agent without one
+    # With address groups (--policy-peers=groups) the agent knows only its own pods and its peers: an end
+    # of an explain query it does not know is read from the API server (one GET).  None: every pod is known.
+    fetch_pod: Callable[[str, str], Awaitable[PolicyPod | None]] | None = None
     started: float = attrs.field(factory=time.time)
     clock: Any = time.time
     # --verify's: nft and the trace read in the node's namespace (the netlink worker's)
@@ -421,11 +425,35 @@ class AdminOps:
         own = await self._own_addresses()
         structure = self.policy.applied
         view = self.explain_view(self.policy, own)
+        view = await self._with_ends(view, query)
         explanation = await trio.to_thread.run_sync(explain, view, query)
         doc = explanation.to_json()
         if verify:
             doc["verify"] = (await self.policy_verify(explanation, view, structure)).to_json()
         return doc
+
+    async def _with_ends(self, view: AgentView, query: Query) -> AgentView:
+        """*view* with the query's pod ends it does not know, read from the API server (address groups: the
+        agent knows its pods and its peers only).  Both ends known is what a pair's verdict needs: each
+        side's policies select by the other end's labels, and its named ports are its own."""
+        if self.fetch_pod is None:
+            return view
+        known = {**view.inputs.pods, **view.local_pods}
+        fetched: dict[str, PolicyPod] = {}
+        for end in (query.source, query.destination):
+            namespace, slash, name = end.partition("/")
+            if not slash or end in known or not namespace or not name or "/" in name:
+                continue
+            try:
+                pod = await self.fetch_pod(namespace, name)
+            except Exception as exc:  # the API unreachable: explain says the pod is unknown, as before
+                log.warning("explain: cannot read pod %s", end[:300], extra={"pod": end[:300], "error": str(exc)[:300]})
+                continue
+            if pod is not None:
+                fetched[end] = pod
+        if not fetched:
+            return view
+        return attrs.evolve(view, inputs=attrs.evolve(view.inputs, pods={**view.inputs.pods, **fetched}))
 
     async def forget_leftovers(self) -> None:
         """At start: what a previous agent killed during ``--verify`` left in the kernel (the trace table) goes."""
