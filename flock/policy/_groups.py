@@ -39,9 +39,10 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from ._cluster import ClusterNetworkPolicy
 from ._compile import FAMILIES, Compiler, NamedPortsSpec, PeerSelection, PodsSpec, _id
 from ._inputs import InputChanges, PolicySource
-from ._model import PolicyPod, Protocol
+from ._model import LabelSelector, NetworkPolicy, PolicyPod, Protocol
 from ._peers import NamedPorts, Pair, Peers, Selector
 
 
@@ -75,6 +76,44 @@ def _subject(pod: PolicyPod | None) -> PolicyPod | None:
 def _selection_key(pod: PolicyPod | None) -> tuple[object, ...] | None:
     """What a node's needs read of one of its pods."""
     return None if pod is None else (pod.namespace, pod.labels, pod.node)
+
+
+def _selector_keys(sel: LabelSelector | None) -> Iterable[str]:
+    if sel is None:
+        return ()
+    return (*(k for k, _ in sel.match_labels), *(r.key for r in sel.match_expressions))
+
+
+def peer_label_keys(policies: Iterable[NetworkPolicy], cluster: Iterable[ClusterNetworkPolicy]) -> frozenset[str]:
+    """Every pod label key a peer selector reads (matchLabels and matchExpressions): what a member carries."""
+    keys = {
+        k
+        for p in policies
+        for r in (*p.ingress, *p.egress)
+        for peer in r.peers
+        for k in _selector_keys(peer.pod_selector)
+    }
+    keys.update(
+        k
+        for cnp in cluster
+        for crule in (*cnp.ingress, *cnp.egress)
+        for cpeer in crule.peers
+        if cpeer.pods is not None
+        for k in _selector_keys(cpeer.pods[1])
+    )
+    return frozenset(keys)
+
+
+def pruned(pod: PolicyPod, keys: frozenset[str]) -> PolicyPod:
+    """*pod* with only the labels of *keys*: what a group lists of it.
+
+    Every peer selector of the cluster reads only keys of *keys*, so it picks the pruned pod exactly when
+    it picks the pod (an ``NotIn``/``DoesNotExist`` on a key of *keys* sees that key as it is); a label no
+    selector reads — a rollout's ``version``, ``pod-template-hash`` — changes no member, and no slice is
+    rewritten for it."""
+    if all(k in keys for k, _ in pod.labels):
+        return pod
+    return attrs.evolve(pod, labels=tuple((k, v) for k, v in pod.labels if k in keys))
 
 
 def same_member(a: PolicyPod, b: PolicyPod) -> bool:
@@ -132,6 +171,7 @@ class GroupPlanner:
     _spread: dict[str, dict[str, int]] = attrs.field(init=False, factory=dict)
     _needs: dict[str, frozenset[str]] = attrs.field(init=False, factory=dict)  # node → group names
     _groups: dict[str, Group] = attrs.field(init=False, factory=dict)  # name →
+    _keys: frozenset[str] = attrs.field(init=False, default=frozenset())  # the label keys members carry
     # where a pod finds the groups that may list it: namespace or None → pair or None →; named port →
     _index: dict[str | None, dict[Pair | None, list[Group]]] = attrs.field(init=False, factory=dict)
     _named_index: dict[tuple[str, Protocol], list[Group]] = attrs.field(init=False, factory=dict)
@@ -234,6 +274,23 @@ class GroupPlanner:
             for key, _ in cpeer.pods[1].match_labels
         )
         self._peers.index_label_keys(frozenset(keys))
+        wanted = peer_label_keys(self.inputs.policies.values(), self.inputs.cluster_policies.values())
+        if wanted != self._keys:
+            self._keys = wanted
+            self._reprune()
+
+    def _reprune(self) -> None:
+        """The label keys selectors read changed: every member as it is to be carried now."""
+        pods = self.inputs.pods
+        for group in self._groups.values():
+            for key, had in group.members.items():
+                full = pods.get(key)
+                if full is None:
+                    continue
+                now = pruned(full, self._keys)
+                if not same_member(had, now):
+                    group.members[key] = now
+                    self._moved.setdefault(group.name, {})[key] = now
 
     def _subject_moved(self, key: str, before: PolicyPod | None, after: PolicyPod | None) -> None:
         if before is not None:
@@ -322,11 +379,12 @@ class GroupPlanner:
     def _create(self, name: str, spec: GroupSpec) -> Group:
         if isinstance(spec, PeerSelection):
             selector = Selector({}, scope=spec.scope, ns_sel=spec.namespace_selector, pod_sel=spec.pod_selector)
-            group = Group(spec, name, selector, {p.key: p for p in self._peers.selected(selector)})
+            members = {p.key: pruned(p, self._keys) for p in self._peers.selected(selector)}
+            group = Group(spec, name, selector, members)
             self._index.setdefault(selector.namespace, {}).setdefault(selector.pair, []).append(group)
         else:
             declaring = self._peers.declaring(NamedPorts({}, ports=frozenset(spec.ports)))
-            members = {p.key: p for p in declaring}
+            members = {p.key: pruned(p, self._keys) for p in declaring}
             group = Group(spec, name, None, members)
             for port in spec.ports:
                 self._named_index.setdefault(port, []).append(group)
@@ -370,9 +428,10 @@ class GroupPlanner:
             had = group.members.get(key)
             if now:
                 assert after is not None
-                group.members[key] = after
-                if had is None or not same_member(had, after):
-                    self._moved.setdefault(group.name, {})[key] = after
+                member = pruned(after, self._keys)
+                group.members[key] = member
+                if had is None or not same_member(had, member):
+                    self._moved.setdefault(group.name, {})[key] = member
             elif had is not None:
                 del group.members[key]
                 self._moved.setdefault(group.name, {})[key] = None
@@ -394,8 +453,8 @@ class GroupPlanner:
                     now = self._lists(group, pod)
                     had = pod.key in group.members
                     if now and not had:
-                        group.members[pod.key] = pod
-                        self._moved.setdefault(group.name, {})[pod.key] = pod
+                        member = group.members[pod.key] = pruned(pod, self._keys)
+                        self._moved.setdefault(group.name, {})[pod.key] = member
                     elif had and not now:
                         del group.members[pod.key]
                         self._moved.setdefault(group.name, {})[pod.key] = None

@@ -75,6 +75,28 @@ POLICIES: list[NetworkPolicy | ClusterNetworkPolicy] = [
             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}}]}],
         },
     ),
+    netpol(
+        "z",
+        "not-db-nor-tiered",
+        {
+            "podSelector": {},
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {
+                                "matchExpressions": [
+                                    {"key": "tier", "operator": "DoesNotExist"},
+                                    {"key": "app", "operator": "NotIn", "values": ["db"]},
+                                ]
+                            },
+                        }
+                    ]
+                }
+            ],
+        },
+    ),
     cnp(
         "admin",
         "Admin",
@@ -100,6 +122,7 @@ PORTS = ((), (NamedPort("sql", Protocol.TCP, 5432),), (NamedPort("http", Protoco
 
 
 def walk_pod(rnd: random.Random, ns: str, name: str) -> PolicyPod:
+    """A pod; some carry labels no selector reads (``version``): groups list them without."""
     n = rnd.randrange(80)
     addresses: tuple = (ip(f"2001:db8:{n % 3}::{n:x}"),)
     if rnd.random() < 0.2:
@@ -107,7 +130,7 @@ def walk_pod(rnd: random.Random, ns: str, name: str) -> PolicyPod:
     return PolicyPod(
         ns,
         name,
-        rnd.choice(LABELS),
+        {**rnd.choice(LABELS), **({"version": f"v{n % 4}"} if rnd.random() < 0.5 else {})},
         () if rnd.random() < 0.1 else addresses,
         rnd.choice(PORTS),
         node=rnd.choice(NODES) if rnd.random() > 0.05 else "",
@@ -258,3 +281,33 @@ def test_group_names_are_stable_and_short() -> None:
     again.load()
     assert sorted(again.needs["n1"]) == names and all(len(n) <= 19 for n in names)
     assert group_name(NamedSelection((("sql", Protocol.TCP),))).startswith("n-")
+
+
+def test_a_label_no_selector_reads_moves_nothing_until_a_policy_reads_it() -> None:
+    pol = POLICIES[1]  # db-from-web: peers app=web (namespace x) and team=t1's namespaces
+    assert isinstance(pol, NetworkPolicy)
+    inputs = PolicyInputs()
+    inputs.replace(Kind.NETWORK_POLICY, {pol.key: pol})
+    inputs.replace(Kind.CLUSTER_POLICY, {})
+    inputs.replace(Kind.NAMESPACE, {"x": Namespace("x", {"team": "t2"})})
+    db = PolicyPod("x", "db", {"app": "db"}, (ip("2001:db8::d"),), node="n1")
+    web = PolicyPod("x", "web", {"app": "web", "version": "v1"}, (ip("2001:db8::1"),), node="n2")
+    inputs.replace(Kind.POD, {p.key: p for p in (db, web)})
+    journal = inputs.journal()
+    planner = GroupPlanner(inputs)
+    planner.load()
+    planner.drain()
+    (name,) = [n for n, g in planner.groups.items() if "x/web" in g.members]
+    assert planner.groups[name].members["x/web"].label_map == {"app": "web"}  # carried without "version"
+    inputs.set_pod(attrs.evolve(web, labels={"app": "web", "version": "v2"}))
+    planner.update(journal.drain())
+    assert not planner.drain()  # a rollout's label: no member moved, no slice to write
+    reads_version = netpol(
+        "x",
+        "v2-only",
+        {"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"version": "v2"}}}]}]},
+    )
+    inputs.set_policy(reads_version)
+    planner.update(journal.drain())
+    change = planner.drain()
+    assert change.members[name]["x/web"].label_map == {"app": "web", "version": "v2"}  # re-carried, whole
