@@ -56,11 +56,16 @@ def event_type(change: Change, sees: Callable[[StoredObject | None], bool]) -> s
     """The type of the event a watcher that *sees* some objects gets for *change* (None: none):
     an object entering its selection is ADDED, one leaving it DELETED, as kube-apiserver's
     cacher sends them.  The event's object is ``change.new`` either way."""
-    was, now = sees(change.old), sees(change.new)
-    if change.type == "DELETED":
+    return transition(change.type, sees(change.old), sees(change.new))
+
+
+def transition(type: str, was: bool, now: bool) -> str | None:
+    """:func:`event_type` of a change of *type* to an object the watcher saw before (*was*) and
+    sees after (*now*)."""
+    if type == "DELETED":
         return "DELETED" if was else None
     if was and now:
-        return change.type
+        return type
     if now:
         return "ADDED"
     if was:
@@ -73,4 +78,4 @@ def line_overhead(type: str) -> int:
     return len(WatchEvent(type, b"").encode())
 
 
-__all__ = ["Deliver", "WatchEvent", "added_events", "bookmark", "event_type", "line_overhead"]
+__all__ = ["Deliver", "WatchEvent", "added_events", "bookmark", "event_type", "line_overhead", "transition"]

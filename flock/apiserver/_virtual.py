@@ -24,12 +24,11 @@ timeouts and re-lists, ERROR events (compaction expiring watches).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._events import bookmark, event_type, line_overhead
+from ._events import bookmark, line_overhead, transition
 from ._lists import Change, StoredObject
 from ._resources import RESOURCES, Resource
 from ._selectors import SUPPORTED_FIELDS, FieldSelector
@@ -68,6 +67,7 @@ class VirtualWatch:
     events: int = 0
     bytes: int = 0
     selector: FieldSelector = attrs.field(init=False)
+    by_index_alone: bool = attrs.field(init=False)
     _matches: Any = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -77,6 +77,17 @@ class VirtualWatch:
         self.selector = FieldSelector.parse(field_selector, self.resource.kind, label_selector)
         self.field_selector, self.label_selector = field_selector, label_selector
         self._matches = self.selector.matcher(self.resource.kind)
+        # Whether the index key it is filed under (see _Index.keys) is its whole selection: then an
+        # object the index gives for it is one it sees, and no other is.
+        selector = self.selector
+        requirements = len(selector.requirements) + len(selector.labels.requirements)
+        if self.namespace is not None:
+            fields = SUPPORTED_FIELDS.get(self.resource.kind, ())
+            self.by_index_alone = requirements == 0 and "metadata.namespace" in fields
+        else:
+            self.by_index_alone = requirements == 1 and (
+                any(r.equal for r in selector.requirements) or selector.labels.indexable() is not None
+            )
 
     def sees(self, obj: StoredObject | None) -> bool:
         if obj is None:
@@ -164,19 +175,19 @@ class _Index:
                 if not found:
                     del table[key]
 
-    def candidates(self, change: Change) -> Iterable[VirtualWatch]:
-        found = set(self.rest)
-        for obj in (change.old, change.new):
-            if obj is None:
-                continue
-            if self.by_field:
-                for key in enumerate(obj.fields):
-                    if (hit := self.by_field.get(key)) is not None:
-                        found |= hit
-            if self.by_label:
-                for pair in obj.labels:
-                    if (hit := self.by_label.get(pair)) is not None:
-                        found |= hit
+    def hits(self, obj: StoredObject | None) -> set[VirtualWatch]:
+        """The indexed watches filed under one of *obj*'s field values or labels."""
+        found: set[VirtualWatch] = set()
+        if obj is None:
+            return found
+        if self.by_field:
+            for key in enumerate(obj.fields):
+                if (hit := self.by_field.get(key)) is not None:
+                    found |= hit
+        if self.by_label:
+            for pair in obj.labels:
+                if (hit := self.by_label.get(pair)) is not None:
+                    found |= hit
         return found
 
 
@@ -265,8 +276,12 @@ class VirtualWatches:
             return
         size = len(change.new.data)
         totals = self._totals[change.resource.plural]
-        for watch in index.candidates(change):
-            type = event_type(change, watch.sees)
+        before, after = index.hits(change.old), index.hits(change.new)
+        for watch in itertools.chain(index.rest, before | after):
+            if watch.by_index_alone:
+                type = transition(change.type, watch in before, watch in after)
+            else:
+                type = transition(change.type, watch.sees(change.old), watch.sees(change.new))
             if type is not None:
                 line = _LINE[type] + size
                 watch.events += 1
