@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flock.apiserver import ADDRESSGROUPS, NODEADDRESSGROUPS, PODS, ApiServer, pod_object
+from flock.apiserver import ADDRESSGROUPS, NODEADDRESSGROUPS, PODS, ApiServer, StatusError, pod_object
 from flock.apiserver._labels import LabelSelector, LabelSelectorError
 from flock.apiserver._resources import CUSTOMRESOURCEDEFINITIONS
 
@@ -260,6 +260,16 @@ def test_the_address_group_schema_is_enforced_once_the_crd_is_stored(member: dic
         conn.close()
         assert resp.status == 422 and body["reason"] == "Invalid", body
         assert any(c["field"].startswith(field) for c in body["details"]["causes"]), body
+
+
+def test_a_nodes_groups_are_a_set() -> None:
+    with ApiServer() as api:
+        install_crds(api)
+        with pytest.raises(StatusError) as exc:
+            api.create(
+                NODEADDRESSGROUPS, {"kind": "NodeAddressGroups", "metadata": {"name": "n1"}, "groups": ["g", "g"]}
+            )
+        assert exc.value.code == 422 and "Duplicate value" in exc.value.message
 
 
 def test_address_groups_generation_counts_changes_of_their_top_level_fields() -> None:

@@ -847,6 +847,7 @@ def test_address_group_schemas_accept_slices_and_refuse_bad_members() -> None:
     nodes = crds["NodeAddressGroups"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert k8s_schema.errors(nodes, {"groups": ["g1", "g2"], "revision": 7}) == []
     assert k8s_schema.errors(nodes, {"groups": "g1"})
+    assert k8s_schema.errors(nodes, {"groups": ["g1", "g1"]}) == ["groups: Duplicate value: 'g1'"]
     assert nodes["properties"]["groups"]["x-kubernetes-list-type"] == "set"
     for schema in (groups, nodes):  # structural: every node has a type
         assert all("type" in node for _, node in _schema_nodes(schema))
