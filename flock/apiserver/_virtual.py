@@ -263,7 +263,8 @@ class VirtualWatches:
         self, resource: Resource | str, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
     ) -> tuple[int, int]:
         """(events, bytes) a WatchList started now with these selectors sends before its live
-        events: an ADDED line per selected object and the initial-events-end BOOKMARK line."""
+        events: an ADDED line per selected object and the initial-events-end BOOKMARK line (sent
+        to a client that allows bookmarks, as client-go's reflector does)."""
         res = resource if isinstance(resource, Resource) else resource_named(resource)
         selector = FieldSelector.parse(field_selector, res.kind, label_selector)
         with self.store._lock:
