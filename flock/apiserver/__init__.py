@@ -14,7 +14,7 @@ implemented                    how faithfully
 =============================  ===============================================================
 kinds                          Pod, Namespace, Node, Secret, NetworkPolicy, Service,
                                EndpointSlice, NodeConfig, ClusterNetworkPolicy (upstream's
-                               CRD), LoadBalancerPool, Lease (coordination.k8s.io: leader
+                               CRD), LoadBalancerPool, AddressGroup, NodeAddressGroups, Lease (coordination.k8s.io: leader
                                election, stored and written like any object), and deploy/'s other kinds (CRDs, ServiceAccounts,
                                ConfigMaps, DaemonSets, RBAC objects: stored and listed, not
                                acted on) (:mod:`._resources`)
@@ -48,6 +48,8 @@ watches                        from a version (history replayed; 410 when compac
                                leaving a field selector as ADDED/DELETED
 field selectors                the fields upstream supports for the kinds held
                                (``spec.nodeName`` indexed, as the watch cache indexes pods)
+label selectors                apimachinery's syntax, checks, messages and matching, on lists
+                               and watches (entering and leaving as ADDED/DELETED) (:mod:`._labels`)
 PATCH                          merge, JSON, strategic merge (built-in kinds) and server-side
                                apply with ``managedFields`` (:mod:`._patch`)
 validation and defaulting      upstream's rules for the fields flock reads, 422 ``Invalid``
@@ -58,13 +60,15 @@ Secrets                        ``stringData`` folded into base64 ``data``; value
 kubectl                        aggregated and legacy discovery, OpenAPI v3 documents (v2: empty),
                                server-side printing (``Table``, ``-o wide``) (:mod:`._discovery`,
                                :mod:`._tables`)
+traffic (not upstream)         each watch's events and bytes (``GET /debug/flock/watches``); virtual
+                               watches, counted for thousands of agents without a connection
+                               (:mod:`._virtual`, :mod:`._debug`)
 faults (not upstream)          dropped connections, injected errors, compaction, pause
                                (``POST /flock-testing/...``) for the client's tests
 =============================  ===============================================================
 
 Not implemented: authentication and authorization (any bearer token is
-accepted; RBAC objects are stored, never enforced), label selectors on lists
-and watches (400, saying so), ``dryRun`` (400; ``kubectl --dry-run=client``
+accepted; RBAC objects are stored, never enforced), ``dryRun`` (400; ``kubectl --dry-run=client``
 works), graceful deletion of kinds other than Pod, finalizers and garbage
 collection, admission webhooks, API aggregation, pod subresources (exec, logs,
 port-forward, binding, eviction), Events, protobuf and CBOR (JSON only), and
@@ -106,6 +110,7 @@ from ._resources import (
 from ._server import ApiServer, kubeconfig, load_objects, write_kubeconfig
 from ._status import StatusError
 from ._store import ObjectStore
+from ._virtual import VirtualWatch, VirtualWatches
 
 __all__ = [
     "ADDRESSGROUPS",
@@ -129,6 +134,8 @@ __all__ = [
     "ObjectStore",
     "Resource",
     "StatusError",
+    "VirtualWatch",
+    "VirtualWatches",
     "cluster_network_policy_object",
     "kubeconfig",
     "load_objects",

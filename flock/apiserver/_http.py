@@ -22,21 +22,14 @@ from aiohttp import web
 from flock.netns import call_in_netns
 
 from . import _discovery
+from ._debug import DEBUG_PREFIX, WatchLedger, add_debug_routes
 from ._deletion import DeleteOptions
+from ._events import WatchEvent, added_events, bookmark
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
 from ._resources import RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
 from ._status import StatusError, status_object
-from ._store import (
-    RESOURCE_VERSION_WAIT,
-    ObjectStore,
-    Subscription,
-    WatchEvent,
-    added_events,
-    bookmark,
-    encode,
-    merge_patch,
-)
+from ._store import RESOURCE_VERSION_WAIT, ObjectStore, Subscription, encode, merge_patch
 from ._tables import table, wants_table
 
 log = logging.getLogger("flock.apiserver")
@@ -95,6 +88,8 @@ class HttpFrontend:
     _fail_remaining: int = attrs.field(init=False, default=0)
     _fail_status: int = attrs.field(init=False, default=500)
     _serving: asyncio.Event | None = attrs.field(init=False, default=None)
+    # What each watch connection has been written (``GET /debug/flock/watches``, see :mod:`._debug`).
+    watch_ledger: WatchLedger = attrs.field(init=False, factory=WatchLedger)
 
     @property
     def url(self) -> str:
@@ -120,6 +115,7 @@ class HttpFrontend:
         self._add_discovery_routes(app)
         app.router.add_post("/flock-testing/{fault}", self._fault)
         app.router.add_get("/flock-testing/stats", self._stats)
+        add_debug_routes(app, self.watch_ledger, lambda: self.store)
         sock = _bound(self.host, self.port, self.netns)
         self.port = sock.getsockname()[1]
         more = []
@@ -170,7 +166,7 @@ class HttpFrontend:
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         task = asyncio.current_task()
         assert task is not None and self._serving is not None
-        control = request.path.startswith("/flock-testing/")
+        control = request.path.startswith(("/flock-testing/", DEBUG_PREFIX))
         if not control:  # the fault endpoints must not cut or hold themselves
             self._inflight[task] = request
             self.requests.append((request.method, request.path_qs))
@@ -446,23 +442,36 @@ class HttpFrontend:
         started = self.store.start_watch(res, ns, selector, deliver, query)
         sub = started if isinstance(started, Subscription) else None
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        traffic = self.watch_ledger.opened(
+            res.plural,
+            ns,
+            q.get("labelSelector", ""),
+            q.get("fieldSelector", ""),
+            request.headers.get("User-Agent", ""),
+        )
+
+        async def write(lines: bytes, events: int = 1) -> None:
+            await resp.write(lines)
+            self.watch_ledger.wrote(traffic, events, len(lines))
+
         try:
             resp.enable_chunked_encoding()
             await resp.prepare(request)
             end = time.monotonic() + seconds
             if isinstance(started, WatchEvent):
-                await resp.write(started.encode())  # refused: one ERROR event
+                await write(started.encode())  # refused: one ERROR event
                 await resp.write_eof()
                 return resp
             assert sub is not None
             initial, sub.initial = sub.initial, []
             for i in range(0, len(initial), _BATCH):
                 await self._serving_wait()
-                await resp.write(added_events(initial[i : i + _BATCH]))
+                batch = initial[i : i + _BATCH]
+                await write(added_events(batch), len(batch))
                 await asyncio.sleep(0)
             del initial
             if query.end_bookmark:
-                await resp.write(bookmark(res, sub.resource_version, initial_events_end=True).encode())
+                await write(bookmark(res, sub.resource_version, initial_events_end=True).encode())
             bookmarks = query.allow_bookmarks
             next_bookmark = time.monotonic() + self.bookmark_interval
             while (now := time.monotonic()) < end:
@@ -476,7 +485,7 @@ class HttpFrontend:
                         next_bookmark = time.monotonic() + self.bookmark_interval
                     continue
                 await self._serving_wait()
-                await resp.write(ev.encode())
+                await write(ev.encode())
                 if ev.type == "ERROR":
                     break
             await self._serving_wait()  # a paused server does not end streams either
@@ -485,6 +494,7 @@ class HttpFrontend:
         except ConnectionResetError:
             return resp  # the client hung up: nothing to answer
         finally:
+            self.watch_ledger.closed(traffic)
             if sub is not None:
                 sub.close()
 

@@ -187,7 +187,7 @@ class _Parser:
         return found
 
     def parse(self) -> list[LabelRequirement]:
-        requirements = []
+        requirements: list[LabelRequirement] = []
         while True:
             token, literal = self.lookahead()
             if token == _END:

@@ -27,6 +27,7 @@ from ._selectors import FieldSelector
 from ._service_alloc import DEFAULT_SERVICE_CLUSTER_IP_RANGE
 from ._status import StatusError
 from ._store import RESOURCE_VERSION_WAIT, NewObject, ObjectStore, prepare_new
+from ._virtual import VirtualWatches
 
 T = TypeVar("T")
 
@@ -162,6 +163,21 @@ class ApiServer:
     def open_requests(self) -> int:
         """Requests (watches included) the server is serving right now."""
         return self._call(lambda: self._frontend.open_requests)
+
+    @property
+    def virtual_watches(self) -> VirtualWatches:
+        """The store's counted watches (see :mod:`flock.apiserver._virtual`); thread-safe."""
+        return self.store.virtual_watches
+
+    def initial_bytes(
+        self, resource: Resource | str, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[int, int]:
+        """(events, bytes) a WatchList started now with these selectors sends before its live events."""
+        return self.store.virtual_watches.initial_bytes(resource, namespace, label_selector, field_selector)
+
+    def watch_traffic(self) -> dict[str, Any]:
+        """What ``GET /debug/flock/watches`` answers: each real watch's events and bytes, and totals."""
+        return self._call(self._frontend.watch_ledger.report)
 
     def write_kubeconfig(self, path: str | os.PathLike[str], token: str = "flock-testing") -> Path:
         return write_kubeconfig(path, self.url, token)

@@ -42,6 +42,7 @@ from ._admission import admit, invalid
 from ._crds import check_custom
 from ._deletion import DeleteOptions, delete_pod
 from ._endpointslices import check_update as check_endpoint_slice_update
+from ._events import Deliver, WatchEvent, bookmark, event_type
 from ._labels import Labels, object_labels
 from ._lists import NODE_FIELD, Change, Collection, ListResult, StoredObject, encode, read_version, select
 from ._patch import (
@@ -57,7 +58,6 @@ from ._patch import (
 )
 from ._resources import CUSTOMRESOURCEDEFINITIONS, ENDPOINTSLICES, PODS, SECRETS, SERVICES, Resource
 from ._selectors import (
-    INITIAL_EVENTS_END,
     SUPPORTED_FIELDS,
     FieldSelector,
     FieldValues,
@@ -68,6 +68,7 @@ from ._selectors import (
 from ._service_alloc import DEFAULT_SERVICE_CLUSTER_IP_RANGE, ServiceAllocator
 from ._services import default_ip_modes, validate_load_balancer_status
 from ._status import Invalid, StatusError, expired, too_large
+from ._virtual import VirtualWatches
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
@@ -100,41 +101,6 @@ class NewObject:
 # namespace before it holds a NUL, so the first occurrence in the JSON is this one.
 _PENDING = "\x00resourceVersion\x00"
 _PENDING_JSON = encode(_PENDING)
-
-
-@attrs.frozen(slots=True, weakref_slot=False)
-class WatchEvent:
-    """A watch event whose object is already JSON."""
-
-    type: str  # "ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERROR"
-    object: bytes
-
-    @classmethod
-    def of(cls, type: str, obj: Mapping[str, Any]) -> WatchEvent:
-        return cls(type, encode(obj))
-
-    def encode(self) -> bytes:
-        """One line of a watch response."""
-        return b'{"type":"' + self.type.encode() + b'","object":' + self.object + b"}\n"
-
-    def decode(self) -> dict[str, Any]:
-        return {"type": self.type, "object": json.loads(self.object)}
-
-
-Deliver = Callable[[WatchEvent], None]
-
-
-def bookmark(resource: Resource, resource_version: int, *, initial_events_end: bool = False) -> WatchEvent:
-    """A BOOKMARK at *resource_version*; *initial_events_end*: the one that ends a WatchList's initial events."""
-    meta: dict[str, Any] = {"resourceVersion": str(resource_version)}
-    if initial_events_end:
-        meta["annotations"] = {INITIAL_EVENTS_END: "true"}
-    return WatchEvent.of("BOOKMARK", {"kind": resource.kind, "apiVersion": resource.api_version, "metadata": meta})
-
-
-def added_events(objects: Iterable[StoredObject]) -> bytes:
-    """ADDED events for *objects*, as watch response lines."""
-    return b"".join(b'{"type":"ADDED","object":' + obj.data + b"}\n" for obj in objects)
 
 
 @attrs.define(eq=False)
@@ -171,16 +137,8 @@ class Subscription:
         selection is ADDED, one leaving it is DELETED (as kube-apiserver does)."""
         if change.resource != self.resource:
             return None
-        was, now = self.sees(change.old), self.sees(change.new)
-        if change.type == "DELETED":
-            return WatchEvent("DELETED", change.new.data) if was else None
-        if was and now:
-            return WatchEvent(change.type, change.new.data)
-        if now:
-            return WatchEvent("ADDED", change.new.data)
-        if was:
-            return WatchEvent("DELETED", change.new.data)
-        return None
+        type = event_type(change, self.sees)
+        return None if type is None else WatchEvent(type, change.new.data)
 
     def bookmark(self) -> None:
         """Deliver a BOOKMARK at the current resourceVersion, in order with the events."""
@@ -215,9 +173,12 @@ class ObjectStore:
     _unserved: set[Resource] = attrs.field(init=False, factory=set)  # CRDs not installed
     # What the stored Services hold (ClusterIPs, NodePorts), kept by every commit of one.
     _allocations: ServiceAllocator = attrs.field(init=False)
+    # Watches counted, not served (a benchmark's thousands of agents): see :mod:`._virtual`.
+    virtual_watches: VirtualWatches = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._allocations = ServiceAllocator.from_text(self.service_cluster_ip_range)
+        self.virtual_watches = VirtualWatches(self)
 
     @property
     def resource_version(self) -> int:
@@ -616,6 +577,7 @@ class ObjectStore:
         for sub in self._subscriptions:
             if (ev := sub.event_for(change)) is not None:
                 sub.deliver(ev)
+        self.virtual_watches.count(change)
 
     def _create_all(self, resource: Resource, objects: Sequence[NewObject]) -> int:
         with self._lock:

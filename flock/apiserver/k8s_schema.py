@@ -4,6 +4,7 @@
 - ``pattern`` uses RE2 (google-re2), the engine family of the apiserver's Go
   regexp, so ``$`` means end of text, not "before a final newline".
 - ``x-kubernetes-list-map-keys``: no two items share their key fields.
+- ``x-kubernetes-list-type: set``: no item twice (upstream's "Duplicate value").
 - ``x-kubernetes-validations``: CEL rules run with cel-python, plus the
   subset of the Kubernetes IP/CIDR CEL library the flock CRD uses (isCIDR,
   cidr, .ip, .family, .masked), with Kubernetes' parsing rules: no IPv4-mapped
@@ -79,8 +80,20 @@ def _list_map_keys(validator, keys, instance, schema):
         seen.add(key)
 
 
+def _list_type(validator, list_type, instance, schema):
+    if list_type != "set" or not validator.is_type(instance, "array"):
+        return
+    seen = []
+    for item in instance:
+        if item in seen:
+            yield jsonschema.ValidationError(f"Duplicate value: {item!r}")
+        else:
+            seen.append(item)
+
+
 _StructuralValidator = jsonschema.validators.extend(
-    jsonschema.Draft4Validator, {"pattern": _pattern, "x-kubernetes-list-map-keys": _list_map_keys}
+    jsonschema.Draft4Validator,
+    {"pattern": _pattern, "x-kubernetes-list-map-keys": _list_map_keys, "x-kubernetes-list-type": _list_type},
 )
 
 

@@ -18,10 +18,11 @@ from typing import Any
 import attrs
 import trio
 
+from flock.apiserver._events import WatchEvent, bookmark
 from flock.apiserver._resources import Resource
 from flock.apiserver._selectors import NOT_OLDER_THAN, FieldSelector, ListQuery, WatchQuery
 from flock.apiserver._status import StatusError
-from flock.apiserver._store import RESOURCE_VERSION_WAIT, ObjectStore, StoredObject, Subscription, WatchEvent, bookmark
+from flock.apiserver._store import RESOURCE_VERSION_WAIT, ObjectStore, StoredObject, Subscription
 from flock.watchers import ListOptions, ListPage, TransientKubeError, error_for_status
 
 Object = Mapping[str, Any]

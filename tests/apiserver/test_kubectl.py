@@ -143,6 +143,29 @@ KINDS: list[tuple[str, str | None, dict[str, Any], dict[str, Any]]] = [
         },
         {"spec": {"priority": 20}},
     ),
+    (
+        "ag",
+        None,
+        {
+            "apiVersion": "flock.fritzlab.net/v1alpha1",
+            "kind": "AddressGroup",
+            "metadata": {"name": "web-0", "labels": {"flock.fritzlab.net/group": "web"}},
+            "group": "web",
+            "members": [{"namespace": "shop", "name": "web", "ips": ["2001:db8::5"]}],
+        },
+        {"members": [{"namespace": "shop", "name": "web", "ips": ["2001:db8::6"]}]},
+    ),
+    (
+        "nag",
+        None,
+        {
+            "apiVersion": "flock.fritzlab.net/v1alpha1",
+            "kind": "NodeAddressGroups",
+            "metadata": {"name": "node9"},
+            "groups": ["web"],
+        },
+        {"groups": ["web", "db"], "revision": 2},
+    ),
 ]
 
 
@@ -445,3 +468,58 @@ def test_load_balancer_pools_and_leases_with_kubectl(kubectl: Kubectl, api: ApiS
     assert "(x2 over" in described and described.count("NotInPool") == 1, described
     kubectl.run("delete", "svc", "lbipam", "hijack", "-n", "shop")
     kubectl.run("delete", "loadbalancerpool", "lab")
+
+
+def test_label_selectors_and_address_groups_with_kubectl(kubectl: Kubectl) -> None:
+    """``kubectl get -l`` (set-based too) and the address-group CRDs (issue 35) as an operator sees
+    them: applied, shown by short name with their columns, selected by group label and by name,
+    and a member refused by the CRD's schema (a port beyond 65535: 422)."""
+    for i, app in enumerate(("a", "b", "c")):
+        pod = _merge(POD, {"metadata": {"name": f"sel-{i}", "labels": {"app": app, "sel": "yes"}}})
+        kubectl.run("apply", "-f", "-", stdin=json.dumps(pod))
+    shown = kubectl.run("get", "pods", "-n", "shop", "-l", "app in (a,b),sel", "-o", "name").stdout.split()
+    assert shown == ["pod/sel-0", "pod/sel-1"]
+    shown = kubectl.run("get", "pods", "-A", "-l", "sel,app notin (a)", "--no-headers").stdout.splitlines()
+    assert [line.split()[1] for line in shown] == ["sel-1", "sel-2"]
+    proc = kubectl.run("get", "pods", "-l", "app in (a", check=False)
+    assert proc.returncode == 1 and "unable to parse requirement" in proc.stderr, proc.stderr
+    kubectl.run("delete", "pods", "-n", "shop", "-l", "sel=yes")
+    kubectl.run("apply", "-f", str(REPO / "deploy" / "crd-addressgroups.yaml"))
+    for group in ("g1", "g2"):
+        slice_ = {
+            "apiVersion": "flock.fritzlab.net/v1alpha1",
+            "kind": "AddressGroup",
+            "metadata": {"name": f"{group}-0", "labels": {"flock.fritzlab.net/group": group}},
+            "group": group,
+            "selection": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": group}}},
+            "members": [
+                {
+                    "namespace": "shop",
+                    "name": "web",
+                    "node": "node1",
+                    "labels": {"app": group},
+                    "ips": ["2001:db8::5"],
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
+                }
+            ],
+        }
+        kubectl.run("apply", "-f", "-", stdin=json.dumps(slice_))
+    nag = {
+        "apiVersion": "flock.fritzlab.net/v1alpha1",
+        "kind": "NodeAddressGroups",
+        "metadata": {"name": "node1"},
+        "groups": ["g1", "g2"],
+        "revision": 3,
+    }
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(nag))
+    header, *rows = kubectl.run("get", "ag", "-l", "flock.fritzlab.net/group in (g2)").stdout.splitlines()
+    assert header.split() == ["NAME", "GROUP", "AGE"] and [r.split()[:2] for r in rows] == [["g2-0", "g2"]]
+    header, row = kubectl.run("get", "nag", "--field-selector", "metadata.name=node1").stdout.splitlines()
+    assert header.split() == ["NAME", "REVISION", "AGE"] and row.split()[:2] == ["node1", "3"]
+    bad = _merge(slice_, {"metadata": {"name": "g2-1"}})
+    bad["members"][0]["ports"][0]["port"] = 70000
+    proc = kubectl.run("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert proc.returncode == 1 and 'The AddressGroup "g2-1" is invalid' in proc.stderr, proc.stderr
+    assert "65535" in proc.stderr
+    kubectl.run("delete", "ag", "g1-0", "g2-0")
+    kubectl.run("delete", "nag", "node1")

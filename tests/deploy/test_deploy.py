@@ -38,6 +38,7 @@ MANIFESTS = (
     "crd-nodeconfig.yaml",
     "crd-clusternetworkpolicy.yaml",
     "crd-loadbalancerpool.yaml",
+    "crd-addressgroups.yaml",
     "rbac.yaml",
     "controller-rbac.yaml",
     "controller.yaml",
@@ -526,6 +527,8 @@ def test_rbac_grants_only_read_on_what_the_agent_watches():
             ("policy.networking.k8s.io", "clusternetworkpolicies"),
             ("flock.fritzlab.net", "nodeconfigs"),
             ("flock.fritzlab.net", "loadbalancerpools"),  # the allow-list of Service addresses
+            ("flock.fritzlab.net", "addressgroups"),  # the groups its node needs (issue 35)
+            ("flock.fritzlab.net", "nodeaddressgroups"),
             ("", "services"),  # the service proxy (--service-proxy)
             ("discovery.k8s.io", "endpointslices"),
         )
@@ -819,6 +822,37 @@ def test_loadbalancerpool_schema_accepts_pools_and_refuses_host_bits() -> None:
     assert k8s_schema.errors(schema, {"spec": {"blocks": []}})
 
 
+def test_address_group_schemas_accept_slices_and_refuse_bad_members() -> None:
+    crds = {c["spec"]["names"]["kind"]: c for c in load("crd-addressgroups.yaml")}
+    assert {c["spec"]["scope"] for c in crds.values()} == {"Cluster"}
+    assert {c["spec"]["names"]["shortNames"][0] for c in crds.values()} == {"ag", "nag"}
+    groups = crds["AddressGroup"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    member = {
+        "namespace": "shop",
+        "name": "web-0",
+        "node": "n1",
+        "labels": {"app": "web"},
+        "ips": ["2001:db8::1", "10.0.0.1"],
+        "ports": [{"name": "http", "protocol": "TCP", "port": 443}],
+    }
+    good = {"group": "g1", "selection": {"anything": ["goes"]}, "members": [member]}
+    assert k8s_schema.errors(groups, good) == []
+    assert k8s_schema.errors(groups, {"members": []})  # no group
+    assert k8s_schema.errors(groups, {"group": "g" * 64})
+    assert k8s_schema.errors(groups, {"group": "g", "members": [{**member, "ports": [{"port": 70000}]}]})
+    assert k8s_schema.errors(groups, {"group": "g", "members": [{**member, "ports": [{"port": 1, "protocol": "X"}]}]})
+    assert k8s_schema.errors(groups, {"group": "g", "members": [{**member, "ips": ["a", "b", "c"]}]})
+    assert k8s_schema.errors(groups, {"group": "g", "members": [{"name": "x"}]})
+    assert k8s_schema.errors(groups, {"group": "g", "members": [member] * 1001})
+    nodes = crds["NodeAddressGroups"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert k8s_schema.errors(nodes, {"groups": ["g1", "g2"], "revision": 7}) == []
+    assert k8s_schema.errors(nodes, {"groups": "g1"})
+    assert k8s_schema.errors(nodes, {"groups": ["g1", "g1"]}) == ["groups: Duplicate value: 'g1'"]
+    assert nodes["properties"]["groups"]["x-kubernetes-list-type"] == "set"
+    for schema in (groups, nodes):  # structural: every node has a type
+        assert all("type" in node for _, node in _schema_nodes(schema))
+
+
 def test_controller_rbac_writes_only_status_and_its_lease() -> None:
     objects = load("controller-rbac.yaml")
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
@@ -828,8 +862,24 @@ def test_controller_rbac_writes_only_status_and_its_lease() -> None:
         for res in r["resources"]
         if set(r["verbs"]) - {"get", "list", "watch"}
     }
-    # its status writes, and Events (created, the same one bumped when told again; no list, no delete)
-    assert writes == {("", "services/status"), ("flock.fritzlab.net", "loadbalancerpools/status"), ("", "events")}
+    # its status writes, Events (created, the same one bumped when told again; no list, no delete),
+    # and the address groups it computes (issue 35)
+    assert writes == {
+        ("", "services/status"),
+        ("flock.fritzlab.net", "loadbalancerpools/status"),
+        ("", "events"),
+        ("flock.fritzlab.net", "addressgroups"),
+        ("flock.fritzlab.net", "nodeaddressgroups"),
+    }
+    (groups,) = [r for r in role["rules"] if "addressgroups" in r["resources"]]
+    assert set(groups["verbs"]) == {"get", "list", "watch", "create", "update", "patch", "delete"}
+    reads = {(r["apiGroups"][0], res) for r in role["rules"] for res in r["resources"] if "watch" in r["verbs"]}
+    assert {
+        ("", "pods"),
+        ("", "namespaces"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies"),
+    } <= reads
     (events,) = [r for r in role["rules"] if "events" in r["resources"]]
     assert set(events["verbs"]) == {"create", "get", "update"}
     (lease,) = [o for o in objects if o["kind"] == "Role"]

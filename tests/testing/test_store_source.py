@@ -118,6 +118,21 @@ async def test_watch_list_in_virtual_time(autojump_clock: trio.abc.Clock) -> Non
             assert [e["type"] async for e in events] == ["ERROR"]
 
 
+async def test_a_label_selected_source_lists_and_watches_its_selection(autojump_clock: trio.abc.Clock) -> None:
+    store = ObjectStore()
+    for i in range(4):
+        store.create(PODS, pod_object("a", f"p{i}", "n1", labels={"app": "xy"[i % 2]}))
+    source = StoreSource(store, PODS, field_selector="spec.nodeName=n1", label_selector="app in (x)")
+    with trio.fail_after(10):
+        got, _ = await read_all(source, ListOptions())
+        assert got == ["p0", "p2"]
+        async with source.watch(str(store.resource_version), 60) as events:
+            store.patch(PODS, "p1", {"metadata": {"labels": {"app": "x"}}}, "a")  # enters
+            store.patch(PODS, "p0", {"metadata": {"labels": {"app": "y"}}}, "a")  # leaves
+            seen = [await events.__anext__() for _ in range(2)]
+            assert [(e["type"], e["object"]["metadata"]["name"]) for e in seen] == [("ADDED", "p1"), ("DELETED", "p0")]
+
+
 def test_bulk_create_versions_keys_and_duplicates() -> None:
     store = ObjectStore()
     pods = [pod_object(f"ns{i % 3}", f"p{i:04d}", f"n{i % 5}") for i in range(2500)]
