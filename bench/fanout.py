@@ -56,7 +56,7 @@ from pods import cpu_seconds  # bench/pods.py
 from scale import Api, ApiServerProcess, log, proc_memory, write_objects  # bench/scale.py
 from stats import percentile  # bench/stats.py
 
-from flock.apiserver import node_object, namespace_object
+from flock.apiserver import namespace_object, node_object
 from flock.groups import GROUP_LABEL
 from flock.policy import PolicyInputs
 from flock.testing.scale import Churn, ClusterShape, ScaleCluster, average_pod_size
@@ -141,7 +141,8 @@ def register(api: Api, cluster: ScaleCluster, needs: dict[str, list[str]]) -> di
     api.ok("POST", DEBUG + "virtual-watches", per_node)
     ids: dict[str, int] = {}
     batch = [
-        {"resource": "addressgroups", "labelSelector": group_selector(frozenset(needs.get(n) or ["-"]))} for n in names
+        {"resource": "addressgroups", "labelSelector": group_selector(frozenset(needs.get(n) or ["none"]))}
+        for n in names
     ]
     got = api.ok("POST", DEBUG + "virtual-watches", batch)["ids"]
     ids.update(zip(names, got, strict=True))
@@ -183,7 +184,7 @@ class Rewatcher:
                 groups = sorted(groups)
                 if name in self.ids and self.needs.get(name) != groups:
                     self.needs[name] = groups
-                    body = {"labelSelector": group_selector(frozenset(groups or ["-"])), "initialEvents": "all"}
+                    body = {"labelSelector": group_selector(frozenset(groups or ["none"])), "initialEvents": "all"}
                     self.api.ok("POST", f"{DEBUG}virtual-watches/{self.ids[name]}/rewatch", body)
                     self.rewatches += 1
             self.stop.wait(1.0)
@@ -194,8 +195,8 @@ class Rewatcher:
         self.api.close()
 
 
-def drive(api: Api, cluster: ScaleCluster, seconds: float, rate: float, stop: threading.Event) -> dict[str, Any]:
-    changes = Churn(cluster)
+def drive(api: Api, changes: Churn, seconds: float, rate: float, stop: threading.Event) -> dict[str, Any]:
+    """*changes* at *rate* a second for *seconds* (one Churn for the whole run: it knows each pod's generation)."""
     kinds: dict[str, int] = {}
     errors = 0
     t0 = time.perf_counter()
@@ -214,6 +215,15 @@ def drive(api: Api, cluster: ScaleCluster, seconds: float, rate: float, stop: th
     return {"changes": n, "kinds": kinds, "errors": errors, "seconds": round(window, 2), "rate": round(n / window, 1)}
 
 
+MERGE = "application/merge-patch+json"
+
+
+async def until(inputs: PolicyInputs, key: str, *, present: bool) -> None:
+    """Until pod *key* is (or is not) in *inputs*: woken by each change, no polling."""
+    while (key in inputs.pods) != present:
+        await inputs.wait_generation(inputs.generation)
+
+
 async def enforce_samples(
     kubeconfig: Path, api_port: int, cluster: ScaleCluster, node: str, samples: int
 ) -> tuple[list[float], dict[str, Any]]:
@@ -229,10 +239,12 @@ async def enforce_samples(
         feed.local_listed({})
         with trio.fail_after(120):
             while not feed.listed:
-                await trio.sleep(0.05)
+                await inputs.wait_generation(inputs.generation)
         # a group of this node's selecting one app by label in one namespace; pods of that namespace elsewhere
         groups = await trio.to_thread.run_sync(
-            lambda: api.ok("GET", f"{GROUPS}?labelSelector={urllib.parse.quote(group_selector(feed.groups or frozenset()))}")
+            lambda: api.ok(
+                "GET", f"{GROUPS}?labelSelector={urllib.parse.quote(group_selector(feed.groups or frozenset()))}"
+            )
         )
         target = None
         for g in groups["items"]:
@@ -242,7 +254,8 @@ async def enforce_samples(
                 target = (sel["namespace"], labels["app"], g["group"])
                 break
         if target is None:
-            return out, {"skipped": "no single-app group on this node"}
+            nursery.cancel_scope.cancel()
+            return out, {"skipped": f"{node}: no group of one app in one namespace"}
         namespace, app, group = target
         pods = await trio.to_thread.run_sync(lambda: api.ok("GET", f"/api/v1/namespaces/{namespace}/pods"))
         movers = [
@@ -258,20 +271,18 @@ async def enforce_samples(
             name = rnd.choice(movers)
             key = f"{namespace}/{name}"
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-            before = await trio.to_thread.run_sync(lambda: api.ok("GET", path))
+            before = await trio.to_thread.run_sync(api.ok, "GET", path)
             old = (before["metadata"].get("labels") or {}).get("app")
             patch = {"metadata": {"labels": {"app": app}}}
-            await trio.to_thread.run_sync(lambda: api.ok("PATCH", path, patch, "application/merge-patch+json"))
+            await trio.to_thread.run_sync(api.ok, "PATCH", path, patch, MERGE)
             t0 = trio.current_time()
             with trio.move_on_after(30):
-                while key not in inputs.pods:
-                    await trio.sleep(0.002)
+                await until(inputs, key, present=True)
             out.append(trio.current_time() - t0 if key in inputs.pods else 30.0)
             back = {"metadata": {"labels": {"app": old}}}
-            await trio.to_thread.run_sync(lambda: api.ok("PATCH", path, back, "application/merge-patch+json"))
+            await trio.to_thread.run_sync(api.ok, "PATCH", path, back, MERGE)
             with trio.move_on_after(30):
-                while key in inputs.pods:
-                    await trio.sleep(0.002)
+                await until(inputs, key, present=False)
             await trio.sleep(0.05 + k % 3 * 0.1)
         nursery.cancel_scope.cancel()
     api.close()
@@ -306,7 +317,7 @@ def worst_case(api: Api, controller: Controller, cluster: ScaleCluster, rate: fl
     settle = time.monotonic() - t0
     slices = api.ok("GET", f"{GROUPS}?labelSelector={urllib.parse.quote(f'{GROUP_LABEL}={group}')}")["items"]
     nodes = [n for n, gs in needs_of(api).items() if group in gs]
-    events, size = initial(api, "addressgroups", labelSelector=f"{GROUP_LABEL}={group}")
+    _, size = initial(api, "addressgroups", labelSelector=f"{GROUP_LABEL}={group}")
     writes1 = controller.metrics().get("flock_controller_group_writes_total", 0)
     return {
         "group": group,
@@ -349,21 +360,30 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         results["groups"] = len({g for gs in needs.values() for g in gs})
         results["groups_per_node_mean"] = round(statistics.mean(len(g) for g in needs.values()), 1) if needs else 0
         results["group_members"] = int(m0.get("flock_controller_group_members", 0))
-        # one agent's start, both designs (node 1: any node but 0, whose pods the generator leaves Pending)
-        node = cluster.node_name(1 % shape.nodes)
-        today_start = sum(initial(api, r)[1] for r in ("pods", "namespaces", "networkpolicies"))
-        groups_start = sum(
-            (
-                initial(api, "pods", fieldSelector=f"spec.nodeName={node}")[1],
-                initial(api, "nodeaddressgroups", fieldSelector=f"metadata.name={node}")[1],
-                initial(api, "addressgroups", labelSelector=group_selector(frozenset(needs.get(node) or ["-"])))[1],
-                initial(api, "namespaces")[1],
-                initial(api, "networkpolicies")[1],
+        # one agent's start, both designs: today's is every node's; with groups, over a sample of nodes (the
+        # largest is the figure: the agent that reads the most)
+        shared_start = sum(initial(api, r)[1] for r in ("namespaces", "networkpolicies"))
+        results["agent_start_bytes_today"] = initial(api, "pods")[1] + shared_start
+        step = max(1, shape.nodes // 200)
+        starts: dict[str, int] = {}
+        for m in range(1, shape.nodes, step):  # (node 0's pods are Pending: the generator's local node)
+            name = cluster.node_name(m)
+            starts[name] = shared_start + sum(
+                (
+                    initial(api, "pods", fieldSelector=f"spec.nodeName={name}")[1],
+                    initial(api, "nodeaddressgroups", fieldSelector=f"metadata.name={name}")[1],
+                    initial(api, "addressgroups", labelSelector=group_selector(frozenset(needs.get(name) or ["none"])))[
+                        1
+                    ],
+                )
             )
-        )
-        results["agent_start_bytes_today"] = today_start
-        results["agent_start_bytes"] = groups_start
+        results["agent_start_bytes"] = max(starts.values())
+        results["agent_start_bytes_median"] = round(statistics.median(starts.values()))
+        results["agent_start_nodes_sampled"] = len(starts)
+        # the node whose inputs the enforce samples watch: one that needs a group (the most groups)
+        node = max(starts, key=lambda n: (len(needs.get(n) or ()), n))
         ids = register(api, cluster, needs)
+        churn = Churn(cluster)
         rewatcher = Rewatcher(server.port, ids, needs)
         stop = threading.Event()
         t_before = totals(api)
@@ -371,7 +391,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cpu0, t0 = cpu_seconds(controller.proc.pid), time.perf_counter()
         box: dict[str, Any] = {}
         driver = threading.Thread(
-            target=lambda: box.update(drive(Api(server.port), cluster, args.seconds, args.rate, stop)), daemon=True
+            target=lambda: box.update(drive(Api(server.port), churn, args.seconds, args.rate, stop)), daemon=True
         )
         log(f"churn: {args.rate:g} changes/s for {args.seconds:g} s, and the enforce samples …")
         driver.start()
@@ -405,8 +425,24 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             results["enforce_max_s"] = round(max(samples), 3)
             results["enforce_n"] = len(samples)
         if args.worst_case:
-            log("worst case: a policy letting in every pod …")
-            results["worst_case"] = worst_case(api, controller, cluster, args.rate, args.seconds)
+            log("worst case: a policy letting in every pod, then the churn again …")
+            worst = results["worst_case"] = worst_case(api, controller, cluster, args.rate, args.seconds)
+            needs = needs_of(api)
+            rewatcher = Rewatcher(server.port, ids, {n: [] for n in needs})  # every node's list: re-read whole
+            time.sleep(3.0)  # the re-watches of the nodes that need the new group
+            t_before = totals(api)
+            w0 = controller.metrics().get("flock_controller_group_writes_total", 0)
+            t0 = time.perf_counter()
+            again = drive(Api(server.port), churn, args.seconds, args.rate, threading.Event())
+            time.sleep(2.0)
+            span = time.perf_counter() - t0
+            t_after = totals(api)
+            rewatcher.close()
+            w1 = controller.metrics().get("flock_controller_group_writes_total", 0)
+            worst["churn_rate"] = again["rate"]
+            worst["new_bytes_per_s"] = round((t_after["groups"]["bytes"] - t_before["groups"]["bytes"]) / span)
+            worst["today_bytes_per_s"] = round((t_after["today"]["bytes"] - t_before["today"]["bytes"]) / span)
+            worst["writes_per_s"] = round((w1 - w0) / span, 1)
         api.close()
     finally:
         if controller is not None:
