@@ -692,6 +692,7 @@ def test_agent_container():
     assert c["env"] == [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "FLOCK_POLICY_PEERS", "value": "groups"},  # flock-controller's address groups (issue 35)
     ]
     assert "--node=$(NODE_NAME)" in c["args"]
     assert f"--health-address=127.0.0.1:{HEALTH_PORT}" in c["args"]
