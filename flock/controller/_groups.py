@@ -162,9 +162,6 @@ class GroupController:
                     REFUSED_RETRY_S,
                     extra={"error": str(exc)[:300]},
                 )
-            self.book = SliceBook()
-            self.inputs = PolicyInputs()
-            self.planner = GroupPlanner(self.inputs)
             await trio.sleep(REFUSED_RETRY_S)
 
     @property
@@ -173,6 +170,13 @@ class GroupController:
         return sum(len(g.members) for g in self.planner.groups.values())
 
     async def _run(self) -> None:
+        # Each leadership starts afresh from the informers and what the API server holds (never from
+        # what a previous term planned: another replica may have written since).
+        self.inputs = PolicyInputs()
+        self.planner = GroupPlanner(self.inputs)
+        self.book = SliceBook()
+        self._nodes, self._nodes_moved, self._versions = set(), set(), {}
+        self._wake = trio.Event()
         watcher = PolicyWatcher(
             self.kube.network_policies(),
             self.kube.namespaces(),

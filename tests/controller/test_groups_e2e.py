@@ -147,3 +147,27 @@ async def test_a_lost_lease_writes_nothing(api: ApiServer, tmp_path: Path) -> No
         with trio.fail_after(10):
             await controller.run()  # returns: fenced off
         assert controller.writes == 0 and api.list(ADDRESSGROUPS) == []
+
+
+async def test_a_second_term_starts_afresh_and_writes_only_what_changed(api: ApiServer, tmp_path: Path) -> None:
+    leading = [True]
+
+    async def fence() -> bool:
+        return leading[0]
+
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    async with open_kube_client(kubeconfig) as kube:
+        controller = GroupController(KubeApi(kube), kube, fence)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(controller.run)
+            await until(lambda: controller.passes >= 1 and controller.writes >= 4)
+            leading[0] = False  # the Lease lost: the next pass with something to write ends the term
+            running(api, "y", "client-4", "n2", "2001:db8:2::4", {"app": "client"})
+        writes = controller.writes
+        leading[0] = True  # elected again: the same object runs again
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(controller.run)
+            await until(lambda: controller.writes == writes + 1)  # the slice with client-4, nothing else
+            slices = api.list(ADDRESSGROUPS)
+            assert sorted(m["name"] for s in slices for m in s["members"]) == ["client", "client-4"]
+            nursery.cancel_scope.cancel()
