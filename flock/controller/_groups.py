@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -45,7 +45,8 @@ from flock.groups import (
     slice_index,
 )
 from flock.model import InvalidObject
-from flock.policy import PolicyInputs
+from flock.policy import InputChanges, PolicyInputs
+from flock.policy import Kind as InputKind
 from flock.policy._groups import GroupPlanner
 from flock.watchers import (
     Change,
@@ -143,6 +144,7 @@ class GroupController:
     _wake: trio.Event = attrs.field(init=False, factory=trio.Event)
     _nodes_moved: set[str] = attrs.field(init=False, factory=set)
     _versions: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)  # (kind, name) → newest written
+    _members: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self.planner = GroupPlanner(self.inputs)
@@ -166,8 +168,9 @@ class GroupController:
 
     @property
     def members(self) -> int:
-        """Members of every group planned (a pod in two groups counts twice)."""
-        return sum(len(g.members) for g in self.planner.groups.values())
+        """Members of every group planned (a pod in two groups counts twice), as of the last pass (read
+        by /metrics on the event loop while the planner may be working on its thread)."""
+        return self._members
 
     async def _run(self) -> None:
         # Each leadership starts afresh from the informers and what the API server holds (never from
@@ -226,40 +229,68 @@ class GroupController:
             self.book.written_node(name, held.content)
 
     async def _follow(self) -> None:
-        journal = self.inputs.journal()
-        self.planner.load()
-        self.planner.drain()
+        # The planner works on a worker thread (a CNP's change renews every node's needs; the first load
+        # reads every pod): the event loop stays free for the Lease's renewals and the informers.  It
+        # reads a mirror of the inputs that only this task writes, between the thread's runs.
+        live = self.inputs
+        mirror = PolicyInputs()
+        tables = _tables(live)
+        for kind, table in tables.items():
+            mirror.replace(kind, dict(table))
+        journal = live.journal()  # (taken with the copy: no await between)
+        self.planner = GroupPlanner(mirror)
+        mirrored = mirror.journal()
         self._resume()
-        for name, group in self.planner.groups.items():
-            self.book.set_group(name, group.spec, group.members)
-        for node in self._nodes | set(self.planner.needs):
-            self.book.set_node(node, self.planner.needs.get(node, frozenset()))
+        await trio.to_thread.run_sync(self._first_plan, frozenset(self._nodes))
         self._nodes_moved.clear()
         last = -math.inf
         while True:
             if not await self._write(self.book.pending()):
                 return
             self.passes += 1
-            await self._changed(self.inputs.generation)
+            await self._changed(live.generation)
             self._wake = trio.Event()
             await trio.sleep_until(max(trio.current_time() + self.debounce_s, last + self.min_interval_s))
             last = trio.current_time()
-            self.planner.update(journal.drain())
-            changes = self.planner.drain()
-            for name in changes.created:
-                group = self.planner.groups[name]
-                self.book.set_group(name, group.spec, group.members)
-            for name, moved in changes.members.items():
-                self.book.move(name, moved)
-            for name in changes.dropped:
-                self.book.drop(name)
-            nodes = set(changes.nodes) | self._nodes_moved
-            self._nodes_moved = set()
-            for node in nodes:
-                if node in self._nodes or node in self.planner.needs:
-                    self.book.set_node(node, self.planner.needs.get(node, frozenset()))
-                else:
-                    self.book.forget_node(node)
+            changes = journal.drain()
+            for kind, keys in _keys_of(changes).items():
+                table = tables[kind]
+                for key in keys:
+                    value = table.get(key)
+                    if value is None:
+                        mirror.delete(kind, key)
+                    else:
+                        mirror.set(kind, key, value)
+            moved, self._nodes_moved = self._nodes_moved, set()
+            await trio.to_thread.run_sync(self._plan, mirrored.drain(), frozenset(moved), frozenset(self._nodes))
+
+    def _first_plan(self, nodes: frozenset[str]) -> None:
+        """(On a worker thread.)  Every group and every node's list, against what the book was resumed with."""
+        self.planner.load()
+        self.planner.drain()
+        for name, group in self.planner.groups.items():
+            self.book.set_group(name, group.spec, group.members)
+        for node in nodes | set(self.planner.needs):
+            self.book.set_node(node, self.planner.needs.get(node, frozenset()))
+        self._members = sum(len(g.members) for g in self.planner.groups.values())
+
+    def _plan(self, changes: InputChanges, nodes_moved: frozenset[str], nodes: frozenset[str]) -> None:
+        """(On a worker thread.)  Follow *changes*; what moved goes into the book."""
+        self.planner.update(changes)
+        planned = self.planner.drain()
+        for name in planned.created:
+            group = self.planner.groups[name]
+            self.book.set_group(name, group.spec, group.members)
+        for name, moved in planned.members.items():
+            self.book.move(name, moved)
+        for name in planned.dropped:
+            self.book.drop(name)
+        for node in set(planned.nodes) | nodes_moved:
+            if node in nodes or node in self.planner.needs:
+                self.book.set_node(node, self.planner.needs.get(node, frozenset()))
+            else:
+                self.book.forget_node(node)
+        self._members = sum(len(g.members) for g in self.planner.groups.values())
 
     async def _changed(self, generation: int) -> None:
         """Until the inputs move past *generation* or a Node comes or goes."""
@@ -338,6 +369,26 @@ class GroupController:
                     w.name,
                     extra={"object": w.name, "error": str(exc)[:300]},
                 )
+
+
+def _tables(inputs: PolicyInputs) -> dict[InputKind, Mapping[str, Any]]:
+    return {
+        InputKind.NETWORK_POLICY: inputs.policies,
+        InputKind.NAMESPACE: inputs.namespaces,
+        InputKind.POD: inputs.pods,
+        InputKind.CLUSTER_POLICY: inputs.cluster_policies,
+        InputKind.NODE: inputs.nodes,
+    }
+
+
+def _keys_of(changes: InputChanges) -> dict[InputKind, Iterable[str]]:
+    return {
+        InputKind.NETWORK_POLICY: changes.policies,
+        InputKind.NAMESPACE: changes.namespaces,
+        InputKind.POD: changes.pods,
+        InputKind.CLUSTER_POLICY: changes.cluster_policies,
+        InputKind.NODE: changes.nodes,
+    }
 
 
 def _ignore(change: Change) -> None:
