@@ -246,29 +246,39 @@ async def enforce_samples(
                 "GET", f"{GROUPS}?labelSelector={urllib.parse.quote(group_selector(feed.groups or frozenset()))}"
             )
         )
+        # a group of this node's picking one app in one namespace, whose namespace has pods elsewhere that
+        # this node does not know (through another group) yet: those are relabelled into it
         target = None
         for g in groups["items"]:
             sel = g.get("selection") or {}
             labels = (sel.get("podSelector") or {}).get("matchLabels") or {}
-            if sel.get("namespace") and list(labels) == ["app"] and "namespaceSelector" not in sel:
-                target = (sel["namespace"], labels["app"], g["group"])
+            if not sel.get("namespace") or list(labels) != ["app"] or "namespaceSelector" in sel:
+                continue
+            namespace, app = sel["namespace"], labels["app"]
+            pods = await trio.to_thread.run_sync(api.ok, "GET", f"/api/v1/namespaces/{namespace}/pods")
+            movers = [
+                p["metadata"]["name"]
+                for p in pods["items"]
+                if (p["metadata"].get("labels") or {}).get("app") != app
+                and p["spec"].get("nodeName") != node
+                and (p.get("status") or {}).get("podIPs")
+                and f"{namespace}/{p['metadata']['name']}" not in inputs.pods
+            ]
+            if len(movers) >= 5:
+                target = (namespace, app, g["group"])
                 break
         if target is None:
             nursery.cancel_scope.cancel()
-            return out, {"skipped": f"{node}: no group of one app in one namespace"}
+            return out, {"skipped": f"{node}: no group of one app in one namespace with pods to move in"}
         namespace, app, group = target
-        pods = await trio.to_thread.run_sync(lambda: api.ok("GET", f"/api/v1/namespaces/{namespace}/pods"))
-        movers = [
-            p["metadata"]["name"]
-            for p in pods["items"]
-            if (p["metadata"].get("labels") or {}).get("app") != app
-            and p["spec"].get("nodeName") != node
-            and (p.get("status") or {}).get("podIPs")
-        ]
-        info = {"namespace": namespace, "group": group, "candidates": len(movers)}
+        info = {"node": node, "namespace": namespace, "group": group, "candidates": len(movers)}
         rnd = random.Random(5)
         for k in range(samples):
-            name = rnd.choice(movers)
+            # a pod this node does not know yet (one it knows through another group would not move)
+            unknown = [m for m in movers if f"{namespace}/{m}" not in inputs.pods]
+            if not unknown:
+                break
+            name = rnd.choice(unknown)
             key = f"{namespace}/{name}"
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"
             before = await trio.to_thread.run_sync(api.ok, "GET", path)
@@ -404,6 +414,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         t_after = totals(api)
         rewatcher.close()
         results["churn"] = box
+        log(json.dumps(results))
         results["rewatches"] = rewatcher.rewatches
         span = window + 2.0
         today_bytes = t_after["today"]["bytes"] - t_before["today"]["bytes"]
