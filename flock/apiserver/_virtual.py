@@ -24,18 +24,31 @@ timeouts and re-lists, ERROR events (compaction expiring watches).
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import Any, Protocol
 
 import attrs
 
 from ._events import bookmark, line_overhead, transition
-from ._lists import Change, StoredObject
+from ._lists import Change, ListResult, StoredObject
 from ._resources import RESOURCES, Resource
 from ._selectors import SUPPORTED_FIELDS, FieldSelector
 from ._status import StatusError
 
-if TYPE_CHECKING:
-    from ._store import ObjectStore
+
+class ObjectStore(Protocol):
+    """What the virtual watches read of :class:`flock.apiserver._store.ObjectStore` (its lock, its
+    collections and its selection at a version): named here so this module need not import the store's."""
+
+    _lock: threading.Lock
+    _rv: int
+
+    def _collection(self, resource: Resource) -> Any: ...
+
+    def _select_locked(
+        self, resource: Resource, namespace: str | None, selector: FieldSelector, at: int, start: str, limit: int
+    ) -> ListResult: ...
+
 
 # What a re-watch with a new selector sends at its start (see VirtualWatch.rewatch).
 NEW, ALL, NONE = "new", "all", "none"
