@@ -39,6 +39,7 @@ class Options:
     resync_seconds: float  # with url: a pass this often
     health_port: int | None  # /healthz, /readyz, /metrics on every family; None: none
     address_groups: bool = True  # with a kube client: the address groups agents' NetworkPolicy reads (issue 35)
+    load_balancers: bool = True  # LoadBalancer addresses from LoadBalancerPools (off: MetalLB's controller gives them)
 
 
 async def _lead(
@@ -74,23 +75,21 @@ async def _main(options: Options) -> None:
         api = KubeApi(client)
         elector = Elector(api, options.identity, options.lease)
         watching = WatchingController(api, client, elector.confirm, identity=options.identity)
-        if not options.address_groups:
-            await _lead(api, elector, watching, watching.run, options)
-            return
-        groups = GroupController(api, client, elector.confirm)
+        groups = GroupController(api, client, elector.confirm) if options.address_groups else None
+        loops = [loop.run for loop in (watching if options.load_balancers else None, groups) if loop is not None]
 
-        async def both() -> None:
-            """The two loops while leading; either returning (fenced off) ends both."""
+        async def work() -> None:
+            """The loops while leading; one returning (fenced off) ends them all."""
             async with trio.open_nursery() as nursery:
 
-                async def one(work: Callable[[], Awaitable[None]]) -> None:
-                    await work()
+                async def one(run: Callable[[], Awaitable[None]]) -> None:
+                    await run()
                     nursery.cancel_scope.cancel()
 
-                nursery.start_soon(one, watching.run)
-                nursery.start_soon(one, groups.run)
+                for run in loops:
+                    nursery.start_soon(one, run)
 
-        await _lead(api, elector, watching, both, options, groups)
+        await _lead(api, elector, watching, work, options, groups)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,6 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="do not write address groups (agents run with --policy-peers=pods: each watches every Pod)",
     )
+    p.add_argument(
+        "--no-load-balancer-addresses",
+        action="store_true",
+        help="give Services of type LoadBalancer no address (another controller does: MetalLB's); "
+        "the address groups are still written",
+    )
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     args = p.parse_args(argv)
     logs.configure(fmt=args.log_format)
@@ -128,7 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         resync_seconds=args.resync_seconds,
         health_port=args.health_port,
         address_groups=not args.no_address_groups,
+        load_balancers=not args.no_load_balancer_addresses,
     )
+    if not options.address_groups and not options.load_balancers:
+        p.error("--no-address-groups with --no-load-balancer-addresses: nothing left to do")
+    if options.url is not None and not options.load_balancers:
+        p.error("--api-url runs the LoadBalancer loop only (address groups need --kubeconfig or a service account)")
     try:
         trio.run(_main, options)
     except ClientConfigError as exc:
