@@ -218,6 +218,36 @@ def drive(api: Api, changes: Churn, seconds: float, rate: float, stop: threading
 MERGE = "application/merge-patch+json"
 
 
+def enforce_target(api: Api, needs: dict[str, list[str]], nodes: list[str]) -> tuple[str, str, str, list[str]] | None:
+    """(node, namespace, app, movers): a node with a group picking one app in one namespace, and pods of
+    that namespace on other nodes that the node does not know through any of its groups yet."""
+    for node in nodes:
+        groups = needs.get(node) or []
+        if not groups:
+            continue
+        selector = urllib.parse.quote(group_selector(frozenset(groups)))
+        slices = api.ok("GET", f"{GROUPS}?labelSelector={selector}")["items"]
+        known = {f"{m['namespace']}/{m['name']}" for s in slices for m in s.get("members") or []}
+        for g in slices:
+            sel = g.get("selection") or {}
+            labels = (sel.get("podSelector") or {}).get("matchLabels") or {}
+            if not sel.get("namespace") or list(labels) != ["app"] or "namespaceSelector" in sel:
+                continue
+            namespace, app = sel["namespace"], labels["app"]
+            pods = api.ok("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+            movers = [
+                p["metadata"]["name"]
+                for p in pods
+                if (p["metadata"].get("labels") or {}).get("app") != app
+                and p["spec"].get("nodeName") != node
+                and (p.get("status") or {}).get("podIPs")
+                and f"{namespace}/{p['metadata']['name']}" not in known
+            ]
+            if len(movers) >= 5:
+                return node, namespace, app, movers
+    return None
+
+
 async def until(inputs: PolicyInputs, key: str, *, present: bool) -> None:
     """Until pod *key* is (or is not) in *inputs*: woken by each change, no polling."""
     while (key in inputs.pods) != present:
@@ -225,7 +255,7 @@ async def until(inputs: PolicyInputs, key: str, *, present: bool) -> None:
 
 
 async def enforce_samples(
-    kubeconfig: Path, api_port: int, cluster: ScaleCluster, node: str, samples: int
+    kubeconfig: Path, api_port: int, node: str, target: tuple[str, str], movers: list[str], samples: int
 ) -> tuple[list[float], dict[str, Any]]:
     """A real agent's PeerFeed for *node* over HTTP; pods of another node relabelled into a group it
     needs, one at a time: seconds from the PATCH's answer to the member in its inputs."""
@@ -240,38 +270,8 @@ async def enforce_samples(
         with trio.fail_after(120):
             while not feed.listed:
                 await inputs.wait_generation(inputs.generation)
-        # a group of this node's selecting one app by label in one namespace; pods of that namespace elsewhere
-        groups = await trio.to_thread.run_sync(
-            lambda: api.ok(
-                "GET", f"{GROUPS}?labelSelector={urllib.parse.quote(group_selector(feed.groups or frozenset()))}"
-            )
-        )
-        # a group of this node's picking one app in one namespace, whose namespace has pods elsewhere that
-        # this node does not know (through another group) yet: those are relabelled into it
-        target = None
-        for g in groups["items"]:
-            sel = g.get("selection") or {}
-            labels = (sel.get("podSelector") or {}).get("matchLabels") or {}
-            if not sel.get("namespace") or list(labels) != ["app"] or "namespaceSelector" in sel:
-                continue
-            namespace, app = sel["namespace"], labels["app"]
-            pods = await trio.to_thread.run_sync(api.ok, "GET", f"/api/v1/namespaces/{namespace}/pods")
-            movers = [
-                p["metadata"]["name"]
-                for p in pods["items"]
-                if (p["metadata"].get("labels") or {}).get("app") != app
-                and p["spec"].get("nodeName") != node
-                and (p.get("status") or {}).get("podIPs")
-                and f"{namespace}/{p['metadata']['name']}" not in inputs.pods
-            ]
-            if len(movers) >= 5:
-                target = (namespace, app, g["group"])
-                break
-        if target is None:
-            nursery.cancel_scope.cancel()
-            return out, {"skipped": f"{node}: no group of one app in one namespace with pods to move in"}
-        namespace, app, group = target
-        info = {"node": node, "namespace": namespace, "group": group, "candidates": len(movers)}
+        namespace, app = target
+        info = {"node": node, "namespace": namespace, "app": app, "candidates": len(movers)}
         rnd = random.Random(5)
         for k in range(samples):
             # a pod this node does not know yet (one it knows through another group would not move)
@@ -390,8 +390,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         results["agent_start_bytes"] = max(starts.values())
         results["agent_start_bytes_median"] = round(statistics.median(starts.values()))
         results["agent_start_nodes_sampled"] = len(starts)
-        # the node whose inputs the enforce samples watch: one that needs a group (the most groups)
-        node = max(starts, key=lambda n: (len(needs.get(n) or ()), n))
+        # the node whose inputs the enforce samples watch, and the pods relabelled into one of its groups
+        found = enforce_target(api, needs, sorted(starts, key=lambda n: -len(needs.get(n) or ())))
         ids = register(api, cluster, needs)
         churn = Churn(cluster)
         rewatcher = Rewatcher(server.port, ids, needs)
@@ -405,7 +405,13 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
         log(f"churn: {args.rate:g} changes/s for {args.seconds:g} s, and the enforce samples …")
         driver.start()
-        samples, info = trio.run(enforce_samples, kubeconfig, server.port, cluster, node, args.samples)
+        if found is None:
+            samples, info = [], {"skipped": "no node with a group of one app in one namespace and pods to move in"}
+        else:
+            node, namespace, app, movers = found
+            samples, info = trio.run(
+                enforce_samples, kubeconfig, server.port, node, (namespace, app), movers, args.samples
+            )
         driver.join()
         window = time.perf_counter() - t0
         time.sleep(2.0)  # the controller's last pass, the agents' last events
