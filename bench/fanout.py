@@ -281,16 +281,28 @@ async def enforce_samples(
             name = rnd.choice(unknown)
             key = f"{namespace}/{name}"
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-            before = await trio.to_thread.run_sync(api.ok, "GET", path)
+            status, before = await trio.to_thread.run_sync(api.call, "GET", path)
+            if status == 404:  # re-created by the churn meanwhile (a new name): another one
+                movers.remove(name)
+                continue
             old = (before["metadata"].get("labels") or {}).get("app")
             patch = {"metadata": {"labels": {"app": app}}}
-            await trio.to_thread.run_sync(api.ok, "PATCH", path, patch, MERGE)
+            status, _ = await trio.to_thread.run_sync(api.call, "PATCH", path, patch, MERGE)
+            if status >= 300:
+                movers.remove(name)
+                continue
             t0 = trio.current_time()
             with trio.move_on_after(30):
                 await until(inputs, key, present=True)
-            out.append(trio.current_time() - t0 if key in inputs.pods else 30.0)
+            if key in inputs.pods:
+                out.append(trio.current_time() - t0)
+            elif (await trio.to_thread.run_sync(api.call, "GET", path))[0] == 404:
+                movers.remove(name)  # re-created by the churn before it got in: no sample
+                continue
+            else:
+                out.append(30.0)  # never arrived: counted as the wait's bound
             back = {"metadata": {"labels": {"app": old}}}
-            await trio.to_thread.run_sync(api.ok, "PATCH", path, back, MERGE)
+            await trio.to_thread.run_sync(api.call, "PATCH", path, back, MERGE)  # (gone meanwhile: it left too)
             with trio.move_on_after(30):
                 await until(inputs, key, present=False)
             await trio.sleep(0.05 + k % 3 * 0.1)
