@@ -279,7 +279,9 @@ class ApiServerProcess:
 class Agent:
     """One flock-agent process for *node* (from *env*'s flock), with its health port from its log."""
 
-    def __init__(self, work: Path, node: str, kubeconfig: Path, env: dict[str, str], name: str) -> None:
+    def __init__(
+        self, work: Path, node: str, kubeconfig: Path, env: dict[str, str], name: str, peers: str = "pods"
+    ) -> None:
         self.work, self.node, self.kubeconfig, self.env = work, node, kubeconfig, env
         self.socket = work / "run" / "flock.sock"
         self.log = work / f"{name}.log"
@@ -289,6 +291,8 @@ class Agent:
         argv += ["--node", node, "--socket", str(self.socket), "--state-dir", str(work / "state")]
         argv += ["--kubeconfig", str(kubeconfig), "--health-address", f"{HOST}:0", "--no-bird", "--uplink", "uplink"]
         argv += ["--log-format", "json"]
+        if peers != "pods":
+            argv += ["--policy-peers", peers]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.started = time.perf_counter()
@@ -540,6 +544,7 @@ def measure(
     server = ApiServerProcess(work, files, env, args.bookmark_interval)
     agent: Agent | None = None
     api: Api | None = None
+    controller: subprocess.Popen[bytes] | None = None
     try:
         log(f"[{shape.name}] API server loading {out['objects_mib']} MiB of objects …")
         load_s = server.wait_serving(args.load_timeout)
@@ -557,9 +562,37 @@ def measure(
             "list_networkpolicies": api.time_list("/apis/networking.k8s.io/v1/networkpolicies"),
         }
         log(f"[{shape.name}] API server: {json.dumps(out['apiserver'])}")
+        if args.policy_peers == "groups":
+            # flock-controller writes the address groups (issue 35): every Node (its NodeAddressGroups), then
+            # its first pass, before the agent starts — as in a cluster where it runs already.
+            api.ok(
+                "POST",
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
+            )
+            for m in range(shape.nodes):
+                api.ok(
+                    "POST",
+                    "/api/v1/nodes",
+                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": cluster.node_name(m)}},
+                )
+            with open(work / "controller.log", "wb") as controller_log:
+                controller = subprocess.Popen(
+                    [sys.executable, "-m", "flock.controller", "--kubeconfig", str(work / "kubeconfig")],
+                    stdout=controller_log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            t0 = time.perf_counter()
+            nag = f"/apis/flock.fritzlab.net/v1alpha1/nodeaddressgroups/{node}"
+            while api.call("GET", nag)[0] == 404:
+                if controller.poll() is not None or time.perf_counter() - t0 > args.load_timeout:
+                    raise RuntimeError(f"flock-controller wrote no NodeAddressGroups {node}")
+                time.sleep(0.5)
+            out["controller_first_pass_s"] = round(time.perf_counter() - t0, 1)
         agent_dir = work / f"agent-{shape.name}"
         agent_dir.mkdir()
-        agent = Agent(agent_dir, node, work / "kubeconfig", env, "agent")
+        agent = Agent(agent_dir, node, work / "kubeconfig", env, "agent", args.policy_peers)
         ready, seconds, said = agent.wait_ready(args.ready_timeout)
         mem = proc_memory(agent.pid) if agent.proc.poll() is None else {}
         out["start"] = {
@@ -635,6 +668,9 @@ def measure(
     finally:
         if agent is not None:
             agent.stop()
+        if controller is not None:
+            controller.terminate()
+            controller.wait(timeout=15)
         if api is not None:
             api.close()
         server.stop()
@@ -795,6 +831,12 @@ def main() -> None:
     ap.add_argument("--load-timeout", type=float, default=1800.0, help="seconds for the API server to load")
     ap.add_argument("--bookmark-interval", type=float, default=0.2, help="the API server's (the lab's: 0.2 s)")
     ap.add_argument("--source", metavar="DIR", help="run the API server, agent and plugin from this checkout")
+    ap.add_argument(
+        "--policy-peers",
+        choices=("pods", "groups"),
+        default="pods",
+        help="the agent's peers: every Pod, or flock-controller's address groups (started beside it)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     ap.add_argument("--json", action="store_true", help="print only the figures, as one JSON object")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
