@@ -23,6 +23,8 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   └── node-watcher        this node's Node: cordoned / excluded → NodeState.leaving (proxy and BIRD)
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── policy-log              the kernel's log of policy drops (nflog) → a line per denied flow, counters
+    ├── wireguard               flock.agent._wireguard: key, device, peers, routes, guard (--encryption wireguard;
+    │                           its watchers and key publisher run under "api"); off: the guard table removed
     ├── services                flock.services.ServiceProxy: Services → table inet flock-services (--service-proxy;
     │                           off: the table removed; refused beside kube-proxy)
     ├── health-checks           healthCheckNodePorts of eTP Local Services, as kube-proxy answers them (proxy on)
@@ -78,6 +80,7 @@ from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import SHUTDOWN_DEADLINE_S, Agent, FatalStartError, check_state_dir
 from ._services import services_part
 from ._startup import StartupWatch
+from ._wireguard import wireguard_part
 
 log = logging.getLogger("flock.agent")
 
@@ -118,6 +121,20 @@ def compose(
     announcing = settings.bird and settings.service_proxy  # Service routes over BGP
     if announcing:
         watchers = (*watchers, node_watcher(settings.node, state))
+    wireguard = wireguard_part(
+        settings.node,
+        encryption=settings.encryption,
+        state_dir=settings.state_dir,
+        host_netns=settings.host_netns,
+        device=settings.wireguard_device,
+        kind=settings.wireguard_kind,
+        port=settings.wireguard_port,
+        fabric=settings.wireguard_fabric,
+        allow_plaintext_to=settings.allow_plaintext_to,
+        nft=default_backend(settings.host_netns),
+    )
+    if wireguard.watchers is not None:
+        watchers = (*watchers, wireguard.watchers)
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)
     policy_metrics = PolicyMetrics(metrics.registry)
     policy = PolicyService(
@@ -208,6 +225,9 @@ def compose(
         ChildSpec("policy-log", denied_log.run),
         # Services (--service-proxy): table inet flock-services; off, it only removes that table.
         *service_proxy.children(),
+        # --encryption wireguard: key, published key, device, peers, routes, the fail-closed guard table
+        # (inet flock-wireguard); off: that table removed.
+        wireguard.child,
     ]
     if settings.bird:
         reloader = BirdReloader(

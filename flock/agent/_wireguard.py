@@ -1,0 +1,458 @@
+"""The agent's WireGuard service (issue 36): key, publication, device, peers, routes, fail-closed guard.
+
+Composed only with ``--encryption wireguard`` (:func:`wireguard_part`); the tree gains::
+
+    ├── wireguard               WireGuardService: key loaded or created, device ensured, then every change of
+    │                           the cluster → peers (one node's change: one peer's ``wg set``), routes, guard;
+    │                           a full reconcile at start and every RESYNC_SECONDS
+    └── api
+        ├── wireguard-nodeconfigs   every NodeConfig: pod blocks and status.wireguard.publicKey → ClusterView
+        ├── wireguard-nodes         every Node: status.addresses (the endpoints) → ClusterView
+        └── wireguard-publish       this node's public key → its NodeConfig's status (merge patch on the status
+                                    subresource), at every start and whenever the published key differs
+
+Without encryption the tree gains ``wireguard-off`` instead, which removes the guard's table (a node
+switched off must not keep dropping its pods' traffic).
+
+Error handling: the service retries a failed device, route or nft step itself (:data:`RETRY`), so a
+missing wireguard-go or a refused transaction is a readiness note and a log line, never a restart
+loop that would take the agent down; the guard table, once written, stays in force meanwhile.  The
+watchers and the publisher run under the API link's supervisor (restarted with backoff on errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from flock.nursery import Backoff, ChildSpec, Restart
+from flock.policy import NftBackend
+from flock.policy._backend import NftError
+from flock.watchers import ChangeType, Informer, InformerSettings, KubeClient, KubeError
+from flock.wireguard import (
+    DeviceChoice,
+    DeviceError,
+    DeviceState,
+    KeyStore,
+    NodeKey,
+    Peer,
+    PublicKey,
+    Refusal,
+    WireGuardDevice,
+)
+from flock.wireguard._cluster import (
+    Dataplane,
+    EncryptionSettings,
+    NodeAddresses,
+    NodeConfigWireGuard,
+    peers_changed,
+    plan_dataplane,
+)
+from flock.wireguard._guard import COUNTER, TABLE, parse_counter, render_guard, render_read_counter, render_remove
+from flock.wireguard._routes import DeviceRoutes
+
+log = logging.getLogger("flock.wireguard")
+
+RESYNC_SECONDS = 60.0  # a full reconcile (wg show, every peer compared) this often
+DEBOUNCE_SECONDS = 0.1  # changes arriving within this are applied together
+RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
+PUBLISH_RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
+NODECONFIG_PATH = "/apis/flock.fritzlab.net/v1alpha1/nodeconfigs"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def _name_key(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+@attrs.define(eq=False)
+class ClusterView:
+    """Every node's NodeConfig and Node as the WireGuard service reads them; one owner (the informers
+    write, the service reads).  *version* counts changes; :meth:`wait_changed` waits for the next."""
+
+    nodeconfigs: dict[str, NodeConfigWireGuard] = attrs.field(factory=dict)
+    nodes: dict[str, NodeAddresses] = attrs.field(factory=dict)
+    nodeconfigs_listed: bool = False
+    nodes_listed: bool = False
+    version: int = 0
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def listed(self) -> bool:
+        """Both kinds listed once: before that, an empty view would remove every peer."""
+        return self.nodeconfigs_listed and self.nodes_listed
+
+    def put_nodeconfig(self, name: str, value: NodeConfigWireGuard | None) -> None:
+        _put(self.nodeconfigs, name, value)
+        self._bump()
+
+    def put_node(self, name: str, value: NodeAddresses | None) -> None:
+        _put(self.nodes, name, value)
+        self._bump()
+
+    def mark_listed(self, *, nodeconfigs: bool = False, nodes: bool = False) -> None:
+        self.nodeconfigs_listed |= nodeconfigs
+        self.nodes_listed |= nodes
+        self._bump()
+
+    async def wait_changed(self, seen: int) -> None:
+        while self.version == seen:
+            await self._changed.wait()
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+def _put(table: dict[str, Any], name: str, value: Any) -> None:
+    if value is None:
+        table.pop(name, None)
+    else:
+        table[name] = value
+
+
+@attrs.frozen
+class PeerStatus:
+    node: str
+    public_key: str
+    endpoint: str | None
+    allowed_ips: tuple[str, ...]
+    latest_handshake: int | None
+    rx_bytes: int
+    tx_bytes: int
+
+
+@attrs.define(eq=False)
+class WireGuardService:
+    """Supervised service: this node's WireGuard dataplane follows *cluster* (see the module doc).
+
+    ``started()`` once the key is loaded, the device exists with the key and port, and the peers it
+    had (an agent restart) are kept: what the cluster says is applied when both informers have listed."""
+
+    node: str
+    store: KeyStore
+    device: WireGuardDevice
+    routes: DeviceRoutes
+    nft: NftBackend
+    cluster: ClusterView
+    settings: EncryptionSettings
+    resync_seconds: float = RESYNC_SECONDS
+    debounce_seconds: float = DEBOUNCE_SECONDS
+    retry: Backoff = RETRY
+    clock: Callable[[], float] = time.time  # Unix time, for handshake ages
+    _keys: NodeKey | None = attrs.field(init=False, default=None)
+    _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _applied: dict[str, Peer] | None = attrs.field(init=False, default=None)  # None: reconcile in full
+    _dataplane: Dataplane | None = attrs.field(init=False, default=None)
+    _refusals: tuple[Refusal, ...] = attrs.field(init=False, default=())
+    last_error: str | None = attrs.field(init=False, default=None)
+    reconciles: int = attrs.field(init=False, default=0)
+    peer_updates: int = attrs.field(init=False, default=0)  # incremental `wg set`s
+
+    @property
+    def public_key(self) -> PublicKey | None:
+        return self._keys.public_key if self._keys is not None else None
+
+    @property
+    def dataplane(self) -> Dataplane | None:
+        return self._dataplane
+
+    async def wait_key_changed(self, seen: PublicKey | None) -> PublicKey:
+        while self.public_key is None or self.public_key == seen:
+            await self._key_changed.wait()
+        return self.public_key
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._set_keys(await trio.to_thread.run_sync(self.store.load_or_create))
+        failures = 0
+        while True:
+            try:
+                await self._adopt()
+                break
+            except (DeviceError, NftError) as exc:
+                delay = self._failed(exc, failures)
+                failures += 1
+                await trio.sleep(delay)
+        task_status.started()
+        seen, full_at = -1, -math.inf
+        failures = 0
+        while True:
+            with trio.move_on_after(max(0.0, full_at + self.resync_seconds - trio.current_time())):
+                await self.cluster.wait_changed(seen)
+                await trio.sleep(self.debounce_seconds)
+            seen = self.cluster.version
+            full = trio.current_time() >= full_at + self.resync_seconds or self._applied is None
+            try:
+                await self.reconcile(full=full)
+            except (DeviceError, NftError) as exc:
+                self._applied = None  # the device's state is unknown: the next pass reads it
+                delay = self._failed(exc, failures)
+                failures += 1
+                await trio.sleep(delay)
+                continue
+            failures = 0
+            if full:
+                full_at = trio.current_time()
+
+    async def reconcile(self, *, full: bool) -> None:
+        """Apply what the cluster says: in *full* (the device read, every peer compared, the device created
+        again if it went), or only the peers that changed since the last pass (one ``wg set`` naming them)."""
+        keys = self._keys
+        assert keys is not None
+        if not self.cluster.listed:
+            return
+        dp = plan_dataplane(self.node, self.cluster.nodeconfigs.values(), self.cluster.nodes, self.settings)
+        if dp.refusals != self._refusals:
+            for refusal in sorted(set(dp.refusals) - set(self._refusals)):
+                log.warning(
+                    "WireGuard: refused",
+                    extra={"node": refusal.node, "reason": str(refusal.reason), "detail": refusal.detail},
+                )
+            self._refusals = dp.refusals
+        desired = dict(dp.peers)
+        port = self.settings.listen_port
+        if full or self._applied is None:
+            await self.device.ensure()
+            await self.device.configure(keys.current, port, dp.peer_list)
+        else:
+            changed = peers_changed(self._applied, desired)
+            if changed:
+                known = DeviceState.configured(keys.public_key, port, self._applied.values())
+                await self.device.update(known, keys.current, port, dp.peer_list)
+                self.peer_updates += 1
+                log.info("WireGuard peers updated", extra={"nodes": changed[:20], "count": len(changed)})
+        self._applied = desired
+        await self.routes.apply(dp.routes)
+        await self.nft.run(render_guard(self.device.name, dp.local, dp.guarded))
+        self._dataplane = dp
+        self.reconciles += 1
+        self.last_error = None
+
+    async def dropped(self) -> tuple[int, int] | None:
+        """(packets, bytes) the guard dropped; None when it has no table yet."""
+        try:
+            return parse_counter(await self.nft.run(render_read_counter()))
+        except (NftError, ValueError):
+            return None
+
+    async def peer_status(self) -> list[PeerStatus]:
+        """The device's peers, named by node (never the private key)."""
+        state = await self.device.show()
+        names = {peer.public_key: name for name, peer in (self._dataplane.peers if self._dataplane else ())}
+        return [
+            PeerStatus(
+                names.get(key, "?"),
+                str(key),
+                str(p.endpoint) if p.endpoint is not None else None,
+                tuple(str(n) for n in p.sorted_allowed_ips),
+                p.latest_handshake,
+                p.rx_bytes,
+                p.tx_bytes,
+            )
+            for key, p in sorted(state.peers.items(), key=lambda kv: names.get(kv[0], "~"))
+        ]
+
+    # -- internals ------------------------------------------------------------------------------
+
+    async def _adopt(self) -> None:
+        """The device exists with this node's key and port; the peers it has are kept (an agent restart
+        changes nothing until the cluster is known)."""
+        keys = self._keys
+        assert keys is not None
+        await self.device.ensure()
+        state = await self.device.show()
+        await self.device.configure(
+            keys.current, self.settings.listen_port, [p.configured() for p in state.peers.values()]
+        )
+
+    def _set_keys(self, keys: NodeKey) -> None:
+        self._keys = keys
+        self._key_changed.set()
+        self._key_changed = trio.Event()
+
+    def _failed(self, exc: Exception, failures: int) -> float:
+        delay = self.retry.delay(failures)
+        self.last_error = str(exc)[:500]
+        log.error("WireGuard: %s; retrying", self.last_error, extra={"retry_in": delay})
+        return delay
+
+
+@attrs.define(eq=False)
+class KeyPublisher:
+    """Supervised service: this node's public key in its NodeConfig's ``status.wireguard.publicKey``.
+
+    Republished at every start (idempotent: a merge patch of the same value changes nothing), after
+    every rotation, and whenever the NodeConfig seen says another key (overwritten, or the object made
+    again).  A NodeConfig not there yet (404) is retried (:data:`PUBLISH_RETRY`)."""
+
+    node: str
+    service: WireGuardService
+    cluster: ClusterView
+    patch: Callable[[str, dict[str, Any]], Any]  # (path, merge patch) → the API server's answer
+    retry: Backoff = PUBLISH_RETRY
+    published: int = attrs.field(init=False, default=0)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        key = await self.service.wait_key_changed(None)
+        failures = 0
+        while True:
+            try:
+                await self.publish(key)
+                break
+            except KubeError as exc:
+                delay = self.retry.delay(failures)
+                failures += 1
+                log.warning("cannot publish the WireGuard key yet", extra={"error": str(exc)[:300], "retry_in": delay})
+                await trio.sleep(delay)
+        task_status.started()
+        while True:
+            await self._wait_stale(key)
+            key = self.service.public_key or key
+            await self.publish(key)  # a failure here goes to the supervisor: its restart publishes again
+
+    async def _wait_stale(self, key: PublicKey) -> None:
+        """Until the key is rotated or this node's NodeConfig says another key."""
+        async with trio.open_nursery() as nursery:
+
+            async def rotated() -> None:
+                await self.service.wait_key_changed(key)
+                nursery.cancel_scope.cancel()
+
+            async def overwritten() -> None:
+                seen = self.cluster.version
+                while True:
+                    mine = self.cluster.nodeconfigs.get(self.node)
+                    if mine is not None and mine.public_key != key:
+                        nursery.cancel_scope.cancel()
+                        return
+                    await self.cluster.wait_changed(seen)
+                    seen = self.cluster.version
+
+            nursery.start_soon(rotated)
+            nursery.start_soon(overwritten)
+
+    async def publish(self, key: PublicKey) -> None:
+        body = {"status": {"wireguard": {"publicKey": key.base64}}}
+        await self.patch(f"{NODECONFIG_PATH}/{self.node}/status", body)
+        self.published += 1
+        log.info("WireGuard public key published", extra={"node": self.node, "public_key": key.base64})
+
+
+def cluster_watchers(
+    node: str, service: WireGuardService, cluster: ClusterView, settings: InformerSettings | None = None
+) -> Callable[[KubeClient], Sequence[ChildSpec]]:
+    """A watcher factory for the API link: every NodeConfig, every Node, and the key's publisher."""
+    informer_settings = settings if settings is not None else InformerSettings()
+
+    def factory(client: KubeClient) -> Sequence[ChildSpec]:
+        nodeconfigs = Informer(
+            client.nodeconfigs(),
+            _name_key,
+            lambda c: cluster.put_nodeconfig(c.key, None if c.type is ChangeType.DELETED else c.object),
+            attrs.evolve(informer_settings, watch_list=False),
+            name="nodeconfigs (wireguard)",
+            transform=NodeConfigWireGuard.read,
+        )
+        nodes = Informer(
+            client.nodes(),
+            _name_key,
+            lambda c: cluster.put_node(c.key, None if c.type is ChangeType.DELETED else c.object),
+            informer_settings,
+            name="nodes (wireguard)",
+            transform=NodeAddresses.read,
+        )
+
+        async def run_nodeconfigs(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(nodeconfigs.run)
+                cluster.mark_listed(nodeconfigs=True)
+                task_status.started()
+
+        async def run_nodes(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(nodes.run)
+                cluster.mark_listed(nodes=True)
+                task_status.started()
+
+        async def patch(path: str, body: dict[str, Any]) -> Any:
+            return await client.request("PATCH", path, body, content_type=MERGE_PATCH)
+
+        publisher = KeyPublisher(node, service, cluster, patch)
+        return [
+            ChildSpec("wireguard-nodeconfigs", run_nodeconfigs),
+            ChildSpec("wireguard-nodes", run_nodes),
+            ChildSpec("wireguard-publish", publisher.run),
+        ]
+
+    return factory
+
+
+@attrs.define(eq=False)
+class GuardRemoval:
+    """Encryption off: the guard's table removed once (a node switched off must not keep dropping)."""
+
+    nft: NftBackend
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if await self.nft.has_table(TABLE):
+            await self.nft.run(render_remove())
+            log.info("encryption is off: the WireGuard guard table was removed", extra={"table": f"inet {TABLE}"})
+        task_status.started()
+
+
+@attrs.frozen
+class WireGuardPart:
+    """What :func:`wireguard_part` adds to the tree: the service (None: encryption off), its child, the
+    watcher factory for the API link (None: off)."""
+
+    service: WireGuardService | None
+    child: ChildSpec
+    watchers: Callable[[KubeClient], Sequence[ChildSpec]] | None
+
+
+def wireguard_part(
+    node: str,
+    *,
+    encryption: str,
+    state_dir: Path,
+    host_netns: str | None,
+    device: str,
+    kind: str,
+    port: int,
+    fabric: int,
+    allow_plaintext_to: Sequence[str],
+    nft: NftBackend,
+) -> WireGuardPart:
+    """The WireGuard service and its watchers (encryption on), or the guard's removal (off)."""
+    if encryption != "wireguard":
+        return WireGuardPart(None, ChildSpec("wireguard", GuardRemoval(nft).run, restart=Restart.TRANSIENT), None)
+    cluster = ClusterView()
+    service = WireGuardService(
+        node=node,
+        store=KeyStore(state_dir / "wireguard"),
+        device=WireGuardDevice(device, host_netns, DeviceChoice(kind)),
+        routes=DeviceRoutes(device, host_netns),
+        nft=nft,
+        cluster=cluster,
+        settings=EncryptionSettings(port, fabric, allow_plaintext_to),
+    )
+    return WireGuardPart(service, ChildSpec("wireguard", service.run), cluster_watchers(node, service, cluster))
+
+
+__all__ = [
+    "COUNTER",
+    "ClusterView",
+    "GuardRemoval",
+    "KeyPublisher",
+    "PeerStatus",
+    "WireGuardService",
+    "cluster_watchers",
+]
