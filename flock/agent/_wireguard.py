@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -285,6 +285,17 @@ class WireGuardService:
         return delay
 
 
+class KeySource(Protocol):
+    """Where the publisher reads this node's public key (:class:`WireGuardService`)."""
+
+    @property
+    def public_key(self) -> PublicKey | None: ...
+
+    async def wait_key_changed(self, seen: PublicKey | None) -> PublicKey:
+        """The key once it is set and differs from *seen*."""
+        ...
+
+
 @attrs.define(eq=False)
 class KeyPublisher:
     """Supervised service: this node's public key in its NodeConfig's ``status.wireguard.publicKey``.
@@ -294,7 +305,7 @@ class KeyPublisher:
     again).  A NodeConfig not there yet (404) is retried (:data:`PUBLISH_RETRY`)."""
 
     node: str
-    service: WireGuardService
+    service: KeySource
     cluster: ClusterView
     patch: Callable[[str, dict[str, Any]], Any]  # (path, merge patch) → the API server's answer
     retry: Backoff = PUBLISH_RETRY
@@ -327,14 +338,15 @@ class KeyPublisher:
                 nursery.cancel_scope.cancel()
 
             async def overwritten() -> None:
+                # Changes after the publish only: what the view held before may predate the patch.
                 seen = self.cluster.version
                 while True:
+                    await self.cluster.wait_changed(seen)
+                    seen = self.cluster.version
                     mine = self.cluster.nodeconfigs.get(self.node)
                     if mine is not None and mine.public_key != key:
                         nursery.cancel_scope.cancel()
                         return
-                    await self.cluster.wait_changed(seen)
-                    seen = self.cluster.version
 
             nursery.start_soon(rotated)
             nursery.start_soon(overwritten)

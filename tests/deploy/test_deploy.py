@@ -530,7 +530,12 @@ def test_rbac_grants_only_read_on_what_the_agent_watches():
             ("discovery.k8s.io", "endpointslices"),
         )
         for verb in ("get", "list", "watch")
-    } | {("", "nodes", "list"), ("", "nodes", "watch")}
+    } | {
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        # the one write: its WireGuard public key in a NodeConfig's status, never the spec (issue 36)
+        ("flock.fritzlab.net", "nodeconfigs/status", "patch"),
+    }
     (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
     sa = one("ServiceAccount")
     assert binding["roleRef"] == {
