@@ -68,7 +68,7 @@ from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService,
 from flock.policy._denylog import DENY_LOG_GROUP, DenyLogService, nflog_socket
 from flock.rpc import Request
 from flock.rpc.server import RpcServer, SocketInUse
-from flock.state import Gate, NodeState
+from flock.state import WIREGUARD_OVERHEAD, Gate, NodeState
 from flock.store import FILENAME, MIGRATIONS, StoreError, StoreTooNew, backup_path, open_store
 
 from ._api import API_GATE, NODECONFIG_INFORMER_GATE, POD_INFORMER_GATE, ApiLink, WatcherFactory, nodeconfig_gate
@@ -92,11 +92,13 @@ STORE_REMEDY = (
 )
 
 
-def node_state(node: str) -> NodeState:
-    """The node's state with every readiness gate, in the order /readyz lists them."""
+def node_state(node: str, tunnel_overhead: int = 0) -> NodeState:
+    """The node's state with every readiness gate, in the order /readyz lists them; *tunnel_overhead*:
+    what encryption takes from the pods' MTU."""
     return NodeState(
         node,
         [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE, POLICY_READY_GATE],
+        tunnel_overhead=tunnel_overhead,
     )
 
 
@@ -108,7 +110,8 @@ def compose(
     watchers: tuple[WatcherFactory, ...] = (),
 ) -> Agent:
     """flock-agent for *settings* over the open allocation *store* (see the module doc)."""
-    state = node_state(settings.node)
+    encrypting = settings.encryption == "wireguard"
+    state = node_state(settings.node, WIREGUARD_OVERHEAD[settings.wireguard_fabric] if encrypting else 0)
     metrics = Metrics()
     netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
     if settings.bird:
@@ -132,6 +135,8 @@ def compose(
         fabric=settings.wireguard_fabric,
         allow_plaintext_to=settings.allow_plaintext_to,
         nft=default_backend(settings.host_netns),
+        mtu=lambda: state.pod_mtu,
+        note=state.set_note,
     )
     if wireguard.watchers is not None:
         watchers = (*watchers, wireguard.watchers)

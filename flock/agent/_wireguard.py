@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,9 +31,11 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from flock.model import MTU_DEFAULT
 from flock.nursery import Backoff, ChildSpec, Restart
 from flock.policy import NftBackend
 from flock.policy._backend import NftError
+from flock.state import WIREGUARD_OVERHEAD, PodMtu
 from flock.watchers import ChangeType, Informer, InformerSettings, KubeClient, KubeError
 from flock.wireguard import (
     DeviceChoice,
@@ -66,6 +67,13 @@ RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 PUBLISH_RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 NODECONFIG_PATH = "/apis/flock.fritzlab.net/v1alpha1/nodeconfigs"
 MERGE_PATCH = "application/merge-patch+json"
+
+
+NOTE = "wireguard"  # the readiness note's topic
+
+
+class MtuRefused(ValueError):
+    """The fabric is too small for IPv6 inside the tunnel (the text says by how much and what to do)."""
 
 
 def _name_key(obj: Mapping[str, Any]) -> str:
@@ -147,7 +155,9 @@ class WireGuardService:
     resync_seconds: float = RESYNC_SECONDS
     debounce_seconds: float = DEBOUNCE_SECONDS
     retry: Backoff = RETRY
-    clock: Callable[[], float] = time.time  # Unix time, for handshake ages
+    # The pods' MTU (the fabric's less WireGuard's overhead; refused below 1280) and where readiness notes go
+    mtu: Callable[[], PodMtu] = lambda: PodMtu(MTU_DEFAULT - WIREGUARD_OVERHEAD[6], "default")
+    note: Callable[[str, str | None], None] = lambda topic, text: None
     _keys: NodeKey | None = attrs.field(init=False, default=None)
     _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _applied: dict[str, Peer] | None = attrs.field(init=False, default=None)  # None: reconcile in full
@@ -192,7 +202,7 @@ class WireGuardService:
             full = trio.current_time() >= full_at + self.resync_seconds or self._applied is None
             try:
                 await self.reconcile(full=full)
-            except (DeviceError, NftError) as exc:
+            except (DeviceError, NftError, MtuRefused) as exc:
                 self._applied = None  # the device's state is unknown: the next pass reads it
                 delay = self._failed(exc, failures)
                 failures += 1
@@ -217,6 +227,16 @@ class WireGuardService:
                     extra={"node": refusal.node, "reason": str(refusal.reason), "detail": refusal.detail},
                 )
             self._refusals = dp.refusals
+        # The guard first: whatever fails after it, nothing leaves in the clear.
+        await self.nft.run(render_guard(self.device.name, dp.local, dp.guarded))
+        self._dataplane = dp
+        mtu = self.mtu()
+        self.note(NOTE, mtu.refused)
+        if mtu.refused is not None:
+            raise MtuRefused(mtu.refused)
+        if self.device.mtu != mtu.value:
+            self.device.mtu = mtu.value  # set by the next ensure()
+            full = True
         desired = dict(dp.peers)
         port = self.settings.listen_port
         if full or self._applied is None:
@@ -231,8 +251,6 @@ class WireGuardService:
                 log.info("WireGuard peers updated", extra={"nodes": changed[:20], "count": len(changed)})
         self._applied = desired
         await self.routes.apply(dp.routes)
-        await self.nft.run(render_guard(self.device.name, dp.local, dp.guarded))
-        self._dataplane = dp
         self.reconciles += 1
         self.last_error = None
 
@@ -442,6 +460,8 @@ def wireguard_part(
     fabric: int,
     allow_plaintext_to: Sequence[str],
     nft: NftBackend,
+    mtu: Callable[[], PodMtu],
+    note: Callable[[str, str | None], None],
 ) -> WireGuardPart:
     """The WireGuard service and its watchers (encryption on), or the guard's removal (off)."""
     if encryption != "wireguard":
@@ -455,6 +475,8 @@ def wireguard_part(
         nft=nft,
         cluster=cluster,
         settings=EncryptionSettings(port, fabric, allow_plaintext_to),
+        mtu=mtu,
+        note=note,
     )
     return WireGuardPart(service, ChildSpec("wireguard", service.run), cluster_watchers(node, service, cluster))
 

@@ -21,6 +21,7 @@ import trio
 from flock.agent._wireguard import ClusterView, WireGuardService
 from flock.logs import JsonFormatter
 from flock.policy._backend import NftCommand
+from flock.state import PodMtu
 from flock.testing.wireguard import (
     MARKER,
     PORT,
@@ -109,7 +110,7 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                         )
                 for service in services.values():
                     service.cluster.mark_listed(nodeconfigs=True, nodes=True)
-                await eventually(lambda: all(s.dataplane is not None and s.dataplane.peers for s in services.values()))
+                await eventually(lambda: all(s.reconciles > 0 for s in services.values()))
                 try:
                     yield c
                 finally:
@@ -185,6 +186,7 @@ async def test_device_gone_traffic_dropped_and_counted_never_in_the_clear(cluste
     assert (await trio.to_thread.run_sync(ping, a.ns, a.fabric4, b.fabric4)).received == 3
     # the service's periodic full reconcile makes the device again: traffic flows, encrypted
     await eventually(lambda: any(r["dev"] == a.device.name for r in _routes(a)), seconds=10)
+    await _pings(cluster, 1)  # a new device: its first packet waits for the handshake
     assert await _pings(cluster) == [3, 3]
     assert await _dropped(cluster, "a") == dropped
 
@@ -195,7 +197,7 @@ async def test_a_peer_without_a_key_is_removed_alone_and_its_traffic_dropped(clu
     assert await _pings(cluster) == [3, 3]
     updates, sets = service.peer_updates, read_text(cluster.world.wg_log).count(" set ")
     cluster.tell_everyone("b", key=False)  # b's key vanished from its NodeConfig's status
-    await eventually(lambda: service.dataplane is not None and not service.dataplane.peers)
+    await eventually(lambda: service.peer_updates > updates)
     assert service.peer_updates == updates + 1  # one node's change: one wg set
     assert not (await a.device.show()).peers and _routes(a) == []
     capture = Capture.open(a.ns, a.veth)
@@ -206,7 +208,8 @@ async def test_a_peer_without_a_key_is_removed_alone_and_its_traffic_dropped(clu
         capture.close()
     assert report.plaintext == [] and await _dropped(cluster, "a") >= 6
     cluster.tell_everyone("b")
-    await eventually(lambda: service.dataplane is not None and bool(service.dataplane.peers))
+    await eventually(lambda: bool(_routes(a)))
+    await _pings(cluster, 1)  # a new session: its first packet waits for the handshake
     assert await _pings(cluster) == [3, 3]
     assert read_text(cluster.world.wg_log).count(" set ") - sets <= 4  # per-node updates, both nodes
 
@@ -214,12 +217,13 @@ async def test_a_peer_without_a_key_is_removed_alone_and_its_traffic_dropped(clu
 async def test_allow_plaintext_to_lets_the_bird_route_carry_it(cluster: Cluster) -> None:
     a, b = cluster.world.a, cluster.world.b
     service = cluster.services["a"]
+    before = {name: s.reconciles for name, s in cluster.services.items()}
     service.settings = EncryptionSettings(PORT, 6, frozenset({"b"}))
-    cluster.tell_everyone("b", key=False)  # b does not encrypt yet (a migration)
-    await eventually(lambda: service.dataplane is not None and not service.dataplane.guarded)
     cluster.services["b"].settings = EncryptionSettings(PORT, 6, frozenset({"a"}))
+    cluster.tell_everyone("b", key=False)  # neither encrypts towards the other (a migration)
     cluster.tell_everyone("a", key=False)
-    await eventually(lambda: not cluster.services["b"].dataplane.guarded)  # type: ignore[union-attr]
+    await eventually(lambda: all(s.reconciles > before[name] + 1 for name, s in cluster.services.items()))
+    assert service.dataplane is not None and not service.dataplane.guarded and _routes(a) == []
     capture = Capture.open(a.ns, a.veth)
     try:
         assert await _pings(cluster) == [3, 3]
@@ -228,3 +232,25 @@ async def test_allow_plaintext_to_lets_the_bird_route_carry_it(cluster: Cluster)
         capture.close()
     assert report.plaintext  # in the clear, as named: the capture sees it
     assert await _dropped(cluster, "a") == 0
+
+
+async def test_the_device_takes_the_pods_mtu_and_a_fabric_too_small_is_refused_closed(cluster: Cluster) -> None:
+    a = cluster.world.a
+    service = cluster.services["a"]
+    notes: dict[str, str | None] = {}
+    assert json.loads(a.ns.ip("-j", "link", "show", a.device.name))[0]["mtu"] == 1420  # 1500 less 80
+    service.note = notes.__setitem__
+    service.mtu = lambda: PodMtu(
+        1280, "nodeconfig, less 80", "the fabric's MTU 1300 less 80 is 1220: encryption refused"
+    )
+    cluster.tell_everyone("b")  # a change: a reconcile
+    await eventually(lambda: service.last_error is not None)
+    assert "encryption refused" in (service.last_error or "") and "encryption refused" in (notes["wireguard"] or "")
+    await a.device.delete()  # nothing brings it back while refused, and nothing leaves in the clear
+    assert await _pings(cluster, 3, 0.3) == [0, 0] and await _dropped(cluster, "a") >= 6
+    service.mtu = lambda: PodMtu(1360, "nodeconfig, less 80")
+    await eventually(lambda: service.last_error is None and bool(_routes(a)), seconds=10)
+    assert notes["wireguard"] is None
+    assert json.loads(a.ns.ip("-j", "link", "show", a.device.name))[0]["mtu"] == 1360
+    await _pings(cluster, 1)  # a new device: its first packet waits for the handshake
+    assert await _pings(cluster) == [3, 3]
