@@ -210,6 +210,7 @@ def compose(
             policy=policy,
             policy_watch=policy_link,
             services=service_proxy.proxy,
+            encryption=wireguard.service,
         ),
     )
     services = [

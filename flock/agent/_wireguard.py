@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,6 +64,7 @@ log = logging.getLogger("flock.wireguard")
 
 RESYNC_SECONDS = 60.0  # a full reconcile (wg show, every peer compared) this often
 DEBOUNCE_SECONDS = 0.1  # changes arriving within this are applied together
+FORGET_POLL_SECONDS = 1.0  # after a rotation: how often the peers' handshakes are checked
 RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 PUBLISH_RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 NODECONFIG_PATH = "/apis/flock.fritzlab.net/v1alpha1/nodeconfigs"
@@ -158,10 +160,13 @@ class WireGuardService:
     # The pods' MTU (the fabric's less WireGuard's overhead; refused below 1280) and where readiness notes go
     mtu: Callable[[], PodMtu] = lambda: PodMtu(MTU_DEFAULT - WIREGUARD_OVERHEAD[6], "default")
     note: Callable[[str, str | None], None] = lambda topic, text: None
+    clock: Callable[[], float] = time.time  # Unix time: what handshake times are compared with
     _keys: NodeKey | None = attrs.field(init=False, default=None)
     _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _applied: dict[str, Peer] | None = attrs.field(init=False, default=None)  # None: reconcile in full
     _dataplane: Dataplane | None = attrs.field(init=False, default=None)
+    _rotated_at: float | None = attrs.field(init=False, default=None)  # Unix time of the rotation in progress
+    _device_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)  # one writer of the device at a time
     _refusals: tuple[Refusal, ...] = attrs.field(init=False, default=())
     last_error: str | None = attrs.field(init=False, default=None)
     reconciles: int = attrs.field(init=False, default=0)
@@ -192,6 +197,19 @@ class WireGuardService:
                 failures += 1
                 await trio.sleep(delay)
         task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._forget_previous_keys)
+            await self._follow()
+
+    async def _forget_previous_keys(self) -> None:
+        while True:
+            await trio.sleep(FORGET_POLL_SECONDS)
+            try:
+                await self.forget_when_every_peer_has_the_new_key()
+            except (DeviceError, OSError) as exc:
+                log.warning("WireGuard: cannot check the peers' handshakes", extra={"error": str(exc)[:300]})
+
+    async def _follow(self) -> None:
         seen, full_at = -1, -math.inf
         failures = 0
         while True:
@@ -215,6 +233,10 @@ class WireGuardService:
     async def reconcile(self, *, full: bool) -> None:
         """Apply what the cluster says: in *full* (the device read, every peer compared, the device created
         again if it went), or only the peers that changed since the last pass (one ``wg set`` naming them)."""
+        async with self._device_lock:
+            await self._reconcile(full=full)
+
+    async def _reconcile(self, *, full: bool) -> None:
         keys = self._keys
         assert keys is not None
         if not self.cluster.listed:
@@ -253,6 +275,73 @@ class WireGuardService:
         await self.routes.apply(dp.routes)
         self.reconciles += 1
         self.last_error = None
+
+    async def rotate(self) -> NodeKey:
+        """A new key for this node (flockctl wireguard rotate): on disk first (the old one kept as
+        ``private.key.previous``), then on the device, then published (the publisher follows the key).
+        Peers lose at most the time until they read the new key.  RotationPending while the previous
+        rotation's key is kept (not every peer has shaken hands with the new one yet)."""
+        async with self._device_lock:
+            keys = await trio.to_thread.run_sync(self.store.rotate)
+            self._rotated_at = self.clock()
+            self._set_keys(keys)
+            if self._applied is not None:
+                peers = list(self._applied.values())
+                before = keys.previous.public_key if keys.previous is not None else keys.public_key
+                known = DeviceState.configured(before, self.settings.listen_port, peers)
+                await self.device.update(known, keys.current, self.settings.listen_port, peers)
+        log.info("WireGuard key rotated; publishing", extra={"public_key": keys.public_key.base64})
+        return keys
+
+    async def forget_when_every_peer_has_the_new_key(self) -> bool:
+        """Forget the previous key once every peer has shaken hands after the rotation (with the new key:
+        the device has no other).  True when there is no previous key (any more)."""
+        keys = self._keys
+        if keys is None or keys.previous is None:
+            return True
+        state = await self.device.show()
+        since = self._rotated_at if self._rotated_at is not None else self.clock()
+        self._rotated_at = since
+        waiting = [k for k, p in state.peers.items() if p.latest_handshake is None or p.latest_handshake < since]
+        if waiting:
+            return False
+        self._set_keys(await trio.to_thread.run_sync(self.store.forget_previous))
+        log.info("WireGuard previous key forgotten: every peer has the new one", extra={"peers": len(state.peers)})
+        return True
+
+    async def admin_status(self) -> dict[str, Any]:
+        """What ``flockctl status`` shows of encryption: the device, the key (public), the peers with their
+        handshakes, the guard's drops, refusals and the last error.  Never the private key."""
+        keys = self._keys
+        try:
+            peers: list[dict[str, Any]] | None = [attrs.asdict(p) for p in await self.peer_status()]
+            device_error = None
+        except DeviceError as exc:
+            peers, device_error = None, str(exc)[:300]
+        dropped = await self.dropped()
+        dp = self._dataplane
+        return {
+            "mode": "wireguard",
+            "device": self.device.name,
+            "kind": str(self.device.kind) if self.device.kind is not None else None,
+            "mtu": self.device.mtu,
+            "listen_port": self.settings.listen_port,
+            "public_key": keys.public_key.base64 if keys is not None else None,
+            "rotation_pending": keys is not None and keys.previous is not None,
+            "peers": peers,
+            "device_error": device_error,
+            "guard": {
+                "table": f"inet {TABLE}",
+                "counter": COUNTER,
+                "dropped_packets": dropped[0] if dropped is not None else None,
+                "dropped_bytes": dropped[1] if dropped is not None else None,
+                "guarded_blocks": len(dp.guarded) if dp is not None else 0,
+            },
+            "allow_plaintext_to": sorted(self.settings.allow_plaintext_to),
+            "refusals": [str(r) for r in (dp.refusals if dp is not None else ())][:20],
+            "error": self.last_error,
+            "now": int(self.clock()),
+        }
 
     async def dropped(self) -> tuple[int, int] | None:
         """(packets, bytes) the guard dropped; None when it has no table yet."""
