@@ -34,31 +34,33 @@ import trio
 
 from flock.model import MTU_DEFAULT
 from flock.nursery import Backoff, ChildSpec, Restart
-from flock.policy import NftBackend
-from flock.policy._backend import NftError
+from flock.policy import NftBackend, NftError
 from flock.state import WIREGUARD_OVERHEAD, PodMtu
 from flock.watchers import ChangeType, Informer, InformerSettings, KubeClient, KubeError
 from flock.wireguard import (
+    GUARD_COUNTER,
+    GUARD_TABLE,
+    Dataplane,
     DeviceChoice,
     DeviceError,
+    DeviceRoutes,
     DeviceState,
+    EncryptionSettings,
     KeyStore,
+    NodeAddresses,
+    NodeConfigWireGuard,
     NodeKey,
     Peer,
     PublicKey,
     Refusal,
     WireGuardDevice,
-)
-from flock.wireguard._cluster import (
-    Dataplane,
-    EncryptionSettings,
-    NodeAddresses,
-    NodeConfigWireGuard,
+    parse_counter,
     peers_changed,
     plan_dataplane,
+    render_guard,
+    render_read_counter,
+    render_remove,
 )
-from flock.wireguard._guard import COUNTER, TABLE, parse_counter, render_guard, render_read_counter, render_remove
-from flock.wireguard._routes import DeviceRoutes
 
 log = logging.getLogger("flock.wireguard")
 
@@ -302,7 +304,9 @@ class WireGuardService:
         state = await self.device.show()
         since = self._rotated_at if self._rotated_at is not None else self.clock()
         self._rotated_at = since
-        waiting = [k for k, p in state.peers.items() if p.latest_handshake is None or p.latest_handshake < since]
+        # wg reports handshakes in whole seconds: one in the rotation's second counts (the device has had only
+        # the new key since, and the key file is bookkeeping: the device never reads the previous one).
+        waiting = [k for k, p in state.peers.items() if p.latest_handshake is None or p.latest_handshake < int(since)]
         if waiting:
             return False
         self._set_keys(await trio.to_thread.run_sync(self.store.forget_previous))
@@ -331,8 +335,8 @@ class WireGuardService:
             "peers": peers,
             "device_error": device_error,
             "guard": {
-                "table": f"inet {TABLE}",
-                "counter": COUNTER,
+                "table": f"inet {GUARD_TABLE}",
+                "counter": GUARD_COUNTER,
                 "dropped_packets": dropped[0] if dropped is not None else None,
                 "dropped_bytes": dropped[1] if dropped is not None else None,
                 "guarded_blocks": len(dp.guarded) if dp is not None else 0,
@@ -521,9 +525,9 @@ class GuardRemoval:
     nft: NftBackend
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if await self.nft.has_table(TABLE):
+        if await self.nft.has_table(GUARD_TABLE):
             await self.nft.run(render_remove())
-            log.info("encryption is off: the WireGuard guard table was removed", extra={"table": f"inet {TABLE}"})
+            log.info("encryption is off: the WireGuard guard table was removed", extra={"table": f"inet {GUARD_TABLE}"})
         task_status.started()
 
 
@@ -571,7 +575,6 @@ def wireguard_part(
 
 
 __all__ = [
-    "COUNTER",
     "ClusterView",
     "GuardRemoval",
     "KeyPublisher",

@@ -20,7 +20,7 @@ import trio
 
 from flock.agent._wireguard import ClusterView, WireGuardService
 from flock.logs import JsonFormatter
-from flock.policy._backend import NftCommand
+from flock.policy import NftCommand
 from flock.state import PodMtu
 from flock.testing.wireguard import (
     MARKER,
