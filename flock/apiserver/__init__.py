@@ -63,7 +63,10 @@ faults (not upstream)          dropped connections, injected errors, compaction,
 =============================  ===============================================================
 
 Not implemented: authentication and authorization (any bearer token is
-accepted; RBAC objects are stored, never enforced), label selectors on lists
+accepted, or those of ``tokens``; RBAC objects are stored, never enforced;
+one admission policy is: tokens bound to a node, ``token_nodes``, write the
+status of that node's NodeConfig only, as deploy/admission-nodeconfig-status.yaml
+says), label selectors on lists
 and watches (400, saying so), ``dryRun`` (400; ``kubectl --dry-run=client``
 works), graceful deletion of kinds other than Pod, finalizers and garbage
 collection, admission webhooks, API aggregation, pod subresources (exec, logs,

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
 import trio
 
-from flock.agent._wireguard import ClusterView, KeyPublisher, cluster_watchers
-from flock.apiserver import NODECONFIGS, NODES, ObjectStore, node_object, nodeconfig_object
+from flock.agent._wireguard import NODECONFIG_PATH, ClusterView, KeyPublisher, cluster_watchers
+from flock.apiserver import NODECONFIGS, NODES, ApiServer, ObjectStore, node_object, nodeconfig_object
 from flock.testing import StoreSource
-from flock.watchers import KubeApiError
+from flock.watchers import KubeApiError, open_kube_client
 from flock.wireguard import PrivateKey, PublicKey
 
 NODE = "host001"
@@ -119,3 +120,38 @@ async def test_publisher_republishes_at_every_start(autojump_clock) -> None:
                 nursery.cancel_scope.cancel()
     assert len(client.patches) == 2 and published(api) == KEYS[0].base64
     assert api.get(NODECONFIGS, NODE)["status"]["other"] == "kept"  # a merge: the rest of status stays
+
+
+async def test_over_http_a_node_s_token_writes_its_own_status_only(tmp_path) -> None:
+    """The lab's API server enforces deploy/admission-nodeconfig-status.yaml's policy: a token bound to
+    host001 (its node-name claim) publishes host001's key with a merge patch, and is refused on host002's."""
+    tokens = {"token-host001": NODE, "token-host002": "host002"}
+    with trio.fail_after(30), ApiServer(tokens=frozenset({"admin"}), token_nodes=tokens) as api:
+        for name in (NODE, "host002"):
+            api.create(NODECONFIGS, nodeconfig_object(name, "2001:db8:0:1::/64"))
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kc", "token-host001")) as kube:
+            keys = Keys()
+            keys.set(KEYS[0])
+
+            async def patch(path: str, body: dict[str, Any]) -> Any:
+                return await kube.request("PATCH", path, body, content_type="application/merge-patch+json")
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(KeyPublisher(NODE, keys, ClusterView(), patch).run)
+                nursery.cancel_scope.cancel()
+            assert published(api.store) == KEYS[0].base64
+            with pytest.raises(KubeApiError) as refused:
+                await patch(
+                    f"{NODECONFIG_PATH}/host002/status", {"status": {"wireguard": {"publicKey": KEYS[1].base64}}}
+                )
+            assert refused.value.status == 403 and "its own node's NodeConfig only" in str(refused.value)
+            assert "wireguard" not in (api.store.get(NODECONFIGS, "host002").get("status") or {})
+        async with open_kube_client(api.write_kubeconfig(tmp_path / "kc-admin", "admin")) as kube:
+            # a token bound to no node (an administrator's) is not the policy's concern
+            await kube.request(
+                "PATCH",
+                f"{NODECONFIG_PATH}/host002/status",
+                {"status": {"wireguard": {"publicKey": KEYS[1].base64}}},
+                content_type="application/merge-patch+json",
+            )
+        assert api.store.get(NODECONFIGS, "host002")["status"]["wireguard"]["publicKey"] == KEYS[1].base64

@@ -39,6 +39,7 @@ MANIFESTS = (
     "crd-clusternetworkpolicy.yaml",
     "crd-loadbalancerpool.yaml",
     "rbac.yaml",
+    "admission-nodeconfig-status.yaml",
     "controller-rbac.yaml",
     "controller.yaml",
     "bird-bootstrap.yaml",
@@ -100,6 +101,8 @@ def test_manifests_validate_against_kubernetes_schemas(version):
         "ConfigMap",
         "DaemonSet",
         "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -869,3 +872,21 @@ def controller_help() -> str:
     return subprocess.run(
         [sys.executable, "-m", "flock.controller", "--help"], capture_output=True, text=True, check=True
     ).stdout
+
+
+def test_nodeconfig_status_is_written_by_its_own_node_only():
+    """The policy binds flock's service account (rbac.yaml's) to the NodeConfig named after the node its token
+    was issued for, on the status subresource, and denies: the lab's API server enforces the same."""
+    from flock.apiserver._admission import NODE_NAME_EXTRA, NODECONFIG_STATUS_POLICY
+
+    policy, binding = load("admission-nodeconfig-status.yaml")
+    sa = one("ServiceAccount")
+    assert policy["metadata"]["name"] == binding["spec"]["policyName"] == NODECONFIG_STATUS_POLICY
+    assert binding["spec"]["validationActions"] == ["Deny"] and policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodeconfigs/status"] and "UPDATE" in rule["operations"]
+    account = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert account in policy["spec"]["matchConditions"][0]["expression"]
+    (check,) = policy["spec"]["validations"]
+    assert NODE_NAME_EXTRA in check["expression"] and "object.metadata.name" in check["expression"]
+    assert check["reason"] == "Forbidden"
