@@ -788,7 +788,7 @@ def test_dockerfile_builds_from_bookworm_with_bird_and_the_package():
     assert re.findall(r"^ARG BASE_IMAGE=(\S+)$", text, re.M) == ["debian:bookworm-slim"]
     assert {f.split()[0] for f in re.findall(r"^FROM (.+)$", text, re.M)} == {"${BASE_IMAGE}"}
     installs = " ".join(re.findall(r"apt-get install [^\n]*", text))
-    for package in ("bird2", "iproute2", "python3", "python3-venv"):
+    for package in ("bird2", "iproute2", "python3", "python3-venv", "wireguard-tools"):
         assert re.search(rf"\b{re.escape(package)}\b", installs), package
     root = DEPLOY.parent
     for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
