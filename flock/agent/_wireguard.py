@@ -423,6 +423,9 @@ class KeyPublisher:
     published: int = attrs.field(init=False, default=0)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Started at once: the key comes from the WireGuard service, which the tree starts after the API link
+        # (whose start waits for this child): waiting for the key first would deadlock the start.
+        task_status.started()
         key = await self.service.wait_key_changed(None)
         failures = 0
         while True:
@@ -434,7 +437,6 @@ class KeyPublisher:
                 failures += 1
                 log.warning("cannot publish the WireGuard key yet", extra={"error": str(exc)[:300], "retry_in": delay})
                 await trio.sleep(delay)
-        task_status.started()
         while True:
             await self._wait_stale(key)
             key = self.service.public_key or key

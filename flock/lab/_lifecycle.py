@@ -262,6 +262,12 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
         # (cordoned, stopping) withdraws its Service routes 2 s after the graceful-shutdown community.
         "--service-proxy",
         "--bgp-leave-seconds=2",
+        # --encrypt: WireGuard between the nodes over wireguard-go (no module here), a device name per node
+        *(
+            ["--encryption=wireguard", f"--wireguard-device={node.wireguard_device}", "--wireguard-kind=userspace"]
+            if node.wireguard_device is not None
+            else []
+        ),
     ]
 
 

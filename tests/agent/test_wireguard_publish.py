@@ -116,7 +116,10 @@ async def test_publisher_republishes_at_every_start(autojump_clock) -> None:
     with trio.fail_after(10):
         for _ in range(2):  # two agent starts, the same key: the same merge patch, idempotent
             async with trio.open_nursery() as nursery:
-                await nursery.start(KeyPublisher(NODE, keys, ClusterView(), patch).run)
+                publisher = KeyPublisher(NODE, keys, ClusterView(), patch)
+                await nursery.start(publisher.run)  # at once: the key comes from a service started later
+                while not publisher.published:  # noqa: ASYNC110 (a counter, no event to wait on)
+                    await trio.sleep(0.01)
                 nursery.cancel_scope.cancel()
     assert len(client.patches) == 2 and published(api) == KEYS[0].base64
     assert api.get(NODECONFIGS, NODE)["status"]["other"] == "kept"  # a merge: the rest of status stays
@@ -137,7 +140,10 @@ async def test_over_http_a_node_s_token_writes_its_own_status_only(tmp_path) -> 
                 return await kube.request("PATCH", path, body, content_type="application/merge-patch+json")
 
             async with trio.open_nursery() as nursery:
-                await nursery.start(KeyPublisher(NODE, keys, ClusterView(), patch).run)
+                publisher = KeyPublisher(NODE, keys, ClusterView(), patch)
+                await nursery.start(publisher.run)  # at once: the key comes from a service started later
+                while not publisher.published:  # noqa: ASYNC110 (a counter, no event to wait on)
+                    await trio.sleep(0.01)
                 nursery.cancel_scope.cancel()
             assert published(api.store) == KEYS[0].base64
             with pytest.raises(KubeApiError) as refused:
