@@ -49,6 +49,14 @@ class AgentSettings:
     # NetworkPolicy peers: "pods" (every Pod of the cluster, watched by every agent) or "groups" (this
     # node's pods and the address groups flock-controller writes for it: issue 35)
     policy_peers: str = "pods"
+    # Encryption between nodes (issue 36, docs/encryption.md): "off" or "wireguard", the same on every node.
+    encryption: str = "off"
+    wireguard_device: str = "flock-wg"  # the interface's name (a lab gives each node its own)
+    wireguard_port: int = 51820  # every node's UDP port (cluster-wide)
+    wireguard_fabric: int = 6  # the family of the node addresses the tunnel runs over
+    wireguard_kind: str = "auto"  # auto (kernel module, else wireguard-go), kernel, userspace
+    # nodes whose pods may be reached in the clear (a migration: nodes not encrypting yet)
+    allow_plaintext_to: tuple[str, ...] = ()
 
     @property
     def admin_path(self) -> Path:
@@ -183,6 +191,41 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         "this node's pods and the AddressGroups flock-controller writes for it (needs flock-controller; "
         "default: $FLOCK_POLICY_PEERS, else %(default)s)",
     )
+    parser.add_argument(
+        "--encryption",
+        choices=["off", "wireguard"],
+        default=environ.get("FLOCK_ENCRYPTION", "off"),
+        help="encrypt pod traffic between nodes with WireGuard, fail closed: pod traffic to another node's pod "
+        "blocks leaves through the tunnel or is dropped (default: $FLOCK_ENCRYPTION, else off; off removes the "
+        "guard table)",
+    )
+    parser.add_argument(
+        "--wireguard-device", default="flock-wg", metavar="NAME", help="the WireGuard interface (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--wireguard-port", type=int, default=51820, metavar="PORT", help="WireGuard's UDP port on every node"
+    )
+    parser.add_argument(
+        "--wireguard-fabric",
+        type=int,
+        choices=[6, 4],
+        default=6,
+        help="the family of the node addresses the tunnel runs over (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--wireguard-kind",
+        choices=["auto", "kernel", "userspace"],
+        default="auto",
+        help="the kernel module, wireguard-go, or the module where the kernel has it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--allow-plaintext-to",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="a node whose pods this node may reach in the clear (repeatable; a migration to encryption): "
+        "every other node's pod blocks are reachable through the tunnel only",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     args = parser.parse_args(argv)
@@ -201,6 +244,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         parser.error(f"--host-netns {args.host_netns}: no such namespace file")
     if args.admin_socket is not None and (not args.admin_socket.is_absolute() or args.admin_socket == args.socket):
         parser.error(f"--admin-socket {args.admin_socket}: expected an absolute path other than --socket")
+    if not 1 <= args.wireguard_port <= 65535:
+        parser.error(f"--wireguard-port {args.wireguard_port}: expected 1..65535")
+    device = args.wireguard_device
+    if not (0 < len(device) <= 15 and all(c.isalnum() or c in "_.-" for c in device)):
+        parser.error(f"--wireguard-device {device[:20]!r}: expected an interface name (1-15 letters, digits, _.-)")
     for flag, path in (("--bird-config", args.bird_config), ("--bird-socket", args.bird_socket)):
         if not path.is_absolute():
             parser.error(f"{flag} {path}: expected an absolute path")
@@ -225,5 +273,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         announce_cluster_ip_ranges=tuple(args.announce_cluster_ip_range),
         withdraw_without_endpoints=not args.keep_service_routes_without_endpoints,
         policy_peers=args.policy_peers,
+        encryption=args.encryption,
+        wireguard_device=device,
+        wireguard_port=args.wireguard_port,
+        wireguard_fabric=args.wireguard_fabric,
+        wireguard_kind=args.wireguard_kind,
+        allow_plaintext_to=tuple(args.allow_plaintext_to),
     )
     return settings, args

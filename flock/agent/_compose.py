@@ -26,6 +26,8 @@ to its constructor.  The tree it returns (DESIGN: "Supervision tree")::
     │   └── node-watcher        this node's Node: cordoned / excluded → NodeState.leaving (proxy and BIRD)
     ├── policy                  flock.policy.PolicyService: compile → one nftables transaction; ADD's policy gate
     ├── policy-log              the kernel's log of policy drops (nflog) → a line per denied flow, counters
+    ├── wireguard               flock.agent._wireguard: key, device, peers, routes, guard (--encryption wireguard;
+    │                           its watchers and key publisher run under "api"); off: the guard table removed
     ├── services                flock.services.ServiceProxy: Services → table inet flock-services (--service-proxy;
     │                           off: the table removed; refused beside kube-proxy)
     ├── health-checks           healthCheckNodePorts of eTP Local Services, as kube-proxy answers them (proxy on)
@@ -69,7 +71,7 @@ from flock.policy import NftApplier, PolicyInputs, PolicyMetrics, PolicyService,
 from flock.policy._denylog import DENY_LOG_GROUP, DenyLogService, nflog_socket
 from flock.rpc import Request
 from flock.rpc.server import RpcServer, SocketInUse
-from flock.state import Gate, NodeState
+from flock.state import WIREGUARD_OVERHEAD, Gate, NodeState
 from flock.store import FILENAME, MIGRATIONS, StoreError, StoreTooNew, backup_path, open_store
 from flock.watchers import PeerFeed
 
@@ -82,6 +84,7 @@ from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import SHUTDOWN_DEADLINE_S, Agent, FatalStartError, check_state_dir
 from ._services import services_part
 from ._startup import StartupWatch
+from ._wireguard import wireguard_part
 
 log = logging.getLogger("flock.agent")
 
@@ -93,11 +96,13 @@ STORE_REMEDY = (
 )
 
 
-def node_state(node: str) -> NodeState:
-    """The node's state with every readiness gate, in the order /readyz lists them."""
+def node_state(node: str, tunnel_overhead: int = 0) -> NodeState:
+    """The node's state with every readiness gate, in the order /readyz lists them; *tunnel_overhead*:
+    what encryption takes from the pods' MTU."""
     return NodeState(
         node,
         [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE, POLICY_READY_GATE],
+        tunnel_overhead=tunnel_overhead,
     )
 
 
@@ -109,7 +114,8 @@ def compose(
     watchers: tuple[WatcherFactory, ...] = (),
 ) -> Agent:
     """flock-agent for *settings* over the open allocation *store* (see the module doc)."""
-    state = node_state(settings.node)
+    encrypting = settings.encryption == "wireguard"
+    state = node_state(settings.node, WIREGUARD_OVERHEAD[settings.wireguard_fabric] if encrypting else 0)
     metrics = Metrics()
     netlink = NetlinkWorker(host_netns=settings.host_netns, fault=crash.setup_fault if crash.name else None)
     if settings.bird:
@@ -123,6 +129,22 @@ def compose(
     announcing = settings.bird and settings.service_proxy  # Service routes over BGP
     if announcing:
         watchers = (*watchers, node_watcher(settings.node, state))
+    wireguard = wireguard_part(
+        settings.node,
+        encryption=settings.encryption,
+        state_dir=settings.state_dir,
+        host_netns=settings.host_netns,
+        device=settings.wireguard_device,
+        kind=settings.wireguard_kind,
+        port=settings.wireguard_port,
+        fabric=settings.wireguard_fabric,
+        allow_plaintext_to=settings.allow_plaintext_to,
+        nft=default_backend(settings.host_netns),
+        mtu=lambda: state.pod_mtu,
+        note=state.set_note,
+    )
+    if wireguard.watchers is not None:
+        watchers = (*watchers, wireguard.watchers)
     api = ApiLink(settings.node, settings.kubeconfig, state, watchers=watchers, cluster_pods=policy_link.cluster_pods)
     policy_metrics = PolicyMetrics(metrics.registry)
     policy = PolicyService(
@@ -194,6 +216,7 @@ def compose(
             policy_watch=policy_link,
             services=service_proxy.proxy,
             fetch_pod=api.fetch_policy_pod if peers is not None else None,
+            encryption=wireguard.service,
         ),
     )
     services = [
@@ -214,6 +237,9 @@ def compose(
         ChildSpec("policy-log", denied_log.run),
         # Services (--service-proxy): table inet flock-services; off, it only removes that table.
         *service_proxy.children(),
+        # --encryption wireguard: key, published key, device, peers, routes, the fail-closed guard table
+        # (inet flock-wireguard); off: that table removed.
+        wireguard.child,
     ]
     if settings.bird:
         reloader = BirdReloader(

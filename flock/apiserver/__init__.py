@@ -68,7 +68,10 @@ faults (not upstream)          dropped connections, injected errors, compaction,
 =============================  ===============================================================
 
 Not implemented: authentication and authorization (any bearer token is
-accepted; RBAC objects are stored, never enforced), ``dryRun`` (400; ``kubectl --dry-run=client``
+accepted, or those of ``tokens``; RBAC objects are stored, never enforced;
+one admission policy is: tokens bound to a node, ``token_nodes``, write the
+status of that node's NodeConfig only, as deploy/admission-nodeconfig-status.yaml
+says), ``dryRun`` (400; ``kubectl --dry-run=client``
 works), graceful deletion of kinds other than Pod, finalizers and garbage
 collection, admission webhooks, API aggregation, pod subresources (exec, logs,
 port-forward, binding, eviction), Events, protobuf and CBOR (JSON only), and

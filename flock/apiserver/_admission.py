@@ -48,6 +48,25 @@ _PROTOCOLS = ("TCP", "UDP", "SCTP")
 _POLICY_TYPES = ("Ingress", "Egress")
 
 
+# deploy/admission-nodeconfig-status.yaml: the ValidatingAdmissionPolicy this server enforces natively.
+NODECONFIG_STATUS_POLICY = "flock-nodeconfig-status-own-node"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def admit_nodeconfig_status(node_claim: str | None, name: str) -> None:
+    """A write of NodeConfig *name*'s status by a token bound to node *node_claim* (None: a token bound to
+    no node, as an administrator's: not the policy's concern) is refused unless it is that node's own."""
+    if node_claim is not None and node_claim != name:
+        raise StatusError(
+            403,
+            f'nodeconfigs.flock.fritzlab.net "{name}" is forbidden: ValidatingAdmissionPolicy '
+            f"'{NODECONFIG_STATUS_POLICY}' with binding '{NODECONFIG_STATUS_POLICY}' denied request: "
+            f"flock-agent may write the status of its own node's NodeConfig only "
+            f"(the token's {NODE_NAME_EXTRA} is {node_claim!r})",
+            reason="Forbidden",
+        )
+
+
 def invalid(resource: Resource, name: str, field: str, value: Any, why: str) -> StatusError:
     shown = repr(value)
     if len(shown) > 200:

@@ -22,11 +22,12 @@ from aiohttp import web
 from flock.netns import call_in_netns
 
 from . import _discovery
+from ._admission import admit_nodeconfig_status
 from ._debug import DEBUG_PREFIX, WatchLedger, add_debug_routes
 from ._deletion import DeleteOptions
 from ._events import WatchEvent, added_events, bookmark
 from ._patch import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, PATCH_TYPES, STRATEGIC_MERGE_PATCH
-from ._resources import RESOURCES, Resource
+from ._resources import NODECONFIGS, RESOURCES, Resource
 from ._selectors import FieldSelector, ListQuery, WatchQuery, parse_bool
 from ._status import StatusError, status_object
 from ._store import RESOURCE_VERSION_WAIT, ObjectStore, Subscription, encode, merge_patch
@@ -79,6 +80,9 @@ class HttpFrontend:
     also_listen: list[tuple[str, int]] = attrs.field(factory=list)
     # Bearer tokens the API accepts (kube-apiserver's --token-auth-file); None: every request, unchecked.
     tokens: frozenset[str] | None = None
+    # Bound service account tokens: token → the node it was issued for (its node-name claim).  Such a token is
+    # accepted, and writes of NodeConfig status with it pass the node-restriction policy only for that node's.
+    token_nodes: Mapping[str, str] = attrs.field(factory=dict)
     # (method, path?query) of the latest API requests; bounded for a long-running lab server.
     requests: collections.deque[tuple[str, str]] = attrs.field(
         init=False, factory=lambda: collections.deque(maxlen=100_000)
@@ -186,7 +190,14 @@ class HttpFrontend:
 
     def _authenticated(self, request: web.Request) -> bool:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and token.strip() in (self.tokens or frozenset())
+        return scheme.lower() == "bearer" and (
+            token.strip() in (self.tokens or frozenset()) or token.strip() in self.token_nodes
+        )
+
+    def _node_claim(self, request: web.Request) -> str | None:
+        """The node the request's bearer token is bound to (None: not a node-bound token)."""
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return self.token_nodes.get(token.strip()) if scheme.lower() == "bearer" else None
 
     @property
     def open_requests(self) -> int:
@@ -320,6 +331,8 @@ class HttpFrontend:
             if request.method == "GET":
                 return _json(self.store.get(res, name, ns))
             body = await _body(request)
+            if res == NODECONFIGS:
+                admit_nodeconfig_status(self._node_claim(request), name)
             if request.method == "PUT":
                 rv = (body.get("metadata") or {}).get("resourceVersion")
                 return _json(self.store.set_status(res, name, body.get("status"), ns, rv))

@@ -66,6 +66,7 @@ NODECONFIGS = Resource(
     kind="NodeConfig",
     namespaced=False,
     short_names=("nc",),
+    status_subresource=True,  # status.wireguard.publicKey, written by each node's agent
     custom=True,
 )
 NAMESPACES = Resource(

@@ -78,6 +78,8 @@ class ApiServer:
     paged_cache_lists: bool = False  # lists at "0" honour limit (1.33's cache snapshots)
     resource_version_wait: float = RESOURCE_VERSION_WAIT  # the watch cache's wait for a future version
     tokens: frozenset[str] | None = None  # bearer tokens accepted (None: no check); see HttpFrontend
+    # bound service account tokens: token → its node-name claim (NodeConfig status writes: own node only)
+    token_nodes: Mapping[str, str] = attrs.field(factory=dict)
     _frontend: HttpFrontend = attrs.field(init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
@@ -92,6 +94,7 @@ class ApiServer:
             paged_cache_lists=self.paged_cache_lists,
             resource_version_wait=self.resource_version_wait,
             tokens=self.tokens,
+            token_nodes=self.token_nodes,
         )
 
     # ---- lifecycle ------------------------------------------------------------

@@ -116,6 +116,8 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     proxy = st.get("service_proxy")
     if proxy is not None:
         lines.append(service_proxy_line(proxy))
+    if st.get("encryption") is not None:
+        lines.extend(encryption_lines(st["encryption"]))
     ag = st["agent"]
     lines.append("")
     lines.append(
@@ -123,6 +125,61 @@ def cmd_status(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         f"CNI wire v{','.join(map(str, ag['cni_wire_versions']))}  admin v{ag['admin_protocol_version']}"
     )
     return st, "\n".join(lines), EXIT_OK if st["ready"] else EXIT_PROBLEMS
+
+
+def encryption_lines(enc: dict[str, Any]) -> list[str]:
+    """``status``'s part on encryption: the device, the key, the guard's drops, each peer's handshake."""
+    if enc.get("mode") != "wireguard":
+        return ["", "encryption  off (pod traffic between nodes is not encrypted)"]
+    guard = enc["guard"]
+    dropped = "-" if guard["dropped_packets"] is None else f"{guard['dropped_packets']} packets"
+    lines = [
+        "",
+        f"encryption  WireGuard  device {enc['device']} ({enc['kind'] or 'not up'})  mtu {enc['mtu'] or '-'}  "
+        f"port {enc['listen_port']}  key {enc['public_key'] or '-'}"
+        + ("  (rotation: waiting for every peer's handshake)" if enc["rotation_pending"] else ""),
+        f"  guard     {guard['table']} counter {guard['counter']}: {dropped} dropped, "
+        f"{guard['guarded_blocks']} remote pod blocks reachable through the tunnel only"
+        + (f"; in the clear to {', '.join(enc['allow_plaintext_to'])}" if enc["allow_plaintext_to"] else ""),
+    ]
+    if enc.get("error"):
+        lines.append(f"  error     {enc['error']}")
+    if enc.get("device_error"):
+        lines.append(f"  device    {enc['device_error']}")
+    for refusal in enc.get("refusals") or []:
+        lines.append(f"  refused   {refusal}")
+    peers = enc.get("peers") or []
+    if peers:
+        now = enc.get("now") or 0
+        lines.append(
+            table(
+                [
+                    [
+                        p["node"],
+                        p["endpoint"] or "-",
+                        "never" if not p["latest_handshake"] else f"{_age(max(0, now - p['latest_handshake']))} ago",
+                        p["rx_bytes"],
+                        p["tx_bytes"],
+                        ",".join(p["allowed_ips"]),
+                    ]
+                    for p in peers
+                ],
+                ["PEER", "ENDPOINT", "HANDSHAKE", "RX", "TX", "ALLOWED IPS"],
+            )
+        )
+    return lines
+
+
+def cmd_wireguard_rotate(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    try:
+        out = ask(args.socket, "wireguard-rotate")
+    except AdminRefused as exc:
+        return {"refused": exc.error, "details": exc.details}, f"refused: {exc.error}\n  {exc.details}", EXIT_PROBLEMS
+    text = (
+        f"rotated: public key {out['public_key']} (was {out['previous_public_key']}); published to this node's "
+        "NodeConfig; the previous key is forgotten once every peer has shaken hands with the new one"
+    )
+    return {**out, "refused": None}, text, EXIT_OK
 
 
 def service_proxy_line(proxy: dict[str, Any]) -> str:
@@ -485,6 +542,11 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--force", action="store_true", help="even when its network namespace is still there")
     s.set_defaults(run=cmd_ipam_release)
+    wireguard = sub.add_parser("wireguard", help="encryption between nodes: rotate this node's key").add_subparsers(
+        dest="wireguard", required=True, metavar="SUBCOMMAND"
+    )
+    s = wireguard.add_parser("rotate", parents=[common], help="a new WireGuard key for this node, published")
+    s.set_defaults(run=cmd_wireguard_rotate)
     s = sub.add_parser("bgp", parents=[common], help="BGP sessions, announced and learned routes (from BIRD)")
     s.set_defaults(run=cmd_bgp)
     s = sub.add_parser(

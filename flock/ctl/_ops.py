@@ -108,6 +108,17 @@ def policy_watch_view(watch: PolicyWatch, limit: int = STATUS_LIST_MAX) -> dict[
     }
 
 
+class EncryptionAdmin(Protocol):
+    """The agent's WireGuard service as flockctl sees it (flock.agent._wireguard.WireGuardService)."""
+
+    async def admin_status(self) -> dict[str, Any]: ...
+
+    async def rotate(self) -> Any:
+        """A new key; its ``public_key`` and ``previous`` (a NodeKey).  FileExistsError (RotationPending)
+        while the previous rotation's key is still kept."""
+        ...
+
+
 class OpRefused(Exception):
     """The op cannot be done as asked (unknown target, a live holder without force)."""
 
@@ -224,6 +235,7 @@ class AdminOps:
     # With address groups (--policy-peers=groups) the agent knows only its own pods and its peers: an end
     # of an explain query it does not know is read from the API server (one GET).  None: every pod is known.
     fetch_pod: Callable[[str, str], Awaitable[PolicyPod | None]] | None = None
+    encryption: EncryptionAdmin | None = None  # the WireGuard service (None: encryption off)
     started: float = attrs.field(factory=time.time)
     clock: Any = time.time
     # --verify's: nft and the trace read in the node's namespace (the netlink worker's)
@@ -274,6 +286,8 @@ class AdminOps:
             return await self.ipam_release(target, force=request.get("force") is True, peer=peer)
         if op == "bgp":
             return await self.bgp()
+        if op == "wireguard-rotate":
+            return await self.wireguard_rotate()
         if op == "services":
             only = request.get("service")
             if only is not None and (not isinstance(only, str) or only.count("/") != 1 or len(only) > 320):
@@ -327,6 +341,7 @@ class AdminOps:
             },
             "policy": self.policy_status(),
             "service_proxy": self.service_proxy_status(),
+            "encryption": await self.encryption.admin_status() if self.encryption is not None else {"mode": "off"},
             "agent": {
                 "version": flock.__version__,
                 "pid": os.getpid(),
@@ -334,6 +349,20 @@ class AdminOps:
                 "cni_wire_versions": list(SPOKEN_VERSIONS),
                 "admin_protocol_version": ADMIN_PROTOCOL_VERSION,
             },
+        }
+
+    async def wireguard_rotate(self) -> dict[str, Any]:
+        """A new WireGuard key for this node, published; the previous one is forgotten once every peer
+        has shaken hands with the new one.  Public keys only in the answer."""
+        if self.encryption is None:
+            raise OpRefused("encryption is off", "flock-agent runs without --encryption wireguard: no key to rotate")
+        try:
+            keys = await self.encryption.rotate()
+        except FileExistsError as exc:
+            raise OpRefused("rotation pending", str(exc)) from None
+        return {
+            "public_key": keys.public_key.base64,
+            "previous_public_key": keys.previous.public_key.base64 if keys.previous is not None else None,
         }
 
     def service_proxy_status(self) -> dict[str, Any] | None:

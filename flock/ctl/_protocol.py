@@ -8,6 +8,9 @@ flockctl's client side imports nothing else.
 ``--verify``, ``"verify": true`` (the reply then has ``verify``; an agent from before
 it ignores the field, which flockctl reports as not verified).
 
+``wireguard-rotate`` takes nothing and answers the new and the previous public key; an agent
+without encryption refuses it ("encryption is off").
+
 ``services`` takes an optional ``service`` (``NAMESPACE/NAME``); an agent from before it
 answers "unknown op".
 """
@@ -25,7 +28,17 @@ DEFAULT_ADMIN_SOCKET = Path("/run/flock/admin.sock")
 # Replies carry every allocation of a node: generous, but bounded.
 MAX_REQUEST_BYTES = 64 << 10
 MAX_REPLY_BYTES = 64 << 20
-OPS = ("status", "pods", "ipam-show", "ipam-check", "ipam-release", "bgp", "policy-explain", "services")
+OPS = (
+    "status",
+    "pods",
+    "ipam-show",
+    "ipam-check",
+    "ipam-release",
+    "bgp",
+    "policy-explain",
+    "services",
+    "wireguard-rotate",
+)
 
 
 class AdminUnreachable(Exception):

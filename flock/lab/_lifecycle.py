@@ -265,6 +265,12 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
         # NetworkPolicy peers from flock-controller's address groups: each agent watches its own pods,
         # its NodeAddressGroups and the AddressGroups it names, not every Pod (issue 35).
         "--policy-peers=groups",
+        # --encrypt: WireGuard between the nodes over wireguard-go (no module here), a device name per node
+        *(
+            ["--encryption=wireguard", f"--wireguard-device={node.wireguard_device}", "--wireguard-kind=userspace"]
+            if node.wireguard_device is not None
+            else []
+        ),
     ]
 
 

@@ -125,6 +125,8 @@ class NodePlan:
     cidr4: ipaddress.IPv4Network
     fabric_port: str  # the uplink's peer, a bridge port in the fabric namespace
     restart_safe: bool = False  # the fabric's port treats BFD going down as a restart (see fabric_bfd)
+    # --encrypt: the node's WireGuard device (wireguard-go's socket is machine-wide: one name per lab node)
+    wireguard_device: str | None = None
 
     @property
     def socket(self) -> Path:
@@ -251,6 +253,7 @@ class LabPlan:
     uplink_mtu: int = DEFAULT_MTU  # every fabric link's MTU (what the agents detect)
     internet: bool = False  # an "internet" namespace behind the fabric
     fabric_bfd: str = "mixed"  # FABRIC_BFD_MODES: which fabric ports are restart-safe (NodePlan.fabric_bfd)
+    encrypt: bool = False  # the agents encrypt pod traffic between nodes (WireGuard over wireguard-go)
 
     @classmethod
     def make(
@@ -261,6 +264,7 @@ class LabPlan:
         uplink_mtu: int = DEFAULT_MTU,
         internet: bool = False,
         fabric_bfd: str = "mixed",
+        encrypt: bool = False,
     ) -> LabPlan:
         if not 1 <= node_count <= MAX_NODES:
             raise ValueError(
@@ -288,9 +292,10 @@ class LabPlan:
                     cidr4=ipaddress.IPv4Network(f"{base4}/26"),
                     fabric_port=f"n{i}",
                     restart_safe=fabric_bfd == "graceful",
+                    wireguard_device=f"flwg{ident}n{i}" if encrypt else None,
                 )
             )
-        return cls(directory, ident, tuple(nodes), uplink_mtu, internet, fabric_bfd)
+        return cls(directory, ident, tuple(nodes), uplink_mtu, internet, fabric_bfd, encrypt)
 
     @property
     def fabric_netns(self) -> str:

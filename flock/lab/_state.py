@@ -39,6 +39,7 @@ class LabState:
             "uplink_mtu": self.plan.uplink_mtu,
             "internet": self.plan.internet,
             "fabric_bfd": self.plan.fabric_bfd,
+            "encrypt": self.plan.encrypt,
             "dir_created": self.dir_created,
             "keeper": None if self.keeper is None else attrs.asdict(self.keeper),
             "phase": self.phase,
@@ -54,6 +55,7 @@ class LabState:
             uplink_mtu=obj.get("uplink_mtu", DEFAULT_MTU),
             internet=bool(obj.get("internet")),
             fabric_bfd=obj.get("fabric_bfd", "mixed"),
+            encrypt=bool(obj.get("encrypt")),
         )
         keeper = obj.get("keeper")
         return cls(

@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         "pods reach it through natOutgoing (`flock-lab probe NS/POD internet 80/TCP --family 4`)",
     )
     s.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="the agents encrypt pod traffic between nodes with WireGuard (wireguard-go), fail closed "
+        "(flock-agent --encryption wireguard; docs/encryption.md)",
+    )
+    s.add_argument(
         "--fabric-bfd",
         choices=FABRIC_BFD_MODES,
         default="mixed",
@@ -287,9 +293,17 @@ async def run(args: argparse.Namespace) -> int:
     report = _reporter()
     if args.command == "up":
         plan = LabPlan.make(
-            args.dir, args.nodes, uplink_mtu=args.mtu, internet=args.internet, fabric_bfd=args.fabric_bfd
+            args.dir,
+            args.nodes,
+            uplink_mtu=args.mtu,
+            internet=args.internet,
+            fabric_bfd=args.fabric_bfd,
+            encrypt=args.encrypt,
         )
-        state = await up(plan, report, image_settings(args))
+        image = image_settings(args)
+        if plan.encrypt and image is not None:
+            raise LabError("--encrypt: a lab of processes only (an image lab runs the manifests' DaemonSet as it is)")
+        state = await up(plan, report, image)
         doc = await status(state)
         _out(args, doc, status_text(doc))
         return 0

@@ -14,9 +14,35 @@ class PodMtu:
 
     value: int
     source: str
+    # Encryption on and the fabric too small for IPv6 inside the tunnel: why (the tunnel is not brought up)
+    refused: str | None = None
 
 
-def pod_mtu(node: NodeConfig | None, uplink: UplinkMtu | None) -> PodMtu:
+# What WireGuard adds to each packet (outer IP header, UDP, WireGuard's header and tag): 80 bytes over an
+# IPv6 fabric (40 + 8 + 32), 60 over IPv4 (20 + 8 + 32).
+WIREGUARD_OVERHEAD = {6: 80, 4: 60}
+
+
+def pod_mtu(node: NodeConfig | None, uplink: UplinkMtu | None, overhead: int = 0) -> PodMtu:
+    """The fabric's MTU (:func:`fabric_mtu`) less *overhead* (a tunnel's, :data:`WIREGUARD_OVERHEAD`).
+
+    Never below :data:`~flock.model.MTU_MIN` (IPv6's 1280): a fabric too small for that keeps 1280 for
+    the pods' veths and says in *refused* why the tunnel may not carry them."""
+    fabric = fabric_mtu(node, uplink)
+    if not overhead:
+        return fabric
+    value = fabric.value - overhead
+    source = f"{fabric.source}, less {overhead} for WireGuard"
+    if value < MTU_MIN:
+        why = (
+            f"the fabric's MTU {fabric.value} less WireGuard's {overhead} bytes is {value}, below IPv6's minimum "
+            f"{MTU_MIN}: encryption refused (raise the fabric's MTU, or spec.mtu, to at least {MTU_MIN + overhead})"
+        )
+        return PodMtu(MTU_MIN, source, why)
+    return PodMtu(value, source)
+
+
+def fabric_mtu(node: NodeConfig | None, uplink: UplinkMtu | None) -> PodMtu:
     """``spec.mtu`` when set; else the uplink's MTU, kept within
     :data:`~flock.model.MTU_MIN`..:data:`~flock.model.MTU_MAX` (below 1280 the
     kernel turns IPv6 off on a link; a loopback-like 65536 is no fabric's);

@@ -57,6 +57,8 @@ class NodeState:
 
     node_name: str
     gates: Sequence[Gate] = attrs.field(converter=_gates, default=())
+    # bytes a tunnel adds to pod packets between nodes (WireGuard's: flock.state.WIREGUARD_OVERHEAD; 0: none)
+    tunnel_overhead: int = 0
     _nodeconfig: NodeConfig | None = attrs.field(init=False, default=None)
     _nodeconfig_deleted: bool = attrs.field(init=False, default=False)
     _nodeconfig_refused: str | None = attrs.field(init=False, default=None)
@@ -166,7 +168,7 @@ class NodeState:
     def pod_mtu(self) -> PodMtu:
         """The MTU in force for new pods and where it came from (see :func:`flock.state.pod_mtu`).
         Existing pods keep the one they were set up with."""
-        return pod_mtu(self._nodeconfig, self._uplink_mtu)
+        return pod_mtu(self._nodeconfig, self._uplink_mtu, self.tunnel_overhead)
 
     # -- the allocation view -------------------------------------------------
 

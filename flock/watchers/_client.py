@@ -45,16 +45,24 @@ class KubeClient:
     bridge: AsyncioBridge
     api_client: ApiClient
 
-    async def request(self, method: str, path: str, body: Any = None, io_seconds: float = 10.0) -> dict[str, Any]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        io_seconds: float = 10.0,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
         """One request for a JSON object (*path*: ``/api/v1/namespaces/x/services/y/status``), with the
-        client's credentials; raises :class:`KubeApiError` (its HTTP status) or :class:`TransientKubeError`."""
+        client's credentials; raises :class:`KubeApiError` (its HTTP status) or :class:`TransientKubeError`.
+        *content_type*: ``application/merge-patch+json`` for a merge patch."""
         api_client = self.api_client
 
         async def call() -> Any:
             return await api_client.call_api(
                 path,
                 method,
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                header_params={"Accept": "application/json", "Content-Type": content_type},
                 body=body,
                 response_types_map={200: "object", 201: "object"},
                 auth_settings=["BearerToken"],
@@ -211,6 +219,22 @@ class KubeClient:
             custom.list_cluster_custom_object, NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL
         )
         return pods, list(configs.get("items") or [])
+
+    def nodeconfigs(self) -> KubeSource:
+        """Every NodeConfig (cluster-scoped): every node's pod blocks and WireGuard key."""
+        custom = CustomObjectsApi(self.api_client)
+
+        async def list_nodeconfigs(**kw: Any) -> Any:
+            return await custom.list_cluster_custom_object(
+                NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, **kw
+            )
+
+        async def get_nodeconfig(namespace: str | None, name: str, **kw: Any) -> Any:
+            return await custom.get_cluster_custom_object(
+                NODECONFIG_GROUP, NODECONFIG_VERSION, NODECONFIG_PLURAL, name, **kw
+            )
+
+        return KubeSource(self.bridge, "nodeconfigs", list_nodeconfigs, get_nodeconfig)
 
     def nodeconfig(self, name: str) -> KubeSource:
         """The NodeConfig named *name* (cluster-scoped)."""

@@ -134,6 +134,15 @@ class DeviceState:
     peers: Mapping[PublicKey, PeerState]
 
     @classmethod
+    def configured(cls, public_key: PublicKey, listen_port: int, peers: Iterable[Peer]) -> DeviceState:
+        """The state a device has after being given these settings (no traffic, no handshakes)."""
+        return cls(
+            public_key,
+            listen_port,
+            {p.public_key: PeerState(p.public_key, p.endpoint, p.allowed_ips, p.persistent_keepalive) for p in peers},
+        )
+
+    @classmethod
     def from_dump(cls, text: str) -> DeviceState:
         lines = text.splitlines()
         if not lines:
@@ -294,8 +303,12 @@ class WireGuardDevice:
     async def configure(self, key: PrivateKey, listen_port: int, peers: Iterable[Peer]) -> Change:
         """Private key, listen port and the full peer list, changing only what differs (:func:`plan_set`):
         one ``wg show`` and at most one ``wg set``.  ValueError for a peer given twice."""
-        state = await self.show()
-        args, change = plan_set(state, key.public_key, listen_port, peers)
+        return await self.update(await self.show(), key, listen_port, peers)
+
+    async def update(self, known: DeviceState, key: PrivateKey, listen_port: int, peers: Iterable[Peer]) -> Change:
+        """As :meth:`configure`, against *known* (what the caller last applied or read) instead of reading
+        the device: one node's change is one ``wg set`` naming that node's peer alone, and no ``wg show``."""
+        args, change = plan_set(known, key.public_key, listen_port, peers)
         if change.key_set:
             args[:0] = ["private-key", "/dev/stdin"]  # the device's settings come before the first peer
         if change:

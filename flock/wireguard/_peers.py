@@ -29,14 +29,22 @@ BlocksByLength = dict[tuple[int, int], dict[int, IPNetwork]]  # (family, prefix 
 DEFAULT_KEEPALIVE_S = 25  # wg(8)'s advice; also: a peer added with it sends a keepalive at once (a handshake)
 
 
+def _addresses(items: Iterable[IPAddress]) -> tuple[IPAddress, ...]:
+    return tuple(items)
+
+
+def _blocks(items: Iterable[IPNetwork]) -> tuple[IPNetwork, ...]:
+    return tuple(items)
+
+
 @attrs.frozen
 class NodeWireGuard:
     """What flock knows of one node for WireGuard: its name, published key, addresses and pod blocks."""
 
     name: str
     public_key: PublicKey | None
-    addresses: tuple[IPAddress, ...] = attrs.field(converter=tuple)
-    pod_blocks: tuple[IPNetwork, ...] = attrs.field(converter=tuple)
+    addresses: tuple[IPAddress, ...] = attrs.field(converter=_addresses)
+    pod_blocks: tuple[IPNetwork, ...] = attrs.field(converter=_blocks)
 
 
 class RefusalReason(enum.StrEnum):
@@ -45,6 +53,8 @@ class RefusalReason(enum.StrEnum):
     DUPLICATE_KEY = "duplicate-key"
     OWN_KEY = "own-key"
     BLOCK_CONFLICT = "block-conflict"
+    INVALID_KEY = "invalid-key"  # status.wireguard.publicKey is no WireGuard key
+    INVALID_BLOCK = "invalid-block"  # spec.cidr6/cidr4 is no CIDR of its family
 
 
 @attrs.frozen(order=True)

@@ -72,6 +72,7 @@ def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path)
         "policy",
         "policy-log",
         "services",  # off by default: it only removes table inet flock-services
+        "wireguard",  # off by default: it only removes table inet flock-wireguard
         "bird",
         "bgp-sessions",
     ]
@@ -79,7 +80,10 @@ def test_compose_builds_the_tree_in_order_with_every_dependency_passed(tmp_path)
     names = [c.name for c in compose(on, store=MemoryAllocations()).children]
     assert names[names.index("policy-log") + 1 :][:2] == ["services", "health-checks"]
     names = [c.name for c in compose(in_tmp(tmp_path, "--no-bird"), store=MemoryAllocations()).children]
-    assert names[-2:] == ["policy-log", "services"]
+    assert names[-3:] == ["policy-log", "services", "wireguard"]
+    encrypting = compose(in_tmp(tmp_path, "--encryption", "wireguard"), store=MemoryAllocations())
+    wireguard = next(c for c in encrypting.children if c.name == "wireguard")
+    assert type(getattr(wireguard.fn, "__self__", None)).__name__ == "WireGuardService"
 
 
 def test_child_names_are_unique(tmp_path):

@@ -22,7 +22,7 @@ from flock.testing.agentlab import BIN, CIDR4, CIDR6, NODE, open_lab, wait_for
 
 # The keys of every --json output: scripts rely on them (add keys deliberately, never rename).
 STATUS_KEYS = {
-    "agent", "allocations", "bgp", "exhausted", "gates", "mtu", "node", "nodeconfig", "nodeconfig_deleted",
+    "agent", "allocations", "bgp", "encryption", "exhausted", "gates", "mtu", "node", "nodeconfig", "nodeconfig_deleted",
     "nodeconfig_refused", "not_ready", "notes", "policy", "pools", "queued_deletes", "ready", "service_proxy",
     "veth_removals",
 }  # fmt: skip
@@ -101,6 +101,7 @@ def test_status_pods_show_and_bgp_json_keys_are_pinned(lab):
     assert set(st["policy"]) == POLICY_KEYS and st["policy"]["error"] is None, st["policy"]
     assert set(st["service_proxy"]) == SERVICE_PROXY_KEYS and not st["service_proxy"]["enabled"]
     assert "services    off (flock-agent --service-proxy turns it on)" in text
+    assert st["encryption"] == {"mode": "off"} and "encryption  off" in text
     assert all(set(p) == POOL_KEYS for p in st["pools"]) and len(st["pools"]) == 2
     assert st["ready"] and st["node"] == NODE and st["allocations"] == {"pending": 0, "committed": 2}
     assert st["agent"]["cni_wire_versions"] and st["agent"]["admin_protocol_version"] == 1

@@ -16,8 +16,8 @@ import trio
 from flock.apiserver import cluster_network_policy_object, nodeconfig_object, pod_object
 from flock.ctl import ADMIN_PROTOCOL_VERSION, AdminOps, AdminServer
 from flock.ctl._apicheck import cross_check
-from flock.ctl._cli import policy_lines
-from flock.ctl._ops import parse_bgp_sessions, parse_prefixes, policy_watch_view
+from flock.ctl._cli import encryption_lines, policy_lines
+from flock.ctl._ops import OpRefused, parse_bgp_sessions, parse_prefixes, policy_watch_view
 from flock.ctl._pools import free_ranges, pool_report
 from flock.model import Allocation, AllocationState, NodeConfig
 from flock.netlink import NetlinkWorker
@@ -234,3 +234,54 @@ def test_status_counts_cluster_policies_per_tier_and_bounds_what_it_lists():
     assert policy_lines(pol) == lines[:1]
     empty = policy_lines({**pol, **policy_watch_view(Watched({}, {}))})
     assert empty[1:] == ["cluster     0 ClusterNetworkPolicies (0 Admin, 0 Baseline)"]
+
+
+# -- encryption: status lines, rotate refused while off -----------------------------------------
+
+
+async def test_wireguard_rotate_is_refused_while_encryption_is_off(ops, tmp_path) -> None:
+    with pytest.raises(OpRefused, match="encryption is off"):
+        await ops.dispatch("wireguard-rotate", {}, None)
+    assert (await ops.status())["encryption"] == {"mode": "off"}
+
+
+def test_encryption_lines_show_the_guard_and_each_peer() -> None:
+    enc = {
+        "mode": "wireguard",
+        "device": "flock-wg",
+        "kind": "userspace",
+        "mtu": 1420,
+        "listen_port": 51820,
+        "public_key": "PUB=",
+        "rotation_pending": True,
+        "peers": [
+            {
+                "node": "b",
+                "public_key": "B=",
+                "endpoint": "[2001:db8::2]:51820",
+                "allowed_ips": ["10.2.0.0/24", "2001:db8:2::/64"],
+                "latest_handshake": 1000,
+                "rx_bytes": 5,
+                "tx_bytes": 7,
+            }
+        ],
+        "device_error": None,
+        "guard": {
+            "table": "inet flock-wireguard",
+            "counter": "plaintext-dropped",
+            "dropped_packets": 12,
+            "dropped_bytes": 1000,
+            "guarded_blocks": 4,
+        },
+        "allow_plaintext_to": ["c"],
+        "refusals": ["node d: no-key: no public key published yet"],
+        "error": None,
+        "now": 1065,
+    }
+    text = "\n".join(encryption_lines(enc))
+    assert "encryption  WireGuard  device flock-wg (userspace)  mtu 1420  port 51820  key PUB=" in text
+    assert "rotation: waiting for every peer's handshake" in text
+    assert "inet flock-wireguard counter plaintext-dropped: 12 packets dropped, 4 remote pod blocks" in text
+    assert "in the clear to c" in text and "refused   node d: no-key" in text
+    assert "[2001:db8::2]:51820" in text and "65s ago" in text
+    assert encryption_lines({"mode": "off"})[-1].startswith("encryption  off")

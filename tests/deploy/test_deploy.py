@@ -40,6 +40,7 @@ MANIFESTS = (
     "crd-loadbalancerpool.yaml",
     "crd-addressgroups.yaml",
     "rbac.yaml",
+    "admission-nodeconfig-status.yaml",
     "controller-rbac.yaml",
     "controller.yaml",
     "bird-bootstrap.yaml",
@@ -101,6 +102,8 @@ def test_manifests_validate_against_kubernetes_schemas(version):
         "ConfigMap",
         "DaemonSet",
         "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -533,7 +536,12 @@ def test_rbac_grants_only_read_on_what_the_agent_watches():
             ("discovery.k8s.io", "endpointslices"),
         )
         for verb in ("get", "list", "watch")
-    } | {("", "nodes", "list"), ("", "nodes", "watch")}
+    } | {
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        # the one write: its WireGuard public key in a NodeConfig's status, never the spec (issue 36)
+        ("flock.fritzlab.net", "nodeconfigs/status", "patch"),
+    }
     (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
     sa = one("ServiceAccount")
     assert binding["roleRef"] == {
@@ -784,7 +792,7 @@ def test_dockerfile_builds_from_bookworm_with_bird_and_the_package():
     assert re.findall(r"^ARG BASE_IMAGE=(\S+)$", text, re.M) == ["debian:bookworm-slim"]
     assert {f.split()[0] for f in re.findall(r"^FROM (.+)$", text, re.M)} == {"${BASE_IMAGE}"}
     installs = " ".join(re.findall(r"apt-get install [^\n]*", text))
-    for package in ("bird2", "iproute2", "python3", "python3-venv"):
+    for package in ("bird2", "iproute2", "python3", "python3-venv", "wireguard-tools"):
         assert re.search(rf"\b{re.escape(package)}\b", installs), package
     root = DEPLOY.parent
     for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
@@ -915,3 +923,21 @@ def controller_help() -> str:
     return subprocess.run(
         [sys.executable, "-m", "flock.controller", "--help"], capture_output=True, text=True, check=True
     ).stdout
+
+
+def test_nodeconfig_status_is_written_by_its_own_node_only():
+    """The policy binds flock's service account (rbac.yaml's) to the NodeConfig named after the node its token
+    was issued for, on the status subresource, and denies: the lab's API server enforces the same."""
+    from flock.apiserver._admission import NODE_NAME_EXTRA, NODECONFIG_STATUS_POLICY
+
+    policy, binding = load("admission-nodeconfig-status.yaml")
+    sa = one("ServiceAccount")
+    assert policy["metadata"]["name"] == binding["spec"]["policyName"] == NODECONFIG_STATUS_POLICY
+    assert binding["spec"]["validationActions"] == ["Deny"] and policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodeconfigs/status"] and "UPDATE" in rule["operations"]
+    account = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert account in policy["spec"]["matchConditions"][0]["expression"]
+    (check,) = policy["spec"]["validations"]
+    assert NODE_NAME_EXTRA in check["expression"] and "object.metadata.name" in check["expression"]
+    assert check["reason"] == "Forbidden"

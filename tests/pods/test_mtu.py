@@ -146,3 +146,26 @@ async def test_bringup_reads_the_uplink_before_serving_add_then_follows_it(autoj
             await service.refresh_uplink_mtu()
             assert state.pod_mtu == PodMtu(9000, "detected from bond0's IPv4 default route")
             nursery.cancel_scope.cancel()
+
+
+def test_wireguard_takes_its_overhead_never_below_1280() -> None:
+    ipv6_fabric, ipv4_fabric = 80, 60
+    uplink = UplinkMtu(9000, "eth0", 6)
+    assert pod_mtu(None, uplink, ipv6_fabric) == PodMtu(
+        8920, "detected from eth0's IPv6 default route, less 80 for WireGuard"
+    )
+    assert pod_mtu(node(mtu=1500), uplink, ipv4_fabric).value == 1440
+    assert pod_mtu(node(mtu=1360), None, ipv6_fabric) == PodMtu(1280, "nodeconfig, less 80 for WireGuard")
+    refused = pod_mtu(node(mtu=1300), None, ipv6_fabric)
+    assert refused.value == 1280 and refused.refused is not None
+    assert "1300 less WireGuard's 80 bytes is 1220, below IPv6's minimum 1280" in refused.refused
+    assert "at least 1360" in refused.refused
+    assert pod_mtu(node(mtu=1300), None).refused is None  # without a tunnel nothing is taken
+
+
+def test_the_node_state_takes_the_tunnel_s_share() -> None:
+    state = NodeState(NODE, tunnel_overhead=80)
+    state.nodeconfig_observed(node(mtu=1500), deleted=False, refused=None)
+    assert state.pod_mtu.value == 1420
+    state.uplink_mtu_observed(UplinkMtu(9000, "eth0", 6))  # spec.mtu wins, the tunnel's share still taken
+    assert state.pod_mtu.value == 1420

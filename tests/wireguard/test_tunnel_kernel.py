@@ -9,157 +9,62 @@ anything to or from a pod block, and a marker sent in plaintext over TCP must ne
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ipaddress
 import logging
 import os
 import secrets
 import signal
-import socket
 import stat
-import struct
-import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Iterator
 
 import attrs
 import pytest
 import trio
 
 from flock.logs import JsonFormatter
-from flock.netns import call_in_netns
-from flock.testing.netns import Netns, NetnsPool
+from flock.testing.wireguard import (
+    MARKER,
+    PORT,
+    Capture,
+    Node,
+    PingResult,
+    ToolsMissing,
+    World,
+    two_nodes,
+)
+from flock.testing.wireguard import alive as _alive
+from flock.testing.wireguard import eventually as _eventually
+from flock.testing.wireguard import inspect as _inspect
+from flock.testing.wireguard import link_exists as _link_exists
+from flock.testing.wireguard import ping as _ping
+from flock.testing.wireguard import read_text as _read
+from flock.testing.wireguard import tcp_exchange as _tcp_exchange
 from flock.wireguard import (
     Change,
     DeviceChoice,
     DeviceKind,
     KernelWireGuardMissing,
-    KeyStore,
-    NodeKey,
-    NodeWireGuard,
     NotWireGuard,
     Peer,
     PrivateKey,
-    Tools,
     WireGuardDevice,
     desired_peers,
 )
 
 pytestmark = pytest.mark.root
-
-PORT = 51820
-MARKER = b"flock-plaintext-marker-" + secrets.token_hex(4).encode()
 ip_address, ip_network = ipaddress.ip_address, ipaddress.ip_network
-
-
-@attrs.define
-class Node:
-    name: str
-    ns: Netns
-    veth: str
-    fabric6: str
-    fabric4: str
-    pod6: str  # the pod block's one address (on lo)
-    pod4: str
-    block6: str
-    block4: str
-    store: KeyStore
-    device: WireGuardDevice
-    keys: NodeKey | None = None
-
-    def info(self) -> NodeWireGuard:
-        assert self.keys is not None
-        return NodeWireGuard(
-            self.name,
-            self.keys.public_key,
-            (ip_address(self.fabric6), ip_address(self.fabric4)),
-            (ip_network(self.block6), ip_network(self.block4)),
-        )
-
-
-@attrs.define
-class World:
-    a: Node
-    b: Node
-    wg_log: str  # every argv the wg wrapper ran, one per line
-
-
-def _wireguard_go_pids_in(ns: Netns) -> list[int]:
-    """wireguard-go processes whose network namespace is *ns* (a safety net: deleting the namespace
-    does not stop them, since they hold it)."""
-    target = os.stat(ns.path)
-    found = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            if os.readlink(f"/proc/{pid}/exe").endswith("wireguard-go"):
-                st = os.stat(f"/proc/{pid}/ns/net")
-                if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture
 def world(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture) -> Iterator[World]:
     caplog.set_level(logging.DEBUG, logger="flock.wireguard")  # every record made (and checked for secrets)
-    missing = Tools().missing(DeviceChoice.USERSPACE)
-    if missing:
-        pytest.fail("missing: " + ", ".join(missing) + " (scripts/bootstrap installs them)")
-    # wg through a wrapper that records its argv and environment as the kernel shows them (/proc/self)
-    wg_log = tmp_path / "wg.log"
-    wrapper = tmp_path / "wg"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"{{ tr '\\0' ' ' < /proc/$$/cmdline; echo; tr '\\0' ' ' < /proc/$$/environ; echo; }} >> {wg_log}\n"
-        f'exec {Tools().wg if "/" in Tools().wg else "/usr/bin/wg"} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    wg_log.touch()
-    tools = Tools(wg=str(wrapper))
-    tag = secrets.token_hex(3)
-    with NetnsPool("fl-wg-") as pool:
-        nodes = []
-        for name, i, veth in (("a", 1, "fab-a"), ("b", 2, "fab-b")):
-            ns = pool.create(name)
-            block4 = "198.51.100.0/25" if i == 1 else "198.51.100.128/25"
-            pod4 = "198.51.100.1" if i == 1 else "198.51.100.129"
-            device = WireGuardDevice(f"fw{name}{tag}", ns.path, DeviceChoice.AUTO, mtu=1420, tools=tools)
-            store = KeyStore(tmp_path / f"keys-{name}")
-            nodes.append(
-                Node(
-                    name,
-                    ns,
-                    veth,
-                    f"2001:db8::{i}",
-                    f"192.0.2.{i}",
-                    f"2001:db8:{i}::1",
-                    pod4,
-                    f"2001:db8:{i}::/64",
-                    block4,
-                    store,
-                    device,
-                )
-            )
-        a, b = nodes
-        pool.veth(a.ns, a.veth, b.ns, b.veth)
-        for n in nodes:
-            n.ns.ip("addr", "add", f"{n.fabric6}/64", "dev", n.veth, "nodad")
-            n.ns.ip("addr", "add", f"{n.fabric4}/24", "dev", n.veth)
-            n.ns.ip("addr", "add", f"{n.pod6}/128", "dev", "lo")
-            n.ns.ip("addr", "add", f"{n.pod4}/32", "dev", "lo")
-        for fabric in (b.fabric6, b.fabric4):  # neighbours resolved from the fabric addresses first
-            assert _ping(a.ns, a.fabric6 if ":" in fabric else a.fabric4, fabric, 1)[:2] == (1, 1)
-        try:
-            yield World(a, b, str(wg_log))
-        finally:
-            for n in nodes:
-                for pid in _wireguard_go_pids_in(n.ns):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(n.device.socket_path)
+    try:
+        with two_nodes(tmp_path) as world:
+            yield world
+    except ToolsMissing as exc:
+        pytest.fail(str(exc))
 
 
 def _route_through(node: Node, other: Node) -> None:
@@ -198,170 +103,6 @@ async def open_tunnel(world: World) -> AsyncIterator[World]:
 async def tunnel(world: World) -> AsyncIterator[World]:
     async with open_tunnel(world):
         yield world
-
-
-async def _eventually(condition: Callable[[], bool], seconds: float = 5) -> None:
-    """Poll *condition* (a kernel or a process changing: no event to wait on) for at most *seconds*."""
-    with trio.fail_after(seconds):
-        while not condition():  # noqa: ASYNC110
-            await trio.sleep(0.02)
-
-
-def _read(path: str) -> str:
-    with open(path, "rb") as f:
-        return f.read().decode(errors="replace")
-
-
-def _link_exists(ns: Netns, name: str) -> bool:
-    return subprocess.run(["ip", "-n", ns.name, "link", "show", name], capture_output=True).returncode == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-# -- traffic and the wire ---------------------------------------------------------------------------
-
-
-class PingResult(NamedTuple):
-    sent: int
-    received: int
-    max_ms: float  # the slowest answer (0: none)
-
-
-def _ping(ns: Netns, src: str, dst: str, count: int = 3, interval: float = 0.05, wait: float = 1) -> PingResult:
-    proc = ns.run(
-        "ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), "-I", src, dst, check=False
-    )
-    sent = received = None
-    max_ms = 0.0
-    for line in proc.stdout.splitlines():
-        if "transmitted" in line:
-            parts = line.split()
-            sent, received = int(parts[0]), int(parts[3])
-        elif line.startswith("rtt"):
-            max_ms = float(line.split("=")[1].split("/")[2])
-    if sent is None or received is None:
-        raise AssertionError(f"ping {dst}: {proc.stdout} {proc.stderr}")
-    return PingResult(sent, received, max_ms)
-
-
-def _tcp_exchange(client_ns: Netns, server_ns: Netns, src: str, dst: str, payload: bytes, timeout: float = 3) -> bytes:
-    """*payload* sent over TCP from *src* (in *client_ns*) to *dst* (in *server_ns*) and echoed back."""
-    family = socket.AF_INET6 if ":" in dst else socket.AF_INET
-    server = call_in_netns(server_ns.path, lambda: socket.socket(family, socket.SOCK_STREAM))
-    client = call_in_netns(client_ns.path, lambda: socket.socket(family, socket.SOCK_STREAM))
-    with server, client:
-        server.bind((dst, 0))
-        server.listen(1)
-        client.settimeout(timeout)
-        server.settimeout(timeout)
-        client.bind((src, 0))
-        client.connect((dst, server.getsockname()[1]))
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(timeout)
-            client.sendall(payload)
-            got = b""
-            while len(got) < len(payload):
-                got += conn.recv(4096)
-            conn.sendall(got)
-        back = b""
-        while len(back) < len(payload):
-            back += client.recv(4096)
-        return back
-
-
-@attrs.define
-class Capture:
-    """Every frame on one interface (both directions), through an AF_PACKET socket in its namespace."""
-
-    sock: socket.socket
-
-    @classmethod
-    def open(cls, ns: Netns, ifname: str) -> Capture:
-        sock = call_in_netns(ns.path, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        sock.bind((ifname, 0))
-        sock.setblocking(False)
-        return cls(sock)
-
-    def frames(self) -> list[bytes]:
-        out = []
-        while True:
-            try:
-                out.append(self.sock.recv(65536))
-            except BlockingIOError:
-                return out
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@attrs.frozen
-class WireReport:
-    wireguard: int  # UDP datagrams of WireGuard's message types to or from PORT
-    by_type: dict[int, int]  # WireGuard message type → count (1, 2: handshake; 3: cookie; 4: data)
-    control: int  # ARP and ICMPv6 neighbour discovery between node addresses
-    plaintext: list[str]  # anything else: a leak (what, source, destination)
-    marker_seen: int
-
-
-def _inspect(frames: list[bytes], blocks: list[str]) -> WireReport:
-    nets = [ip_network(b) for b in blocks]
-    wg = control = marker = 0
-    by_type: collections.Counter[int] = collections.Counter()
-    plaintext: list[str] = []
-    for frame in frames:
-        if MARKER in frame:
-            marker += 1
-        ethertype = struct.unpack("!H", frame[12:14])[0]
-        if ethertype == 0x0806:
-            control += 1
-            continue
-        if ethertype == 0x0800:
-            ihl = (frame[14] & 0x0F) * 4
-            proto, src, dst = frame[23], ip_address(frame[26:30]), ip_address(frame[30:34])
-            payload = frame[14 + ihl :]
-        elif ethertype == 0x86DD:
-            proto, src, dst = frame[20], ip_address(frame[22:38]), ip_address(frame[38:54])
-            payload = frame[54:]
-            while proto in (0, 43, 60) and len(payload) >= 8:  # hop-by-hop (MLD's router alert), routing, options
-                proto, payload = payload[0], payload[(payload[1] + 1) * 8 :]
-        else:
-            plaintext.append(f"ethertype {ethertype:#06x}")
-            continue
-        in_block = any(src in n or dst in n for n in nets)
-        if proto == 17 and not in_block and PORT in struct.unpack("!HH", payload[:4]):
-            kind = payload[8]
-            if 1 <= kind <= 4 and payload[9:12] == b"\0\0\0":
-                wg += 1
-                by_type[kind] += 1
-                continue
-        if proto == 58 and not in_block and payload[0] in (133, 134, 135, 136, 143):
-            control += 1
-            continue
-        if not in_block and _wireguard_unreachable(proto, payload):
-            control += 1  # a node's port not yet open: the error quotes a WireGuard datagram
-            continue
-        what = f"icmpv6 type {payload[0]}" if proto == 58 else f"protocol {proto}"
-        plaintext.append(f"{what} {src} -> {dst}")
-    return WireReport(wg, dict(by_type), control, plaintext, marker)
-
-
-def _wireguard_unreachable(proto: int, payload: bytes) -> bool:
-    """An ICMP(v6) destination unreachable about a UDP datagram to or from the WireGuard port."""
-    if proto == 58 and payload[:1] == b"\x01" and len(payload) >= 52 and payload[8 + 6] == 17:
-        udp = payload[48:52]
-    elif proto == 1 and payload[:1] == b"\x03" and len(payload) >= 28 and payload[8 + 9] == 17:
-        udp = payload[8 + (payload[8] & 0x0F) * 4 :][:4]
-    else:
-        return False
-    return len(udp) == 4 and PORT in struct.unpack("!HH", udp)
 
 
 async def _traffic_both_families(world: World) -> None:
