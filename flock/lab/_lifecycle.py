@@ -242,6 +242,14 @@ def _env() -> dict[str, str]:
     }
 
 
+def lab_policy_peers() -> str:
+    """The lab agents' ``--policy-peers``: ``$FLOCK_LAB_POLICY_PEERS`` (pods or groups), else groups."""
+    value = os.environ.get("FLOCK_LAB_POLICY_PEERS", "groups")
+    if value not in ("pods", "groups"):
+        raise LabError(f"FLOCK_LAB_POLICY_PEERS={value[:32]!r}: expected pods or groups")
+    return value
+
+
 def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str]:
     """The agent's command line: *program* (default: this installation's
     ``flock-agent``) with the node's flags."""
@@ -263,8 +271,9 @@ def agent_argv(node: NodePlan, program: Sequence[str] | None = None) -> list[str
         "--service-proxy",
         "--bgp-leave-seconds=2",
         # NetworkPolicy peers from flock-controller's address groups: each agent watches its own pods,
-        # its NodeAddressGroups and the AddressGroups it names, not every Pod (issue 35).
-        "--policy-peers=groups",
+        # its NodeAddressGroups and the AddressGroups it names, not every Pod (issue 35).  $FLOCK_LAB_POLICY_PEERS
+        # =pods: every agent watches every Pod (what docs/scale.md compares).
+        f"--policy-peers={lab_policy_peers()}",
         # --encrypt: WireGuard between the nodes over wireguard-go (no module here), a device name per node
         *(
             ["--encryption=wireguard", f"--wireguard-device={node.wireguard_device}", "--wireguard-kind=userspace"]
