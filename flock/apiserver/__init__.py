@@ -16,7 +16,7 @@ kinds                          Pod, Namespace, Node, Secret, NetworkPolicy, Serv
                                EndpointSlice, NodeConfig, ClusterNetworkPolicy (upstream's
                                CRD), LoadBalancerPool, AddressGroup, NodeAddressGroups, Lease (coordination.k8s.io: leader
                                election, stored and written like any object), and deploy/'s other kinds (CRDs, ServiceAccounts,
-                               ConfigMaps, DaemonSets, RBAC objects: stored and listed, not
+                               ConfigMaps, DaemonSets, RBAC objects, ValidatingAdmissionPolicies: stored and listed, not
                                acted on) (:mod:`._resources`)
 Service allocation             ClusterIPs from ``--service-cluster-ip-range`` (one CIDR or two:
                                dual-stack, ipFamilyPolicy and ipFamilies as upstream), NodePorts

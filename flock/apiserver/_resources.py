@@ -229,6 +229,23 @@ ROLES = Resource(group=_RBAC, version="v1", plural="roles", kind="Role", namespa
 ROLEBINDINGS = Resource(
     group=_RBAC, version="v1", plural="rolebindings", kind="RoleBinding", namespaced=True, requires_spec=False
 )
+_ADMISSION = "admissionregistration.k8s.io"
+# deploy/admission-nodeconfig-status.yaml's (issue 36): stored and listed, not acted on — the lab's server
+# enforces that policy itself (ApiServer(token_nodes=…)).
+VALIDATINGADMISSIONPOLICIES = Resource(
+    group=_ADMISSION,
+    version="v1",
+    plural="validatingadmissionpolicies",
+    kind="ValidatingAdmissionPolicy",
+    namespaced=False,
+)
+VALIDATINGADMISSIONPOLICYBINDINGS = Resource(
+    group=_ADMISSION,
+    version="v1",
+    plural="validatingadmissionpolicybindings",
+    kind="ValidatingAdmissionPolicyBinding",
+    namespaced=False,
+)
 RESOURCES = (
     PODS,
     NODECONFIGS,
@@ -253,4 +270,6 @@ RESOURCES = (
     CLUSTERROLEBINDINGS,
     ROLES,
     ROLEBINDINGS,
+    VALIDATINGADMISSIONPOLICIES,
+    VALIDATINGADMISSIONPOLICYBINDINGS,
 )
