@@ -18,7 +18,8 @@ every selector (see :mod:`flock.policy._groups`).
 
 Pods count as listed (``inputs`` complete for Kind.POD, so the first ruleset is applied) once
 this node's pods are listed, its NodeAddressGroups has been read and the slices of the groups it
-names are listed.  Until flock-controller has written this node's object the agent applies no
+names are listed — or, in a cluster without any NetworkPolicy or ClusterNetworkPolicy (both listed,
+none), at once: nothing needs a peer.  Until flock-controller has written this node's object the agent applies no
 ruleset: a node without its groups would enforce policies with empty peer sets (denying traffic
 they allow, and letting through what a ClusterNetworkPolicy's Deny names).  It logs why.
 
@@ -42,6 +43,8 @@ from flock.policy import Kind, PolicyInputs, PolicyPod
 from ._informer import Change, ChangeType, Informer, InformerSettings, ListWatchSource
 
 log = logging.getLogger("flock.watchers.groups")
+
+_POLICY_KINDS = frozenset({Kind.NETWORK_POLICY, Kind.CLUSTER_POLICY})
 
 
 class GroupSources(Protocol):
@@ -159,7 +162,15 @@ class PeerFeed:
 
     @property
     def listed(self) -> bool:
-        return self.local_listed_once and self._groups is not None and self._watched == self._groups
+        """This node's pods are listed, and either its groups' slices are, or the cluster has no policy at
+        all (listed, none: nothing needs a peer, so a start does not wait for flock-controller; a policy
+        created later gets its peers one controller pass after it, as on a running node)."""
+        if not self.local_listed_once:
+            return False
+        if self._groups is not None and self._watched == self._groups:
+            return True
+        inputs = self.inputs
+        return inputs.synced >= _POLICY_KINDS and not inputs.policies and not inputs.cluster_policies
 
     def report(self) -> None:
         if self.progress is None:
@@ -254,6 +265,7 @@ class PeerFeed:
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(needs.run)
+            nursery.start_soon(self._follow_policies)
             task_status.started()
             with trio.move_on_after(10.0) as waited:
                 await needs.wait_ready()
@@ -269,6 +281,12 @@ class PeerFeed:
                 while self._groups is None:
                     await self._needs_changed.wait()
                 await self._watch_slices(kube, self._groups)
+
+    async def _follow_policies(self) -> None:
+        """Until the pods count as listed: the policies' lists may be what makes them so (none at all)."""
+        while not self.listed:
+            await self.inputs.wait_generation(self.inputs.generation)
+            self._maybe_synced()
 
     def _needs_change(self, change: Change) -> None:
         value = change.object

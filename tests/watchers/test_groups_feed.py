@@ -125,3 +125,20 @@ async def test_what_cannot_be_read_is_left_out_and_the_rest_stands(api: ApiServe
         await until(lambda: feed.listed)
         assert set(inputs.pods) == {"x/w1"}  # w2's member refused (fail closed: no peer), the unreadable slice too
         n.cancel_scope.cancel()
+
+
+async def test_a_cluster_without_any_policy_does_not_wait_for_the_controller(api: ApiServer, tmp_path: Path) -> None:
+    inputs = PolicyInputs()
+    feed = PeerFeed(inputs, "n1")
+    async with open_kube_client(api.write_kubeconfig(tmp_path / "kubeconfig")) as kube, trio.open_nursery() as n:
+        n.start_soon(feed.run, kube)
+        feed.local_listed({})
+        await trio.sleep(0.2)
+        assert not feed.listed  # the policies not listed yet: they may name peers
+        inputs.replace(Kind.NETWORK_POLICY, {})
+        inputs.replace(Kind.CLUSTER_POLICY, {})
+        await until(lambda: Kind.POD in inputs.synced)  # none at all: nothing needs a peer, no NodeAddressGroups
+        api.store.create(ADDRESSGROUPS, slice_of("p-a", 0, pod("w1", "2001:db8::1")))
+        api.store.create(NODEADDRESSGROUPS, node_address_groups("n1", ["p-a"]))  # a policy's groups, later
+        await until(lambda: "x/w1" in inputs.pods)
+        n.cancel_scope.cancel()
