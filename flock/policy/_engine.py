@@ -61,7 +61,7 @@ from ._compile import (
 )
 from ._inputs import InputChanges, PolicySource
 from ._model import LabelSelector, Namespace, PolicyPod, Protocol
-from ._peers import Element, Filled, NamedPorts, Pair, Peers, Selector, family
+from ._peers import Element, Filled, NamedPorts, Pair, Peers, Selector, family, index_keys
 from ._ruleset import AddressSet, Ruleset, RulesetChange, ServiceSet
 
 
@@ -258,23 +258,7 @@ class PolicyEngine:
         self._compiler.set_policies(policies)
         self._nodes_known = self.inputs.nodes_known
         self._compiler.set_cluster_policies(cluster, self._nodes_known)
-        keys = {
-            key
-            for policy in policies
-            for rule in (*policy.ingress, *policy.egress)
-            for peer in rule.peers
-            if peer.pod_selector is not None
-            for key, _ in peer.pod_selector.match_labels
-        }
-        keys.update(
-            key
-            for cnp in cluster
-            for crule in (*cnp.ingress, *cnp.egress)
-            for cpeer in crule.peers
-            if cpeer.pods is not None
-            for key, _ in cpeer.pods[1].match_labels
-        )
-        self._peers.index_label_keys(frozenset(keys))
+        self._peers.index_label_keys(index_keys(policies, cluster))
 
     def _node_changed(self, name: str, before: PolicyNode | None, after: PolicyNode | None) -> None:
         """Node *name* went from *before* to *after*: note what enters or leaves the nodes peers' sets."""

@@ -42,8 +42,8 @@ import attrs
 from ._cluster import ClusterNetworkPolicy
 from ._compile import FAMILIES, Compiler, NamedPortsSpec, PeerSelection, PodsSpec, _id
 from ._inputs import InputChanges, PolicySource
-from ._model import LabelSelector, NetworkPolicy, PolicyPod, Protocol
-from ._peers import NamedPorts, Pair, Peers, Selector
+from ._model import NetworkPolicy, PolicyPod, Protocol
+from ._peers import NamedPorts, Pair, Peers, Selector, index_keys, peer_pod_selectors
 
 
 @attrs.frozen(cache_hash=True)
@@ -78,30 +78,13 @@ def _selection_key(pod: PolicyPod | None) -> tuple[object, ...] | None:
     return None if pod is None else (pod.namespace, pod.labels, pod.node)
 
 
-def _selector_keys(sel: LabelSelector | None) -> Iterable[str]:
-    if sel is None:
-        return ()
-    return (*(k for k, _ in sel.match_labels), *(r.key for r in sel.match_expressions))
-
-
 def peer_label_keys(policies: Iterable[NetworkPolicy], cluster: Iterable[ClusterNetworkPolicy]) -> frozenset[str]:
     """Every pod label key a peer selector reads (matchLabels and matchExpressions): what a member carries."""
-    keys = {
-        k
-        for p in policies
-        for r in (*p.ingress, *p.egress)
-        for peer in r.peers
-        for k in _selector_keys(peer.pod_selector)
-    }
-    keys.update(
-        k
-        for cnp in cluster
-        for crule in (*cnp.ingress, *cnp.egress)
-        for cpeer in crule.peers
-        if cpeer.pods is not None
-        for k in _selector_keys(cpeer.pods[1])
+    return frozenset(
+        key
+        for sel in peer_pod_selectors(policies, cluster)
+        for key in (*(k for k, _ in sel.match_labels), *(r.key for r in sel.match_expressions))
     )
-    return frozenset(keys)
 
 
 def pruned(pod: PolicyPod, keys: frozenset[str]) -> PolicyPod:
@@ -255,26 +238,11 @@ class GroupPlanner:
     # -- needs -------------------------------------------------------------------------------------
 
     def _set_policies(self) -> None:
-        self._compiler.set_policies(self.inputs.policies.values())
-        self._compiler.set_cluster_policies(self.inputs.cluster_policies.values(), True)
-        keys = {
-            key
-            for policy in self.inputs.policies.values()
-            for rule in (*policy.ingress, *policy.egress)
-            for peer in rule.peers
-            if peer.pod_selector is not None
-            for key, _ in peer.pod_selector.match_labels
-        }
-        keys.update(
-            key
-            for cnp in self.inputs.cluster_policies.values()
-            for crule in (*cnp.ingress, *cnp.egress)
-            for cpeer in crule.peers
-            if cpeer.pods is not None
-            for key, _ in cpeer.pods[1].match_labels
-        )
-        self._peers.index_label_keys(frozenset(keys))
-        wanted = peer_label_keys(self.inputs.policies.values(), self.inputs.cluster_policies.values())
+        policies, cluster = self.inputs.policies.values(), self.inputs.cluster_policies.values()
+        self._compiler.set_policies(policies)
+        self._compiler.set_cluster_policies(cluster, True)
+        self._peers.index_label_keys(index_keys(policies, cluster))
+        wanted = peer_label_keys(policies, cluster)
         if wanted != self._keys:
             self._keys = wanted
             self._reprune()

@@ -23,8 +23,9 @@ from typing import Any
 
 import attrs
 
+from ._cluster import ClusterNetworkPolicy
 from ._compile import FAMILIES
-from ._model import NAMESPACE_NAME_LABEL, IPAddress, Labels, LabelSelector, PolicyPod, Protocol
+from ._model import NAMESPACE_NAME_LABEL, IPAddress, Labels, LabelSelector, NetworkPolicy, PolicyPod, Protocol
 
 Element = object  # an address, or (address, protocol, port) for a named port
 Pair = tuple[str, str]
@@ -167,6 +168,27 @@ class NamedPorts(Filled):
 
     def declared_by(self, pod: PolicyPod) -> bool:
         return any((np.name, np.protocol) in self.ports for np in pod.named_ports)
+
+
+def peer_pod_selectors(
+    policies: Iterable[NetworkPolicy], cluster: Iterable[ClusterNetworkPolicy]
+) -> Iterator[LabelSelector]:
+    """Every pod selector a peer of *policies* or *cluster* policies has (what picks remote pods)."""
+    for policy in policies:
+        for rule in (*policy.ingress, *policy.egress):
+            for peer in rule.peers:
+                if peer.pod_selector is not None:
+                    yield peer.pod_selector
+    for cnp in cluster:
+        for crule in (*cnp.ingress, *cnp.egress):
+            for cpeer in crule.peers:
+                if cpeer.pods is not None:
+                    yield cpeer.pods[1]
+
+
+def index_keys(policies: Iterable[NetworkPolicy], cluster: Iterable[ClusterNetworkPolicy]) -> frozenset[str]:
+    """The label keys :meth:`Peers.index_label_keys` takes: those peer selectors' matchLabels require."""
+    return frozenset(key for sel in peer_pod_selectors(policies, cluster) for key, _ in sel.match_labels)
 
 
 def family(element: Element) -> int:
