@@ -84,7 +84,7 @@ from ._policy import POLICY_READY_GATE, PolicyLink
 from ._root import SHUTDOWN_DEADLINE_S, Agent, FatalStartError, check_state_dir
 from ._services import services_part
 from ._startup import StartupWatch
-from ._wireguard import wireguard_part
+from ._wireguard import GUARD_GATE, wireguard_part
 
 log = logging.getLogger("flock.agent")
 
@@ -98,12 +98,9 @@ STORE_REMEDY = (
 
 def node_state(node: str, tunnel_overhead: int = 0) -> NodeState:
     """The node's state with every readiness gate, in the order /readyz lists them; *tunnel_overhead*:
-    what encryption takes from the pods' MTU."""
-    return NodeState(
-        node,
-        [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE, POLICY_READY_GATE],
-        tunnel_overhead=tunnel_overhead,
-    )
+    what encryption takes from the pods' MTU (encryption on: the WireGuard guard's gate too)."""
+    gates = [API_GATE, NODECONFIG_INFORMER_GATE, nodeconfig_gate(node), POD_INFORMER_GATE, ADD_GATE, POLICY_READY_GATE]
+    return NodeState(node, [*gates, GUARD_GATE] if tunnel_overhead else gates, tunnel_overhead=tunnel_overhead)
 
 
 def compose(
@@ -142,6 +139,7 @@ def compose(
         nft=default_backend(settings.host_netns),
         mtu=lambda: state.pod_mtu,
         note=state.set_note,
+        guarded=lambda: state.open_gate(GUARD_GATE.name),
     )
     if wireguard.watchers is not None:
         watchers = (*watchers, wireguard.watchers)
@@ -180,6 +178,7 @@ def compose(
         checkpoint=crash,
         policy=policy,
         removals=removals,
+        add_gates=(GUARD_GATE.name,) if encrypting else (),
     )
     pending_deletes = settings.socket.parent / PENDING_DELETES
     bringup = NodeBringUp(

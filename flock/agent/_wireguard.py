@@ -35,7 +35,7 @@ import trio
 from flock.model import MTU_DEFAULT
 from flock.nursery import Backoff, ChildSpec, Restart
 from flock.policy import NftBackend, NftError
-from flock.state import WIREGUARD_OVERHEAD, PodMtu
+from flock.state import WIREGUARD_OVERHEAD, Gate, PodMtu
 from flock.watchers import ChangeType, Informer, InformerSettings, KubeClient, KubeError
 from flock.wireguard import (
     GUARD_COUNTER,
@@ -74,6 +74,9 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 NOTE = "wireguard"  # the readiness note's topic
+# ADD waits behind this gate while the guard is not in force yet (an agent's first start with encryption, before
+# the informers have listed every node's pod blocks): no pod of this node exists before its traffic is guarded.
+GUARD_GATE = Gate("wireguard-guard", "the cluster's pod blocks are not guarded yet", label="encryption: ")
 
 
 class MtuRefused(ValueError):
@@ -146,8 +149,9 @@ class PeerStatus:
 class WireGuardService:
     """Supervised service: this node's WireGuard dataplane follows *cluster* (see the module doc).
 
-    ``started()`` once the key is loaded, the device exists with the key and port, and the peers it
-    had (an agent restart) are kept: what the cluster says is applied when both informers have listed."""
+    ``started()`` once the key is loaded: the device, its peers, routes and the guard follow once both
+    informers have listed (until then the device is left as it is: an agent restart changes nothing),
+    and each failure is retried.  *guarded* is called whenever the guard is in force."""
 
     node: str
     store: KeyStore
@@ -162,6 +166,8 @@ class WireGuardService:
     # The pods' MTU (the fabric's less WireGuard's overhead; refused below 1280) and where readiness notes go
     mtu: Callable[[], PodMtu] = lambda: PodMtu(MTU_DEFAULT - WIREGUARD_OVERHEAD[6], "default")
     note: Callable[[str, str | None], None] = lambda topic, text: None
+    # Called whenever the guard is in force: the last agent's table found at start, or a guard written
+    guarded: Callable[[], None] = lambda: None
     clock: Callable[[], float] = time.time  # Unix time: what handshake times are compared with
     _keys: NodeKey | None = attrs.field(init=False, default=None)
     _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -189,15 +195,10 @@ class WireGuardService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._set_keys(await trio.to_thread.run_sync(self.store.load_or_create))
-        failures = 0
-        while True:
-            try:
-                await self._adopt()
-                break
-            except (DeviceError, NftError) as exc:
-                delay = self._failed(exc, failures)
-                failures += 1
-                await trio.sleep(delay)
+        if await self.nft.has_table(GUARD_TABLE):
+            self.guarded()  # the last agent's guard is in force until the first pass replaces it
+        # Started before the device: nothing after this child in the tree (BIRD, BGP) may wait on WireGuard; the
+        # device is brought up by the first pass, and retried.  Pods wait for the guard (GUARD_GATE), not this.
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._forget_previous_keys)
@@ -253,6 +254,7 @@ class WireGuardService:
             self._refusals = dp.refusals
         # The guard first: whatever fails after it, nothing leaves in the clear.
         await self.nft.run(render_guard(self.device.name, dp.local, dp.guarded))
+        self.guarded()
         self._dataplane = dp
         mtu = self.mtu()
         self.note(NOTE, mtu.refused)
@@ -274,7 +276,7 @@ class WireGuardService:
                 self.peer_updates += 1
                 log.info("WireGuard peers updated", extra={"nodes": changed[:20], "count": len(changed)})
         self._applied = desired
-        await self.routes.apply(dp.routes)
+        await self.routes.apply(dp.routes, dp.local)
         self.reconciles += 1
         self.last_error = None
 
@@ -372,17 +374,6 @@ class WireGuardService:
         ]
 
     # -- internals ------------------------------------------------------------------------------
-
-    async def _adopt(self) -> None:
-        """The device exists with this node's key and port; the peers it has are kept (an agent restart
-        changes nothing until the cluster is known)."""
-        keys = self._keys
-        assert keys is not None
-        await self.device.ensure()
-        state = await self.device.show()
-        await self.device.configure(
-            keys.current, self.settings.listen_port, [p.configured() for p in state.peers.values()]
-        )
 
     def _set_keys(self, keys: NodeKey) -> None:
         self._keys = keys
@@ -522,12 +513,23 @@ def cluster_watchers(
 
 @attrs.define(eq=False)
 class GuardRemoval:
-    """Encryption off: the guard's table removed once (a node switched off must not keep dropping)."""
+    """Encryption off: the guard's table, the rules to table 71 and the routes through the device
+    removed once (a node switched off must not keep dropping, nor send its pods' traffic into a tunnel
+    no longer kept).  The device itself is left (its peers idle without routes): the next switch on
+    adopts it."""
 
     nft: NftBackend
+    routes: DeviceRoutes | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # The guard is written before any rule or route and removed after them: no guard table, nothing to do
+        # (what every agent without encryption finds, at the cost of one nft list).
         if await self.nft.has_table(GUARD_TABLE):
+            if self.routes is not None and (removed := await self.routes.remove()):
+                log.info(
+                    "encryption is off: flock's rules and routes through the WireGuard device were removed",
+                    extra={"routes": len(removed.delete), "rules": len(removed.delete_rules)},
+                )
             await self.nft.run(render_remove())
             log.info("encryption is off: the WireGuard guard table was removed", extra={"table": f"inet {GUARD_TABLE}"})
         task_status.started()
@@ -557,10 +559,12 @@ def wireguard_part(
     nft: NftBackend,
     mtu: Callable[[], PodMtu],
     note: Callable[[str, str | None], None],
+    guarded: Callable[[], None] = lambda: None,
 ) -> WireGuardPart:
     """The WireGuard service and its watchers (encryption on), or the guard's removal (off)."""
     if encryption != "wireguard":
-        return WireGuardPart(None, ChildSpec("wireguard", GuardRemoval(nft).run, restart=Restart.TRANSIENT), None)
+        removal = GuardRemoval(nft, DeviceRoutes(device, host_netns))
+        return WireGuardPart(None, ChildSpec("wireguard", removal.run, restart=Restart.TRANSIENT), None)
     cluster = ClusterView()
     service = WireGuardService(
         node=node,
@@ -572,11 +576,13 @@ def wireguard_part(
         settings=EncryptionSettings(port, fabric, allow_plaintext_to),
         mtu=mtu,
         note=note,
+        guarded=guarded,
     )
     return WireGuardPart(service, ChildSpec("wireguard", service.run), cluster_watchers(node, service, cluster))
 
 
 __all__ = [
+    "GUARD_GATE",
     "ClusterView",
     "GuardRemoval",
     "KeyPublisher",

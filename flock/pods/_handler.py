@@ -132,6 +132,8 @@ class PodHandler:
     # running: DEL deletes the veth itself before it answers).
     removals: VethRemovals | None = attrs.field(default=None, on_setattr=attrs.setters.frozen)
     add_deadline: float = ADD_DEADLINE_S
+    # Further gates ADD (and STATUS) wait behind, after ADD_GATE: with encryption, the WireGuard guard's
+    add_gates: tuple[str, ...] = ()
     clock: Callable[[], float] = time.time
     rng: random.Random = attrs.field(factory=random.SystemRandom)
     _ipam: Ipam | None = attrs.field(init=False, default=None)
@@ -252,13 +254,20 @@ class PodHandler:
 
     # -- ADD -----------------------------------------------------------------
 
+    def _add_waits(self) -> str:
+        """Why ADD is not served yet (the first closed of ADD_GATE and *add_gates*); empty: served."""
+        for gate in (ADD_GATE.name, *self.add_gates):
+            if waiting := self.state.reason(gate):
+                return waiting
+        return ""
+
     async def add(self, request: Request) -> dict[str, Any]:
         """Set up the pod; the result in the request's cniVersion."""
         version = check_cni_version(request.config)
         ref = pod_ref(request.args)
         network = network_name(request.config)
         mappings = port_mappings(request.config)
-        waiting = self.state.reason(ADD_GATE.name)
+        waiting = self._add_waits()
         if waiting or self._ipam is None:
             raise NotReady("agent not ready", waiting or ADD_GATE.initial_reason)
         lap = _Laps("ADD", self.stage)
@@ -595,7 +604,7 @@ class PodHandler:
 
     async def status(self, request: Request) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
-        waiting = self.state.reason(ADD_GATE.name)
+        waiting = self._add_waits()
         if waiting or self._ipam is None:
             raise Unavailable("agent not ready", waiting or ADD_GATE.initial_reason)
         if exhausted := self.state.exhausted:

@@ -18,7 +18,7 @@ import signal
 import socket
 import struct
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -258,6 +258,34 @@ class WireReport:
     marker_seen: int
 
 
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IpPacket = tuple[int, IpAddress, IpAddress, bytes]
+
+
+def ip_packet(frame: bytes) -> IpPacket | int:
+    """An Ethernet frame's IP packet as (protocol, source, destination, payload) — IPv6's hop-by-hop, routing
+    and destination options skipped — or the ethertype of a frame that is not IP."""
+    ethertype = struct.unpack("!H", frame[12:14])[0]
+    if ethertype == 0x0800:
+        ihl = (frame[14] & 0x0F) * 4
+        return frame[23], ip_address(frame[26:30]), ip_address(frame[30:34]), frame[14 + ihl :]
+    if ethertype == 0x86DD:
+        proto, payload = frame[20], frame[54:]
+        while proto in (0, 43, 60) and len(payload) >= 8:  # hop-by-hop (MLD's router alert), routing, options
+            proto, payload = payload[0], payload[(payload[1] + 1) * 8 :]
+        return proto, ip_address(frame[22:38]), ip_address(frame[38:54]), payload
+    return ethertype
+
+
+def wireguard_message(proto: int, payload: bytes, port: int = PORT) -> int | None:
+    """The WireGuard message type (1, 2: handshake; 3: cookie; 4: data) of a UDP datagram to or from *port*."""
+    if proto == 17 and len(payload) >= 12 and port in struct.unpack("!HH", payload[:4]):
+        kind = payload[8]
+        if 1 <= kind <= 4 and payload[9:12] == b"\0\0\0":
+            return kind
+    return None
+
+
 def inspect(frames: list[bytes], blocks: list[str]) -> WireReport:
     nets = [ip_network(b) for b in blocks]
     wg = control = marker = 0
@@ -266,29 +294,20 @@ def inspect(frames: list[bytes], blocks: list[str]) -> WireReport:
     for frame in frames:
         if MARKER in frame:
             marker += 1
-        ethertype = struct.unpack("!H", frame[12:14])[0]
-        if ethertype == 0x0806:
-            control += 1
+        packet = ip_packet(frame)
+        if isinstance(packet, int):
+            if packet == 0x0806:
+                control += 1
+            else:
+                plaintext.append(f"ethertype {packet:#06x}")
             continue
-        if ethertype == 0x0800:
-            ihl = (frame[14] & 0x0F) * 4
-            proto, src, dst = frame[23], ip_address(frame[26:30]), ip_address(frame[30:34])
-            payload = frame[14 + ihl :]
-        elif ethertype == 0x86DD:
-            proto, src, dst = frame[20], ip_address(frame[22:38]), ip_address(frame[38:54])
-            payload = frame[54:]
-            while proto in (0, 43, 60) and len(payload) >= 8:  # hop-by-hop (MLD's router alert), routing, options
-                proto, payload = payload[0], payload[(payload[1] + 1) * 8 :]
-        else:
-            plaintext.append(f"ethertype {ethertype:#06x}")
-            continue
+        proto, src, dst, payload = packet
         in_block = any(src in n or dst in n for n in nets)
-        if proto == 17 and not in_block and PORT in struct.unpack("!HH", payload[:4]):
-            kind = payload[8]
-            if 1 <= kind <= 4 and payload[9:12] == b"\0\0\0":
-                wg += 1
-                by_type[kind] += 1
-                continue
+        kind = wireguard_message(proto, payload)
+        if kind is not None and not in_block:
+            wg += 1
+            by_type[kind] += 1
+            continue
         if proto == 58 and not in_block and payload[0] in (133, 134, 135, 136, 143):
             control += 1
             continue
@@ -309,3 +328,83 @@ def _wireguard_unreachable(proto: int, payload: bytes) -> bool:
     else:
         return False
     return len(udp) == 4 and PORT in struct.unpack("!HH", udp)
+
+
+@attrs.define
+class WireTally:
+    """What crossed a lab's fabric link, sorted as it arrives (a stream is too long to keep every frame):
+    pod ↔ pod packets of two nodes in the clear (*plaintext*, the first few kept as text), WireGuard
+    datagrams by message type, and node ↔ pod packets (node traffic: outside the tunnel by design)."""
+
+    pod_blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]  # every node's, each node's own apart
+    plaintext: int = 0
+    plaintext_by_family: collections.Counter[int] = attrs.field(factory=collections.Counter)
+    samples: list[str] = attrs.field(factory=list)
+    wireguard: collections.Counter[int] = attrs.field(factory=collections.Counter)
+    node_pod: int = 0
+    frames: int = 0
+
+    def block_of(self, address: IpAddress) -> int | None:
+        for i, block in enumerate(self.pod_blocks):
+            if address.version == block.version and address in block:
+                return i
+        return None
+
+    def add(self, frame: bytes) -> None:
+        self.frames += 1
+        packet = ip_packet(frame)
+        if isinstance(packet, int):
+            return
+        proto, src, dst, payload = packet
+        kind = wireguard_message(proto, payload)
+        if kind is not None:
+            self.wireguard[kind] += 1
+            return
+        ends = self.block_of(src), self.block_of(dst)
+        if None not in ends:
+            self.plaintext += 1
+            self.plaintext_by_family[src.version] += 1
+            if len(self.samples) < 10:
+                self.samples.append(f"protocol {proto} {src} -> {dst}")
+        elif ends != (None, None):
+            self.node_pod += 1
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "frames": self.frames,
+            "plaintext_pod_to_pod": self.plaintext,
+            "by_family": dict(self.plaintext_by_family),
+            "samples": self.samples,
+            "wireguard_by_type": dict(self.wireguard),
+            "node_pod": self.node_pod,
+        }
+
+
+@contextlib.asynccontextmanager
+async def tap(netns: str, ifname: str, pod_blocks: list[str]) -> AsyncIterator[WireTally]:
+    """Every frame on *ifname* in *netns* (both directions), tallied while the block runs (AF_PACKET)."""
+    tally = WireTally([ip_network(b) for b in pod_blocks])
+    sock = call_in_netns(netns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)))
+    with sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        sock.bind((ifname, 0))
+        sock.setblocking(False)
+
+        def drain() -> None:
+            while True:
+                try:
+                    tally.add(sock.recv(65536))
+                except BlockingIOError:
+                    return
+
+        async def read() -> None:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                drain()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            yield tally
+            await trio.sleep(0.2)  # the last frames of what the block sent
+            drain()
+            nursery.cancel_scope.cancel()

@@ -70,16 +70,16 @@ from flock.wireguard._peers import (
     RefusalReason,
     desired_peers,
 )
-from flock.wireguard._routes import METRIC as ROUTE_METRIC
-from flock.wireguard._routes import ROUTE_PROTOCOL, DeviceRoutes, RoutePlan, plan_routes
+from flock.wireguard._routes import ROUTE_PROTOCOL, ROUTE_TABLE, RULE_PRIORITY, DeviceRoutes, RoutePlan, plan_routes
 
 __all__ = [
     "DEFAULT_KEEPALIVE_S",
     "GUARD_CHAIN",
     "GUARD_COUNTER",
     "GUARD_TABLE",
-    "ROUTE_METRIC",
     "ROUTE_PROTOCOL",
+    "ROUTE_TABLE",
+    "RULE_PRIORITY",
     "Change",
     "Dataplane",
     "DeviceChoice",

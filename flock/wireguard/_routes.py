@@ -1,28 +1,37 @@
-"""Routes of the remote pod blocks through the WireGuard device.
+"""Routes of the remote pod blocks through the WireGuard device, for this node's pods' traffic only.
 
-How a remote node's pod block is routed without encryption: BIRD learns it over BGP and exports it to
-the kernel (``protocol kernel``, ``export filter flock_kernel_export``: BGP routes only), as protocol
-``bird`` (12) with BIRD's default kernel metric, 32.  The device's route is the same prefix with a
-**lower metric** (:data:`METRIC`, 16): both live in the table (routes of one prefix and different
-metrics do not replace each other), the kernel uses the lower one, and BIRD's stays as the fallback
-it would be anyway — which is why the fail-closed guard (:mod:`._guard`) exists: when the device
-goes, its routes go with it, BIRD's route carries the traffic and the guard drops it.
+Without encryption a remote node's pod block is routed by BIRD: learned over BGP and exported to the
+kernel (``protocol kernel``, ``export filter flock_kernel_export``: BGP routes only) into the main table,
+as protocol ``bird``.  With encryption, the same prefixes through the device live in a **table of their
+own**, :data:`ROUTE_TABLE` (71), and a **rule** per pod block of this node sends what comes *from* a
+pod of this node to that table first (:data:`RULE_PRIORITY` 99, before the main table's 32766)::
 
-The routes carry a protocol number of their own, :data:`ROUTE_PROTOCOL` (71), not the pods' (70,
-``flock.netlink.ROUTE_PROTOCOL``): BIRD learns protocol 70 routes from the kernel (``learn``,
-``flock_kernel_import``) and would take a remote block as its own best route and withdraw its BGP
-route from the kernel; and the agent's start-up cleanup removes protocol-70 unicast routes through
-no pod veth.  Protocol 71 routes are flock's too (only this module writes or deletes them), and
-nothing else reads them.
+    99:  from 2001:db8:0:1::/64 lookup 71        (this node's pod blocks, protocol 71)
+    table 71: 2001:db8:0:2::/64 dev flock-wg proto 71   (every peer's allowed IPs)
 
-Applied with ``ip -batch -`` (one process for any number of routes) in the device's namespace, from
-the difference with what ``ip -j route show proto 71`` lists (pure: :func:`plan_routes`).
+Why not the main table: WireGuard accepts from a peer only sources inside that peer's allowed IPs (the
+pod blocks).  A packet to a remote pod from anything else — the node itself, a hostNetwork pod, a
+client of a NodePort forwarded to a pod on another node — would enter the tunnel and be dropped by the
+peer as a forged source.  With the rule, only pod ↔ pod traffic takes the tunnel; node traffic takes
+BIRD's route, in the clear, as docs/encryption.md says it does.  A lookup in table 71 that finds no
+route (the device gone, and its routes with it; no key yet for that node) falls through to the main
+table and BIRD's route, which is what the fail-closed guard (:mod:`._guard`) drops.
+
+Routes and rules carry a protocol number of their own, :data:`ROUTE_PROTOCOL` (71), not the pods' (70,
+``flock.netlink.ROUTE_PROTOCOL``): BIRD learns protocol-70 routes from the kernel, and the agent's
+start-up cleanup removes protocol-70 unicast routes through no pod veth.  Only this module writes or
+deletes protocol-71 routes and rules, and only in table 71.
+
+Applied with ``ip -batch -`` (one process per family for any number of routes and rules) in the
+device's namespace, from the difference with what ``ip -j route show table 71 proto 71`` and
+``ip -j rule show table 71`` list (pure: :func:`plan_routes`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import subprocess
 from collections.abc import Iterable
 
 import attrs
@@ -33,34 +42,67 @@ from flock.wireguard._device import DeviceError, Tools
 from flock.wireguard._model import IPNetwork, network_order
 
 ROUTE_PROTOCOL = 71
-METRIC = 16  # below BIRD's default kernel metric (32): the device's route wins over the BGP-learned one
+ROUTE_TABLE = 71  # the device's routes; looked up for traffic from this node's pod blocks (the rules)
+RULE_PRIORITY = 99  # before the main table (32766); the rules of Calico's WireGuard use 99 too
 
 
 @attrs.frozen
 class RoutePlan:
     add: tuple[IPNetwork, ...] = ()
-    delete: tuple[IPNetwork, ...] = ()  # ours, through the device, no longer wanted
+    delete: tuple[IPNetwork, ...] = ()  # ours, in table 71, no longer wanted
+    add_rules: tuple[IPNetwork, ...] = ()  # sources (this node's pod blocks) looked up in table 71
+    delete_rules: tuple[IPNetwork, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.add or self.delete)
+        return bool(self.add or self.delete or self.add_rules or self.delete_rules)
 
 
-def plan_routes(live: Iterable[IPNetwork], desired: Iterable[IPNetwork]) -> RoutePlan:
-    """What takes the device's routes *live* to *desired* (pure)."""
-    have, want = frozenset(live), frozenset(desired)
+def plan_routes(
+    live: Iterable[IPNetwork],
+    desired: Iterable[IPNetwork],
+    live_rules: Iterable[IPNetwork] = (),
+    desired_rules: Iterable[IPNetwork] = (),
+) -> RoutePlan:
+    """What takes the device's routes *live* to *desired*, and the rules' sources *live_rules* to
+    *desired_rules* (pure)."""
+
+    def diff(a: Iterable[IPNetwork], b: Iterable[IPNetwork]) -> tuple[IPNetwork, ...]:
+        return tuple(sorted(frozenset(a) - frozenset(b), key=network_order))
+
     return RoutePlan(
-        tuple(sorted(want - have, key=network_order)),
-        tuple(sorted(have - want, key=network_order)),
+        diff(desired, live), diff(live, desired), diff(desired_rules, live_rules), diff(live_rules, desired_rules)
     )
 
 
-def batch_lines(device: str, plan: RoutePlan) -> list[str]:
-    """``ip -batch`` lines for *plan* (deletions first)."""
-    tail = f"dev {device} proto {ROUTE_PROTOCOL} metric {METRIC}"
+def batch_lines(device: str, plan: RoutePlan, family: int) -> list[str]:
+    """``ip -batch`` lines of *family* for *plan*: routes before rules when adding (a rule never points at
+    a table still being filled), rules before routes when deleting."""
+    route = f"dev {device} proto {ROUTE_PROTOCOL} table {ROUTE_TABLE}"
+    rule = f"lookup {ROUTE_TABLE} priority {RULE_PRIORITY} protocol {ROUTE_PROTOCOL}"
+
+    def of(nets: tuple[IPNetwork, ...]) -> list[IPNetwork]:
+        return [n for n in nets if n.version == family]
+
     return [
-        *(f"route del {net} {tail}" for net in plan.delete),
-        *(f"route replace {net} {tail}" for net in plan.add),
+        *(f"rule del from {net} {rule}" for net in of(plan.delete_rules)),
+        *(f"route del {net} {route}" for net in of(plan.delete)),
+        *(f"route replace {net} {route}" for net in of(plan.add)),
+        *(f"rule add from {net} {rule}" for net in of(plan.add_rules)),
     ]
+
+
+def parse_rules(text: str) -> list[IPNetwork]:
+    """The sources of flock's rules (table 71, protocol 71) in ``ip -j rule show``'s output."""
+    found: list[IPNetwork] = []
+    for entry in json.loads(text or "[]"):
+        if str(entry.get("table")) != str(ROUTE_TABLE) or str(entry.get("protocol")) != str(ROUTE_PROTOCOL):
+            continue
+        src = str(entry.get("src", ""))
+        if src in ("", "all"):
+            continue
+        length = entry.get("srclen", 128 if ":" in src else 32)
+        found.append(ipaddress.ip_network(f"{src}/{length}"))
+    return found
 
 
 def parse_routes(text: str) -> list[IPNetwork]:
@@ -76,7 +118,8 @@ def parse_routes(text: str) -> list[IPNetwork]:
 
 @attrs.define(eq=False)
 class DeviceRoutes:
-    """The routes through *device* in namespace *netns* (a path; None: this process's)."""
+    """The routes through *device* in table 71 and the rules that send this node's pods' traffic there,
+    in namespace *netns* (a path; None: this process's)."""
 
     device: str
     netns: str | None = None
@@ -85,8 +128,9 @@ class DeviceRoutes:
     async def live(self) -> list[IPNetwork]:
         found: list[IPNetwork] = []
         for family in ("-6", "-4"):
-            argv = [self.tools.ip, "-j", family, "route", "show", "proto", str(ROUTE_PROTOCOL), "dev", self.device]
-            proc = await trio.run_process(self._enter(argv), capture_stdout=True, capture_stderr=True, check=False)
+            argv = [self.tools.ip, "-j", family, "route", "show", "table", str(ROUTE_TABLE)]
+            argv += ["proto", str(ROUTE_PROTOCOL), "dev", self.device]
+            proc = await self._run(argv)
             if proc.returncode != 0:
                 err = proc.stderr.decode(errors="replace")
                 if "Cannot find device" in err or "does not exist" in err:
@@ -95,18 +139,37 @@ class DeviceRoutes:
             found += parse_routes(proc.stdout.decode())
         return found
 
-    async def apply(self, desired: Iterable[IPNetwork]) -> RoutePlan:
-        """Make the device's routes exactly *desired*; what changed."""
-        plan = plan_routes(await self.live(), desired)
-        if plan:
-            script = "\n".join(batch_lines(self.device, plan)) + "\n"
-            argv = self._enter([self.tools.ip, "-batch", "-"])
-            proc = await trio.run_process(
-                argv, stdin=script.encode(), capture_stdout=True, capture_stderr=True, check=False
-            )
+    async def live_rules(self) -> list[IPNetwork]:
+        found: list[IPNetwork] = []
+        for family in ("-6", "-4"):
+            proc = await self._run([self.tools.ip, "-j", family, "rule", "show", "table", str(ROUTE_TABLE)])
             if proc.returncode != 0:
-                raise DeviceError(self.device, "ip -batch route", proc.stderr.decode(errors="replace"), proc.returncode)
+                raise DeviceError(self.device, "ip rule show", proc.stderr.decode(errors="replace"), proc.returncode)
+            found += parse_rules(proc.stdout.decode())
+        return found
+
+    async def apply(self, desired: Iterable[IPNetwork], sources: Iterable[IPNetwork] = ()) -> RoutePlan:
+        """Make the device's routes exactly *desired* and the rules' sources exactly *sources* (this
+        node's pod blocks); what changed."""
+        plan = plan_routes(await self.live(), desired, await self.live_rules(), sources)
+        for family in (6, 4):
+            lines = batch_lines(self.device, plan, family)
+            if not lines:
+                continue
+            proc = await self._run([self.tools.ip, f"-{family}", "-batch", "-"], stdin="\n".join(lines) + "\n")
+            if proc.returncode != 0:
+                raise DeviceError(self.device, "ip -batch", proc.stderr.decode(errors="replace"), proc.returncode)
         return plan
+
+    async def remove(self) -> RoutePlan:
+        """Every route of table 71 through the device and every rule of flock's to table 71 (encryption
+        switched off)."""
+        return await self.apply((), ())
+
+    async def _run(self, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess[bytes]:
+        return await trio.run_process(
+            self._enter(argv), stdin=stdin.encode(), capture_stdout=True, capture_stderr=True, check=False
+        )
 
     def _enter(self, argv: list[str]) -> list[str]:
         if self.netns is None:

@@ -232,3 +232,38 @@ async def test_a_deleted_nodeconfig_stops_add_until_it_is_back_and_pods_keep_wor
             assert state.ready
             await handler(request("ADD", cid="c0ffee0b", pod="b"))
             nursery.cancel_scope.cancel()
+
+
+async def test_with_encryption_add_waits_for_the_wireguard_guard(autojump_clock, tmp_path):
+    """The agent's first start with encryption: start-up is done, but until the WireGuard service has
+    written its guard (every remote pod block dropped unless through the tunnel) ADD answers 11 and
+    STATUS 50, naming why — no pod of this node exists before its traffic is guarded."""
+    from flock.agent._wireguard import GUARD_GATE
+
+    api, rows, kernel = ObjectStore(), MemoryAllocations(), MemoryKernel()
+    api.create(NODECONFIGS, nodeconfig_object(NODE, "2001:db8:0:1::/64"))
+    state = NodeState(NODE, [Gate(NODECONFIG_GATE, f"NodeConfig {NODE} not loaded"), ADD_GATE, GUARD_GATE])
+    nodeconfigs = NodeConfigWatcher(StoreSource(api, NODECONFIGS, f"metadata.name={NODE}"), NODE, sink=state)
+    pods = PodWatcher(StoreSource(api, PODS, f"spec.nodeName={NODE}"), NODE)
+    handler = PodHandler(
+        store=rows, dataplane=kernel, pods=pods, state=state, rng=random.Random(7), add_gates=(GUARD_GATE.name,)
+    )
+    service = NodeBringUp(handler=handler, dataplane=kernel, state=state, pending_deletes=tmp_path / "pending")
+    api.create(PODS, pod_object("default", "web-0", NODE))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodeconfigs.run)
+            await nursery.start(pods.run)
+            await serving(nursery, service)
+            for op, code in (("ADD", errors.TRY_AGAIN_LATER), ("STATUS", errors.NOT_AVAILABLE)):
+                try:
+                    await handler(request(op))
+                except errors.CniError as err:
+                    assert err.code == code and err.details == GUARD_GATE.initial_reason
+                else:
+                    raise AssertionError(f"{op} served before the guard")
+            assert not rows.rows and "encryption: " + GUARD_GATE.initial_reason in state.not_ready()
+            state.open_gate(GUARD_GATE.name)  # what the service's first pass does
+            result = await handler(request("ADD"))
+            assert result["ips"] and await handler(request("STATUS")) == {}
+            nursery.cancel_scope.cancel()

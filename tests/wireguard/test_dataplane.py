@@ -17,7 +17,16 @@ from flock.wireguard._cluster import (
     plan_dataplane,
 )
 from flock.wireguard._guard import COUNTER, TABLE, parse_counter, render_guard, render_remove
-from flock.wireguard._routes import METRIC, ROUTE_PROTOCOL, RoutePlan, batch_lines, parse_routes, plan_routes
+from flock.wireguard._routes import (
+    ROUTE_PROTOCOL,
+    ROUTE_TABLE,
+    RULE_PRIORITY,
+    RoutePlan,
+    batch_lines,
+    parse_routes,
+    parse_rules,
+    plan_routes,
+)
 
 net = ipaddress.ip_network
 addr = ipaddress.ip_address
@@ -144,14 +153,32 @@ def test_guard_transaction() -> None:
 
 
 def test_route_plan() -> None:
+    """Routes in table 71, rules from this node's pod blocks to it: deletions first (rules before their
+    routes), additions last (routes before the rules that reach them), one family per ``ip -batch``."""
     live = [net("2001:db8:2::/64"), net("10.9.0.0/24")]
-    plan = plan_routes(live, [net("2001:db8:2::/64"), net("10.2.0.0/24")])
-    assert plan == RoutePlan((net("10.2.0.0/24"),), (net("10.9.0.0/24"),))
-    assert not plan_routes(live, live)
-    assert batch_lines("wg0", plan) == [
-        f"route del 10.9.0.0/24 dev wg0 proto {ROUTE_PROTOCOL} metric {METRIC}",
-        f"route replace 10.2.0.0/24 dev wg0 proto {ROUTE_PROTOCOL} metric {METRIC}",
+    rules = [net("10.1.0.0/24")]
+    plan = plan_routes(live, [net("2001:db8:2::/64"), net("10.2.0.0/24")], rules, [net("2001:db8:1::/64")])
+    assert plan == RoutePlan(
+        (net("10.2.0.0/24"),), (net("10.9.0.0/24"),), (net("2001:db8:1::/64"),), (net("10.1.0.0/24"),)
+    )
+    assert not plan_routes(live, live, rules, rules)
+    route = f"dev wg0 proto {ROUTE_PROTOCOL} table {ROUTE_TABLE}"
+    rule = f"lookup {ROUTE_TABLE} priority {RULE_PRIORITY} protocol {ROUTE_PROTOCOL}"
+    assert batch_lines("wg0", plan, 4) == [
+        f"rule del from 10.1.0.0/24 {rule}",
+        f"route del 10.9.0.0/24 {route}",
+        f"route replace 10.2.0.0/24 {route}",
     ]
+    assert batch_lines("wg0", plan, 6) == [f"rule add from 2001:db8:1::/64 {rule}"]
+    # only flock's rules (table 71, protocol 71) are read back: another's rule to table 71 is not ours
+    shown = (
+        '[{"priority":0,"src":"all","table":"local"},'
+        '{"priority":99,"src":"2001:db8:1::","srclen":64,"table":"71","protocol":"71"},'
+        '{"priority":99,"src":"10.1.0.0","srclen":24,"table":"71","protocol":"71"},'
+        '{"priority":50,"src":"10.7.0.0","srclen":24,"table":"71"},'
+        '{"priority":99,"src":"all","table":"71","protocol":"71"}]'
+    )
+    assert parse_rules(shown) == [net("2001:db8:1::/64"), net("10.1.0.0/24")]
     assert parse_routes('[{"dst":"2001:db8:2::/64"},{"dst":"10.0.0.1"},{"dst":"default"}]') == [
         net("2001:db8:2::/64"),
         net("10.0.0.1/32"),

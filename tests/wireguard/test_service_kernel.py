@@ -9,6 +9,8 @@ go the guard must drop what that route would carry in the clear.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -38,7 +40,7 @@ from flock.testing.wireguard import (
     two_nodes,
 )
 from flock.wireguard._cluster import EncryptionSettings, NodeAddresses, NodeConfigWireGuard
-from flock.wireguard._routes import METRIC, ROUTE_PROTOCOL, DeviceRoutes
+from flock.wireguard._routes import ROUTE_PROTOCOL, ROUTE_TABLE, DeviceRoutes
 
 pytestmark = pytest.mark.root
 
@@ -76,6 +78,7 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
         with two_nodes(tmp_path) as world:
             async with trio.open_nursery() as nursery:
                 services = {}
+                guard_calls: list[str] = []
                 for n in (world.a, world.b):
                     services[n.name] = WireGuardService(
                         node=n.name,
@@ -87,8 +90,10 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                         settings=EncryptionSettings(PORT, 6),
                         resync_seconds=1.0,
                         debounce_seconds=0.02,
+                        guarded=functools.partial(guard_calls.append, n.name),
                     )
                     await nursery.start(services[n.name].run)
+                assert guard_calls == []  # a first start: no guard before the cluster is known
                 c = Cluster(world, services)
                 _bird_route(world.a, world.b)
                 _bird_route(world.b, world.a)
@@ -112,6 +117,7 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                 for service in services.values():
                     service.cluster.mark_listed(nodeconfigs=True, nodes=True)
                 await eventually(lambda: all(s.reconciles > 0 for s in services.values()))
+                assert {"a", "b"} <= set(guard_calls)  # each told ADD may be served: its guard is written
                 try:
                     yield c
                 finally:
@@ -146,7 +152,8 @@ async def _dropped(c: Cluster, name: str) -> int:
 def _routes(n: Node) -> list[dict[str, Any]]:
     out = []
     for family in ("-6", "-4"):
-        out += json.loads(n.ns.ip("-j", family, "route", "show", "proto", str(ROUTE_PROTOCOL)) or "[]")
+        shown = n.ns.ip("-j", family, "route", "show", "table", str(ROUTE_TABLE), "proto", str(ROUTE_PROTOCOL))
+        out += json.loads(shown or "[]")
     return out
 
 
@@ -161,11 +168,19 @@ async def test_peers_routes_and_guard_from_the_cluster(cluster: Cluster, caplog:
     finally:
         capture.close()
     assert report.plaintext == [] and report.marker_seen == 0 and report.by_type[4] >= 6
-    # the device's routes: b's blocks, protocol 71, metric 16, beside BIRD's (metric 32), and used
+    # the device's routes: b's blocks, protocol 71, in table 71, used for what comes from a's pods
     routes = _routes(a)
     assert sorted(r["dst"] for r in routes) == sorted([b.block6, b.block4])
-    assert all(r["dev"] == a.device.name and r["metric"] == METRIC for r in routes)
-    assert a.device.name in a.ns.ip("-6", "route", "get", b.pod6)
+    assert all(r["dev"] == a.device.name for r in routes)
+    rules = json.loads(a.ns.ip("-j", "-6", "rule", "show", "table", str(ROUTE_TABLE)))
+    block = ipaddress.ip_network(a.block6)
+    assert [(r["src"], r["srclen"], r["protocol"]) for r in rules] == [(str(block[0]), block.prefixlen, "71")]
+    assert a.device.name in a.ns.ip("-6", "route", "get", b.pod6, "from", a.pod6)
+    # node ↔ pod stays outside the tunnel (b's WireGuard would drop a source outside a's pod blocks):
+    # BIRD's route carries it, the guard lets it pass, and it is answered
+    assert a.device.name not in a.ns.ip("-6", "route", "get", b.pod6)
+    assert (await trio.to_thread.run_sync(ping, a.ns, a.fabric6, b.pod6)).received == 3
+    assert (await trio.to_thread.run_sync(ping, a.ns, a.fabric4, b.pod4)).received == 3
     assert await _dropped(cluster, "a") == 0
     # what flockctl will show: peers by node, a handshake, never the private key
     status = await cluster.services["a"].peer_status()
