@@ -67,6 +67,10 @@ log = logging.getLogger("flock.wireguard")
 RESYNC_SECONDS = 60.0  # a full reconcile (wg show, every peer compared) this often
 DEBOUNCE_SECONDS = 0.1  # changes arriving within this are applied together
 FORGET_POLL_SECONDS = 1.0  # after a rotation: how often the peers' handshakes are checked
+# After a rotation, the previous key is forgotten this long after it even if some peer has not shaken hands with
+# the new one (a node down, or not reading NodeConfigs): such a peer would otherwise block every later rotation.
+# The device never uses the previous key; forgetting it only ends "rotation pending".  Named in a warning.
+FORGET_AFTER_SECONDS = 180.0
 RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 PUBLISH_RETRY = Backoff(initial=1.0, factor=2.0, cap=30.0)
 NODECONFIG_PATH = "/apis/flock.fritzlab.net/v1alpha1/nodeconfigs"
@@ -169,6 +173,7 @@ class WireGuardService:
     # Called whenever the guard is in force: the last agent's table found at start, or a guard written
     guarded: Callable[[], None] = lambda: None
     clock: Callable[[], float] = time.time  # Unix time: what handshake times are compared with
+    forget_after: float = FORGET_AFTER_SECONDS
     _keys: NodeKey | None = attrs.field(init=False, default=None)
     _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _applied: dict[str, Peer] | None = attrs.field(init=False, default=None)  # None: reconcile in full
@@ -309,10 +314,18 @@ class WireGuardService:
         # wg reports handshakes in whole seconds: one in the rotation's second counts (the device has had only
         # the new key since, and the key file is bookkeeping: the device never reads the previous one).
         waiting = [k for k, p in state.peers.items() if p.latest_handshake is None or p.latest_handshake < int(since)]
-        if waiting:
+        if waiting and self.clock() - since < self.forget_after:
             return False
         self._set_keys(await trio.to_thread.run_sync(self.store.forget_previous))
-        log.info("WireGuard previous key forgotten: every peer has the new one", extra={"peers": len(state.peers)})
+        if waiting:
+            names = {peer.public_key: name for name, peer in (self._dataplane.peers if self._dataplane else ())}
+            log.warning(
+                "WireGuard previous key forgotten although some peers have not shaken hands with the new one; "
+                "they reach this node again once they read its NodeConfig",
+                extra={"after_s": self.forget_after, "nodes": sorted(names.get(k, "?") for k in waiting)[:20]},
+            )
+        else:
+            log.info("WireGuard previous key forgotten: every peer has the new one", extra={"peers": len(state.peers)})
         return True
 
     async def admin_status(self) -> dict[str, Any]:

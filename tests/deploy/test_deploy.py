@@ -701,7 +701,14 @@ def test_agent_container():
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "FLOCK_POLICY_PEERS", "value": "groups"},  # flock-controller's address groups (issue 35)
+        {"name": "FLOCK_ENCRYPTION", "value": "off"},  # the cluster's switch for WireGuard (issue 36)
     ]
+    from flock.agent._cli import parse_args
+
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    for value in ("off", "wireguard"):  # what the manifest says, and what an operator switches it to
+        settings, _ = parse_args(["--node=n1"], {**env, "FLOCK_ENCRYPTION": value})
+        assert settings.encryption == value
     assert "--node=$(NODE_NAME)" in c["args"]
     assert f"--health-address=127.0.0.1:{HEALTH_PORT}" in c["args"]
     assert c["livenessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/healthz", "port": HEALTH_PORT}

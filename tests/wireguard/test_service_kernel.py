@@ -326,3 +326,24 @@ async def test_rotation_under_a_ping_stream_then_the_previous_key_forgotten(
     for secret in (keys.current.reveal_base64(), keys.previous.reveal_base64()):
         assert secret not in json.dumps(status) and secret not in records
         assert secret not in read_text(cluster.world.wg_log)
+
+
+async def test_a_peer_that_never_learns_the_new_key_does_not_block_the_next_rotation(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """a rotates and b never reads a's new key (a node down): no handshake with the new key, so the
+    rotation stays pending — until ``forget_after``, when a forgets the previous key anyway, names b in
+    a warning, and a second rotation is accepted."""
+    service = cluster.services["a"]
+    service.forget_after = 2.5
+    await trio.sleep(1.1)  # the peers' first handshake a whole second before the rotation (wg's resolution)
+    keys = await service.rotate()
+    assert keys.previous is not None and (await service.admin_status())["rotation_pending"]
+    await trio.sleep(1.2)
+    assert (await service.admin_status())["rotation_pending"]  # b has not shaken hands: still pending
+    await eventually(lambda: not (cluster.world.a.store.directory / "private.key.previous").exists(), seconds=5)
+    assert not (await service.admin_status())["rotation_pending"]
+    (warning,) = [r for r in caplog.records if "have not shaken hands" in r.getMessage()]
+    assert warning.nodes == ["b"]  # type: ignore[attr-defined]
+    again = await service.rotate()
+    assert again.previous is not None and again.previous.public_key == keys.public_key
