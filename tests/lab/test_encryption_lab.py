@@ -18,6 +18,7 @@ Slow for the main suite (two labs): marked ``encryption``; .ci/run's encryption 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -64,7 +65,8 @@ def _lab(prefix: str, *flags: str) -> Iterator[LabPlan]:
     try:
         assert main(["up", "--nodes", "2", *flags, "--dir", str(directory)]) == 0
         for node, pod in (("node1", "enc/a"), ("node2", "enc/b")):
-            assert main(["pod", "add", node, pod, "--port", "http=8080/TCP", "--dir", str(directory)]) == 0
+            argv = ["pod", "add", node, pod, "--port", "http=8080/TCP", "--label", f"app={pod[-1]}"]
+            assert main([*argv, "--dir", str(directory)]) == 0
         yield require_state(directory).plan
     finally:
         trio.run(down, directory)
@@ -74,7 +76,7 @@ def _lab(prefix: str, *flags: str) -> Iterator[LabPlan]:
 @pytest.fixture(scope="module")
 def encrypted() -> Iterator[LabPlan]:
     _require_root_and_tools("wireguard-go", "wg")
-    yield from _lab("flab-w-", "--encrypt")
+    yield from _lab("flab-w-", "--encrypt", "--internet")
 
 
 @pytest.fixture
@@ -125,11 +127,12 @@ async def encryption_of(node: NodePlan) -> dict[str, Any]:
     return status
 
 
-async def kubectl(lab: LabPlan, *args: str) -> str:
+async def kubectl(lab: LabPlan, *args: str, stdin: str | None = None) -> str:
     binary = shutil.which("kubectl")
     assert binary is not None, "kubectl not found (installed on every machine here)"
     argv = [binary, f"--kubeconfig={lab.dir / 'kubeconfig'}", "--request-timeout=10s", *args]
-    proc = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+    data = None if stdin is None else stdin.encode()
+    proc = await trio.run_process(argv, stdin=data, capture_stdout=True, capture_stderr=True, check=False)
     assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr.decode()}"
     return proc.stdout.decode()
 
@@ -317,6 +320,53 @@ async def test_an_agent_restart_under_a_stream_loses_nothing(encrypted: LabPlan)
     status = await encryption_of(node2)
     assert status["public_key"] == before and status["error"] is None, status
     assert [p["node"] for p in status["peers"]] == ["node1"], status
+
+
+async def test_services_with_encryption(encrypted: LabPlan) -> None:
+    """A NodePort Service whose one endpoint is node2's pod, from node1's pod (its ClusterIP: translated
+    on node1, then through the tunnel, nothing in the clear), from node1 itself (node traffic: outside
+    the tunnel, answered), and from the internet through node1's NodePort (a client's packet forwarded to
+    another node's pod: outside the tunnel — WireGuard would drop its source — and answered)."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "b", "namespace": "enc"},
+        "spec": {
+            "type": "NodePort",
+            "ipFamilyPolicy": "RequireDualStack",
+            "selector": {"app": "b"},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    await kubectl(encrypted, "apply", "-f", "-", stdin=json.dumps(service))
+    try:
+        svc = json.loads(await kubectl(encrypted, "get", "svc", "b", "-n", "enc", "-o", "json"))
+        ips = {ipaddress.ip_address(ip).version: ip for ip in svc["spec"]["clusterIPs"]}
+        node_port = PortSpec(svc["spec"]["ports"][0]["nodePort"], "TCP")
+        pods = load_pods(encrypted)
+        a = endpoint_for(encrypted, "enc/a", pods, source=True)
+        node1 = endpoint_for(encrypted, "node1", pods, source=True)
+        internet = endpoint_for(encrypted, "internet", pods, source=True)
+        cases = [
+            *((a, Endpoint(ip, None, (ip,)), PortSpec(80, "TCP"), family) for family, ip in ips.items()),
+            *((node1, Endpoint(ip, None, (ip,)), PortSpec(80, "TCP"), family) for family, ip in ips.items()),
+            *((internet, endpoint_for(encrypted, "node1", pods, source=False), node_port, f) for f in (6, 4)),
+        ]
+        with trio.fail_after(60):
+            async with fabric_tap(encrypted) as tally:
+                for src, dst, port, family in cases:
+                    while not (r := await probe_one(src, dst, port, family, peer=True)).connected:
+                        print(f"{src.label} → {dst.label} {port.label}: {r.reason}; again")
+                        await trio.sleep(0.2)
+                    assert r.served_by == "enc/b", r
+                for _ in range(10):  # and a steady few from the pod, through the tunnel
+                    r = await probe_one(*cases[0], peer=True)
+                    assert r.connected and r.served_by == "enc/b", r
+        print(f"services with encryption: {tally.summary()}")
+        _no_plaintext(tally)
+        assert tally.wireguard[4] >= 10 and tally.node_pod > 0, tally.summary()
+    finally:
+        await kubectl(encrypted, "delete", "svc", "b", "-n", "enc", "--wait=false")
 
 
 async def _replaced(lab: LabPlan, node: NodePlan, old: int) -> bool:
