@@ -54,6 +54,8 @@ class AgentSettings:
     wireguard_device: str = "flock-wg"  # the interface's name (a lab gives each node its own)
     wireguard_port: int = 51820  # every node's UDP port (cluster-wide)
     wireguard_fabric: int = 6  # the family of the node addresses the tunnel runs over
+    wireguard_table: int = 71  # the routing table of the routes through the device
+    wireguard_rule_priority: int = 99  # the rules sending this node's pods' traffic to that table
     wireguard_kind: str = "auto"  # auto (kernel module, else wireguard-go), kernel, userspace
     # nodes whose pods may be reached in the clear (a migration: nodes not encrypting yet)
     allow_plaintext_to: tuple[str, ...] = ()
@@ -219,6 +221,22 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         help="the kernel module, wireguard-go, or the module where the kernel has it (default: %(default)s)",
     )
     parser.add_argument(
+        "--wireguard-table",
+        type=int,
+        default=71,
+        metavar="N",
+        help="the routing table of the routes through the device, looked up for traffic from this node's pod "
+        "blocks (default: %(default)s; one no other software on the node uses)",
+    )
+    parser.add_argument(
+        "--wireguard-rule-priority",
+        type=int,
+        default=99,
+        metavar="N",
+        help="the priority of the rules that send this node's pods' traffic to that table (default: %(default)s; "
+        "below the main table's 32766)",
+    )
+    parser.add_argument(
         "--allow-plaintext-to",
         action="append",
         default=[],
@@ -246,6 +264,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         parser.error(f"--admin-socket {args.admin_socket}: expected an absolute path other than --socket")
     if not 1 <= args.wireguard_port <= 65535:
         parser.error(f"--wireguard-port {args.wireguard_port}: expected 1..65535")
+    # 0 (unspec), 253 (default), 254 (main) and 255 (local) are the kernel's
+    if not 1 <= args.wireguard_table <= 2**32 - 1 or args.wireguard_table in (253, 254, 255):
+        parser.error(f"--wireguard-table {args.wireguard_table}: expected 1..4294967295, not 253, 254 or 255")
+    if not 1 <= args.wireguard_rule_priority < 32766:
+        parser.error(f"--wireguard-rule-priority {args.wireguard_rule_priority}: expected 1..32765 (before main)")
     device = args.wireguard_device
     if not (0 < len(device) <= 15 and all(c.isalnum() or c in "_.-" for c in device)):
         parser.error(f"--wireguard-device {device[:20]!r}: expected an interface name (1-15 letters, digits, _.-)")
@@ -277,6 +300,8 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         wireguard_device=device,
         wireguard_port=args.wireguard_port,
         wireguard_fabric=args.wireguard_fabric,
+        wireguard_table=args.wireguard_table,
+        wireguard_rule_priority=args.wireguard_rule_priority,
         wireguard_kind=args.wireguard_kind,
         allow_plaintext_to=tuple(args.allow_plaintext_to),
     )

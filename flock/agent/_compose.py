@@ -135,6 +135,8 @@ def compose(
         kind=settings.wireguard_kind,
         port=settings.wireguard_port,
         fabric=settings.wireguard_fabric,
+        table=settings.wireguard_table,
+        rule_priority=settings.wireguard_rule_priority,
         allow_plaintext_to=settings.allow_plaintext_to,
         nft=default_backend(settings.host_netns),
         mtu=lambda: state.pod_mtu,

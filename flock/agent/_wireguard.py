@@ -40,6 +40,8 @@ from flock.watchers import ChangeType, Informer, InformerSettings, KubeClient, K
 from flock.wireguard import (
     GUARD_COUNTER,
     GUARD_TABLE,
+    ROUTE_TABLE,
+    RULE_PRIORITY,
     Dataplane,
     DeviceChoice,
     DeviceError,
@@ -569,6 +571,8 @@ def wireguard_part(
     port: int,
     fabric: int,
     allow_plaintext_to: Sequence[str],
+    table: int = ROUTE_TABLE,
+    rule_priority: int = RULE_PRIORITY,
     nft: NftBackend,
     mtu: Callable[[], PodMtu],
     note: Callable[[str, str | None], None],
@@ -576,14 +580,14 @@ def wireguard_part(
 ) -> WireGuardPart:
     """The WireGuard service and its watchers (encryption on), or the guard's removal (off)."""
     if encryption != "wireguard":
-        removal = GuardRemoval(nft, DeviceRoutes(device, host_netns))
+        removal = GuardRemoval(nft, DeviceRoutes(device, host_netns, table=table, priority=rule_priority))
         return WireGuardPart(None, ChildSpec("wireguard", removal.run, restart=Restart.TRANSIENT), None)
     cluster = ClusterView()
     service = WireGuardService(
         node=node,
         store=KeyStore(state_dir / "wireguard"),
         device=WireGuardDevice(device, host_netns, DeviceChoice(kind)),
-        routes=DeviceRoutes(device, host_netns),
+        routes=DeviceRoutes(device, host_netns, table=table, priority=rule_priority),
         nft=nft,
         cluster=cluster,
         settings=EncryptionSettings(port, fabric, allow_plaintext_to),

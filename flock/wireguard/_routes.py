@@ -42,8 +42,8 @@ from flock.wireguard._device import DeviceError, Tools
 from flock.wireguard._model import IPNetwork, network_order
 
 ROUTE_PROTOCOL = 71
-ROUTE_TABLE = 71  # the device's routes; looked up for traffic from this node's pod blocks (the rules)
-RULE_PRIORITY = 99  # before the main table (32766); the rules of Calico's WireGuard use 99 too
+ROUTE_TABLE = 71  # the device's routes (default of --wireguard-table); looked up from this node's pod blocks
+RULE_PRIORITY = 99  # before the main table's 32766 (default of --wireguard-rule-priority)
 
 
 @attrs.frozen
@@ -74,11 +74,13 @@ def plan_routes(
     )
 
 
-def batch_lines(device: str, plan: RoutePlan, family: int) -> list[str]:
+def batch_lines(
+    device: str, plan: RoutePlan, family: int, table: int = ROUTE_TABLE, priority: int = RULE_PRIORITY
+) -> list[str]:
     """``ip -batch`` lines of *family* for *plan*: routes before rules when adding (a rule never points at
     a table still being filled), rules before routes when deleting."""
-    route = f"dev {device} proto {ROUTE_PROTOCOL} table {ROUTE_TABLE}"
-    rule = f"lookup {ROUTE_TABLE} priority {RULE_PRIORITY} protocol {ROUTE_PROTOCOL}"
+    route = f"dev {device} proto {ROUTE_PROTOCOL} table {table}"
+    rule = f"lookup {table} priority {priority} protocol {ROUTE_PROTOCOL}"
 
     def of(nets: tuple[IPNetwork, ...]) -> list[IPNetwork]:
         return [n for n in nets if n.version == family]
@@ -91,11 +93,11 @@ def batch_lines(device: str, plan: RoutePlan, family: int) -> list[str]:
     ]
 
 
-def parse_rules(text: str) -> list[IPNetwork]:
-    """The sources of flock's rules (table 71, protocol 71) in ``ip -j rule show``'s output."""
+def parse_rules(text: str, table: int = ROUTE_TABLE) -> list[IPNetwork]:
+    """The sources of flock's rules (to *table*, protocol 71) in ``ip -j rule show``'s output."""
     found: list[IPNetwork] = []
     for entry in json.loads(text or "[]"):
-        if str(entry.get("table")) != str(ROUTE_TABLE) or str(entry.get("protocol")) != str(ROUTE_PROTOCOL):
+        if str(entry.get("table")) != str(table) or str(entry.get("protocol")) != str(ROUTE_PROTOCOL):
             continue
         src = str(entry.get("src", ""))
         if src in ("", "all"):
@@ -124,11 +126,13 @@ class DeviceRoutes:
     device: str
     netns: str | None = None
     tools: Tools = attrs.field(factory=Tools)
+    table: int = ROUTE_TABLE  # flock-agent --wireguard-table
+    priority: int = RULE_PRIORITY  # flock-agent --wireguard-rule-priority
 
     async def live(self) -> list[IPNetwork]:
         found: list[IPNetwork] = []
         for family in ("-6", "-4"):
-            argv = [self.tools.ip, "-j", family, "route", "show", "table", str(ROUTE_TABLE)]
+            argv = [self.tools.ip, "-j", family, "route", "show", "table", str(self.table)]
             argv += ["proto", str(ROUTE_PROTOCOL), "dev", self.device]
             proc = await self._run(argv)
             if proc.returncode != 0:
@@ -142,10 +146,10 @@ class DeviceRoutes:
     async def live_rules(self) -> list[IPNetwork]:
         found: list[IPNetwork] = []
         for family in ("-6", "-4"):
-            proc = await self._run([self.tools.ip, "-j", family, "rule", "show", "table", str(ROUTE_TABLE)])
+            proc = await self._run([self.tools.ip, "-j", family, "rule", "show", "table", str(self.table)])
             if proc.returncode != 0:
                 raise DeviceError(self.device, "ip rule show", proc.stderr.decode(errors="replace"), proc.returncode)
-            found += parse_rules(proc.stdout.decode())
+            found += parse_rules(proc.stdout.decode(), self.table)
         return found
 
     async def apply(self, desired: Iterable[IPNetwork], sources: Iterable[IPNetwork] = ()) -> RoutePlan:
@@ -153,7 +157,7 @@ class DeviceRoutes:
         node's pod blocks); what changed."""
         plan = plan_routes(await self.live(), desired, await self.live_rules(), sources)
         for family in (6, 4):
-            lines = batch_lines(self.device, plan, family)
+            lines = batch_lines(self.device, plan, family, self.table, self.priority)
             if not lines:
                 continue
             proc = await self._run([self.tools.ip, f"-{family}", "-batch", "-"], stdin="\n".join(lines) + "\n")

@@ -136,3 +136,10 @@ def test_cli(tmp_path):
         with pytest.raises(SystemExit) as info:
             parse_args(bad, {})
         assert info.value.code == 2
+    # WireGuard's table and rule priority: the kernel's own tables and priorities at or after main's refused
+    s, _ = parse_args(["--node", "a", "--wireguard-table", "200", "--wireguard-rule-priority", "50"], {})
+    assert (s.wireguard_table, s.wireguard_rule_priority) == (200, 50)
+    assert (AgentSettings(node="a").wireguard_table, AgentSettings(node="a").wireguard_rule_priority) == (71, 99)
+    for flag, value in (("table", "254"), ("table", "0"), ("rule-priority", "32766"), ("rule-priority", "0")):
+        with pytest.raises(SystemExit):
+            parse_args(["--node", "a", f"--wireguard-{flag}", value], {})

@@ -170,6 +170,9 @@ def test_route_plan() -> None:
         f"route replace 10.2.0.0/24 {route}",
     ]
     assert batch_lines("wg0", plan, 6) == [f"rule add from 2001:db8:1::/64 {rule}"]
+    assert batch_lines("wg0", plan, 6, 200, 50) == [
+        f"rule add from 2001:db8:1::/64 lookup 200 priority 50 protocol {ROUTE_PROTOCOL}"
+    ]
     # only flock's rules (table 71, protocol 71) are read back: another's rule to table 71 is not ours
     shown = (
         '[{"priority":0,"src":"all","table":"local"},'
@@ -179,6 +182,7 @@ def test_route_plan() -> None:
         '{"priority":99,"src":"all","table":"71","protocol":"71"}]'
     )
     assert parse_rules(shown) == [net("2001:db8:1::/64"), net("10.1.0.0/24")]
+    assert parse_rules(shown, 200) == []
     assert parse_routes('[{"dst":"2001:db8:2::/64"},{"dst":"10.0.0.1"},{"dst":"default"}]') == [
         net("2001:db8:2::/64"),
         net("10.0.0.1/32"),
