@@ -36,6 +36,7 @@ import trio
 from flock.lab import LabPlan, down, load_pods
 from flock.lab._fabric import established
 from flock.lab._lifecycle import agent_ready
+from flock.lab._nsio import run_in
 from flock.lab._plan import NodePlan
 from flock.lab._ports import PortSpec
 from flock.lab._probe import Endpoint, ProbeResult, endpoint_for, probe_one
@@ -210,6 +211,27 @@ async def test_pod_traffic_between_nodes_is_encrypted(encrypted: LabPlan) -> Non
             status = await encryption_of(node)
             assert status["mtu"] == encrypted.uplink_mtu - 80 and status["guard"]["guarded_blocks"] == 2, status
             assert status["error"] is None and status["refusals"] == [], status
+
+
+async def test_full_size_packets_fit_the_tunnel(encrypted: LabPlan) -> None:
+    """The pods' MTU is the fabric's less WireGuard's 80 bytes (calico#6844, cilium#45423, antrea#5868: a
+    wrong MTU once encryption is on): a ping of exactly the pod's MTU with don't-fragment crosses the
+    tunnel in each family, and one byte more is refused in the pod (its eth0 says 1420)."""
+    pods = {p.key: p for p in load_pods(encrypted)}
+    a, b = pods["enc/a"], pods["enc/b"]
+    mtu = encrypted.uplink_mtu - 80
+    link = await run_in(a.netns, ["ip", "-j", "link", "show", "eth0"])
+    assert json.loads(link.stdout)[0]["mtu"] == mtu
+    for family, header in ((6, 48), (4, 28)):
+        target = b.addresses(family)[0]
+        fits = await run_in(
+            a.netns, ["ping", f"-{family}", "-n", "-c", "3", "-W", "2", "-M", "do", "-s", str(mtu - header), target]
+        )
+        assert fits.returncode == 0, fits.stdout.decode() + fits.stderr.decode()
+        over = await run_in(
+            a.netns, ["ping", f"-{family}", "-n", "-c", "1", "-W", "1", "-M", "do", "-s", str(mtu - header + 1), target]
+        )
+        assert over.returncode != 0, over.stdout.decode()
 
 
 async def _handshaken(node: NodePlan, peer: str) -> bool:
