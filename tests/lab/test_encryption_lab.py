@@ -65,7 +65,7 @@ def _lab(prefix: str, *flags: str) -> Iterator[LabPlan]:
     directory = Path(tempfile.mkdtemp(prefix=prefix, dir="/run"))  # short: unix socket paths
     try:
         assert main(["up", "--nodes", "2", *flags, "--dir", str(directory)]) == 0
-        for node, pod in (("node1", "enc/a"), ("node2", "enc/b")):
+        for node, pod in (("node1", "enc/a"), ("node2", "enc/b"), ("node1", "enc/c")):
             argv = ["pod", "add", node, pod, "--port", "http=8080/TCP", "--label", f"app={pod[-1]}"]
             assert main([*argv, "--dir", str(directory)]) == 0
         yield require_state(directory).plan
@@ -389,6 +389,39 @@ async def test_services_with_encryption(encrypted: LabPlan) -> None:
         assert tally.wireguard[4] >= 10 and tally.node_pod > 0, tally.summary()
     finally:
         await kubectl(encrypted, "delete", "svc", "b", "-n", "enc", "--wait=false")
+
+
+async def test_network_policy_holds_through_the_tunnel(encrypted: LabPlan) -> None:
+    """A NetworkPolicy on node2's pod admitting node1's enc/a only: enc/a answered through the tunnel,
+    enc/c (also on node1) refused — the policy sees the pods' own addresses once the tunnel has
+    delivered them, as it does without encryption."""
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "only-a", "namespace": "enc"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "b"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": 8080}]}],
+        },
+    }
+    pods = load_pods(encrypted)
+    b = endpoint_for(encrypted, "enc/b", pods, source=False)
+    a, c = (endpoint_for(encrypted, key, pods, source=True) for key in ("enc/a", "enc/c"))
+    await kubectl(encrypted, "apply", "-f", "-", stdin=json.dumps(policy))
+    try:
+        with trio.fail_after(60):
+            for family in (6, 4):
+                while (await probe_one(c, b, HTTP, family)).connected:  # noqa: ASYNC110  another node's table
+                    await trio.sleep(0.2)  # until node2's agent enforces it
+                async with fabric_tap(encrypted) as tally:
+                    allowed = [await probe_one(a, b, HTTP, family, peer=True) for _ in range(5)]
+                    refused = [await probe_one(c, b, HTTP, family) for _ in range(3)]
+                assert all(r.connected and r.served_by == "enc/b" for r in allowed), allowed
+                assert not any(r.connected for r in refused), refused
+                _no_plaintext(tally)
+    finally:
+        await kubectl(encrypted, "delete", "networkpolicy", "only-a", "-n", "enc", "--wait=false")
 
 
 async def _replaced(lab: LabPlan, node: NodePlan, old: int) -> bool:
