@@ -3,8 +3,8 @@ and the fail-closed guard from what the cluster says, and nothing in the clear w
 goes.
 
 Each node also has the route BIRD would install for the other's pod blocks (over the fabric, protocol
-bird, metric 32): the device's routes (protocol 71, metric 16) must win while they exist, and when they
-go the guard must drop what that route would carry in the clear.
+bird, in the main table): the device's routes (table 71, looked up from the pods' addresses) must win
+while they exist, and when they go the guard must drop what that route would carry in the clear.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import attrs
 import pytest
 import trio
 
-from flock.agent._wireguard import ClusterView, WireGuardService
+from flock.agent._wireguard import ClusterView, GuardRemoval, WireGuardService
 from flock.logs import JsonFormatter
 from flock.policy import NftCommand
 from flock.state import PodMtu
@@ -39,6 +39,7 @@ from flock.testing.wireguard import (
     tcp_exchange,
     two_nodes,
 )
+from flock.wireguard import GUARD_TABLE
 from flock.wireguard._cluster import EncryptionSettings, NodeAddresses, NodeConfigWireGuard
 from flock.wireguard._routes import ROUTE_PROTOCOL, ROUTE_TABLE, DeviceRoutes
 
@@ -49,6 +50,7 @@ pytestmark = pytest.mark.root
 class Cluster:
     world: World
     services: dict[str, WireGuardService]
+    scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # each service's: stop one alone
 
     def node(self, name: str) -> Node:
         return self.world.a if name == "a" else self.world.b
@@ -78,6 +80,7 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
         with two_nodes(tmp_path) as world:
             async with trio.open_nursery() as nursery:
                 services = {}
+                scopes: dict[str, trio.CancelScope] = {}
                 guard_calls: list[str] = []
                 for n in (world.a, world.b):
                     services[n.name] = WireGuardService(
@@ -92,9 +95,9 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                         debounce_seconds=0.02,
                         guarded=functools.partial(guard_calls.append, n.name),
                     )
-                    await nursery.start(services[n.name].run)
+                    await nursery.start(_run_in_scope, services[n.name], scopes, n.name)
                 assert guard_calls == []  # a first start: no guard before the cluster is known
-                c = Cluster(world, services)
+                c = Cluster(world, services, scopes)
                 _bird_route(world.a, world.b)
                 _bird_route(world.b, world.a)
                 for n in (world.a, world.b):
@@ -126,6 +129,17 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                 await n.device.delete()
     except ToolsMissing as exc:
         pytest.fail(str(exc))
+
+
+async def _run_in_scope(
+    service: WireGuardService,
+    scopes: dict[str, trio.CancelScope],
+    name: str,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with trio.CancelScope() as scopes[name]:
+        await service.run(task_status=task_status)
 
 
 async def _pings(c: Cluster, count: int = 3, wait: float = 1) -> list[int]:
@@ -347,3 +361,27 @@ async def test_a_peer_that_never_learns_the_new_key_does_not_block_the_next_rota
     assert warning.nodes == ["b"]  # type: ignore[attr-defined]
     again = await service.rotate()
     assert again.previous is not None and again.previous.public_key == keys.public_key
+
+
+async def test_switched_off_the_rules_routes_and_guard_go(cluster: Cluster) -> None:
+    """a's agent restarted with ``--encryption off``: its rules to table 71, the routes in it and the
+    guard table are removed (the device is left, idle), so a's pods reach b's over BIRD's route — in the
+    clear, as a node without encryption does — instead of being dropped."""
+    a, b = cluster.world.a, cluster.world.b
+    assert await _pings(cluster) == [3, 3]
+    cluster.scopes["a"].cancel()
+    routes = DeviceRoutes(a.device.name, a.ns.path, tools=a.device.tools)
+    nft = NftCommand(("ip", "netns", "exec", a.ns.name, "nft"))
+    assert await nft.has_table(GUARD_TABLE) and await routes.live_rules() and await routes.live()
+    await GuardRemoval(nft, routes).run()
+    assert not await nft.has_table(GUARD_TABLE)
+    assert await routes.live_rules() == [] and await routes.live() == [] and _routes(a) == []
+    assert a.device.name not in a.ns.ip("-6", "route", "get", b.pod6, "from", a.pod6)
+    capture = Capture.open(a.ns, a.veth)
+    try:
+        assert await _pings(cluster) == [3, 3]
+        report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
+    finally:
+        capture.close()
+    assert report.plaintext, "switched off, a's pod traffic goes over BIRD's route in the clear"
+    await GuardRemoval(nft, routes).run()  # again: nothing left to remove, no error
