@@ -239,6 +239,9 @@ class GroupController:
         for kind, table in tables.items():
             mirror.replace(kind, dict(table))
         journal = live.journal()  # (taken with the copy: no await between)
+        # The generation the mirror holds: a change arriving while a pass writes or plans is after it, and
+        # wakes the next pass (waiting past the generation current after the pass would sleep through it).
+        seen = live.generation
         self.planner = GroupPlanner(mirror)
         mirrored = mirror.journal()
         self._resume()
@@ -253,11 +256,11 @@ class GroupController:
             if not await self._write(self.book.pending()):
                 return
             self.passes += 1
-            await self._changed(live.generation)
+            await self._changed(seen)
             self._wake = trio.Event()
             await trio.sleep_until(max(trio.current_time() + self.debounce_s, last + self.min_interval_s))
             last = trio.current_time()
-            changes = journal.drain()
+            seen, changes = live.generation, journal.drain()
             for kind, keys in _keys_of(changes).items():
                 table = tables[kind]
                 for key in keys:

@@ -171,3 +171,33 @@ async def test_a_second_term_starts_afresh_and_writes_only_what_changed(api: Api
             slices = api.list(ADDRESSGROUPS)
             assert sorted(m["name"] for s in slices for m in s["members"]) == ["client", "client-4"]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_change_while_a_pass_writes_wakes_the_next_pass(api: ApiServer, tmp_path: Path) -> None:
+    """A change the informers deliver while a pass is writing (here: inside the pass's fence check) is
+    planned by the next pass at once.  The loop used to wait for the generation current *after* the
+    write, so such a change slept until some other change came (CI saw a Namespace relabel missed)."""
+    injected: list[int] = []
+    controller: GroupController | None = None
+
+    async def fence() -> bool:
+        assert controller is not None
+        if controller.passes == 1 and not injected:
+            # the second pass is writing client-4's slice: team a's namespace leaves the selection now
+            generation = controller.inputs.generation
+            ns = api.store.get(NAMESPACES, "y")
+            ns["metadata"]["labels"]["team"] = "b"
+            api.store.update(NAMESPACES, ns)
+            injected.append(await controller.inputs.wait_generation(generation))
+        return True
+
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    async with open_kube_client(kubeconfig) as kube, trio.open_nursery() as nursery:
+        controller = GroupController(KubeApi(kube), kube, fence)
+        nursery.start_soon(controller.run)
+        await until(lambda: controller.passes >= 1 and controller.writes >= 4)
+        running(api, "y", "client-4", "n2", "2001:db8:2::4", {"app": "client"})
+        await until(lambda: bool(injected))
+        # nothing else changes from here: only the relabel, seen during the write, can empty the group
+        await until(lambda: api.list(ADDRESSGROUPS) == [], seconds=5)
+        nursery.cancel_scope.cancel()
