@@ -198,8 +198,8 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
         choices=["off", "wireguard"],
         default=environ.get("FLOCK_ENCRYPTION", "off"),
         help="encrypt pod traffic between nodes with WireGuard, fail closed: pod traffic to another node's pod "
-        "blocks leaves through the tunnel or is dropped (default: $FLOCK_ENCRYPTION, else off; off removes the "
-        "guard table)",
+        "blocks leaves through the tunnel or is dropped (default: $FLOCK_ENCRYPTION, else off; off removes flock's "
+        "rules, routes and guard table)",
     )
     parser.add_argument(
         "--wireguard-device", default="flock-wg", metavar="NAME", help="the WireGuard interface (default: %(default)s)"

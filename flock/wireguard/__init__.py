@@ -8,7 +8,7 @@
 - :mod:`._cluster`: pure, every NodeConfig and Node (as read) → this node's :class:`Dataplane` (peers, routes,
   the guard's sets).
 - :mod:`._guard`: the fail-closed table ``inet flock-wireguard`` as one nft transaction (pure).
-- :mod:`._routes`: the remote pod blocks routed through the device (protocol 71, metric 16).
+- :mod:`._routes`: the remote pod blocks routed through the device (table 71), for this node's pods (rules).
 
 The agent's service that runs them is :mod:`flock.agent._wireguard`.
 
