@@ -239,10 +239,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> tuple[
     parser.add_argument(
         "--allow-plaintext-to",
         action="append",
-        default=[],
+        default=[n.strip() for n in environ.get("FLOCK_ALLOW_PLAINTEXT_TO", "").split(",") if n.strip()],
         metavar="NODE",
-        help="a node whose pods this node may reach in the clear (repeatable; a migration to encryption): "
-        "every other node's pod blocks are reachable through the tunnel only",
+        help="a node whose pods this node may reach in the clear (repeatable; a migration to encryption), or '*' "
+        "for every node that has published no WireGuard key yet (switching a running cluster on node by node): "
+        "every other node's pod blocks are reachable through the tunnel only (default: $FLOCK_ALLOW_PLAINTEXT_TO, "
+        "comma-separated, else none)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])

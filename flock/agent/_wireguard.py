@@ -178,6 +178,11 @@ class WireGuardService:
     forget_after: float = FORGET_AFTER_SECONDS
     _keys: NodeKey | None = attrs.field(init=False, default=None)
     _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
+    # The public key of the private key the device carries: what may be published (a key published before
+    # the device has it would send the peers' handshakes to a device that cannot answer them, and a
+    # refused handshake is retried only after 5 s)
+    _device_key: PublicKey | None = attrs.field(init=False, default=None)
+    _device_key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
     _applied: dict[str, Peer] | None = attrs.field(init=False, default=None)  # None: reconcile in full
     _dataplane: Dataplane | None = attrs.field(init=False, default=None)
     _rotated_at: float | None = attrs.field(init=False, default=None)  # Unix time of the rotation in progress
@@ -199,6 +204,23 @@ class WireGuardService:
         while self.public_key is None or self.public_key == seen:
             await self._key_changed.wait()
         return self.public_key
+
+    @property
+    def device_key(self) -> PublicKey | None:
+        """The public key of what the device carries (None: not configured yet)."""
+        return self._device_key
+
+    async def wait_device_key(self, seen: PublicKey | None) -> PublicKey:
+        """The device's key once it is set and differs from *seen*."""
+        while self._device_key is None or self._device_key == seen:
+            await self._device_key_changed.wait()
+        return self._device_key
+
+    def _device_carries(self, key: PublicKey) -> None:
+        if key != self._device_key:
+            self._device_key = key
+            self._device_key_changed.set()
+            self._device_key_changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._set_keys(await trio.to_thread.run_sync(self.store.load_or_create))
@@ -282,6 +304,7 @@ class WireGuardService:
                 await self.device.update(known, keys.current, port, dp.peer_list)
                 self.peer_updates += 1
                 log.info("WireGuard peers updated", extra={"nodes": changed[:20], "count": len(changed)})
+        self._device_carries(keys.public_key)
         self._applied = desired
         await self.routes.apply(dp.routes, dp.local)
         self.reconciles += 1
@@ -301,6 +324,8 @@ class WireGuardService:
                 before = keys.previous.public_key if keys.previous is not None else keys.public_key
                 known = DeviceState.configured(before, self.settings.listen_port, peers)
                 await self.device.update(known, keys.current, self.settings.listen_port, peers)
+                self._device_carries(keys.public_key)
+            # else: the next full pass configures the device with it, and the key is published then
         log.info("WireGuard key rotated; publishing", extra={"public_key": keys.public_key.base64})
         return keys
 
@@ -403,13 +428,14 @@ class WireGuardService:
 
 
 class KeySource(Protocol):
-    """Where the publisher reads this node's public key (:class:`WireGuardService`)."""
+    """Where the publisher reads this node's public key (:class:`WireGuardService`): the key of what the
+    device carries, so that no peer uses a key before this node's device answers to it."""
 
     @property
-    def public_key(self) -> PublicKey | None: ...
+    def device_key(self) -> PublicKey | None: ...
 
-    async def wait_key_changed(self, seen: PublicKey | None) -> PublicKey:
-        """The key once it is set and differs from *seen*."""
+    async def wait_device_key(self, seen: PublicKey | None) -> PublicKey:
+        """The key once the device carries one that differs from *seen*."""
         ...
 
 
@@ -417,7 +443,8 @@ class KeySource(Protocol):
 class KeyPublisher:
     """Supervised service: this node's public key in its NodeConfig's ``status.wireguard.publicKey``.
 
-    Republished at every start (idempotent: a merge patch of the same value changes nothing), after
+    Published once the device carries the key (the service's first pass, or a rotation applied), and
+    republished at every start (idempotent: a merge patch of the same value changes nothing), after
     every rotation, and whenever the NodeConfig seen says another key (overwritten, or the object made
     again).  A NodeConfig not there yet (404) is retried (:data:`PUBLISH_RETRY`)."""
 
@@ -432,7 +459,7 @@ class KeyPublisher:
         # Started at once: the key comes from the WireGuard service, which the tree starts after the API link
         # (whose start waits for this child): waiting for the key first would deadlock the start.
         task_status.started()
-        key = await self.service.wait_key_changed(None)
+        key = await self.service.wait_device_key(None)
         failures = 0
         while True:
             try:
@@ -445,7 +472,7 @@ class KeyPublisher:
                 await trio.sleep(delay)
         while True:
             await self._wait_stale(key)
-            key = self.service.public_key or key
+            key = self.service.device_key or key
             await self.publish(key)  # a failure here goes to the supervisor: its restart publishes again
 
     async def _wait_stale(self, key: PublicKey) -> None:
@@ -453,7 +480,7 @@ class KeyPublisher:
         async with trio.open_nursery() as nursery:
 
             async def rotated() -> None:
-                await self.service.wait_key_changed(key)
+                await self.service.wait_device_key(key)
                 nursery.cancel_scope.cancel()
 
             async def overwritten() -> None:

@@ -16,6 +16,7 @@ See docs/encryption.md for what is tested where and what the rest of issue 36 ad
 """
 
 from flock.wireguard._cluster import (
+    UNKEYED,
     Dataplane,
     EncryptionSettings,
     NodeAddresses,
@@ -80,6 +81,7 @@ __all__ = [
     "ROUTE_PROTOCOL",
     "ROUTE_TABLE",
     "RULE_PRIORITY",
+    "UNKEYED",
     "Change",
     "Dataplane",
     "DeviceChoice",

@@ -112,12 +112,18 @@ def _names(items: Iterable[str]) -> frozenset[str]:
     return frozenset(items)
 
 
+# In allow_plaintext_to: every node that has published no key (a cluster switching encryption on node by node)
+UNKEYED = "*"
+
+
 @attrs.frozen
 class EncryptionSettings:
     """The cluster's encryption settings (flock-agent's flags, the same on every node).
 
     *allow_plaintext_to*: nodes whose pods this node may reach in the clear (a migration: nodes that
-    do not encrypt yet); every other node's pod blocks are reachable through the device only."""
+    do not encrypt yet), :data:`UNKEYED` for every node that has published no key; every other node's
+    pod blocks are reachable through the device only.  A node that published a key it cannot be peered
+    with (an invalid key, no address) stays guarded under UNKEYED: it says it encrypts."""
 
     listen_port: int = 51820
     fabric_family: int = 6
@@ -160,8 +166,11 @@ def plan_dataplane(
     refusals.extend(plan.refusals)
     local = frozenset(block for c in configs if c.name == me for block in c.pod_blocks)
     guarded: set[IPNetwork] = set()
+    unkeyed = UNKEYED in settings.allow_plaintext_to
     for c in configs:
         if c.name == me or c.name in settings.allow_plaintext_to:
+            continue
+        if unkeyed and c.public_key is None and not any(r is RefusalReason.INVALID_KEY for r, _ in c.problems):
             continue
         for block in c.pod_blocks:
             mine = next((own for own in local if own.version == block.version and own.overlaps(block)), None)

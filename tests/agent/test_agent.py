@@ -140,6 +140,10 @@ def test_cli(tmp_path):
     s, _ = parse_args(["--node", "a", "--wireguard-table", "200", "--wireguard-rule-priority", "50"], {})
     assert (s.wireguard_table, s.wireguard_rule_priority) == (200, 50)
     assert (AgentSettings(node="a").wireguard_table, AgentSettings(node="a").wireguard_rule_priority) == (71, 99)
+    # the plaintext allowance from the environment (the DaemonSet), flags added to it
+    s, _ = parse_args(["--node", "a", "--allow-plaintext-to", "n9"], {"FLOCK_ALLOW_PLAINTEXT_TO": " *, n3 ,"})
+    assert s.allow_plaintext_to == ("*", "n3", "n9")
+    assert parse_args(["--node", "a"], {})[0].allow_plaintext_to == ()
     for flag, value in (("table", "254"), ("table", "0"), ("rule-priority", "32766"), ("rule-priority", "0")):
         with pytest.raises(SystemExit):
             parse_args(["--node", "a", f"--wireguard-{flag}", value], {})

@@ -22,20 +22,20 @@ KEYS = [PrivateKey.generate().public_key for _ in range(3)]
 
 @attrs.define(eq=False)
 class Keys:
-    """This node's key as the service holds it (set, rotated)."""
+    """This node's key as the service's device carries it (set: the first pass, a rotation applied)."""
 
-    public_key: PublicKey | None = None
+    device_key: PublicKey | None = None
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
     def set(self, key: PublicKey) -> None:
-        self.public_key = key
+        self.device_key = key
         self._changed.set()
         self._changed = trio.Event()
 
-    async def wait_key_changed(self, seen: PublicKey | None) -> PublicKey:
-        while self.public_key is None or self.public_key == seen:
+    async def wait_device_key(self, seen: PublicKey | None) -> PublicKey:
+        while self.device_key is None or self.device_key == seen:
             await self._changed.wait()
-        return self.public_key
+        return self.device_key
 
 
 @attrs.define

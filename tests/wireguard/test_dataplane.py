@@ -10,6 +10,7 @@ import pytest
 
 from flock.wireguard import PrivateKey, RefusalReason
 from flock.wireguard._cluster import (
+    UNKEYED,
     EncryptionSettings,
     NodeAddresses,
     NodeConfigWireGuard,
@@ -116,6 +117,20 @@ def test_allow_plaintext_to_leaves_a_node_unguarded() -> None:
     configs, nodes = cluster()
     plan = plan_dataplane("a", configs, nodes, EncryptionSettings(allow_plaintext_to=frozenset({"c"})))
     assert net("2001:db8:3::/64") not in plan.guarded and net("2001:db8:2::/64") in plan.guarded
+
+
+def test_allow_plaintext_to_unkeyed_leaves_only_nodes_without_a_key_unguarded() -> None:
+    """'*' (a cluster switching encryption on node by node): c has published no key — not guarded; b
+    has — guarded; d published a key that is no key — it says it encrypts: guarded, and refused."""
+    configs, nodes = cluster()
+    configs.append(NodeConfigWireGuard.read(nodeconfig("d", "2001:db8:4::/64", None, "not a key")))
+    plan = plan_dataplane("a", configs, nodes, EncryptionSettings(allow_plaintext_to=frozenset({UNKEYED})))
+    assert plan.guarded == {net("2001:db8:2::/64"), net("10.2.0.0/24"), net("2001:db8:4::/64")}
+    assert ("d", RefusalReason.INVALID_KEY) in [(r.node, r.reason) for r in plan.refusals]
+    # c publishes its key: peered, and guarded from then on
+    configs[2] = NodeConfigWireGuard.read(nodeconfig("c", "2001:db8:3::/64", None, KEYS[2].public_key.base64))
+    plan = plan_dataplane("a", configs, nodes, EncryptionSettings(allow_plaintext_to=frozenset({UNKEYED})))
+    assert net("2001:db8:3::/64") in plan.guarded and "c" in dict(plan.peers)
 
 
 def test_a_remote_block_overlapping_ours_is_refused_not_guarded() -> None:

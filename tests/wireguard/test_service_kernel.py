@@ -39,7 +39,7 @@ from flock.testing.wireguard import (
     tcp_exchange,
     two_nodes,
 )
-from flock.wireguard import GUARD_TABLE
+from flock.wireguard import GUARD_TABLE, UNKEYED
 from flock.wireguard._cluster import EncryptionSettings, NodeAddresses, NodeConfigWireGuard
 from flock.wireguard._routes import ROUTE_PROTOCOL, ROUTE_TABLE, DeviceRoutes
 
@@ -97,6 +97,8 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                     )
                     await nursery.start(_run_in_scope, services[n.name], scopes, n.name)
                 assert guard_calls == []  # a first start: no guard before the cluster is known
+                # nor a key to publish: the device has none before the first pass
+                assert all(s.device_key is None and s.public_key is not None for s in services.values())
                 c = Cluster(world, services, scopes)
                 _bird_route(world.a, world.b)
                 _bird_route(world.b, world.a)
@@ -121,6 +123,7 @@ async def cluster(require_root: None, tmp_path, caplog: pytest.LogCaptureFixture
                     service.cluster.mark_listed(nodeconfigs=True, nodes=True)
                 await eventually(lambda: all(s.reconciles > 0 for s in services.values()))
                 assert {"a", "b"} <= set(guard_calls)  # each told ADD may be served: its guard is written
+                assert all(s.device_key == s.public_key for s in services.values())  # publishable now
                 try:
                     yield c
                 finally:
@@ -394,3 +397,44 @@ async def test_switched_off_the_rules_routes_and_guard_go(cluster: Cluster) -> N
         capture.close()
     assert report.plaintext, "switched off, a's pod traffic goes over BIRD's route in the clear"
     await GuardRemoval(nft, routes).run()  # again: nothing left to remove, no error
+
+
+async def test_switching_a_running_cluster_on_node_by_node(cluster: Cluster) -> None:
+    """``--allow-plaintext-to '*'``: b does not encrypt yet (its service stopped, switched off, no key
+    published): a reaches b's pods in the clear and nothing is dropped.  b switches on and publishes its
+    key: a peers with it and the traffic moves into the tunnel, nothing in the clear from then on."""
+    a, b = cluster.world.a, cluster.world.b
+    for service in cluster.services.values():
+        service.settings = EncryptionSettings(PORT, 6, frozenset({UNKEYED}))
+    cluster.scopes["b"].cancel()
+    b_routes = DeviceRoutes(b.device.name, b.ns.path, tools=b.device.tools)
+    await GuardRemoval(NftCommand(("ip", "netns", "exec", b.ns.name, "nft")), b_routes).run()
+    await b.device.delete()
+    updates = cluster.services["a"].peer_updates
+    cluster.tell_everyone("b", key=False)
+    await eventually(lambda: cluster.services["a"].peer_updates > updates and _routes(a) == [])
+    dp = cluster.services["a"].dataplane
+    assert dp is not None and not dp.guarded  # b has no key: reached in the clear, as '*' says
+    capture = Capture.open(a.ns, a.veth)
+    try:
+        assert await _pings(cluster) == [3, 3]
+        report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
+    finally:
+        capture.close()
+    assert report.plaintext and await _dropped(cluster, "a") == 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cluster.services["b"].run)  # b's agent with encryption on
+        await eventually(lambda: cluster.services["b"].device_key is not None, seconds=10)
+        cluster.tell_everyone("b")  # its publisher's patch, as every agent's watch brings it
+        await eventually(lambda: bool(_routes(a)), seconds=10)
+        await _until_flowing(cluster)
+        capture = Capture.open(a.ns, a.veth)
+        try:
+            assert await _pings(cluster) == [3, 3]
+            report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
+        finally:
+            capture.close()
+        assert report.plaintext == [] and report.by_type.get(4, 0) >= 6
+        dp = cluster.services["a"].dataplane
+        assert dp is not None and dp.guarded == {ipaddress.ip_network(b.block6), ipaddress.ip_network(b.block4)}
+        nursery.cancel_scope.cancel()
