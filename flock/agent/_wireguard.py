@@ -140,6 +140,26 @@ def _put(table: dict[str, Any], name: str, value: Any) -> None:
         table[name] = value
 
 
+@attrs.define(eq=False)
+class _Latest:
+    """A public key that changes, and a wait for a change."""
+
+    value: PublicKey | None = None
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    def set(self, value: PublicKey) -> None:
+        if value != self.value:
+            self.value = value
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_other(self, seen: PublicKey | None) -> PublicKey:
+        """The value once it is set and differs from *seen*."""
+        while self.value is None or self.value == seen:
+            await self._changed.wait()
+        return self.value
+
+
 @attrs.frozen
 class PeerStatus:
     node: str
@@ -177,12 +197,11 @@ class WireGuardService:
     clock: Callable[[], float] = time.time  # Unix time: what handshake times are compared with
     forget_after: float = FORGET_AFTER_SECONDS
     _keys: NodeKey | None = attrs.field(init=False, default=None)
-    _key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _public: _Latest = attrs.field(init=False, factory=_Latest)  # the key's public half
     # The public key of the private key the device carries: what may be published (a key published before
     # the device has it would send the peers' handshakes to a device that cannot answer them, and a
     # refused handshake is retried only after 5 s)
-    _device_key: PublicKey | None = attrs.field(init=False, default=None)
-    _device_key_changed: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _device_key: _Latest = attrs.field(init=False, factory=_Latest)
     _applied: dict[str, Peer] | None = attrs.field(init=False, default=None)  # None: reconcile in full
     _dataplane: Dataplane | None = attrs.field(init=False, default=None)
     _rotated_at: float | None = attrs.field(init=False, default=None)  # Unix time of the rotation in progress
@@ -201,26 +220,19 @@ class WireGuardService:
         return self._dataplane
 
     async def wait_key_changed(self, seen: PublicKey | None) -> PublicKey:
-        while self.public_key is None or self.public_key == seen:
-            await self._key_changed.wait()
-        return self.public_key
+        return await self._public.wait_other(seen)
 
     @property
     def device_key(self) -> PublicKey | None:
         """The public key of what the device carries (None: not configured yet)."""
-        return self._device_key
+        return self._device_key.value
 
     async def wait_device_key(self, seen: PublicKey | None) -> PublicKey:
         """The device's key once it is set and differs from *seen*."""
-        while self._device_key is None or self._device_key == seen:
-            await self._device_key_changed.wait()
-        return self._device_key
+        return await self._device_key.wait_other(seen)
 
     def _device_carries(self, key: PublicKey) -> None:
-        if key != self._device_key:
-            self._device_key = key
-            self._device_key_changed.set()
-            self._device_key_changed = trio.Event()
+        self._device_key.set(key)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._set_keys(await trio.to_thread.run_sync(self.store.load_or_create))
@@ -417,8 +429,7 @@ class WireGuardService:
 
     def _set_keys(self, keys: NodeKey) -> None:
         self._keys = keys
-        self._key_changed.set()
-        self._key_changed = trio.Event()
+        self._public.set(keys.public_key)
 
     def _failed(self, exc: Exception, failures: int) -> float:
         delay = self.retry.delay(failures)

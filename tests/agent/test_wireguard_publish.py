@@ -10,7 +10,7 @@ import attrs
 import pytest
 import trio
 
-from flock.agent._wireguard import NODECONFIG_PATH, ClusterView, KeyPublisher, cluster_watchers
+from flock.agent._wireguard import NODECONFIG_PATH, ClusterView, KeyPublisher, _Latest, cluster_watchers
 from flock.apiserver import NODECONFIGS, NODES, ApiServer, ObjectStore, node_object, nodeconfig_object
 from flock.testing import StoreSource
 from flock.watchers import KubeApiError, open_kube_client
@@ -24,18 +24,17 @@ KEYS = [PrivateKey.generate().public_key for _ in range(3)]
 class Keys:
     """This node's key as the service's device carries it (set: the first pass, a rotation applied)."""
 
-    device_key: PublicKey | None = None
-    _changed: trio.Event = attrs.field(factory=trio.Event)
+    latest: _Latest = attrs.field(factory=_Latest)
+
+    @property
+    def device_key(self) -> PublicKey | None:
+        return self.latest.value
 
     def set(self, key: PublicKey) -> None:
-        self.device_key = key
-        self._changed.set()
-        self._changed = trio.Event()
+        self.latest.set(key)
 
     async def wait_device_key(self, seen: PublicKey | None) -> PublicKey:
-        while self.device_key is None or self.device_key == seen:
-            await self._changed.wait()
-        return self.device_key
+        return await self.latest.wait_other(seen)
 
 
 @attrs.define

@@ -31,6 +31,7 @@ from flock.testing.wireguard import (
     Node,
     PingResult,
     ToolsMissing,
+    WireReport,
     World,
     eventually,
     inspect,
@@ -161,6 +162,17 @@ async def _pings(c: Cluster, count: int = 3, wait: float = 1) -> list[int]:
     return out
 
 
+async def _pings_seen(c: Cluster, count: int = 3, wait: float = 1) -> tuple[list[int], WireReport]:
+    """:func:`_pings` with a capture on a's side of the fabric veth: what answered, and what the wire saw."""
+    a, b = c.world.a, c.world.b
+    capture = Capture.open(a.ns, a.veth)
+    try:
+        received = await _pings(c, count, wait)
+        return received, inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
+    finally:
+        capture.close()
+
+
 async def _until_flowing(c: Cluster, seconds: float = 10) -> None:
     """A new device or session: pings until one gets through each way (the handshake), at most *seconds*."""
     with trio.fail_after(seconds):
@@ -240,7 +252,7 @@ async def test_device_gone_traffic_dropped_and_counted_never_in_the_clear(cluste
 
 
 async def test_a_peer_without_a_key_is_removed_alone_and_its_traffic_dropped(cluster: Cluster) -> None:
-    a, b = cluster.world.a, cluster.world.b
+    a = cluster.world.a
     service = cluster.services["a"]
     assert await _pings(cluster) == [3, 3]
     updates, sets = service.peer_updates, read_text(cluster.world.wg_log).count(" set ")
@@ -248,12 +260,8 @@ async def test_a_peer_without_a_key_is_removed_alone_and_its_traffic_dropped(clu
     await eventually(lambda: service.peer_updates > updates and _routes(a) == [])
     assert service.peer_updates == updates + 1  # one node's change: one wg set
     assert not (await a.device.show()).peers
-    capture = Capture.open(a.ns, a.veth)
-    try:
-        assert await _pings(cluster, 3, 0.3) == [0, 0]
-        report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
-    finally:
-        capture.close()
+    received, report = await _pings_seen(cluster, 3, 0.3)
+    assert received == [0, 0]
     assert report.plaintext == [] and await _dropped(cluster, "a") >= 6
     cluster.tell_everyone("b")
     await eventually(lambda: bool(_routes(a)))
@@ -263,7 +271,7 @@ async def test_a_peer_without_a_key_is_removed_alone_and_its_traffic_dropped(clu
 
 
 async def test_allow_plaintext_to_lets_the_bird_route_carry_it(cluster: Cluster) -> None:
-    a, b = cluster.world.a, cluster.world.b
+    a = cluster.world.a
     service = cluster.services["a"]
     before = {name: s.reconciles for name, s in cluster.services.items()}
     service.settings = EncryptionSettings(PORT, 6, frozenset({"b"}))
@@ -272,12 +280,8 @@ async def test_allow_plaintext_to_lets_the_bird_route_carry_it(cluster: Cluster)
     cluster.tell_everyone("a", key=False)
     await eventually(lambda: all(s.reconciles > before[name] + 1 for name, s in cluster.services.items()))
     assert service.dataplane is not None and not service.dataplane.guarded and _routes(a) == []
-    capture = Capture.open(a.ns, a.veth)
-    try:
-        assert await _pings(cluster) == [3, 3]
-        report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
-    finally:
-        capture.close()
+    received, report = await _pings_seen(cluster)
+    assert received == [3, 3]
     assert report.plaintext  # in the clear, as named: the capture sees it
     assert await _dropped(cluster, "a") == 0
 
@@ -389,12 +393,8 @@ async def test_switched_off_the_rules_routes_and_guard_go(cluster: Cluster) -> N
     assert not await nft.has_table(GUARD_TABLE)
     assert await routes.live_rules() == [] and await routes.live() == [] and _routes(a) == []
     assert a.device.name not in a.ns.ip("-6", "route", "get", b.pod6, "from", a.pod6)
-    capture = Capture.open(a.ns, a.veth)
-    try:
-        assert await _pings(cluster) == [3, 3]
-        report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
-    finally:
-        capture.close()
+    received, report = await _pings_seen(cluster)
+    assert received == [3, 3]
     assert report.plaintext, "switched off, a's pod traffic goes over BIRD's route in the clear"
     await GuardRemoval(nft, routes).run()  # again: nothing left to remove, no error
 
@@ -415,12 +415,8 @@ async def test_switching_a_running_cluster_on_node_by_node(cluster: Cluster) -> 
     await eventually(lambda: cluster.services["a"].peer_updates > updates and _routes(a) == [])
     dp = cluster.services["a"].dataplane
     assert dp is not None and not dp.guarded  # b has no key: reached in the clear, as '*' says
-    capture = Capture.open(a.ns, a.veth)
-    try:
-        assert await _pings(cluster) == [3, 3]
-        report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
-    finally:
-        capture.close()
+    received, report = await _pings_seen(cluster)
+    assert received == [3, 3]
     assert report.plaintext and await _dropped(cluster, "a") == 0
     async with trio.open_nursery() as nursery:
         await nursery.start(cluster.services["b"].run)  # b's agent with encryption on
@@ -428,12 +424,8 @@ async def test_switching_a_running_cluster_on_node_by_node(cluster: Cluster) -> 
         cluster.tell_everyone("b")  # its publisher's patch, as every agent's watch brings it
         await eventually(lambda: bool(_routes(a)), seconds=10)
         await _until_flowing(cluster)
-        capture = Capture.open(a.ns, a.veth)
-        try:
-            assert await _pings(cluster) == [3, 3]
-            report = inspect(capture.frames(), [a.block6, a.block4, b.block6, b.block4])
-        finally:
-            capture.close()
+        received, report = await _pings_seen(cluster)
+        assert received == [3, 3]
         assert report.plaintext == [] and report.by_type.get(4, 0) >= 6
         dp = cluster.services["a"].dataplane
         assert dp is not None and dp.guarded == {ipaddress.ip_network(b.block6), ipaddress.ip_network(b.block4)}
