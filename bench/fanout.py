@@ -59,6 +59,7 @@ from stats import percentile  # bench/stats.py
 from flock.apiserver import namespace_object, node_object
 from flock.groups import GROUP_LABEL
 from flock.policy import PolicyInputs
+from flock.testing.benchkit import stop_process
 from flock.testing.scale import Churn, ClusterShape, ScaleCluster, average_pod_size
 from flock.watchers import PeerFeed, group_selector, open_kube_client
 
@@ -109,12 +110,7 @@ class Controller:
         raise RuntimeError(f"flock-controller made no pass within {limit:g} s: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
 
 
 def needs_of(api: Api) -> dict[str, list[str]]:

@@ -68,6 +68,7 @@ from pods import cpu_seconds  # bench/pods.py
 from stats import percentile  # bench/stats.py
 
 from flock.policy import Direction, policy_chain
+from flock.testing.benchkit import stop_process
 from flock.testing.netns import NETNS_DIR, Netns, NetnsPool
 from flock.testing.scale import Churn, ClusterShape, ScaleCluster, average_pod_size
 from flock.testing.shimrun import Outcome, run_plugin
@@ -264,13 +265,7 @@ class ApiServerProcess:
         raise RuntimeError(f"the API server did not serve within {limit:g} s")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 # ---- the agent ----------------------------------------------------------------------
@@ -356,13 +351,7 @@ class Agent:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+        return stop_process(self.proc, 20)
 
 
 # ---- pods through the CNI plugin ------------------------------------------------------

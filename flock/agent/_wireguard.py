@@ -231,9 +231,6 @@ class WireGuardService:
         """The device's key once it is set and differs from *seen*."""
         return await self._device_key.wait_other(seen)
 
-    def _device_carries(self, key: PublicKey) -> None:
-        self._device_key.set(key)
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._set_keys(await trio.to_thread.run_sync(self.store.load_or_create))
         if await self.nft.has_table(GUARD_TABLE):
@@ -296,6 +293,8 @@ class WireGuardService:
         # The guard first: whatever fails after it, nothing leaves in the clear.
         await self.nft.run(render_guard(self.device.name, dp.local, dp.guarded))
         self.guarded()
+        # The rules follow this node's own pod blocks only: read and written at a full pass or when those move.
+        rules_stale = full or self._dataplane is None or self._dataplane.local != dp.local
         self._dataplane = dp
         mtu = self.mtu()
         self.note(NOTE, mtu.refused)
@@ -316,9 +315,9 @@ class WireGuardService:
                 await self.device.update(known, keys.current, port, dp.peer_list)
                 self.peer_updates += 1
                 log.info("WireGuard peers updated", extra={"nodes": changed[:20], "count": len(changed)})
-        self._device_carries(keys.public_key)
+        self._device_key.set(keys.public_key)
         self._applied = desired
-        await self.routes.apply(dp.routes, dp.local)
+        await self.routes.apply(dp.routes, dp.local if rules_stale else None)
         self.reconciles += 1
         self.last_error = None
 
@@ -336,7 +335,7 @@ class WireGuardService:
                 before = keys.previous.public_key if keys.previous is not None else keys.public_key
                 known = DeviceState.configured(before, self.settings.listen_port, peers)
                 await self.device.update(known, keys.current, self.settings.listen_port, peers)
-                self._device_carries(keys.public_key)
+                self._device_key.set(keys.public_key)
             # else: the next full pass configures the device with it, and the key is published then
         log.info("WireGuard key rotated; publishing", extra={"public_key": keys.public_key.base64})
         return keys

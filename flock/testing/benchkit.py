@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import statistics
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flock.lab import LabPlan
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after *timeout* seconds: a process a bench started, gone; its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -230,8 +230,10 @@ class Capture:
     sock: socket.socket
 
     @classmethod
-    def open(cls, ns: Netns, ifname: str) -> Capture:
-        sock = call_in_netns(ns.path, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)))
+    def open(cls, ns: Netns | str, ifname: str) -> Capture:
+        """On *ifname* of *ns* (a test's namespace, or a namespace's name or path)."""
+        where = ns.path if isinstance(ns, Netns) else ns
+        sock = call_in_netns(where, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         sock.bind((ifname, 0))
         sock.setblocking(False)
@@ -384,27 +386,23 @@ class WireTally:
 async def tap(netns: str, ifname: str, pod_blocks: list[str]) -> AsyncIterator[WireTally]:
     """Every frame on *ifname* in *netns* (both directions), tallied while the block runs (AF_PACKET)."""
     tally = WireTally([ip_network(b) for b in pod_blocks])
-    sock = call_in_netns(netns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)))
-    with sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        sock.bind((ifname, 0))
-        sock.setblocking(False)
+    capture = Capture.open(netns, ifname)
 
-        def drain() -> None:
-            while True:
-                try:
-                    tally.add(sock.recv(65536))
-                except BlockingIOError:
-                    return
+    def drain() -> None:
+        for frame in capture.frames():
+            tally.add(frame)
 
-        async def read() -> None:
-            while True:
-                await trio.lowlevel.wait_readable(sock)
-                drain()
+    async def read() -> None:
+        while True:
+            await trio.lowlevel.wait_readable(capture.sock)
+            drain()
 
+    try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read)
             yield tally
             await trio.sleep(0.2)  # the last frames of what the block sent
             drain()
             nursery.cancel_scope.cancel()
+    finally:
+        capture.close()

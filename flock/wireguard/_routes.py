@@ -152,10 +152,13 @@ class DeviceRoutes:
             found += parse_rules(proc.stdout.decode(), self.table)
         return found
 
-    async def apply(self, desired: Iterable[IPNetwork], sources: Iterable[IPNetwork] = ()) -> RoutePlan:
+    async def apply(self, desired: Iterable[IPNetwork], sources: Iterable[IPNetwork] | None = ()) -> RoutePlan:
         """Make the device's routes exactly *desired* and the rules' sources exactly *sources* (this
-        node's pod blocks); what changed."""
-        plan = plan_routes(await self.live(), desired, await self.live_rules(), sources)
+        node's pod blocks; None: the rules are neither read nor touched); what changed."""
+        if sources is None:
+            plan = plan_routes(await self.live(), desired)
+        else:
+            plan = plan_routes(await self.live(), desired, await self.live_rules(), sources)
         for family in (6, 4):
             lines = batch_lines(self.device, plan, family, self.table, self.priority)
             if not lines:

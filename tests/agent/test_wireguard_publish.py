@@ -4,6 +4,7 @@ after a rotation and whenever the NodeConfig says another key."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -35,6 +36,16 @@ class Keys:
 
     async def wait_device_key(self, seen: PublicKey | None) -> PublicKey:
         return await self.latest.wait_other(seen)
+
+
+async def publish_once(keys: Keys, patch: Callable[[str, dict[str, Any]], Any]) -> None:
+    """An agent's publisher started, until it has published once, then stopped."""
+    async with trio.open_nursery() as nursery:
+        publisher = KeyPublisher(NODE, keys, ClusterView(), patch)
+        await nursery.start(publisher.run)  # at once: the key comes from a service started later
+        while not publisher.published:  # noqa: ASYNC110 (a counter, no event to wait on)
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
 
 
 @attrs.define
@@ -114,12 +125,7 @@ async def test_publisher_republishes_at_every_start(autojump_clock) -> None:
 
     with trio.fail_after(10):
         for _ in range(2):  # two agent starts, the same key: the same merge patch, idempotent
-            async with trio.open_nursery() as nursery:
-                publisher = KeyPublisher(NODE, keys, ClusterView(), patch)
-                await nursery.start(publisher.run)  # at once: the key comes from a service started later
-                while not publisher.published:  # noqa: ASYNC110 (a counter, no event to wait on)
-                    await trio.sleep(0.01)
-                nursery.cancel_scope.cancel()
+            await publish_once(keys, patch)
     assert len(client.patches) == 2 and published(api) == KEYS[0].base64
     assert api.get(NODECONFIGS, NODE)["status"]["other"] == "kept"  # a merge: the rest of status stays
 
@@ -138,12 +144,7 @@ async def test_over_http_a_node_s_token_writes_its_own_status_only(tmp_path) -> 
             async def patch(path: str, body: dict[str, Any]) -> Any:
                 return await kube.request("PATCH", path, body, content_type="application/merge-patch+json")
 
-            async with trio.open_nursery() as nursery:
-                publisher = KeyPublisher(NODE, keys, ClusterView(), patch)
-                await nursery.start(publisher.run)  # at once: the key comes from a service started later
-                while not publisher.published:  # noqa: ASYNC110 (a counter, no event to wait on)
-                    await trio.sleep(0.01)
-                nursery.cancel_scope.cancel()
+            await publish_once(keys, patch)
             assert published(api.store) == KEYS[0].base64
             with pytest.raises(KubeApiError) as refused:
                 await patch(
